@@ -1,0 +1,74 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+
+class ModuleDocFragment(object):
+
+    # How GPU state is read.
+    DOCUMENTATION = r'''
+options:
+  backend:
+    description:
+      - How GPU state is read.
+      - V(nvidia-smi) runs C(nvidia-smi --query-gpu) and C(--query-compute-apps) with CSV output.
+      - V(nvml) uses the NVML library through the C(nvidia-ml-py) Python bindings.
+        It is not available in this release of the collection.
+      - V(auto) uses NVML when it is available and falls back to V(nvidia-smi).
+    type: str
+    choices: [auto, nvml, nvidia-smi]
+    default: auto
+  nvidia_smi_path:
+    description:
+      - The nvidia-smi executable, as a command name looked up on E(PATH) or as a path.
+    type: str
+    default: nvidia-smi
+requirements:
+  - nvidia-smi (from the NVIDIA driver) for O(backend=nvidia-smi).
+notes:
+  - Every nvidia-smi call runs under a deadline. nvidia-smi can hang inside the driver on a
+    sick GPU; a call that misses its deadline is killed and reported as an error, never waited
+    out.
+'''
+
+    # Which device nodes count and which processes are never signalled.
+    HOLDERS = r'''
+options:
+  devices:
+    description:
+      - Device node globs. A process that has one of the matching files open or mapped holds
+        the GPUs, as C(fuser -v) would list it.
+      - Directories that match (such as C(/dev/nvidia-caps)) are skipped.
+      - A glob that matches nothing is not an error (a host may have no GPU yet); it gives a
+        warning.
+    type: list
+    elements: str
+    default: ['/dev/nvidia*']
+  protect:
+    description:
+      - Names of processes that are reported but never signalled, matched against the process
+        name (C(comm), compared on its first 15 characters as the kernel keeps it), the basename of
+        its C(argv[0]) and the basename of its executable.
+      - The default is NVIDIA's own daemons and the X servers; stopping some of these can
+        leave GPUs unusable until a reboot.
+      - Use O(extra_protect) to add names without repeating the defaults.
+    type: list
+    elements: str
+    default: [nvidia-persistenced, nvidia-fabricmanager, nv-fabricmanager, nv-hostengine,
+              dcgm-exporter, nvidia-powerd, nvidia-imex, Xorg, Xwayland]
+  extra_protect:
+    description:
+      - More process names to protect, added to O(protect).
+    type: list
+    elements: str
+    default: []
+notes:
+  - Holders are found by reading C(/proc). Without root, other users' processes cannot be
+    inspected; the module warns how many were skipped. Run it with C(become: true).
+  - The module's own process and its ancestors are always protected.
+'''

@@ -1,0 +1,58 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""Assembles the nvidia_* facts from a reader and holder discovery."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
+
+GPU_KEYS = ('index', 'uuid', 'name', 'pci_bus_id', 'memory_total_mib', 'memory_used_mib',
+            'memory_free_mib', 'utilization_gpu_pct', 'temperature_c', 'persistence_mode',
+            'compute_mode', 'processes', 'state', 'error')
+
+
+def gpu_facts(snapshot, memory_threshold_mib=0):
+    """The nvidia_gpus list: one dict per GPU with every documented key, state included."""
+    gpus = []
+    for gpu in snapshot.gpus:
+        gpu = dict(gpu, state=gpu_state(gpu, memory_threshold_mib))
+        gpu.setdefault('processes', [])
+        gpus.append(dict((key, gpu.get(key)) for key in GPU_KEYS))
+    return sorted(gpus, key=lambda gpu: gpu['index'])
+
+
+def holder_facts(device_patterns, protect):
+    """(nvidia_device_holders, warnings) for the device globs."""
+    warnings = []
+    paths = expand_devices(device_patterns)
+    if not paths:
+        warnings.append('devices: no device node matches %s; this host may have no NVIDIA GPU '
+                        'or driver' % ', '.join(device_patterns))
+    holders, unreadable = find_holders(paths, protect)
+    if unreadable:
+        warnings.append('%d processes could not be inspected for open device nodes; run with '
+                        'become: true to see every holder' % unreadable)
+    return [holder.to_dict() for holder in holders], warnings
+
+
+def gather_facts(reader, device_patterns, protect, memory_threshold_mib=0, timeout=None):
+    """Return (ansible_facts, warnings)."""
+    snapshot = reader.read(timeout=timeout)
+    holders, warnings = holder_facts(device_patterns, protect)
+    facts = {
+        'nvidia_gpus': gpu_facts(snapshot, memory_threshold_mib),
+        'nvidia_gpu_count': len(snapshot.gpus),
+        'nvidia_driver_version': snapshot.driver_version,
+        'nvidia_gpu_backend': reader.backend,
+        'nvidia_device_holders': holders,
+    }
+    return facts, snapshot.warnings + warnings

@@ -1,0 +1,277 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""The nvidia-smi backend: the one place that runs nvidia-smi, and its CSV parser."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader, Snapshot
+
+
+# nvidia-smi field name -> fact name, in the order they are queried.
+GPU_FIELDS = [
+    ('index', 'index'),
+    ('uuid', 'uuid'),
+    ('name', 'name'),
+    ('pci.bus_id', 'pci_bus_id'),
+    ('memory.total', 'memory_total_mib'),
+    ('memory.used', 'memory_used_mib'),
+    ('memory.free', 'memory_free_mib'),
+    ('utilization.gpu', 'utilization_gpu_pct'),
+    ('temperature.gpu', 'temperature_c'),
+    ('persistence_mode', 'persistence_mode'),
+    ('compute_mode', 'compute_mode'),
+    ('driver_version', 'driver_version'),
+]
+INT_FACTS = frozenset(['index', 'memory_total_mib', 'memory_used_mib', 'memory_free_mib',
+                       'utilization_gpu_pct', 'temperature_c'])
+APP_FIELDS = ['pid', 'process_name', 'used_memory', 'gpu_uuid', 'gpu_bus_id']
+
+# From the nvidia-smi man page, "RETURN VALUE".
+EXIT_CODES = {
+    2: 'invalid argument or flag',
+    3: 'the requested operation is not available on the target device',
+    4: 'insufficient permissions',
+    6: 'the query was unsuccessful',
+    8: 'external power cables are not attached',
+    9: 'the NVIDIA driver is not loaded',
+    10: 'the NVIDIA kernel driver detected an interrupt issue with a GPU',
+    12: 'the NVML shared library could not be found or loaded',
+    13: 'the local NVML version does not implement this function',
+    14: 'the infoROM is corrupted',
+    15: 'a GPU has fallen off the bus or has otherwise become inaccessible',
+    18: 'the driver and the NVML library versions do not match (reload the driver or reboot)',
+    255: 'internal driver error',
+}
+
+NO_DEVICES = 'No devices were found'
+PCI_BUS_ID_RE = re.compile(r'([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])')
+NUMBER_RE = re.compile(r'^(-?[0-9]+(?:\.[0-9]+)?)(?:\s*(?:MiB|%|C|W|MHz))?$')
+
+
+class SmiParseError(GpuopsError):
+    """nvidia-smi printed something that is not the CSV it was asked for."""
+
+
+def normalize_bus_id(bus_id):
+    """Upper-case, 8-digit-domain form of a PCI bus id, as nvidia-smi prints it."""
+    if not bus_id:
+        return None
+    domain, rest = bus_id.strip().split(':', 1)
+    return ('%08X:%s' % (int(domain, 16), rest)).upper()
+
+
+def parse_value(fact, raw):
+    """Turn one CSV cell into a fact value; (value, problem) where problem is None or a text."""
+    raw = raw.strip()
+    if raw == '' or raw.upper() == 'N/A' or (raw.startswith('[') and raw.endswith(']')):
+        return None, None
+    if fact in INT_FACTS:
+        match = NUMBER_RE.match(raw)
+        if not match:
+            return None, 'unreadable value %r' % raw
+        return int(float(match.group(1))), None
+    if fact == 'persistence_mode':
+        if raw in ('Enabled', 'Disabled'):
+            return raw == 'Enabled', None
+        return None, 'unreadable value %r' % raw
+    if fact == 'pci_bus_id':
+        if not PCI_BUS_ID_RE.match(raw):
+            return None, 'unreadable value %r' % raw
+        return normalize_bus_id(raw), None
+    return raw, None
+
+
+def parse_gpu_csv(text):
+    """Parse ``--query-gpu=<GPU_FIELDS> --format=csv,noheader,nounits`` output.
+
+    Returns (gpus, warnings). nvidia-smi prints one line per GPU in index order; a GPU it
+    cannot read (lost, unknown error) gets an error line in its place, so its index is its
+    position. Raises SmiParseError when no line is usable at all.
+    """
+    gpus, warnings = [], []
+    lines = [line for line in text.splitlines() if line.strip()]
+    for position, line in enumerate(lines):
+        cells = line.split(',')
+        if len(cells) == len(GPU_FIELDS) and not line.startswith('Unable to'):
+            gpu, problems = _gpu_from_cells(cells)
+            if gpu['index'] is None:
+                gpu['index'] = position
+            for problem in problems:
+                warnings.append('nvidia-smi, GPU %s: %s' % (gpu['index'], problem))
+            gpus.append(gpu)
+        else:
+            gpus.append(_unreadable_gpu(position, line.strip()))
+    if lines and all(gpu['error'] for gpu in gpus) and not any(PCI_BUS_ID_RE.search(line) for line in lines):
+        raise SmiParseError('nvidia-smi printed no GPU data: %s' % _first_line(text))
+    return gpus, warnings
+
+
+def _gpu_from_cells(cells):
+    gpu, problems = {'error': None}, []
+    for (field, fact), raw in zip(GPU_FIELDS, cells):
+        value, problem = parse_value(fact, raw)
+        if problem:
+            problems.append('%s: %s' % (field, problem))
+        gpu[fact] = value
+    return gpu, problems
+
+
+def _unreadable_gpu(position, line):
+    gpu = dict((fact, None) for dummy, fact in GPU_FIELDS)
+    match = PCI_BUS_ID_RE.search(line)
+    gpu.update(index=position, pci_bus_id=normalize_bus_id(match.group(1)) if match else None, error=line)
+    return gpu
+
+
+def parse_apps_csv(text):
+    """Parse ``--query-compute-apps=<APP_FIELDS> --format=csv,noheader,nounits`` output.
+
+    process_name is printed unquoted and may itself contain commas, so the fixed fields
+    are taken from both ends of the line. Returns (apps, warnings).
+    """
+    apps, warnings = [], []
+    for line in text.splitlines():
+        if not line.strip() or line.strip().startswith('No running'):
+            continue
+        cells = line.split(',')
+        pid = cells[0].strip()
+        if len(cells) < len(APP_FIELDS) or not pid.isdigit():
+            warnings.append('nvidia-smi printed an unreadable process line: %r' % line.strip())
+            continue
+        used, dummy = parse_value('memory_used_mib', cells[-3])
+        bus_id, dummy = parse_value('pci_bus_id', cells[-1])
+        apps.append({
+            'pid': int(pid),
+            'name': ','.join(cells[1:-3]).strip(),
+            'used_memory_mib': used,
+            'gpu_uuid': cells[-2].strip() or None,
+            'gpu_bus_id': bus_id,
+        })
+    return apps, warnings
+
+
+def _first_line(text):
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return '(no output)'
+
+
+def describe_failure(rc, stdout, stderr):
+    """An operator-readable sentence for a failed nvidia-smi call."""
+    meaning = EXIT_CODES.get(rc, 'unexpected exit code')
+    said = _first_line(stderr) if stderr.strip() else _first_line(stdout)
+    return 'nvidia-smi exited with %d (%s): %s' % (rc, meaning, said)
+
+
+class SmiRunner:
+    """Runs nvidia-smi with a hard deadline. The collection's single caller of nvidia-smi."""
+
+    def __init__(self, path='nvidia-smi', timeout=10.0):
+        self.path = path
+        self.timeout = timeout
+
+    def resolve(self):
+        found = shutil.which(self.path) if os.sep not in self.path else self.path
+        if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
+            raise GpuopsError('nvidia-smi not found or not executable at %r: install the NVIDIA '
+                              'driver utilities or set nvidia_smi_path' % self.path)
+        return found
+
+    def run(self, args, timeout=None):
+        """Run nvidia-smi with args; return (rc, stdout, stderr). Raise GpuopsError on timeout."""
+        timeout = self.timeout if timeout is None else timeout
+        env = dict(os.environ, LC_ALL='C', LANG='C')
+        proc = subprocess.Popen([self.resolve()] + list(args), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                close_fds=True, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._abandon(proc)
+            raise GpuopsError('nvidia-smi %s did not answer within %s s and was killed; the driver '
+                              'may be stuck on a sick GPU' % (' '.join(args), timeout))
+        return (proc.returncode, stdout.decode('utf-8', 'replace'), stderr.decode('utf-8', 'replace'))
+
+    @staticmethod
+    def _abandon(proc):
+        # A process stuck in the driver (D state) cannot die until the driver lets it go:
+        # kill it, give it a moment, and never wait on it longer than that.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            proc.communicate(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class SmiReader(GpuReader):
+    """Reads GPU state by running nvidia-smi's CSV queries."""
+
+    backend = 'nvidia-smi'
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def read(self, timeout=None):
+        rc, stdout, stderr = self.runner.run(
+            ['--query-gpu=' + ','.join(field for field, dummy in GPU_FIELDS),
+             '--format=csv,noheader,nounits'], timeout=timeout)
+        if NO_DEVICES in stdout or NO_DEVICES in stderr:
+            return Snapshot([], None, ['nvidia-smi: %s' % NO_DEVICES])
+        try:
+            gpus, warnings = parse_gpu_csv(stdout)
+        except SmiParseError:
+            if rc != 0:
+                raise GpuopsError(describe_failure(rc, stdout, stderr))
+            raise
+        if not gpus:
+            if rc != 0:
+                raise GpuopsError(describe_failure(rc, stdout, stderr))
+            raise SmiParseError('nvidia-smi printed nothing for --query-gpu')
+        if rc != 0 and all(gpu['error'] is None for gpu in gpus):
+            warnings.append(describe_failure(rc, stdout, stderr))
+        apps, app_warnings = self._read_apps(timeout)
+        _attach_processes(gpus, apps)
+        driver = next((gpu.pop('driver_version') for gpu in gpus if gpu.get('driver_version')), None)
+        for gpu in gpus:
+            gpu.pop('driver_version', None)
+        return Snapshot(gpus, driver, warnings + app_warnings)
+
+    def _read_apps(self, timeout):
+        rc, stdout, stderr = self.runner.run(
+            ['--query-compute-apps=' + ','.join(APP_FIELDS), '--format=csv,noheader,nounits'],
+            timeout=timeout)
+        apps, warnings = parse_apps_csv(stdout)
+        if rc != 0 and not apps:
+            warnings.append('process list unavailable: ' + describe_failure(rc, stdout, stderr))
+        return apps, warnings
+
+
+def _attach_processes(gpus, apps):
+    by_uuid = dict((gpu['uuid'], gpu) for gpu in gpus if gpu.get('uuid'))
+    by_bus = dict((gpu['pci_bus_id'], gpu) for gpu in gpus if gpu.get('pci_bus_id'))
+    for gpu in gpus:
+        gpu['processes'] = []
+    for app in apps:
+        gpu = by_uuid.get(app['gpu_uuid']) or by_bus.get(app['gpu_bus_id'])
+        if gpu is not None:
+            gpu['processes'].append(
+                {'pid': app['pid'], 'name': app['name'], 'used_memory_mib': app['used_memory_mib']})

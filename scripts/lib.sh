@@ -1,0 +1,71 @@
+# shellcheck shell=bash
+# Shared set-up for scripts/demo.sh and scripts/test.sh: Debian packages, a pinned virtual
+# environment, and the ansible_collections/gpuops/nvidia tree that Ansible imports from.
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD="$REPO/.build"
+COLLECTIONS="$BUILD/collections"
+
+say() { printf '==> %s\n' "$*"; }
+
+apt_install() {
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "please install these Debian packages first: $*" >&2
+    return 1
+  fi
+  say "installing Debian packages: $*"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# ensure_commands CMD:PACKAGE...: install the packages whose command is missing.
+ensure_commands() {
+  local missing=() pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+  done
+  [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+}
+
+pick_python() {
+  local candidate
+  for candidate in python3.13 python3.12 python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 &&
+       "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+      echo "$candidate"; return 0
+    fi
+  done
+  echo "Python 3.11 or newer is required" >&2
+  return 1
+}
+
+# ensure_venv DIR REQUIREMENTS: create or reuse DIR, install the pinned requirements once.
+ensure_venv() {
+  local venv=$1 requirements=$2 python stamp want
+  python=$(pick_python) || return 1
+  if [ ! -x "$venv/bin/python" ]; then
+    say "creating virtual environment $venv"
+    if ! "$python" -m venv "$venv" 2>/dev/null; then
+      rm -rf "$venv"
+      apt_install python3-venv || return 1
+      "$python" -m venv "$venv" || return 1
+    fi
+  fi
+  stamp="$venv/.requirements.sha256"
+  want=$(cat "$requirements" "$REPO/requirements/constraints.txt" | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing $(basename "$requirements") into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+      -r "$requirements" -c "$REPO/requirements/constraints.txt" || return 1
+    echo "$want" >"$stamp"
+  fi
+  export PATH="$venv/bin:$PATH"
+}
+
+# Make the repository importable as ansible_collections.gpuops.nvidia.
+link_collection() {
+  mkdir -p "$COLLECTIONS/ansible_collections/gpuops"
+  ln -sfn "$REPO" "$COLLECTIONS/ansible_collections/gpuops/nvidia"
+  export ANSIBLE_COLLECTIONS_PATH="$COLLECTIONS"
+  export PYTHONPATH="$COLLECTIONS:$REPO/tests${PYTHONPATH:+:$PYTHONPATH}"
+}

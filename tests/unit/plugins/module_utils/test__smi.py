@@ -1,0 +1,225 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import stat
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
+    SmiParseError,
+    SmiReader,
+    SmiRunner,
+    describe_failure,
+    parse_apps_csv,
+    parse_gpu_csv,
+)
+
+H200 = ('{i}, GPU-5c7f3c52-1f05-0d3c-1f4b-3f2a6c0e9b1{i}, NVIDIA H200, 00000000:{bus}:00.0, 143771, '
+        '{used}, {free}, {util}, 34, Enabled, Default, 550.127.05')
+BUSES = ['18', '2A', '3A', '5D', '9A', 'AB', 'BA', 'DB']
+
+
+def gpu_line(i, used=0, util=0):
+    return H200.format(i=i, bus=BUSES[i], used=used, free=143771 - used, util=util)
+
+
+def test_parses_every_field_with_types():
+    gpus, warnings = parse_gpu_csv(gpu_line(0, used=76113) + '\n')
+    assert warnings == []
+    assert gpus == [{
+        'index': 0, 'uuid': 'GPU-5c7f3c52-1f05-0d3c-1f4b-3f2a6c0e9b10', 'name': 'NVIDIA H200',
+        'pci_bus_id': '00000000:18:00.0', 'memory_total_mib': 143771, 'memory_used_mib': 76113,
+        'memory_free_mib': 67658, 'utilization_gpu_pct': 0, 'temperature_c': 34,
+        'persistence_mode': True, 'compute_mode': 'Default', 'driver_version': '550.127.05',
+        'error': None,
+    }]
+
+
+@pytest.mark.parametrize('marker', ['[N/A]', '[Not Supported]', '[Insufficient Permissions]',
+                                    '[Unknown Error]', '[GPU requires reset]', 'N/A', ''])
+def test_unreported_values_become_none(marker):
+    line = '0, GPU-x, NVIDIA H200, 00000000:18:00.0, 143771, {m}, {m}, {m}, {m}, {m}, {m}, {m}'.format(m=marker)
+    gpus, warnings = parse_gpu_csv(line)
+    gpu = gpus[0]
+    assert warnings == []
+    for key in ('memory_used_mib', 'memory_free_mib', 'utilization_gpu_pct', 'temperature_c',
+                'persistence_mode', 'compute_mode', 'driver_version'):
+        assert gpu[key] is None, key
+    assert gpu['memory_total_mib'] == 143771
+    assert gpu['error'] is None
+
+
+def test_units_are_tolerated_when_nounits_is_ignored():
+    line = ('0, GPU-x, NVIDIA H200, 00000000:18:00.0, 143771 MiB, 76113 MiB, 67658 MiB, 0 %, 34, '
+            'Disabled, Exclusive_Process, 550.127.05')
+    gpu = parse_gpu_csv(line)[0][0]
+    assert (gpu['memory_used_mib'], gpu['utilization_gpu_pct'], gpu['persistence_mode']) == (76113, 0, False)
+    assert gpu['compute_mode'] == 'Exclusive_Process'
+
+
+@pytest.mark.parametrize('error_line', [
+    'Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error',
+    'Unable to determine the device handle for GPU 0000:5D:00.0: GPU is lost.  Reboot the system to recover this GPU',
+])
+def test_lost_gpu_line_keeps_its_position_and_bus_id(error_line):
+    text = '\n'.join([gpu_line(0), gpu_line(1), gpu_line(2), error_line, gpu_line(4)]) + '\n'
+    gpus, dummy = parse_gpu_csv(text)
+    assert [gpu['index'] for gpu in gpus] == [0, 1, 2, 3, 4]
+    lost = gpus[3]
+    assert lost['error'] == error_line
+    assert lost['pci_bus_id'] == '00000000:5D:00.0'
+    assert lost['memory_used_mib'] is None
+    assert all(gpu['error'] is None for gpu in gpus if gpu['index'] != 3)
+
+
+def test_garbage_value_is_none_with_a_warning():
+    line = gpu_line(0).replace(', 0, 143771,', ', lots, 143771,', 1)
+    gpus, warnings = parse_gpu_csv(line)
+    assert gpus[0]['memory_used_mib'] is None
+    assert warnings == ["nvidia-smi, GPU 0: memory.used: unreadable value 'lots'"]
+
+
+@pytest.mark.parametrize('text', [
+    'Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 535.154\n',
+    'NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver.',
+    'Segmentation fault',
+    'index, uuid\n',
+])
+def test_output_without_gpu_data_raises_parse_error(text):
+    with pytest.raises(SmiParseError) as info:
+        parse_gpu_csv(text)
+    assert text.strip().splitlines()[0] in str(info.value)
+
+
+def test_apps_with_commas_in_process_name():
+    text = ('4242, python3, 76113, GPU-aaa, 00000000:18:00.0\n'
+            '4243, /opt/my job,v2/bin/train, a, 1024, GPU-bbb, 00000000:2A:00.0\n'
+            '4244, weird, [N/A], GPU-ccc, 00000000:3A:00.0\n')
+    apps, warnings = parse_apps_csv(text)
+    assert warnings == []
+    assert [(a['pid'], a['name'], a['used_memory_mib'], a['gpu_uuid']) for a in apps] == [
+        (4242, 'python3', 76113, 'GPU-aaa'),
+        (4243, '/opt/my job,v2/bin/train, a', 1024, 'GPU-bbb'),
+        (4244, 'weird', None, 'GPU-ccc'),
+    ]
+
+
+def test_apps_garbage_lines_are_warned_not_raised():
+    apps, warnings = parse_apps_csv('No running processes found\nsomething odd\n12\n')
+    assert apps == []
+    assert len(warnings) == 2
+
+
+def test_describe_failure_names_the_exit_code():
+    text = describe_failure(9, '', "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
+    assert text.startswith('nvidia-smi exited with 9 (the NVIDIA driver is not loaded): NVIDIA-SMI has failed')
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_gpu_parser_raises_only_its_own_error(text):
+    try:
+        gpus, warnings = parse_gpu_csv(text)
+    except SmiParseError:
+        return
+    for gpu in gpus:
+        assert isinstance(gpu['index'], int)
+        for value in gpu.values():
+            assert value is None or isinstance(value, (str, int, bool))
+            assert not (isinstance(value, str) and value.startswith('[N/A'))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([gpu_line(0), gpu_line(1, 5), ', , ,', '[N/A]', 'Unable to x 0:1:2.3',
+                                 ',,,,,,,,,,,', '0, a, b, zz:zz, x, y, z, w, v, Enabled, D, 1']), max_size=8),
+       st.text(max_size=40))
+def test_gpu_parser_on_line_mixtures(lines, noise):
+    try:
+        parse_gpu_csv('\n'.join(lines + [noise]))
+    except SmiParseError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_apps_parser_never_raises(text):
+    apps, warnings = parse_apps_csv(text)
+    assert all(isinstance(app['pid'], int) for app in apps)
+
+
+# The runner: real subprocesses standing in for nvidia-smi.
+
+def write_script(tmp_path, body, name='nvidia-smi'):
+    path = tmp_path / name
+    path.write_text('#!/bin/sh\n' + body + '\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_runner_returns_output_and_code(tmp_path):
+    script = write_script(tmp_path, 'echo "$@"; echo oops >&2; exit 15')
+    assert SmiRunner(script).run(['-L']) == (15, '-L\n', 'oops\n')
+
+
+def test_runner_kills_a_hung_nvidia_smi_that_ignores_sigterm(tmp_path):
+    script = write_script(tmp_path, "trap '' TERM INT HUP; sleep 30 & wait; sleep 30")
+    started = time.monotonic()
+    with pytest.raises(GpuopsError, match='did not answer within 0.5 s'):
+        SmiRunner(script, timeout=0.5).run(['--query-gpu=index'])
+    assert time.monotonic() - started < 5
+
+
+def test_runner_reports_a_missing_executable(tmp_path):
+    with pytest.raises(GpuopsError, match='not found or not executable'):
+        SmiRunner(str(tmp_path / 'nope')).run([])
+    with pytest.raises(GpuopsError, match='set nvidia_smi_path'):
+        SmiRunner('no-such-nvidia-smi-command').run([])
+
+
+def test_runner_rejects_a_file_that_is_not_executable(tmp_path):
+    path = tmp_path / 'nvidia-smi'
+    path.write_text('')
+    with pytest.raises(GpuopsError, match='not executable'):
+        SmiRunner(str(path)).run([])
+
+
+@pytest.mark.parametrize('rc, output, message', [
+    (9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+     'exited with 9 (the NVIDIA driver is not loaded)'),
+    (18, 'Failed to initialize NVML: Driver/library version mismatch', 'exited with 18'),
+    (0, 'garbage garbage', 'printed no GPU data: garbage garbage'),
+    (0, '', 'printed nothing'),
+])
+def test_reader_turns_failures_into_clear_errors(tmp_path, rc, output, message):
+    script = write_script(tmp_path, 'echo "%s"; exit %d' % (output.replace('"', '\\"'), rc))
+    with pytest.raises(GpuopsError, match=message.replace('(', r'\(').replace(')', r'\)')):
+        SmiReader(SmiRunner(script)).read()
+
+
+def test_reader_no_devices_is_an_empty_snapshot(tmp_path):
+    script = write_script(tmp_path, 'echo "No devices were found"; exit 6')
+    snapshot = SmiReader(SmiRunner(script)).read()
+    assert snapshot.gpus == []
+    assert snapshot.warnings == ['nvidia-smi: No devices were found']
+
+
+def test_reader_joins_processes_to_gpus_and_takes_driver_version(tmp_path):
+    gpus = '\n'.join(gpu_line(i, used=76113 if i == 1 else 0) for i in range(2))
+    apps = '4242, python3, 76113, GPU-5c7f3c52-1f05-0d3c-1f4b-3f2a6c0e9b11, 00000000:2A:00.0'
+    script = write_script(tmp_path, 'case "$1" in --query-gpu=*) echo "%s";; *) echo "%s";; esac' % (gpus, apps))
+    snapshot = SmiReader(SmiRunner(script)).read()
+    assert snapshot.driver_version == '550.127.05'
+    assert [gpu['processes'] for gpu in snapshot.gpus] == [[], [{'pid': 4242, 'name': 'python3', 'used_memory_mib': 76113}]]
+    assert all('driver_version' not in gpu for gpu in snapshot.gpus)
+    assert os.path.basename(script) == 'nvidia-smi'
