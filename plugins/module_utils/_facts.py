@@ -39,8 +39,8 @@ def holder_facts(device_patterns, protect):
                         'or driver' % ', '.join(device_patterns))
     holders, unreadable = find_holders(paths, protect)
     if unreadable:
-        warnings.append('%d processes could not be inspected for open device nodes; run with '
-                        'become: true to see every holder' % unreadable)
+        warnings.append('%d process(es) could not be inspected for open device nodes (permission '
+                        'denied); run with become: true to see every holder' % unreadable)
     return [holder.to_dict() for holder in holders], warnings
 
 

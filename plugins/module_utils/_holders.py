@@ -17,6 +17,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import errno
 import glob
 import os
 import pwd
@@ -122,17 +123,19 @@ def start_time(pid, proc='/proc'):
 
 
 def _open_paths(pid, proc):
+    """Paths pid has open, or None when its descriptors cannot be read (permission)."""
     fd_dir = os.path.join(proc, str(pid), 'fd')
     try:
         names = os.listdir(fd_dir)
-    except OSError:
-        return set()
+    except OSError as exc:
+        return None if exc.errno in (errno.EACCES, errno.EPERM) else set()
     paths = set()
     for name in names:
         try:
             paths.add(os.readlink(os.path.join(fd_dir, name)))
-        except OSError:
-            continue
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                return None
     return paths
 
 
@@ -166,10 +169,11 @@ def find_holders(devices, protect=(), proc='/proc'):
     own = ancestors(os.getpid(), proc)
     holders, unreadable = [], 0
     for pid in _pids(proc):
-        if not os.access(os.path.join(proc, str(pid), 'fd'), os.R_OK):
+        opened = _open_paths(pid, proc)
+        if opened is None:
             unreadable += 1
             continue
-        held = (_open_paths(pid, proc) | _mapped_paths(pid, proc)) & wanted
+        held = (opened | _mapped_paths(pid, proc)) & wanted
         if not held:
             continue
         info = read_process(pid, proc)

@@ -1,0 +1,194 @@
+"""Python API over a simulated host; the CLI (python3 -m gpusim) is a thin layer on it."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+from gpusim import hold as _hold
+from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, Paths, build_state, empty_faults,
+                          is_alive, load_records, load_state, write_json)
+
+SMI_SCRIPT = """\
+#!{python} -S
+import sys
+sys.path.insert(0, {parent!r})
+from gpusim.smi import main
+main({root!r})
+"""
+
+FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear")
+
+HUNG_JOB_RANK_MIB = 76113
+
+
+def _onoff(value):
+    if isinstance(value, str):
+        if value.lower() in ("on", "1", "true", "yes"):
+            return True
+        if value.lower() in ("off", "0", "false", "no"):
+            return False
+        raise ValueError("expected on|off, got %r" % value)
+    return bool(value)
+
+
+class Host:
+    """A simulated NVIDIA host rooted at `root` ("/" installs at the real paths)."""
+
+    def __init__(self, root):
+        self.paths = Paths(root)
+        self._monitors = []   # Popen objects of monitors we launched, reaped by stop()
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def root(self):
+        return self.paths.root
+
+    @property
+    def smi_path(self):
+        return self.paths.smi
+
+    @property
+    def dev_glob(self):
+        return os.path.join(self.paths.dev, "nvidia*")
+
+    def dev_path(self, index):
+        return self.paths.gpu_dev(index)
+
+    def env(self, base=None):
+        env = dict(os.environ if base is None else base)
+        env["PATH"] = self.paths.bin + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        return env
+
+    @property
+    def state(self):
+        return load_state(self.paths)
+
+    # -- setup ---------------------------------------------------------------------------
+    def init(self, gpus=DEFAULTS["gpus"], name=DEFAULTS["name"],
+             memory_total_mib=DEFAULTS["memory_total_mib"],
+             driver_version=DEFAULTS["driver_version"], cuda_version=DEFAULTS["cuda_version"],
+             release_delay=DEFAULTS["release_delay"], persistence_mode=DEFAULTS["persistence_mode"],
+             seed=DEFAULTS["seed"]):
+        p = self.paths
+        if isinstance(persistence_mode, bool):
+            persistence_mode = "on" if persistence_mode else "off"
+        state = build_state(gpus=gpus, name=name, memory_total_mib=memory_total_mib,
+                            driver_version=driver_version, cuda_version=cuda_version,
+                            release_delay=release_delay, persistence_mode=persistence_mode,
+                            seed=seed)
+        for d in (p.dev, p.bin, p.lib, p.procs, p.tracked):
+            os.makedirs(d, exist_ok=True)
+        names = ["nvidiactl", "nvidia-uvm"] + ["nvidia%d" % i for i in range(int(gpus))]
+        for n in names:
+            path = os.path.join(p.dev, n)
+            if not os.path.isfile(path) or os.path.getsize(path) != DEV_FILE_SIZE:
+                with open(path, "wb") as f:
+                    f.write(b"\0" * DEV_FILE_SIZE)
+        # Device nodes of a previous, larger init must not linger.
+        for n in os.listdir(p.dev):
+            if n.startswith("nvidia") and n[6:].isdigit() and int(n[6:]) >= int(gpus):
+                os.unlink(os.path.join(p.dev, n))
+        _hold.write_holder_script(os.path.join(p.lib, "holder.py"))
+        tmp = p.smi + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(SMI_SCRIPT.format(python=sys.executable, parent=_hold.PKG_PARENT, root=p.root))
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, p.smi)
+        write_json(p.state, state)
+        return self
+
+    # -- workloads -----------------------------------------------------------------------
+    def hold(self, gpus="all", mib=0, util=0, name=None, ignore_term=False, children=0,
+             respawn=0, respawn_delay=0.0, map=False, leak=False, open_gpus=None,
+             argv=None, cwd=None):
+        """Start a detached holder; returns {"pid", "monitor_pid", "children"}."""
+        info, proc = _hold.start_hold(
+            self.paths, gpus, mib, util=util, name=name, ignore_term=ignore_term,
+            children=children, respawn=respawn, respawn_delay=respawn_delay, map=map,
+            leak=leak, open_gpus=open_gpus, argv=argv, cwd=cwd)
+        self._monitors.append(proc)
+        return info
+
+    def scenario(self, name="hung-job", release_delay=0.0):
+        if name != "hung-job":
+            raise ValueError("unknown scenario %r (known: hung-job)" % name)
+        self.stop()
+        shutil.rmtree(self.paths.procs, ignore_errors=True)
+        self.init(gpus=8, release_delay=release_delay)
+        persistenced = self.hold(gpus="all", mib=0, name="nvidia-persistenced",
+                                 argv=["nvidia-persistenced", os.path.join(self.paths.lib, "holder.py"),
+                                       "--user", "nvidia-persistenced", "--persistence-mode"])
+        job = os.path.join(self.paths.lib, "job")
+        os.makedirs(job, exist_ok=True)
+        _hold.write_holder_script(os.path.join(job, "train.py"))
+        ranks = []
+        for r in range(8):
+            info = self.hold(gpus=[r], open_gpus="all", mib=HUNG_JOB_RANK_MIB, util=0,
+                             name="python3", cwd=job,
+                             argv=["python3", "train.py", "--local-rank", str(r)])
+            ranks.append(dict(info, rank=r, gpu=r))
+        return {"scenario": name, "persistenced": persistenced, "ranks": ranks}
+
+    def ps(self):
+        out = []
+        for rec in load_records(self.paths):
+            rec["alive"] = is_alive(rec["pid"], rec.get("starttime"))
+            out.append(rec)
+        return out
+
+    def stop(self, timeout=15.0):
+        """SIGKILL every process this root started and wait until all are gone."""
+        try:
+            _hold.stop_all(self.paths, timeout=timeout)
+        finally:
+            for proc in self._monitors:
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    pass
+            self._monitors = []
+
+    # -- faults --------------------------------------------------------------------------
+    def fault(self, kind, value=True, gpu=None, message="unknown", seconds=None,
+              field=None, mib=None):
+        """Inject a fault. kind: lost (gpu, message), hang (seconds), na (field, gpu, value),
+        stuck (gpu, mib), driver-not-loaded|no-devices|mismatch (value on/off), clear."""
+        kind = kind.replace("_", "-")
+        if kind not in FAULT_KINDS:
+            raise ValueError("unknown fault %r (known: %s)" % (kind, ", ".join(FAULT_KINDS)))
+        state = load_state(self.paths)
+        faults = state.setdefault("faults", empty_faults())
+        indexes = [g["index"] for g in state["gpus"]]
+        if gpu is not None and int(gpu) not in indexes:
+            raise ValueError("no GPU %s on this host" % gpu)
+        if kind == "lost":
+            if message not in ("unknown", "lost"):
+                raise ValueError("message must be unknown or lost")
+            faults["lost"][str(int(gpu))] = message
+        elif kind == "hang":
+            faults["hang_s"] = float(seconds if seconds is not None else value)
+        elif kind == "na":
+            v = "[N/A]" if value is True else value
+            faults["na"] = [n for n in faults["na"]
+                            if not (n["field"] == field and n.get("gpu") == gpu)]
+            faults["na"].append({"field": field, "gpu": None if gpu is None else int(gpu), "value": v})
+        elif kind == "stuck":
+            state["gpus"][indexes.index(int(gpu))]["stuck_mib"] = int(mib)
+        elif kind == "clear":
+            state["faults"] = empty_faults()
+        else:
+            faults[kind.replace("-", "_")] = _onoff(value)
+        write_json(self.paths.state, state)
+
+    # -- conveniences for tests ----------------------------------------------------------
+    def smi(self, *args, timeout=30):
+        return subprocess.run([self.smi_path] + list(args), capture_output=True, text=True,
+                              timeout=timeout)
+
+    def memory_used(self):
+        """{index: MiB} as the fake nvidia-smi reports it right now."""
+        from gpusim.state import gpu_usage
+
+        used, _, _ = gpu_usage(self.paths, load_state(self.paths))
+        return used

@@ -1,0 +1,119 @@
+"""Command line: python3 -m gpusim <command> --root ROOT ...  (see README.md)."""
+
+import argparse
+import json
+import sys
+
+from gpusim.state import DEFAULTS
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="gpusim", description="Simulated NVIDIA GPU host")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def cmd(name, **kw):
+        c = sub.add_parser(name, **kw)
+        c.add_argument("--root", required=True, help='host root ("/" for the real paths)')
+        return c
+
+    c = cmd("init", help="create device files, state and the fake nvidia-smi")
+    c.add_argument("--gpus", type=int, default=DEFAULTS["gpus"])
+    c.add_argument("--name", default=DEFAULTS["name"])
+    c.add_argument("--memory-total-mib", type=int, default=DEFAULTS["memory_total_mib"])
+    c.add_argument("--driver-version", default=DEFAULTS["driver_version"])
+    c.add_argument("--cuda-version", default=DEFAULTS["cuda_version"])
+    c.add_argument("--release-delay", type=float, default=DEFAULTS["release_delay"], metavar="SECONDS")
+    c.add_argument("--persistence-mode", choices=("on", "off"), default=DEFAULTS["persistence_mode"])
+    c.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+
+    c = cmd("hold", help="start a detached process holding GPUs")
+    c.add_argument("--gpus", required=True, help="0,1 or all (allocation)")
+    c.add_argument("--open", dest="open_gpus", default=None,
+                   help="GPUs whose device files are opened (default: --gpus); 0,1 or all")
+    c.add_argument("--mib", type=int, required=True)
+    c.add_argument("--util", type=int, default=0)
+    c.add_argument("--name", default=None)
+    c.add_argument("--ignore-term", action="store_true")
+    c.add_argument("--children", type=int, default=0)
+    c.add_argument("--respawn", type=int, default=0, help="times to re-spawn (-1 = forever)")
+    c.add_argument("--respawn-delay", type=float, default=0.0)
+    c.add_argument("--map", action="store_true")
+    c.add_argument("--leak", action="store_true")
+
+    c = cmd("fault", help="inject a fault")
+    fs = c.add_subparsers(dest="kind", required=True)
+    f = fs.add_parser("lost")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("--message", choices=("unknown", "lost"), default="unknown")
+    f = fs.add_parser("hang")
+    f.add_argument("--seconds", type=float, required=True)
+    f = fs.add_parser("na")
+    f.add_argument("--field", required=True)
+    f.add_argument("--gpu", type=int, default=None)
+    f.add_argument("--value", default="[N/A]")
+    f = fs.add_parser("stuck")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("--mib", type=int, required=True)
+    for k in ("driver-not-loaded", "no-devices", "mismatch"):
+        f = fs.add_parser(k)
+        f.add_argument("value", choices=("on", "off"))
+    fs.add_parser("clear")
+
+    c = cmd("scenario", help="start a ready-made situation")
+    c.add_argument("name", choices=("hung-job",))
+    c.add_argument("--release-delay", type=float, default=0.0)
+
+    cmd("ps", help="allocation records, with alive")
+    cmd("stop", help="SIGKILL everything this root started; wait until gone")
+    c = cmd("smi", help="run the fake nvidia-smi in-process (arguments after --)")
+    c.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    from gpusim.api import Host
+
+    host = Host(args.root)
+    try:
+        if args.cmd == "init":
+            host.init(gpus=args.gpus, name=args.name, memory_total_mib=args.memory_total_mib,
+                      driver_version=args.driver_version, cuda_version=args.cuda_version,
+                      release_delay=args.release_delay, persistence_mode=args.persistence_mode,
+                      seed=args.seed)
+            print(json.dumps({"root": host.root, "smi": host.smi_path, "gpus": args.gpus}))
+        elif args.cmd == "hold":
+            info = host.hold(gpus=args.gpus, mib=args.mib, util=args.util, name=args.name,
+                             ignore_term=args.ignore_term, children=args.children,
+                             respawn=args.respawn, respawn_delay=args.respawn_delay,
+                             map=args.map, leak=args.leak, open_gpus=args.open_gpus)
+            print(json.dumps(info))
+        elif args.cmd == "fault":
+            k = args.kind
+            if k == "lost":
+                host.fault(k, gpu=args.gpu, message=args.message)
+            elif k == "hang":
+                host.fault(k, seconds=args.seconds)
+            elif k == "na":
+                host.fault(k, field=args.field, gpu=args.gpu, value=args.value)
+            elif k == "stuck":
+                host.fault(k, gpu=args.gpu, mib=args.mib)
+            elif k == "clear":
+                host.fault(k)
+            else:
+                host.fault(k, value=args.value)
+        elif args.cmd == "scenario":
+            print(json.dumps(host.scenario(args.name, release_delay=args.release_delay)))
+        elif args.cmd == "ps":
+            print(json.dumps(host.ps(), indent=1))
+        elif args.cmd == "stop":
+            host.stop()
+        elif args.cmd == "smi":
+            from gpusim.smi import main as smi_main
+
+            rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+            smi_main(host.root, rest)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print("gpusim: %s" % e, file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,54 @@
+"""Every message and exit code the fake nvidia-smi prints, in one place.
+
+Texts are copied from real nvidia-smi output (driver 5xx); see README.md for sources.
+"""
+
+# nvidia-smi(1) RETURN VALUE (they are NVML return codes; NVML_ERROR_UNKNOWN -> 255).
+EXIT_OK = 0
+EXIT_INVALID_ARGUMENT = 2
+EXIT_NOT_SUPPORTED = 3
+EXIT_NO_PERMISSION = 4
+EXIT_NOT_FOUND = 6
+EXIT_DRIVER_NOT_LOADED = 9
+EXIT_LIB_NOT_FOUND = 12
+EXIT_GPU_LOST = 15
+EXIT_VERSION_MISMATCH = 18
+EXIT_OTHER = 255
+
+DRIVER_NOT_LOADED = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running.\n"
+)
+NO_DEVICES = "No devices were found"
+VERSION_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
+NVML_LIBRARY_VERSION = "NVML library version: {version}"
+
+# {bus} is the 4-digit-domain form, e.g. 0000:5D:00.0 (no space after "GPU").
+HANDLE_UNKNOWN_ERROR = "Unable to determine the device handle for GPU{bus}: Unknown Error"
+HANDLE_GPU_LOST = (
+    "Unable to determine the device handle for GPU{bus}: GPU is lost.  "
+    "Reboot the system to recover this GPU"
+)
+
+INVALID_FIELD = 'Field "{field}" is not a valid field to query.\n'
+INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+FORMAT_REQUIRED = '"--format" switch is required with "--query-gpu" and "--query-compute-apps".\n'
+
+PM_ENABLED = "Enabled persistence mode for GPU {bus}."
+PM_DISABLED = "Disabled persistence mode for GPU {bus}."
+PM_ALREADY = "Persistence mode is already {mode} for GPU {bus}."
+ALL_DONE = "All done."
+
+RESET_OK = "GPU {bus} was successfully reset."
+RESET_FAILED_HEADER = "The following GPUs could not be reset:"
+RESET_FAILED_GPU = "  GPU {bus}: In use by another client"
+RESET_FAILED_FOOTER = (
+    "{n} device{s} {verb} currently being used by one or more other processes "
+    "(e.g., Fabric Manager, CUDA application, graphics application such as an X server, "
+    "or a monitoring application such as another instance of nvidia-smi). Please first "
+    "kill all processes using this device and all compute applications running in the system."
+)
+RESET_NEEDS_ID = "The -r/--gpu-reset option requires the -i/--id option to specify a GPU.\n"
+
+# Values that real drivers print in place of a field.
+NA_VALUES = ("[N/A]", "[Not Supported]", "[Insufficient Permissions]", "[Unknown Error]")

@@ -1,0 +1,545 @@
+"""The fake nvidia-smi. Prints what the real one prints, from the simulated host's state.
+
+Called in polling loops: stdlib only, no argparse, nothing heavy at import.
+"""
+
+import os
+import sys
+import time
+
+from gpusim import messages as M
+from gpusim.state import Paths, gpu_usage, holders_of, load_records, load_state, write_json
+
+# canonical field -> (header unit or None, aliases)
+GPU_FIELDS = {
+    "timestamp": None, "driver_version": None, "count": None, "name": None,
+    "serial": None, "uuid": None, "pci.bus_id": None, "pci.domain": None, "pci.bus": None,
+    "pci.device": None, "pci.device_id": None, "index": None, "minor_number": None,
+    "persistence_mode": None, "compute_mode": None, "pstate": None,
+    "memory.total": "MiB", "memory.used": "MiB", "memory.free": "MiB",
+    "memory.reserved": "MiB", "utilization.gpu": "%", "utilization.memory": "%",
+    "temperature.gpu": None, "power.draw": "W", "power.limit": "W",
+}
+GPU_ALIASES = {
+    "gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
+    "persistence-mode": "persistence_mode", "compute-mode": "compute_mode",
+}
+APP_FIELDS = {
+    "timestamp": None, "gpu_name": None, "gpu_bus_id": None, "gpu_serial": None,
+    "gpu_uuid": None, "pid": None, "process_name": None, "used_gpu_memory": "MiB",
+}
+APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
+
+
+class Usage(Exception):
+    def __init__(self, text, code=M.EXIT_INVALID_ARGUMENT):
+        Exception.__init__(self, text)
+        self.text = text
+        self.code = code
+
+
+def short_bus(bus_id):
+    # The device-handle error prints the 4-digit-domain form: 0000:5D:00.0
+    return bus_id[4:] if len(bus_id) == 16 else bus_id
+
+
+def parse_args(argv):
+    opts = {"query_gpu": None, "query_apps": None, "format": None, "ids": None,
+            "pm": None, "reset": False, "list": False, "query": False, "help": False}
+    i = 0
+
+    def value(i, flag):
+        if "=" in argv[i]:
+            return argv[i].split("=", 1)[1], i
+        if i + 1 >= len(argv):
+            raise Usage(M.INVALID_ARGS)
+        return argv[i + 1], i + 1
+
+    while i < len(argv):
+        a = argv[i]
+        key = a.split("=", 1)[0]
+        if key in ("--query-gpu",):
+            opts["query_gpu"], i = value(i, a)
+        elif key in ("--query-compute-apps",):
+            opts["query_apps"], i = value(i, a)
+        elif key in ("--format",):
+            opts["format"], i = value(i, a)
+        elif key in ("-i", "--id"):
+            opts["ids"], i = value(i, a)
+        elif key in ("-pm", "--persistence-mode"):
+            opts["pm"], i = value(i, a)
+        elif key in ("-r", "--gpu-reset"):
+            opts["reset"] = True
+        elif key in ("-L", "--list-gpus"):
+            opts["list"] = True
+        elif key in ("-q", "--query"):
+            opts["query"] = True
+        elif key in ("-h", "--help"):
+            opts["help"] = True
+        else:
+            raise Usage(M.INVALID_ARGS)
+        i += 1
+    return opts
+
+
+def resolve_fields(spec, fields, aliases):
+    out = []
+    for raw in spec.split(","):
+        f = raw.strip()
+        if not f:
+            continue
+        canon = aliases.get(f, f)
+        if canon not in fields:
+            raise Usage(M.INVALID_FIELD.format(field=f))
+        out.append(canon)
+    return out
+
+
+def select_gpus(state, ids):
+    gpus = state["gpus"]
+    if ids is None:
+        return gpus
+    chosen = []
+    for tok in ids.split(","):
+        tok = tok.strip()
+        match = [g for g in gpus if tok == str(g["index"]) or tok == g["uuid"]
+                 or tok.upper() in (g["pci_bus_id"], short_bus(g["pci_bus_id"]))]
+        if not match:
+            raise Usage(M.NO_DEVICES + "\n", M.EXIT_NOT_FOUND)
+        for g in match:
+            if g not in chosen:
+                chosen.append(g)
+    return chosen
+
+
+class Smi:
+    def __init__(self, root, out):
+        self.paths = Paths(root)
+        self.out = out
+        self.state = load_state(self.paths)
+        self.faults = self.state.get("faults", {})
+        self.rc = M.EXIT_OK
+
+    def w(self, line):
+        self.out.write(line + "\n")
+
+    # -- faults --------------------------------------------------------------------------
+    def lost_kind(self, gpu):
+        return self.faults.get("lost", {}).get(str(gpu["index"]))
+
+    def lost_line(self, gpu):
+        kind = self.lost_kind(gpu)
+        bus = short_bus(gpu["pci_bus_id"])
+        if kind == "lost":
+            self.rc = M.EXIT_GPU_LOST
+            return M.HANDLE_GPU_LOST.format(bus=bus)
+        if self.rc != M.EXIT_GPU_LOST:
+            self.rc = M.EXIT_OTHER
+        return M.HANDLE_UNKNOWN_ERROR.format(bus=bus)
+
+    def na_value(self, field, index):
+        for na in self.faults.get("na", ()):
+            names = (na["field"], GPU_ALIASES.get(na["field"]), APP_ALIASES.get(na["field"]))
+            if field in names and (na.get("gpu") is None or na["gpu"] == index):
+                return na["value"]
+        return None
+
+    # -- values --------------------------------------------------------------------------
+    def usage(self):
+        if not hasattr(self, "_usage"):
+            self._usage = gpu_usage(self.paths, self.state)
+        return self._usage
+
+    def gpu_value(self, field, g, units, now):
+        na = self.na_value(field, g["index"])
+        if na is not None:
+            return na
+        used, util, _ = self.usage()
+        idx = g["index"]
+
+        def unit(v, u):
+            return "%s %s" % (v, u) if units else str(v)
+
+        if field == "timestamp":
+            return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + ".%03d" % (now % 1 * 1000)
+        if field == "driver_version":
+            return self.state["driver_version"]
+        if field == "count":
+            return str(len(self.state["gpus"]))
+        if field == "name":
+            return g["name"]
+        if field == "serial":
+            return g.get("serial", "[N/A]")
+        if field == "uuid":
+            return g["uuid"]
+        if field == "pci.bus_id":
+            return g["pci_bus_id"]
+        if field == "pci.domain":
+            return "0x" + g["pci_bus_id"][:4]
+        if field == "pci.bus":
+            return "0x" + g["pci_bus_id"][9:11]
+        if field == "pci.device":
+            return "0x" + g["pci_bus_id"][12:14]
+        if field == "pci.device_id":
+            return "0x233510DE"
+        if field in ("index", "minor_number"):
+            return str(idx)
+        if field == "persistence_mode":
+            return g["persistence_mode"]
+        if field == "compute_mode":
+            return g["compute_mode"]
+        if field == "pstate":
+            return "P0"
+        if field == "memory.total":
+            return unit(g["memory_total_mib"], "MiB")
+        if field == "memory.used":
+            return unit(used[idx], "MiB")
+        if field == "memory.free":
+            return unit(max(0, g["memory_total_mib"] - used[idx]), "MiB")
+        if field == "memory.reserved":
+            return unit(0, "MiB")
+        if field == "utilization.gpu":
+            return unit(util[idx], "%")
+        if field == "utilization.memory":
+            return unit(min(100, util[idx] // 2), "%")
+        if field == "temperature.gpu":
+            return str(g["temperature"] + util[idx] // 5)
+        if field == "power.draw":
+            return unit("%.2f" % (72.5 + 6.2 * util[idx]), "W")
+        if field == "power.limit":
+            return unit("700.00", "W")
+        return "[N/A]"
+
+    # -- commands ------------------------------------------------------------------------
+    def query_gpu(self, fields, gpus, header, units):
+        if header:
+            self.w(", ".join(f + (" [%s]" % GPU_FIELDS[f] if GPU_FIELDS[f] else "") for f in fields))
+        now = time.time()
+        for g in gpus:
+            if self.lost_kind(g):
+                self.w(self.lost_line(g))
+                continue
+            self.w(", ".join(self.gpu_value(f, g, units, now) for f in fields))
+
+    def query_apps(self, fields, gpus, header, units):
+        if header:
+            self.w(", ".join(f + (" [%s]" % APP_FIELDS[f] if APP_FIELDS[f] else "") for f in fields))
+        _, _, live = self.usage()
+        now = time.time()
+        for g in gpus:
+            if self.lost_kind(g):
+                self.w(self.lost_line(g))
+                continue
+            for rec in live:
+                if g["index"] not in rec["gpus"] or int(rec.get("mib", 0)) <= 0:
+                    continue
+                vals = []
+                for f in fields:
+                    na = self.na_value(f, g["index"])
+                    if na is not None:
+                        vals.append(na)
+                    elif f == "pid":
+                        vals.append(str(rec["pid"]))
+                    elif f == "process_name":
+                        vals.append(rec.get("process_name") or rec.get("comm") or "")
+                    elif f == "used_gpu_memory":
+                        vals.append("%d MiB" % rec["mib"] if units else str(rec["mib"]))
+                    elif f == "gpu_uuid":
+                        vals.append(g["uuid"])
+                    elif f == "gpu_bus_id":
+                        vals.append(g["pci_bus_id"])
+                    elif f == "gpu_name":
+                        vals.append(g["name"])
+                    elif f == "gpu_serial":
+                        vals.append(g.get("serial", "[N/A]"))
+                    elif f == "timestamp":
+                        vals.append(self.gpu_value("timestamp", g, units, now))
+                self.w(", ".join(vals))
+
+    def list_gpus(self, gpus):
+        for g in gpus:
+            if self.lost_kind(g):
+                self.w(self.lost_line(g))
+                continue
+            self.w("GPU %d: %s (UUID: %s)" % (g["index"], g["name"], g["uuid"]))
+
+    def persistence(self, value, gpus):
+        v = value.strip().upper()
+        if v in ("1", "ENABLED"):
+            want = "Enabled"
+        elif v in ("0", "DISABLED"):
+            want = "Disabled"
+        else:
+            raise Usage(M.INVALID_ARGS)
+        changed = False
+        for g in gpus:
+            if self.lost_kind(g):
+                self.w(self.lost_line(g))
+                continue
+            if g["persistence_mode"] == want:
+                self.w(M.PM_ALREADY.format(mode=want, bus=g["pci_bus_id"]))
+            else:
+                g["persistence_mode"] = want
+                changed = True
+                self.w((M.PM_ENABLED if want == "Enabled" else M.PM_DISABLED).format(bus=g["pci_bus_id"]))
+        if changed:
+            write_json(self.paths.state, self.state)
+            self.notify_persistenced()
+        self.w(M.ALL_DONE)
+
+    def notify_persistenced(self):
+        """Tell running nvidia-persistenced holders, and wait until they have acted (the real
+        tool talks to the daemon over RPC, synchronously)."""
+        import signal
+
+        _, _, live = self.usage()
+        want = {g["index"]: g["persistence_mode"] == "Enabled" for g in self.state["gpus"]}
+        for rec in live:
+            if not rec.get("persistenced"):
+                continue
+            try:
+                os.kill(rec["pid"], signal.SIGUSR1)
+            except OSError:
+                continue
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                held = _held_gpu_devs(rec["pid"], self.paths)
+                if all((i in held) == want[i] for i in rec["gpus_open"] if i in want):
+                    break
+                time.sleep(0.005)
+
+    def gpu_reset(self, gpus):
+        _, _, live = self.usage()
+        busy, ok = [], []
+        for g in gpus:
+            if self.lost_kind(g):
+                self.w(self.lost_line(g))
+                continue
+            idx = g["index"]
+            dev = self.paths.gpu_dev(idx)
+            in_use = (g["persistence_mode"] == "Enabled"
+                      or any(idx in rec["gpus"] and int(rec.get("mib", 0)) > 0 for rec in live)
+                      or holders_of({dev}, exclude=(os.getpid(),)))
+            (busy if in_use else ok).append(g)
+        if busy:
+            self.w(M.RESET_FAILED_HEADER)
+            for g in busy:
+                self.w(M.RESET_FAILED_GPU.format(bus=g["pci_bus_id"]))
+            self.w("")
+            n = len(busy)
+            self.w(M.RESET_FAILED_FOOTER.format(n=n, s="" if n == 1 else "s",
+                                                verb="is" if n == 1 else "are"))
+            self.rc = M.EXIT_OTHER
+            return
+        reset = {g["index"] for g in ok}
+        for g in ok:
+            g["stuck_mib"] = 0
+        write_json(self.paths.state, self.state)
+        for rec in load_records(self.paths):
+            hit = reset.intersection(rec["gpus"]) - set(rec.get("reset_gpus", ()))
+            if hit and rec.get("died_at") is not None:
+                rec["reset_gpus"] = sorted(set(rec.get("reset_gpus", ())) | hit)
+                rec.pop("alive", None)
+                write_json(self.paths.proc_record(rec["pid"]), rec)
+        for g in ok:
+            self.w(M.RESET_OK.format(bus=g["pci_bus_id"]))
+        self.w(M.ALL_DONE)
+
+    def summary(self, gpus):
+        used, util, live = self.usage()
+        w = self.w
+        rule = "+" + "-" * 89 + "+"
+        cells = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
+
+        def row(a, b, c):
+            w("|%s|%s|%s|" % (a.ljust(41)[:41], b.ljust(24)[:24], c.ljust(22)[:22]))
+
+        w(time.strftime("%a %b %e %H:%M:%S %Y"))
+        w(rule)
+        w("|%s|" % (" NVIDIA-SMI %-22s Driver Version: %-14s CUDA Version: %s"
+                    % (self.state["driver_version"], self.state["driver_version"],
+                       self.state["cuda_version"])).ljust(89))
+        w("|" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "|")
+        row(" GPU  Name                 Persistence-M ", " Bus-Id          Disp.A ", " Volatile Uncorr. ECC ")
+        row(" Fan  Temp   Perf          Pwr:Usage/Cap ", "           Memory-Usage ", " GPU-Util  Compute M. ")
+        row("", "", "               MIG M. ")
+        w("|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|")
+        for g in gpus:
+            if self.lost_kind(g):
+                w(self.lost_line(g))
+                continue
+            i = g["index"]
+            pm = "On" if g["persistence_mode"] == "Enabled" else "Off"
+            row((" %3d  %s" % (i, g["name"][:28])).ljust(36) + pm.ljust(5),
+                ("%s Off " % g["pci_bus_id"]).rjust(24), "0 ".rjust(22))
+            power = "%4dW /  700W " % int(72.5 + 6.2 * util[i])
+            row((" N/A   %2dC    P0" % g["temperature"]).ljust(41 - len(power)) + power,
+                ("%dMiB / %dMiB " % (used[i], g["memory_total_mib"])).rjust(24),
+                ("%d%%      Default " % util[i]).rjust(22))
+            row("", "", "Disabled ".rjust(22))
+            w(cells)
+        w("")
+        w(rule)
+        w("|%s|" % " Processes:".ljust(89))
+        w("|%s|" % "  GPU   GI   CI        PID   Type   Process name                              GPU Memory ".ljust(89))
+        w("|%s|" % "        ID   ID                                                               Usage      ".ljust(89))
+        w("|" + "=" * 89 + "|")
+        rows = [(g["index"], rec) for g in gpus if not self.lost_kind(g)
+                for rec in live if g["index"] in rec["gpus"] and int(rec.get("mib", 0)) > 0]
+        if not rows:
+            w("|%s|" % "  No running processes found".ljust(89))
+        for i, rec in rows:
+            name = rec.get("process_name") or rec.get("comm") or ""
+            if len(name) > 38:
+                name = "..." + name[-35:]
+            line = "  %4d   N/A  N/A  %9d      C   %-38s" % (i, rec["pid"], name)
+            w("|%s|" % (line + ("%dMiB " % rec["mib"]).rjust(89 - len(line))))
+        w(rule)
+
+    def detail(self, gpus):
+        used, util, _ = self.usage()
+        w = self.w
+        w("")
+        w("==============NVSMI LOG==============")
+        w("")
+        w("%-42s: %s" % ("Timestamp", time.strftime("%a %b %e %H:%M:%S %Y")))
+        w("%-42s: %s" % ("Driver Version", self.state["driver_version"]))
+        w("%-42s: %s" % ("CUDA Version", self.state["cuda_version"]))
+        w("")
+        w("%-42s: %d" % ("Attached GPUs", len(self.state["gpus"])))
+        for g in gpus:
+            if self.lost_kind(g):
+                w(self.lost_line(g))
+                continue
+            i = g["index"]
+            w("GPU %s" % g["pci_bus_id"])
+            for k, v in (("Product Name", g["name"]), ("Persistence Mode", g["persistence_mode"]),
+                         ("GPU UUID", g["uuid"]), ("Minor Number", i)):
+                w("    %-38s: %s" % (k, v))
+            w("    FB Memory Usage")
+            for k, v in (("Total", g["memory_total_mib"]), ("Used", used[i]),
+                         ("Free", g["memory_total_mib"] - used[i])):
+                w("        %-34s: %d MiB" % (k, v))
+            w("    Compute Mode                          : %s" % g["compute_mode"])
+            w("    Utilization")
+            w("        %-34s: %d %%" % ("Gpu", util[i]))
+            w("")
+
+
+def _held_gpu_devs(pid, paths):
+    out = set()
+    d = "/proc/%d/fd" % pid
+    try:
+        for fd in os.listdir(d):
+            try:
+                t = os.readlink(os.path.join(d, fd))
+            except OSError:
+                continue
+            base = os.path.basename(t)
+            if os.path.dirname(t) == paths.dev and base[6:].isdigit() and base.startswith("nvidia"):
+                out.add(int(base[6:]))
+    except OSError:
+        pass
+    return out
+
+
+def hang(seconds):
+    import signal
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(left)
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
+def run(root, argv, out):
+    """Run one nvidia-smi invocation; return its exit code."""
+    try:
+        opts = parse_args(argv)
+    except Usage as e:
+        out.write(e.text)
+        return e.code
+    if opts["help"]:
+        out.write("NVIDIA System Management Interface -- v(gpusim)\n\n"
+                  "Supported: -L, -q, -i ID, --query-gpu=..., --query-compute-apps=..., "
+                  "--format=csv[,noheader][,nounits], -pm 0|1, -r/--gpu-reset\n")
+        return M.EXIT_OK
+    try:
+        smi = Smi(root, out)
+    except FileNotFoundError:
+        out.write(M.DRIVER_NOT_LOADED)
+        return M.EXIT_DRIVER_NOT_LOADED
+    try:
+        q_gpu = resolve_fields(opts["query_gpu"], GPU_FIELDS, GPU_ALIASES) if opts["query_gpu"] else None
+        q_app = resolve_fields(opts["query_apps"], APP_FIELDS, APP_ALIASES) if opts["query_apps"] else None
+        fmt = None
+        if q_gpu is not None or q_app is not None:
+            if not opts["format"]:
+                raise Usage(M.FORMAT_REQUIRED)
+            fmt = [x.strip() for x in opts["format"].split(",")]
+            if "csv" not in fmt or any(x not in ("csv", "noheader", "nounits") for x in fmt):
+                raise Usage(M.INVALID_ARGS)
+        if opts["reset"] and opts["ids"] is None:
+            raise Usage(M.RESET_NEEDS_ID)
+    except Usage as e:
+        out.write(e.text)
+        return e.code
+
+    f = smi.faults
+    if f.get("hang_s"):
+        hang(float(f["hang_s"]))
+    if f.get("driver_not_loaded"):
+        out.write(M.DRIVER_NOT_LOADED)
+        return M.EXIT_DRIVER_NOT_LOADED
+    if f.get("mismatch"):
+        out.write(M.VERSION_MISMATCH + "\n")
+        out.write(M.NVML_LIBRARY_VERSION.format(version=f.get("mismatch_library_version") or
+                                                ".".join(smi.state["driver_version"].split(".")[:2])) + "\n")
+        return M.EXIT_VERSION_MISMATCH
+    if f.get("no_devices") or not smi.state["gpus"]:
+        out.write(M.NO_DEVICES + "\n")
+        return M.EXIT_NOT_FOUND
+    try:
+        gpus = select_gpus(smi.state, opts["ids"])
+    except Usage as e:
+        out.write(e.text)
+        return e.code
+
+    if q_gpu is not None or q_app is not None:
+        header = "noheader" not in fmt
+        units = "nounits" not in fmt
+        if q_gpu is not None:
+            smi.query_gpu(q_gpu, gpus, header, units)
+        if q_app is not None:
+            smi.query_apps(q_app, gpus, header, units)
+    elif opts["pm"] is not None:
+        try:
+            smi.persistence(opts["pm"], gpus)
+        except Usage as e:
+            out.write(e.text)
+            return e.code
+    elif opts["reset"]:
+        smi.gpu_reset(gpus)
+    elif opts["list"]:
+        smi.list_gpus(gpus)
+    elif opts["query"]:
+        smi.detail(gpus)
+    else:
+        smi.summary(gpus)
+    return smi.rc
+
+
+def main(root, argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        rc = run(root, argv, sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        rc = M.EXIT_OTHER
+    sys.exit(rc)

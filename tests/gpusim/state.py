@@ -1,0 +1,287 @@
+"""On-disk state of a simulated host, and the /proc helpers shared by everything else.
+
+Kept import-light: the fake nvidia-smi imports this module on every call.
+"""
+
+import json
+import os
+import time
+
+HGX_BUS_IDS = (
+    "00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0",
+    "00000000:9A:00.0", "00000000:AB:00.0", "00000000:BA:00.0", "00000000:DB:00.0",
+)
+
+DEFAULTS = {
+    "gpus": 8,
+    "name": "NVIDIA H200",
+    "memory_total_mib": 143771,
+    "driver_version": "550.127.05",
+    "cuda_version": "12.4",
+    "release_delay": 0.0,
+    "persistence_mode": "on",
+    "seed": 0,
+}
+
+DEV_FILE_SIZE = 4096
+
+
+class Paths:
+    """Where a simulated host lives under ROOT."""
+
+    def __init__(self, root):
+        self.root = os.path.realpath(root or "/")
+        self.dev = os.path.join(self.root, "dev")
+        self.lib = os.path.join(self.root, "var", "lib", "gpusim")
+        self.state = os.path.join(self.lib, "state.json")
+        self.procs = os.path.join(self.lib, "procs")
+        self.tracked = os.path.join(self.lib, "tracked")
+        if self.root == "/":
+            # The driver packages install nvidia-smi there; so does gpusim in a container.
+            self.bin = "/usr/bin"
+        else:
+            self.bin = os.path.join(self.root, "bin")
+        self.smi = os.path.join(self.bin, "nvidia-smi")
+
+    def gpu_dev(self, index):
+        return os.path.join(self.dev, "nvidia%d" % index)
+
+    @property
+    def ctl_dev(self):
+        return os.path.join(self.dev, "nvidiactl")
+
+    @property
+    def uvm_dev(self):
+        return os.path.join(self.dev, "nvidia-uvm")
+
+    def proc_record(self, pid):
+        return os.path.join(self.procs, "%d.json" % pid)
+
+
+def write_json(path, data):
+    """Atomic write: readers see the old or the new file, never half of one."""
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def read_json(path, default=None):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+# ---------------------------------------------------------------- /proc helpers
+
+def proc_stat(pid):
+    """(state, session, starttime) from /proc/PID/stat, or None if there is no such pid."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    rest = data[data.rfind(")") + 2:].split()
+    # rest[0] is field 3 (state); field N is rest[N - 3].
+    return rest[0], int(rest[3]), int(rest[19])
+
+
+def proc_starttime(pid):
+    st = proc_stat(pid)
+    return None if st is None else st[2]
+
+
+def is_alive(pid, starttime=None):
+    """True if pid runs (not a zombie) and, when given, still has that start time."""
+    st = proc_stat(pid)
+    if st is None or st[0] in ("Z", "X", "x"):
+        return False
+    return starttime is None or st[2] == starttime
+
+
+def proc_cmdline_argv0(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if not data:
+        return None
+    return data.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def proc_comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().rstrip("\n")
+    except OSError:
+        return None
+
+
+def pids():
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            yield int(name)
+
+
+def holders_of(paths_set, exclude=()):
+    """pids that have any of paths_set open (fd) or mapped, like fuser."""
+    found = set()
+    for pid in pids():
+        if pid in exclude:
+            continue
+        fd_dir = "/proc/%d/fd" % pid
+        try:
+            for fd in os.listdir(fd_dir):
+                try:
+                    if os.readlink(os.path.join(fd_dir, fd)) in paths_set:
+                        found.add(pid)
+                        break
+                except OSError:
+                    pass
+        except OSError:
+            continue
+        if pid in found:
+            continue
+        try:
+            with open("/proc/%d/maps" % pid) as f:
+                for line in f:
+                    parts = line.split(None, 5)
+                    if len(parts) == 6 and parts[5].rstrip("\n") in paths_set:
+                        found.add(pid)
+                        break
+        except OSError:
+            pass
+    return found
+
+
+# ---------------------------------------------------------------- host state
+
+def make_uuid(rng):
+    h = "%032x" % rng.getrandbits(128)
+    return "GPU-%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:])
+
+
+def bus_id(index):
+    if index < len(HGX_BUS_IDS):
+        return HGX_BUS_IDS[index]
+    # Beyond one HGX board: a second board's worth of plausible, distinct buses.
+    return "00000000:%02X:00.0" % ((0x0E + 0x11 * (index - len(HGX_BUS_IDS))) % 0x100)
+
+
+def build_state(gpus=8, name="NVIDIA H200", memory_total_mib=143771,
+                driver_version="550.127.05", cuda_version="12.4", release_delay=0.0,
+                persistence_mode="on", seed=0):
+    import random
+
+    rng = random.Random(seed)
+    pm = "Enabled" if persistence_mode in ("on", "1", "Enabled", True) else "Disabled"
+    gpu_list = []
+    for i in range(int(gpus)):
+        gpu_list.append({
+            "index": i,
+            "uuid": make_uuid(rng),
+            "serial": "%013d" % rng.randrange(10 ** 12, 10 ** 13),
+            "name": name,
+            "pci_bus_id": bus_id(i),
+            "memory_total_mib": int(memory_total_mib),
+            "persistence_mode": pm,
+            "compute_mode": "Default",
+            "temperature": 28 + rng.randrange(0, 9),
+            "stuck_mib": 0,
+        })
+    return {
+        "gpus": gpu_list,
+        "driver_version": driver_version,
+        "cuda_version": cuda_version,
+        "release_delay_s": float(release_delay),
+        "faults": empty_faults(),
+    }
+
+
+def empty_faults():
+    return {
+        "lost": {},            # str(index) -> "unknown" | "lost"
+        "hang_s": 0.0,
+        "na": [],              # {"field": ..., "gpu": int|None, "value": ...}
+        "driver_not_loaded": False,
+        "no_devices": False,
+        "mismatch": False,
+    }
+
+
+def load_state(paths):
+    st = read_json(paths.state)
+    if st is None:
+        raise FileNotFoundError("gpusim: no host at %s (run gpusim init)" % paths.root)
+    return st
+
+
+# ---------------------------------------------------------------- allocations
+
+def load_records(paths):
+    out = []
+    try:
+        names = os.listdir(paths.procs)
+    except OSError:
+        return out
+    for name in names:
+        if name.endswith(".json"):
+            rec = read_json(os.path.join(paths.procs, name))
+            if rec:
+                out.append(rec)
+    out.sort(key=lambda r: (r.get("created", 0), r["pid"]))
+    return out
+
+
+def record_alive(rec):
+    return is_alive(rec["pid"], rec.get("starttime"))
+
+
+def mark_dead(paths, rec, now=None):
+    """Set died_at on a record of a dead holder if nobody has yet; returns the record."""
+    if rec.get("died_at") is None:
+        fresh = read_json(paths.proc_record(rec["pid"]), rec)
+        if fresh.get("starttime") == rec.get("starttime") and fresh.get("died_at") is None:
+            fresh["died_at"] = time.time() if now is None else now
+            write_json(paths.proc_record(rec["pid"]), fresh)
+            rec = fresh
+        elif fresh.get("died_at") is not None:
+            rec = fresh
+    return rec
+
+
+def gpu_usage(paths, state, records=None, now=None):
+    """{index: (used_mib, util_pct)} plus the list of live compute records.
+
+    Used = live allocations + dead ones still inside the driver's release delay
+    + leaked allocations of dead holders (until reset) + stuck memory.
+    """
+    now = time.time() if now is None else now
+    if records is None:
+        records = load_records(paths)
+    delay = float(state.get("release_delay_s", 0.0))
+    used = {g["index"]: int(g.get("stuck_mib", 0)) for g in state["gpus"]}
+    util = {g["index"]: 0 for g in state["gpus"]}
+    live = []
+    for rec in records:
+        mib = int(rec.get("mib", 0))
+        alive = record_alive(rec)
+        rec["alive"] = alive
+        if alive:
+            live.append(rec)
+            for i in rec["gpus"]:
+                if i in used:
+                    used[i] += mib
+                    util[i] = max(util[i], int(rec.get("util", 0)))
+            continue
+        rec.update(mark_dead(paths, rec, now))
+        cleared = set(rec.get("reset_gpus", ()))
+        counts = rec.get("leak") or (now < rec["died_at"] + delay)
+        if counts:
+            for i in rec["gpus"]:
+                if i in used and i not in cleared:
+                    used[i] += mib
+    return used, util, live

@@ -1,0 +1,220 @@
+"""The fake nvidia-smi: formats, messages, exit codes, faults."""
+
+import os
+import sys
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from gpusim import messages as M
+from gpusim.state import HGX_BUS_IDS
+
+FIELDS = ("index,uuid,name,pci.bus_id,memory.total,memory.used,memory.free,utilization.gpu,"
+          "temperature.gpu,persistence_mode,compute_mode,driver_version,count")
+
+
+def csv(host, *args):
+    r = host.smi(*args)
+    return r.returncode, r.stdout.splitlines()
+
+
+def test_init_layout(gpuhost):
+    root = gpuhost.root
+    for n in ["nvidiactl", "nvidia-uvm"] + ["nvidia%d" % i for i in range(8)]:
+        p = os.path.join(root, "dev", n)
+        assert os.path.isfile(p) and os.path.getsize(p) == 4096
+    assert gpuhost.dev_glob == os.path.join(root, "dev", "nvidia*")
+    assert gpuhost.dev_path(3) == os.path.join(root, "dev", "nvidia3")
+    assert gpuhost.smi_path == os.path.join(root, "bin", "nvidia-smi")
+    assert os.access(gpuhost.smi_path, os.X_OK)
+    assert gpuhost.env()["PATH"].split(os.pathsep)[0] == os.path.join(root, "bin")
+    r = subprocess.run(["nvidia-smi", "-L"], env=gpuhost.env(), capture_output=True, text=True)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 8
+    assert re.fullmatch(r"GPU 0: NVIDIA H200 \(UUID: GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-"
+                        r"[0-9a-f]{4}-[0-9a-f]{12}\)", lines[0])
+    state = gpuhost.state
+    assert [g["pci_bus_id"] for g in state["gpus"]] == list(HGX_BUS_IDS)
+
+
+def test_uuids_deterministic_from_seed(gpuhost_factory):
+    a = gpuhost_factory("a", seed=7).state["gpus"]
+    b = gpuhost_factory("b", seed=7).state["gpus"]
+    c = gpuhost_factory("c", seed=8).state["gpus"]
+    assert [g["uuid"] for g in a] == [g["uuid"] for g in b]
+    assert [g["uuid"] for g in a] != [g["uuid"] for g in c]
+    assert len({g["uuid"] for g in a}) == 8
+    big = gpuhost_factory("big", gpus=16).state["gpus"]
+    assert len({g["pci_bus_id"] for g in big}) == 16
+
+
+def test_query_gpu_csv_formats(gpuhost):
+    rc, lines = csv(gpuhost, "--query-gpu=" + FIELDS, "--format=csv")
+    assert rc == 0
+    assert lines[0] == ("index, uuid, name, pci.bus_id, memory.total [MiB], memory.used [MiB], "
+                        "memory.free [MiB], utilization.gpu [%], temperature.gpu, persistence_mode, "
+                        "compute_mode, driver_version, count")
+    row = lines[1].split(", ")
+    assert row[0] == "0" and row[2] == "NVIDIA H200" and row[3] == "00000000:18:00.0"
+    assert row[4:8] == ["143771 MiB", "0 MiB", "143771 MiB", "0 %"]
+    assert row[9:] == ["Enabled", "Default", "550.127.05", "8"]
+    assert len(lines) == 9
+
+    rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,nounits")
+    assert lines[0] == "index, memory.used [MiB]" and lines[1] == "0, 0"
+    rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,noheader")
+    assert lines[0] == "0, 0 MiB"
+    rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits", "-i", "0,3")
+    assert lines == ["0, 0", "3, 0"]
+    rc, lines = csv(gpuhost, "--query-gpu=gpu_name,gpu_bus_id", "--format=csv", "--id=1")
+    assert lines == ["name, pci.bus_id", "NVIDIA H200, 00000000:2A:00.0"]
+
+
+def test_invalid_field_and_id(gpuhost):
+    r = gpuhost.smi("--query-gpu=index,xyz", "--format=csv")
+    assert r.returncode == 2 and r.stdout == 'Field "xyz" is not a valid field to query.\n'
+    r = gpuhost.smi("--query-compute-apps=pid,bogus", "--format=csv")
+    assert r.returncode == 2 and 'Field "bogus"' in r.stdout
+    r = gpuhost.smi("--query-gpu=index", "--format=csv", "-i", "9")
+    assert r.returncode == 6 and r.stdout.strip() == "No devices were found"
+
+
+def test_compute_apps_empty(gpuhost):
+    assert gpuhost.smi("--query-compute-apps=pid,process_name,used_memory",
+                       "--format=csv,noheader").stdout == ""
+    assert gpuhost.smi("--query-compute-apps=pid,process_name,used_memory,gpu_uuid,gpu_bus_id",
+                       "--format=csv").stdout.splitlines() == [
+        "pid, process_name, used_gpu_memory [MiB], gpu_uuid, gpu_bus_id"]
+
+
+def test_persistence_mode_messages(gpuhost):
+    r = gpuhost.smi("-pm", "1", "-i", "0")
+    assert r.stdout.splitlines() == ["Persistence mode is already Enabled for GPU 00000000:18:00.0.",
+                                     "All done."]
+    r = gpuhost.smi("-pm", "0", "-i", "0,1")
+    assert r.returncode == 0
+    assert r.stdout.splitlines() == ["Disabled persistence mode for GPU 00000000:18:00.0.",
+                                     "Disabled persistence mode for GPU 00000000:2A:00.0.",
+                                     "All done."]
+    _, lines = csv(gpuhost, "--query-gpu=persistence_mode", "--format=csv,noheader", "-i", "0,2")
+    assert lines == ["Disabled", "Enabled"]
+    r = gpuhost.smi("-pm", "1", "-i", "1")
+    assert r.stdout.splitlines()[0] == "Enabled persistence mode for GPU 00000000:2A:00.0."
+
+
+def test_summary_table(gpuhost):
+    gpuhost.hold(gpus=[1], mib=5000, util=12, name="python3")
+    r = gpuhost.smi()
+    assert r.returncode == 0
+    assert "NVIDIA-SMI 550.127.05" in r.stdout and "CUDA Version: 12.4" in r.stdout
+    assert "5000MiB / 143771MiB" in r.stdout
+    assert re.search(r"\|\s+1\s+N/A\s+N/A\s+\d+\s+C\s+python3\s+5000MiB \|", r.stdout)
+    assert gpuhost.smi("-q").returncode == 0
+
+
+# ---------------------------------------------------------------- faults
+
+def test_fault_lost_gpu(gpuhost):
+    gpuhost.fault("lost", gpu=3)
+    rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
+    assert rc == M.EXIT_OTHER == 255
+    assert lines[3] == "Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error"
+    assert lines[2] == "2, 0" and lines[4] == "4, 0" and len(lines) == 8
+    gpuhost.fault("lost", gpu=3, message="lost")
+    rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
+    assert rc == 15
+    assert lines[3] == ("Unable to determine the device handle for GPU0000:5D:00.0: GPU is lost.  "
+                        "Reboot the system to recover this GPU")
+    rc, lines = csv(gpuhost, "--query-gpu=index", "--format=csv,noheader", "-i", "0")
+    assert rc == 0 and lines == ["0"]
+    gpuhost.fault("clear")
+    assert csv(gpuhost, "--query-gpu=index", "--format=csv,noheader")[0] == 0
+
+
+@pytest.mark.parametrize("value", M.NA_VALUES)
+def test_fault_na(gpuhost, value):
+    gpuhost.fault("na", field="memory.used", gpu=2, value=value)
+    _, lines = csv(gpuhost, "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits")
+    assert lines[2] == "2, %s, 143771" % value
+    assert lines[1] == "1, 0, 143771"
+    gpuhost.fault("na", field="utilization.gpu")   # every GPU, default [N/A]
+    _, lines = csv(gpuhost, "--query-gpu=utilization.gpu", "--format=csv,noheader")
+    assert set(lines) == {"[N/A]"}
+
+
+def test_fault_driver_not_loaded_no_devices_mismatch(gpuhost):
+    gpuhost.fault("driver-not-loaded", "on")
+    r = gpuhost.smi("--query-gpu=index", "--format=csv")
+    assert r.returncode == 9
+    assert r.stdout == ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+                        "driver. Make sure that the latest NVIDIA driver is installed and running.\n")
+    gpuhost.fault("driver-not-loaded", "off")
+    gpuhost.fault("no-devices", "on")
+    r = gpuhost.smi("-L")
+    assert (r.returncode, r.stdout) == (6, "No devices were found\n")
+    gpuhost.fault("no-devices", False)
+    gpuhost.fault("mismatch", "on")
+    r = gpuhost.smi()
+    assert r.returncode == 18
+    assert r.stdout.splitlines() == ["Failed to initialize NVML: Driver/library version mismatch",
+                                     "NVML library version: 550.127"]
+    gpuhost.fault("clear")
+    assert gpuhost.smi("-L").returncode == 0
+
+
+def test_fault_hang_ignores_term(gpuhost):
+    gpuhost.fault("hang", seconds=0.8)
+    t0 = time.monotonic()
+    p = subprocess.Popen([gpuhost.smi_path, "--query-gpu=index", "--format=csv,noheader"],
+                         stdout=subprocess.PIPE, text=True)
+    time.sleep(0.4)
+    p.send_signal(signal.SIGTERM)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=10)
+    assert p.returncode == 0 and out.splitlines()[0] == "0"
+    assert time.monotonic() - t0 >= 0.75
+    p = subprocess.Popen([gpuhost.smi_path, "-L"], stdout=subprocess.DEVNULL)
+    time.sleep(0.2)
+    p.kill()
+    assert p.wait(timeout=5) == -signal.SIGKILL
+    gpuhost.fault("hang", seconds=0)
+    t0 = time.monotonic()
+    assert gpuhost.smi("-L").returncode == 0
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_smi_is_fast(gpuhost):
+    gpuhost.hold(gpus="all", mib=100)
+    best = 10.0
+    for _ in range(5):
+        t0 = time.monotonic()
+        r = subprocess.run([gpuhost.smi_path, "--query-gpu=" + FIELDS, "--format=csv"],
+                           capture_output=True)
+        best = min(best, time.monotonic() - t0)
+        assert r.returncode == 0
+    assert best < 0.1
+
+
+def test_na_on_compute_apps_field(gpuhost):
+    h = gpuhost.hold(gpus=[0], mib=50)
+    gpuhost.fault("na", field="used_memory")
+    r = gpuhost.smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader")
+    assert r.stdout.splitlines() == ["%d, [N/A]" % h["pid"]]
+
+
+def test_root_slash_uses_real_paths():
+    from gpusim.state import Paths
+
+    p = Paths("/")
+    assert (p.smi, p.gpu_dev(0), p.ctl_dev, p.state) == (
+        "/usr/bin/nvidia-smi", "/dev/nvidia0", "/dev/nvidiactl", "/var/lib/gpusim/state.json")
+
+
+def test_cli_smi_and_missing_host(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    r = subprocess.run([sys.executable, "-m", "gpusim", "smi", "--root", str(tmp_path), "--", "-L"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 9                        # nothing initialised: no driver
