@@ -69,3 +69,20 @@ link_collection() {
   export ANSIBLE_COLLECTIONS_PATH="$COLLECTIONS"
   export PYTHONPATH="$COLLECTIONS:$REPO/tests${PYTHONPATH:+:$PYTHONPATH}"
 }
+
+# ansible-test bootstraps pip in its sanity environments with a get-pip.py from its own
+# download site; where that site is out of reach, put the offline stand-in in its cache.
+offline_get_pip() {
+  local version cache
+  version=$("$REPO/.venv-sanity/bin/python" - <<'PY'
+import os, re, ansible_test
+source = os.path.join(os.path.dirname(ansible_test.__file__), '_internal', 'python_requirements.py')
+print(re.search(r"pip='([0-9.]+)'", open(source).read()).group(1))
+PY
+)
+  cache="$HOME/.ansible/test/cache/get_pip_${version//./_}.py"
+  if [ ! -f "$cache" ]; then
+    mkdir -p "$(dirname "$cache")"
+    cp "$REPO/tests/sanity/get_pip_offline.py" "$cache"
+  fi
+}

@@ -2,9 +2,10 @@
 # Runs every test: unit, gpusim, integration, ansible-doc, sanity, lint, changelog.
 # Usage: scripts/test.sh [pytest arguments...]
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 
-ensure_commands fuser:psmisc ps:procps gcc:gcc git:git rsync:rsync
+ensure_commands fuser:psmisc ps:procps gcc:gcc git:git rsync:rsync shellcheck:shellcheck
 ensure_venv "$REPO/.venv" "$REPO/requirements/test.txt"
 link_collection
 cd "$REPO"
@@ -20,17 +21,35 @@ for module in plugins/modules/*.py; do
 done
 
 say "ansible-test sanity"
-SANITY="$BUILD/sanity/ansible_collections/gpuops/nvidia"
+# ansible-test wants the collection at .../ansible_collections/gpuops/nvidia, outside any git
+# work tree that would hide untracked files, and runs in an environment of its own.
+ensure_venv "$REPO/.venv-sanity" "$REPO/requirements/sanity.txt"
+offline_get_pip
+SANITY="${TMPDIR:-/tmp}/gpuops-nvidia-sanity/ansible_collections/gpuops/nvidia"
 mkdir -p "$SANITY"
-rsync -a --delete --exclude=/.git --exclude=/.build --exclude=/.venv --exclude=/.venv-* --exclude=__pycache__ \
-  --exclude=/.pytest_cache --exclude=/.hypothesis --exclude=/tests/output "$REPO/" "$SANITY/"
-(cd "$SANITY" && ansible-test sanity --python "$(python -c 'import sys; print("%d.%d" % sys.version_info[:2])')" \
-  --venv --color no --exclude tests/gpusim/)
+rsync -a --delete --delete-excluded --exclude=/.git --exclude=/.build --exclude='/.venv*' \
+  --exclude=__pycache__ --exclude=/.pytest_cache --exclude=/.hypothesis --exclude=/tests/output \
+  "$REPO/" "$SANITY/"
+(cd "$SANITY" && "$REPO/.venv-sanity/bin/ansible-test" sanity --requirements --color no \
+  --python "$("$REPO/.venv-sanity/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')")
 
 say "ansible-lint (production profile)"
 ansible-lint --profile production
 
 say "antsibull-changelog lint"
 antsibull-changelog lint
+
+say "ansible-galaxy collection build and install"
+rm -rf "$BUILD/dist" "$BUILD/installed"
+ansible-galaxy collection build --output-path "$BUILD/dist" "$REPO" >/dev/null
+ansible-galaxy collection install --collections-path "$BUILD/installed" "$BUILD/dist"/gpuops-nvidia-*.tar.gz >/dev/null
+for module in plugins/modules/*.py; do
+  ANSIBLE_COLLECTIONS_PATH="$BUILD/installed" ansible-doc "gpuops.nvidia.$(basename "$module" .py)" >/dev/null
+done
+if tar -tzf "$BUILD/dist"/gpuops-nvidia-*.tar.gz | grep -E '^(tests|scripts|benchmarks|requirements|\.venv)' ; then
+  echo "development files leaked into the collection tarball" >&2
+  exit 1
+fi
+echo "built $(basename "$BUILD/dist"/gpuops-nvidia-*.tar.gz); installs and documents every module"
 
 say "all checks passed"

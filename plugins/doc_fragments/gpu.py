@@ -17,9 +17,11 @@ options:
     description:
       - How GPU state is read.
       - V(nvidia-smi) runs C(nvidia-smi --query-gpu) and C(--query-compute-apps) with CSV output.
-      - V(nvml) uses the NVML library through the C(nvidia-ml-py) Python bindings.
-        It is not available in this release of the collection.
-      - V(auto) uses NVML when it is available and falls back to V(nvidia-smi).
+      - V(nvml) uses the NVML library (C(libnvidia-ml.so.1), from the driver) through the
+        C(nvidia-ml-py) Python bindings, in the module's own process (no process is started),
+        and the facts are the same as with V(nvidia-smi).
+      - V(auto) uses NVML when C(nvidia-ml-py) is installed and NVML initialises, and
+        V(nvidia-smi) otherwise.
     type: str
     choices: [auto, nvml, nvidia-smi]
     default: auto
@@ -30,10 +32,13 @@ options:
     default: nvidia-smi
 requirements:
   - nvidia-smi (from the NVIDIA driver) for O(backend=nvidia-smi).
+  - nvidia-ml-py (the C(pynvml) module) and the driver's C(libnvidia-ml.so.1) for O(backend=nvml).
 notes:
   - Every nvidia-smi call runs under a deadline. nvidia-smi can hang inside the driver on a
     sick GPU; a call that misses its deadline is killed and reported as an error, never waited
     out.
+  - NVML calls can hang inside the driver the same way. They run in a worker thread; a read
+    that misses its deadline is reported as an error and the thread is abandoned.
 '''
 
     # Which device nodes count and which processes are never signalled.
@@ -69,6 +74,6 @@ options:
     default: []
 notes:
   - Holders are found by reading C(/proc). Without root, other users' processes cannot be
-    inspected; the module warns how many were skipped. Run it with C(become: true).
+    inspected; the module warns how many were skipped. Run it with privilege escalation (C(become)).
   - The module's own process and its ancestors are always protected.
 '''

@@ -12,6 +12,9 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible.module_utils.basic import missing_required_lib
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _nvml
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader, SmiRunner
 
@@ -26,10 +29,24 @@ class MissingLibraryError(GpuopsError):
 
 
 def select_reader(backend, nvidia_smi_path='nvidia-smi', timeout=10.0):
-    """Return (reader, warnings) for backend 'auto', 'nvml' or 'nvidia-smi'."""
-    if backend in ('auto', 'nvidia-smi'):
+    """Return (reader, warnings) for backend 'auto', 'nvml' or 'nvidia-smi'.
+
+    auto uses NVML when nvidia-ml-py imports and nvmlInit succeeds, and nvidia-smi otherwise,
+    without a word: a host without the Python bindings or the library is a normal host.
+    """
+    if backend == 'nvidia-smi':
         return SmiReader(SmiRunner(nvidia_smi_path, timeout)), []
-    if backend == 'nvml':
-        raise GpuopsError('backend nvml is not available in this version of gpuops.nvidia; '
-                          'use backend auto or nvidia-smi')
-    raise GpuopsError('backend must be one of auto, nvml, nvidia-smi, got %r' % (backend,))
+    if backend not in ('auto', 'nvml'):
+        raise GpuopsError('backend must be one of auto, nvml, nvidia-smi, got %r' % (backend,))
+    if not _nvml.HAS_PYNVML:
+        if backend == 'nvml':
+            raise MissingLibraryError(missing_required_lib('nvidia-ml-py'), _nvml.PYNVML_IMPORT_ERROR)
+        return SmiReader(SmiRunner(nvidia_smi_path, timeout)), []
+    reader = _nvml.NvmlReader(timeout)
+    try:
+        reader.open()
+    except GpuopsError:
+        if backend == 'nvml':
+            raise
+        return SmiReader(SmiRunner(nvidia_smi_path, timeout)), []
+    return reader, []

@@ -12,19 +12,23 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import health_facts, read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 
 GPU_KEYS = ('index', 'uuid', 'name', 'pci_bus_id', 'memory_total_mib', 'memory_used_mib',
             'memory_free_mib', 'utilization_gpu_pct', 'temperature_c', 'persistence_mode',
-            'compute_mode', 'processes', 'state', 'error')
+            'compute_mode', 'processes', 'health', 'state', 'error')
 
 
-def gpu_facts(snapshot, memory_threshold_mib=0):
-    """The nvidia_gpus list: one dict per GPU with every documented key, state included."""
+def gpu_facts(snapshot, memory_threshold_mib=0, xid_events=None):
+    """The nvidia_gpus list: one dict per GPU with every documented key, state included.
+
+    xid_events: the host's Xid events (see _health.read_xid_events), or None when unknown.
+    """
     gpus = []
     for gpu in snapshot.gpus:
-        gpu = dict(gpu, state=gpu_state(gpu, memory_threshold_mib))
+        gpu = dict(gpu, state=gpu_state(gpu, memory_threshold_mib), health=health_facts(gpu, xid_events))
         gpu.setdefault('processes', [])
         gpus.append(dict((key, gpu.get(key)) for key in GPU_KEYS))
     return sorted(gpus, key=lambda gpu: gpu['index'])
@@ -44,12 +48,16 @@ def holder_facts(device_patterns, protect):
     return [holder.to_dict() for holder in holders], warnings
 
 
-def gather_facts(reader, device_patterns, protect, memory_threshold_mib=0, timeout=None):
-    """Return (ansible_facts, warnings)."""
+def gather_facts(reader, device_patterns, protect, memory_threshold_mib=0, timeout=None,
+                 kernel_log=None):
+    """Return (ansible_facts, warnings). kernel_log: a file to read Xid errors from instead of
+    journalctl -k or dmesg."""
     snapshot = reader.read(timeout=timeout)
     holders, warnings = holder_facts(device_patterns, protect)
+    xid_events, log_warnings = read_xid_events(kernel_log, 10.0 if timeout is None else timeout)
+    warnings = warnings + log_warnings
     facts = {
-        'nvidia_gpus': gpu_facts(snapshot, memory_threshold_mib),
+        'nvidia_gpus': gpu_facts(snapshot, memory_threshold_mib, xid_events),
         'nvidia_gpu_count': len(snapshot.gpus),
         'nvidia_driver_version': snapshot.driver_version,
         'nvidia_gpu_backend': reader.backend,

@@ -37,6 +37,14 @@ GPU_FIELDS = [
     ('compute_mode', 'compute_mode'),
     ('driver_version', 'driver_version'),
 ]
+# Memory repair state, queried with the GPU fields; drivers older than R450 do not know these
+# fields and refuse the whole query, which is then repeated without them.
+HEALTH_FIELDS = [
+    ('remapped_rows.pending', 'remapped_rows_pending'),
+    ('remapped_rows.failure', 'remapped_rows_failure'),
+    ('retired_pages.pending', 'retired_pages_pending'),
+]
+YES_NO_FACTS = frozenset(fact for dummy, fact in HEALTH_FIELDS)
 INT_FACTS = frozenset(['index', 'memory_total_mib', 'memory_used_mib', 'memory_free_mib',
                        'utilization_gpu_pct', 'temperature_c'])
 APP_FIELDS = ['pid', 'process_name', 'used_memory', 'gpu_uuid', 'gpu_bus_id']
@@ -59,6 +67,7 @@ EXIT_CODES = {
 }
 
 NO_DEVICES = 'No devices were found'
+INVALID_FIELD = 'is not a valid field to query'
 PCI_BUS_ID_RE = re.compile(r'([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])')
 NUMBER_RE = re.compile(r'^(-?[0-9]+(?:\.[0-9]+)?)(?:\s*(?:MiB|%|C|W|MHz))?$')
 
@@ -89,6 +98,12 @@ def parse_value(fact, raw):
         if raw in ('Enabled', 'Disabled'):
             return raw == 'Enabled', None
         return None, 'unreadable value %r' % raw
+    if fact in YES_NO_FACTS:
+        if raw in ('Yes', 'No'):
+            return raw == 'Yes', None
+        if raw.isdigit():
+            return int(raw) > 0, None
+        return None, 'unreadable value %r' % raw
     if fact == 'pci_bus_id':
         if not PCI_BUS_ID_RE.match(raw):
             return None, 'unreadable value %r' % raw
@@ -107,7 +122,7 @@ def parse_gpu_csv(text):
     lines = [line for line in text.splitlines() if line.strip()]
     for position, line in enumerate(lines):
         cells = line.split(',')
-        if len(cells) == len(GPU_FIELDS) and not line.startswith('Unable to'):
+        if len(cells) in (len(GPU_FIELDS), len(GPU_FIELDS) + len(HEALTH_FIELDS)) and not line.startswith('Unable to'):
             gpu, problems = _gpu_from_cells(cells)
             if gpu['index'] is None:
                 gpu['index'] = position
@@ -123,7 +138,7 @@ def parse_gpu_csv(text):
 
 def _gpu_from_cells(cells):
     gpu, problems = {'error': None}, []
-    for (field, fact), raw in zip(GPU_FIELDS, cells):
+    for (field, fact), raw in zip(GPU_FIELDS + HEALTH_FIELDS, cells):
         value, problem = parse_value(fact, raw)
         if problem:
             problems.append('%s: %s' % (field, problem))
@@ -132,7 +147,7 @@ def _gpu_from_cells(cells):
 
 
 def _unreadable_gpu(position, line):
-    gpu = dict((fact, None) for dummy, fact in GPU_FIELDS)
+    gpu = dict((fact, None) for dummy, fact in GPU_FIELDS + HEALTH_FIELDS)
     match = PCI_BUS_ID_RE.search(line)
     gpu.update(index=position, pci_bus_id=normalize_bus_id(match.group(1)) if match else None, error=line)
     return gpu
@@ -231,9 +246,9 @@ class SmiReader(GpuReader):
         self.runner = runner
 
     def read(self, timeout=None):
-        rc, stdout, stderr = self.runner.run(
-            ['--query-gpu=' + ','.join(field for field, dummy in GPU_FIELDS),
-             '--format=csv,noheader,nounits'], timeout=timeout)
+        rc, stdout, stderr = self._query_gpus(GPU_FIELDS + HEALTH_FIELDS, timeout)
+        if rc == 2 and INVALID_FIELD in stdout + stderr:
+            rc, stdout, stderr = self._query_gpus(GPU_FIELDS, timeout)
         if NO_DEVICES in stdout or NO_DEVICES in stderr:
             return Snapshot([], None, ['nvidia-smi: %s' % NO_DEVICES])
         try:
@@ -254,6 +269,10 @@ class SmiReader(GpuReader):
         for gpu in gpus:
             gpu.pop('driver_version', None)
         return Snapshot(gpus, driver, warnings + app_warnings)
+
+    def _query_gpus(self, fields, timeout):
+        return self.runner.run(['--query-gpu=' + ','.join(field for field, dummy in fields),
+                                '--format=csv,noheader,nounits'], timeout=timeout)
 
     def _read_apps(self, timeout):
         rc, stdout, stderr = self.runner.run(

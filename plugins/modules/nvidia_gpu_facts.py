@@ -18,15 +18,20 @@ description:
     idle (the signature of a hung distributed job), holding orphaned memory, or lost.
   - Lists every process that holds a GPU device node, as C(fuser -v /dev/nvidia*) would, and
     marks NVIDIA's own daemons as protected.
+  - Reports each GPU's health, Xid errors from the kernel log and the memory repair state
+    (row remapping, page retirement), and the recovery action they call for.
   - Changes nothing on the host.
 author:
-  - gpuops maintainers
+  - gpuops maintainers (@gpuops)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.actiongroups
   - ansible.builtin.action_common_attributes.facts
   - gpuops.nvidia.gpu
   - gpuops.nvidia.gpu.holders
 attributes:
+  action_group:
+    membership: [gpuops.nvidia.nvidia]
   check_mode:
     support: full
   diff_mode:
@@ -47,6 +52,14 @@ options:
         than holding orphaned memory.
     type: int
     default: 0
+  kernel_log:
+    description:
+      - "A file to read the kernel's C(NVRM: Xid) lines from, such as C(/var/log/kern.log)."
+      - When not set, the module runs C(journalctl -k) (this boot only), and C(dmesg) when
+        that gives nothing. Reading either may need privilege escalation; when no kernel
+        log can be read, RV(ansible_facts.nvidia_gpus[].health.xid_events) is null and the
+        module warns.
+    type: path
 seealso:
   - module: gpuops.nvidia.nvidia_device_release
 '''
@@ -68,6 +81,16 @@ EXAMPLES = r'''
     devices:
       - /dev/nvidia[0-9]*
     timeout: 5
+
+- name: Read Xid errors from a log file, through NVML
+  gpuops.nvidia.nvidia_gpu_facts:
+    backend: nvml
+    kernel_log: /var/log/kern.log
+
+- name: GPUs that need more than an application restart
+  ansible.builtin.debug:
+    msg: "GPU {{ item.index }}: {{ item.health.recovery_action }}"
+  loop: "{{ ansible_facts.nvidia_gpus | rejectattr('health.recovery_action', 'in', ['none', 'restart_app']) }}"
 '''
 
 RETURN = r'''
@@ -140,6 +163,63 @@ ansible_facts:
             used_memory_mib:
               description: Memory the process uses on this GPU, in MiB.
               type: int
+        health:
+          description: Errors the driver logged for this GPU and its memory repair state.
+          type: dict
+          contains:
+            xid_events:
+              description:
+                - Xid errors of this GPU in the kernel log (matched by PCI bus id), oldest first.
+                - Null when no kernel log could be read (see O(kernel_log)).
+              type: list
+              elements: dict
+              contains:
+                code:
+                  description: The Xid number.
+                  type: int
+                  sample: 79
+                time:
+                  description:
+                    - When it was logged, as the log prints it (ISO 8601 from C(journalctl -k)
+                      and C(dmesg), the syslog or seconds-since-boot stamp of a O(kernel_log) file).
+                    - Null when the line has no time stamp.
+                  type: str
+                  sample: "2025-03-05T12:34:56+0000"
+                text:
+                  description: The rest of the line after the Xid number.
+                  type: str
+                  sample: "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+            remapped_rows_pending:
+              description:
+                - Whether rows are marked for remapping at the next GPU reset (Ampere and newer).
+                - Null where the GPU or backend does not report it.
+              type: bool
+            remapped_rows_failure:
+              description:
+                - Whether a row remapping has failed on this GPU (Ampere and newer).
+                - Null where the GPU or backend does not report it.
+              type: bool
+            retired_pages_pending:
+              description:
+                - Whether retired memory pages wait for the next GPU reset or driver reload
+                  (GPUs before Ampere).
+                - Null where the GPU or backend does not report it.
+              type: bool
+            recovery_action:
+              description:
+                - What the Xid errors, the memory repair state and a lost GPU call for, following
+                  NVIDIA's Xid catalogue and memory error recovery guidance. The most severe
+                  applies, in this order.
+                - V(none) nothing to do.
+                - V(restart_app) the application that hit the error has to be restarted; the GPU
+                  is usable.
+                - V(reset_gpu) reset the GPU (C(nvidia-smi -r)) once no process uses it.
+                - V(reboot) reboot the host (for example Xid 79, the GPU has fallen off the bus).
+                - V(inspect) a person has to look (an Xid the catalogue does not map to an
+                  action, a row remapping failure, a GPU that cannot be read for another reason).
+              type: str
+              choices: [none, restart_app, reset_gpu, reboot, inspect]
+              sample: none
         state:
           description:
             - V(free) no process and memory used at or below O(memory_threshold_mib).
@@ -170,6 +250,12 @@ ansible_facts:
             - pid: 4242
               name: python3
               used_memory_mib: 76113
+          health:
+            xid_events: []
+            remapped_rows_pending: false
+            remapped_rows_failure: false
+            retired_pages_pending: null
+            recovery_action: none
           state: idle_holding
           error: null
     nvidia_gpu_count:
@@ -186,7 +272,8 @@ ansible_facts:
       description: The backend that read the GPUs.
       returned: success
       type: str
-      sample: nvidia-smi
+      choices: [nvml, nvidia-smi]
+      sample: nvml
     nvidia_device_holders:
       description: Every process holding a matching device node, sorted by pid.
       returned: success
@@ -237,13 +324,16 @@ def main():
     argument_spec = dict(
         timeout=dict(type='float', default=10.0),
         memory_threshold_mib=dict(type='int', default=0),
+        kernel_log=dict(type='path'),
     )
     argument_spec.update(reader_argument_spec())
     argument_spec.update(holders_argument_spec())
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     params = module.params
 
-    problem = check_non_negative(params, ['timeout', 'memory_threshold_mib'])
+    if params['timeout'] <= 0:
+        module.fail_json(msg='timeout must be greater than zero, got %s' % params['timeout'])
+    problem = check_non_negative(params, ['memory_threshold_mib'])
     if problem:
         module.fail_json(msg=problem)
     try:
@@ -251,7 +341,7 @@ def main():
         try:
             facts, read_warnings = gather_facts(
                 reader, params['devices'], params['protect'] + params['extra_protect'],
-                params['memory_threshold_mib'], params['timeout'])
+                params['memory_threshold_mib'], params['timeout'], params['kernel_log'])
         finally:
             reader.close()
     except MissingLibraryError as exc:

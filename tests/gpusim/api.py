@@ -17,7 +17,8 @@ from gpusim.smi import main
 main({root!r})
 """
 
-FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear")
+FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
+               "remap", "retired", "xid")
 
 HUNG_JOB_RANK_MIB = 76113
 
@@ -55,10 +56,31 @@ class Host:
     def dev_path(self, index):
         return self.paths.gpu_dev(index)
 
-    def env(self, base=None):
+    @property
+    def kernel_log(self):
+        return self.paths.kernel_log
+
+    def env(self, base=None, nvml=False):
+        """Environment for a process on this host: the fake nvidia-smi first on PATH and, with
+        nvml=True, the simulated libnvidia-ml.so.1 first on LD_LIBRARY_PATH (see install_nvml)."""
         env = dict(os.environ if base is None else base)
         env["PATH"] = self.paths.bin + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        if nvml:
+            old = env.get("LD_LIBRARY_PATH")
+            env["LD_LIBRARY_PATH"] = self.paths.nvml_dir + (os.pathsep + old if old else "")
         return env
+
+    def install_nvml(self, cache_dir=None):
+        """Build (once, with gcc) and install the simulated libnvidia-ml.so.1; returns its path."""
+        from gpusim.nvml_build import SONAME, build
+
+        lib = build(cache_dir)
+        os.makedirs(self.paths.nvml_dir, exist_ok=True)
+        dest = os.path.join(self.paths.nvml_dir, SONAME)
+        tmp = dest + ".tmp.%d" % os.getpid()
+        shutil.copyfile(lib, tmp)
+        os.replace(tmp, dest)
+        return dest
 
     @property
     def state(self):
@@ -90,6 +112,8 @@ class Host:
             if n.startswith("nvidia") and n[6:].isdigit() and int(n[6:]) >= int(gpus):
                 os.unlink(os.path.join(p.dev, n))
         _hold.write_holder_script(os.path.join(p.lib, "holder.py"))
+        # A fresh boot: an empty kernel log.
+        open(p.kernel_log, "w").close()
         tmp = p.smi + ".tmp"
         with open(tmp, "w") as f:
             f.write(SMI_SCRIPT.format(python=sys.executable, parent=_hold.PKG_PARENT, root=p.root))
@@ -151,9 +175,13 @@ class Host:
 
     # -- faults --------------------------------------------------------------------------
     def fault(self, kind, value=True, gpu=None, message="unknown", seconds=None,
-              field=None, mib=None):
+              field=None, mib=None, pending=None, failure=None, correctable=None,
+              uncorrectable=None, code=None, text=None, when=None):
         """Inject a fault. kind: lost (gpu, message), hang (seconds), na (field, gpu, value),
-        stuck (gpu, mib), driver-not-loaded|no-devices|mismatch (value on/off), clear."""
+        stuck (gpu, mib), driver-not-loaded|no-devices|mismatch (value on/off), clear,
+        remap (gpu, pending, failure, correctable, uncorrectable: row-remapper state),
+        retired (gpu, value: retired pages pending, on GPUs that retire pages),
+        xid (gpu, code, text, when: an Xid line in the kernel log)."""
         kind = kind.replace("_", "-")
         if kind not in FAULT_KINDS:
             raise ValueError("unknown fault %r (known: %s)" % (kind, ", ".join(FAULT_KINDS)))
@@ -177,18 +205,46 @@ class Host:
             state["gpus"][indexes.index(int(gpu))]["stuck_mib"] = int(mib)
         elif kind == "clear":
             state["faults"] = empty_faults()
+        elif kind == "remap":
+            remap = faults.setdefault("remap", {}).setdefault(str(int(gpu)), {
+                "correctable": 0, "uncorrectable": 0, "pending": False, "failure": False})
+            for key, v in (("pending", pending), ("failure", failure)):
+                if v is not None:
+                    remap[key] = _onoff(v)
+            for key, v in (("correctable", correctable), ("uncorrectable", uncorrectable)):
+                if v is not None:
+                    remap[key] = int(v)
+        elif kind == "retired":
+            faults.setdefault("retired_pending", {})[str(int(gpu))] = _onoff(value)
+        elif kind == "xid":
+            self._log_xid(state, int(gpu), int(code), text, when)
+            return
         else:
             faults[kind.replace("-", "_")] = _onoff(value)
         write_json(self.paths.state, state)
 
+    def _log_xid(self, state, gpu, code, text, when):
+        import time
+
+        from gpusim import messages as M
+
+        bus = [g for g in state["gpus"] if g["index"] == gpu][0]["pci_bus_id"]
+        when = time.time() if when is None else when
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(when))
+        # The driver prints the 4-digit domain and no function: PCI:0000:18:00
+        line = M.XID_LINE.format(time=stamp, bus=bus[4:-2].lower(), code=code,
+                                 text=text if text is not None else M.XID_TEXTS.get(code, M.XID_TEXT_OTHER))
+        with open(self.paths.kernel_log, "a") as f:
+            f.write(line + "\n")
+
     # -- conveniences for tests ----------------------------------------------------------
     def smi(self, *args, timeout=30):
         return subprocess.run([self.smi_path] + list(args), capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, check=False)
 
     def memory_used(self):
         """{index: MiB} as the fake nvidia-smi reports it right now."""
         from gpusim.state import gpu_usage
 
-        used, _, _ = gpu_usage(self.paths, load_state(self.paths))
+        used, _unused, _unused2 = gpu_usage(self.paths, load_state(self.paths))
         return used

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import sys
 
 from gpusim.state import DEFAULTS
@@ -58,11 +59,25 @@ def _parser():
         f = fs.add_parser(k)
         f.add_argument("value", choices=("on", "off"))
     fs.add_parser("clear")
+    f = fs.add_parser("remap", help="row-remapper state of a GPU")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("--pending", choices=("on", "off"))
+    f.add_argument("--failure", choices=("on", "off"))
+    f.add_argument("--correctable", type=int)
+    f.add_argument("--uncorrectable", type=int)
+    f = fs.add_parser("retired", help="retired pages pending (GPUs before Ampere)")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("value", choices=("on", "off"))
+    f = fs.add_parser("xid", help="log an Xid error for a GPU in the kernel log")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("--code", type=int, required=True)
+    f.add_argument("--text", default=None)
 
     c = cmd("scenario", help="start a ready-made situation")
     c.add_argument("name", choices=("hung-job",))
     c.add_argument("--release-delay", type=float, default=0.0)
 
+    cmd("nvml", help="build and install the simulated libnvidia-ml.so.1 (needs gcc)")
     cmd("ps", help="allocation records, with alive")
     cmd("stop", help="SIGKILL everything this root started; wait until gone")
     c = cmd("smi", help="run the fake nvidia-smi in-process (arguments after --)")
@@ -100,10 +115,20 @@ def main(argv=None):
                 host.fault(k, gpu=args.gpu, mib=args.mib)
             elif k == "clear":
                 host.fault(k)
+            elif k == "remap":
+                host.fault(k, gpu=args.gpu, pending=args.pending, failure=args.failure,
+                           correctable=args.correctable, uncorrectable=args.uncorrectable)
+            elif k == "retired":
+                host.fault(k, gpu=args.gpu, value=args.value)
+            elif k == "xid":
+                host.fault(k, gpu=args.gpu, code=args.code, text=args.text)
             else:
                 host.fault(k, value=args.value)
         elif args.cmd == "scenario":
             print(json.dumps(host.scenario(args.name, release_delay=args.release_delay)))
+        elif args.cmd == "nvml":
+            lib = host.install_nvml()
+            print(json.dumps({"lib": lib, "LD_LIBRARY_PATH": os.path.dirname(lib)}))
         elif args.cmd == "ps":
             print(json.dumps(host.ps(), indent=1))
         elif args.cmd == "stop":

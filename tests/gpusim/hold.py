@@ -113,8 +113,8 @@ def stop_all(paths, timeout=15.0):
             break
         if time.monotonic() > deadline:
             raise RuntimeError("gpusim stop: still alive after %ss: %s"
-                               % (timeout, sorted(p for _, p in victims)))
-        for _, pid in sorted(set(victims)):
+                               % (timeout, sorted(p for _unused, p in victims)))
+        for _unused, pid in sorted(set(victims)):
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -253,7 +253,7 @@ def monitor_main():
     holder = info["pid"]
     while True:
         try:
-            pid, _ = os.waitpid(-1, 0)
+            pid, _unused = os.waitpid(-1, 0)
         except ChildProcessError:
             break
         if pid != holder:
@@ -327,7 +327,7 @@ def holder_main():
     if persistenced:
         signal.signal(signal.SIGUSR1, lambda *_: _persistence_sync(paths, gpu_fds))
     kids = []
-    for _ in range(cfg["children"]):
+    for _unused in range(cfg["children"]):
         pid = os.fork()
         if pid == 0:
             try:

@@ -52,3 +52,23 @@ RESET_NEEDS_ID = "The -r/--gpu-reset option requires the -i/--id option to speci
 
 # Values that real drivers print in place of a field.
 NA_VALUES = ("[N/A]", "[Not Supported]", "[Insufficient Permissions]", "[Unknown Error]")
+
+# Kernel log lines, as `journalctl -k -o short-iso` prints them. The Xid texts follow real
+# reports (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors; published dmesg output).
+XID_LINE = "{time} gpusim kernel: NVRM: Xid (PCI:{bus}): {code}, {text}"
+XID_TEXTS = {
+    13: "pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+    31: ("pid=4242, name=python3, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS "
+         "GPCCLIENT_T1_0 faulted @ 0x7f2a_1c000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ"),
+    43: "pid=4242, name=python3, Ch 00000008",
+    45: "pid=4242, name=python3, Ch 00000008",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.",
+    63: "pid='<unknown>', name=<unknown>, Row Remapper: New row (0x0000000000b45678) marked for remapping, reset gpu to activate.",
+    64: "pid='<unknown>', name=<unknown>, Row Remapper: Failed to remap row (0x0000000000b45678)",
+    74: "NVLink: fatal error detected on link 4(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+    79: "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+    94: "pid=4242, name=python3, Contained: SM (0x1). RST: No, D-RST: No",
+    95: "pid=4242, name=python3, Uncontained: FBHUB. RST: Yes, D-RST: No",
+    154: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+}
+XID_TEXT_OTHER = "pid='<unknown>', name=<unknown>, Ch 00000008"

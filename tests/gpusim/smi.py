@@ -19,6 +19,8 @@ GPU_FIELDS = {
     "memory.total": "MiB", "memory.used": "MiB", "memory.free": "MiB",
     "memory.reserved": "MiB", "utilization.gpu": "%", "utilization.memory": "%",
     "temperature.gpu": None, "power.draw": "W", "power.limit": "W",
+    "remapped_rows.correctable": None, "remapped_rows.uncorrectable": None,
+    "remapped_rows.pending": None, "remapped_rows.failure": None, "retired_pages.pending": None,
 }
 GPU_ALIASES = {
     "gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
@@ -154,7 +156,7 @@ class Smi:
         na = self.na_value(field, g["index"])
         if na is not None:
             return na
-        used, util, _ = self.usage()
+        used, util, _unused = self.usage()
         idx = g["index"]
 
         def unit(v, u):
@@ -208,6 +210,16 @@ class Smi:
             return unit("%.2f" % (72.5 + 6.2 * util[idx]), "W")
         if field == "power.limit":
             return unit("700.00", "W")
+        if field.startswith("remapped_rows."):
+            remap = self.faults.get("remap", {}).get(str(idx)) or {}
+            key = field.split(".", 1)[1]
+            if key in ("pending", "failure"):
+                return "Yes" if remap.get(key) else "No"
+            return str(int(remap.get(key, 0)))
+        if field == "retired_pages.pending":
+            # Ampere and newer remap rows instead of retiring pages.
+            pending = self.faults.get("retired_pending", {}).get(str(idx))
+            return "[N/A]" if pending is None else ("Yes" if pending else "No")
         return "[N/A]"
 
     # -- commands ------------------------------------------------------------------------
@@ -224,7 +236,7 @@ class Smi:
     def query_apps(self, fields, gpus, header, units):
         if header:
             self.w(", ".join(f + (" [%s]" % APP_FIELDS[f] if APP_FIELDS[f] else "") for f in fields))
-        _, _, live = self.usage()
+        _unused, _unused2, live = self.usage()
         now = time.time()
         for g in gpus:
             if self.lost_kind(g):
@@ -292,7 +304,7 @@ class Smi:
         tool talks to the daemon over RPC, synchronously)."""
         import signal
 
-        _, _, live = self.usage()
+        _unused, _unused2, live = self.usage()
         want = {g["index"]: g["persistence_mode"] == "Enabled" for g in self.state["gpus"]}
         for rec in live:
             if not rec.get("persistenced"):
@@ -309,7 +321,7 @@ class Smi:
                 time.sleep(0.005)
 
     def gpu_reset(self, gpus):
-        _, _, live = self.usage()
+        _unused, _unused2, live = self.usage()
         busy, ok = [], []
         for g in gpus:
             if self.lost_kind(g):
@@ -334,6 +346,10 @@ class Smi:
         reset = {g["index"] for g in ok}
         for g in ok:
             g["stuck_mib"] = 0
+            # A reset applies the pending row remappings.
+            remap = self.faults.get("remap", {}).get(str(g["index"]))
+            if remap:
+                remap["pending"] = False
         write_json(self.paths.state, self.state)
         for rec in load_records(self.paths):
             hit = reset.intersection(rec["gpus"]) - set(rec.get("reset_gpus", ()))
@@ -397,7 +413,7 @@ class Smi:
         w(rule)
 
     def detail(self, gpus):
-        used, util, _ = self.usage()
+        used, util, _unused = self.usage()
         w = self.w
         w("")
         w("==============NVSMI LOG==============")

@@ -42,6 +42,11 @@ class Paths:
         else:
             self.bin = os.path.join(self.root, "bin")
         self.smi = os.path.join(self.bin, "nvidia-smi")
+        # The simulated libnvidia-ml.so.1 (`gpusim nvml`); with ROOT "/" it stays out of the
+        # real library directories, so only a process given LD_LIBRARY_PATH loads it.
+        self.nvml_dir = os.path.join(self.lib, "lib") if self.root == "/" else os.path.join(self.root, "lib")
+        # The simulated kernel log (`gpusim fault xid`), in journalctl -k -o short-iso form.
+        self.kernel_log = os.path.join(self.lib, "kern.log")
 
     def gpu_dev(self, index):
         return os.path.join(self.dev, "nvidia%d" % index)
@@ -59,10 +64,21 @@ class Paths:
 
 
 def write_json(path, data):
-    """Atomic write: readers see the old or the new file, never half of one."""
+    """Atomic write: readers see the old or the new file, never half of one.
+
+    The host state and the allocation records also get a flat twin (see flat_text) for the
+    simulated libnvidia-ml.so.1, written the same way, so the C library needs no JSON parser.
+    """
+    flat = flat_text(path, data)
+    if flat is not None:
+        _write_atomic(os.path.splitext(path)[0] + ".nvml", flat)
+    _write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+
+
+def _write_atomic(path, text):
     tmp = "%s.tmp.%d" % (path, os.getpid())
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -209,6 +225,8 @@ def empty_faults():
         "driver_not_loaded": False,
         "no_devices": False,
         "mismatch": False,
+        "remap": {},           # str(index) -> {"correctable", "uncorrectable", "pending", "failure"}
+        "retired_pending": {},  # str(index) -> bool; absent: not supported (Ampere and newer)
     }
 
 
@@ -285,3 +303,80 @@ def gpu_usage(paths, state, records=None, now=None):
                 if i in used and i not in cleared:
                     used[i] += mib
     return used, util, live
+
+
+# ---------------------------------------------------------------- flat twins for the C library
+#
+# The JSON files stay the one source of truth; every write of state.json or of a record in
+# procs/ also writes NAME.nvml, a line-oriented projection of the same data that
+# libnvml/nvml.c reads. Liveness, release delay and leaks are still decided at read time.
+
+COMPUTE_MODES = {"Default": 0, "Exclusive_Thread": 1, "Prohibited": 2, "Exclusive_Process": 3}
+
+# An injected N/A value -> the NVML return code a real driver gives for it.
+NA_CODES = {"[N/A]": 3, "[Not Supported]": 3, "[Insufficient Permissions]": 4,
+            "[GPU is lost]": 15, "[GPU requires reset]": 16, "[Unknown Error]": 999}
+NA_ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
+              "persistence-mode": "persistence_mode", "compute-mode": "compute_mode",
+              "used_memory": "used_gpu_memory"}
+LOST_CODES = {"lost": 15, "unknown": 999}
+
+
+def flat_text(path, data):
+    """The .nvml twin of a state or record file, or None for any other file."""
+    parent = os.path.basename(os.path.dirname(path))
+    name = os.path.basename(path)
+    if name == "state.json" and parent == "gpusim":
+        return _flat_state(data)
+    if parent == "procs" and name.endswith(".json") and "pid" in data:
+        return _flat_record(data)
+    return None
+
+
+def _one_line(text):
+    return " ".join(str(text).split())
+
+
+def _flat_state(state):
+    faults = state.get("faults") or {}
+    lines = [
+        "driver %s" % _one_line(state.get("driver_version") or "-"),
+        "release_delay %r" % float(state.get("release_delay_s", 0.0)),
+        "hang %r" % float(faults.get("hang_s") or 0.0),
+        "driver_not_loaded %d" % bool(faults.get("driver_not_loaded")),
+        "no_devices %d" % bool(faults.get("no_devices")),
+        "mismatch %d" % bool(faults.get("mismatch")),
+    ]
+    for g in state.get("gpus", []):
+        key = str(g["index"])
+        remap = (faults.get("remap") or {}).get(key) or {}
+        retired = (faults.get("retired_pending") or {}).get(key)
+        lines.append("gpu %d %d %d %d %d %d %d %d %d %d %d %d %s %s %s" % (
+            g["index"], g["memory_total_mib"], g["persistence_mode"] == "Enabled",
+            COMPUTE_MODES.get(g["compute_mode"], 0), g["temperature"], int(g.get("stuck_mib", 0)),
+            LOST_CODES.get((faults.get("lost") or {}).get(key), 0),
+            int(remap.get("correctable", 0)), int(remap.get("uncorrectable", 0)),
+            bool(remap.get("pending")), bool(remap.get("failure")),
+            -1 if retired is None else int(bool(retired)),
+            g["pci_bus_id"], g["uuid"], _one_line(g["name"])))
+    for na in faults.get("na", []):
+        field = NA_ALIASES.get(na["field"], na["field"])
+        gpu = -1 if na.get("gpu") is None else int(na["gpu"])
+        lines.append("na %s %d %d" % (field, gpu, NA_CODES.get(na.get("value"), 3)))
+    return "\n".join(lines) + "\n"
+
+
+def _flat_record(rec):
+    died = rec.get("died_at")
+    return "\n".join([
+        "pid %d" % rec["pid"],
+        "starttime %d" % (-1 if rec.get("starttime") is None else rec["starttime"]),
+        "created %r" % float(rec.get("created", 0)),
+        "mib %d" % int(rec.get("mib", 0)),
+        "util %d" % int(rec.get("util", 0)),
+        "leak %d" % bool(rec.get("leak")),
+        "died_at %r" % (-1.0 if died is None else float(died)),
+        "gpus %s" % " ".join(str(i) for i in rec.get("gpus", ())),
+        "reset %s" % " ".join(str(i) for i in rec.get("reset_gpus", ())),
+        "name %s" % _one_line(rec.get("process_name") or rec.get("comm") or ""),
+    ]) + "\n"

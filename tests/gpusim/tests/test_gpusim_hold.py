@@ -49,7 +49,7 @@ def fd_targets(pid):
 
 def fuser(host):
     # fuser prints the pids on stdout and the rest on stderr: merge them, as a terminal does.
-    r = subprocess.run("fuser -v %s 2>&1" % host.dev_glob, shell=True, capture_output=True, text=True)
+    r = subprocess.run("fuser -v %s 2>&1" % host.dev_glob, shell=True, capture_output=True, text=True, check=False)
     return "\n".join(line for line in r.stdout.splitlines() if "Cannot stat" not in line)
 
 
@@ -163,7 +163,7 @@ def test_name_shows_in_comm_cmdline_and_fuser(gpuhost):
     assert "nvidia-persiste" in fuser(gpuhost)
     r = gpuhost.smi("--query-compute-apps=pid", "--format=csv,noheader")
     assert r.stdout == ""                          # holds files, not a compute app
-    r = subprocess.run(["ps", "-o", "comm=", "-p", str(h["pid"])], capture_output=True, text=True)
+    r = subprocess.run(["ps", "-o", "comm=", "-p", str(h["pid"])], capture_output=True, text=True, check=False)
     assert r.stdout.strip() == "nvidia-persiste"
 
 
@@ -250,16 +250,16 @@ def test_cli_hold_returns_under_capture_output(gpuhost):
     env = dict(os.environ, PYTHONPATH=TESTS_DIR)
     r = subprocess.run([sys.executable, "-m", "gpusim", "hold", "--root", gpuhost.root,
                         "--gpus", "0,2", "--mib", "123", "--children", "1"],
-                       capture_output=True, text=True, timeout=20, env=env)
+                       capture_output=True, text=True, timeout=20, env=env, check=False)
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert set(info) >= {"pid", "monitor_pid", "children"} and len(info["children"]) == 1
     assert used(gpuhost, 0, 2) == {0: 123, 2: 123}
     r = subprocess.run([sys.executable, "-m", "gpusim", "ps", "--root", gpuhost.root],
-                       capture_output=True, text=True, timeout=20, env=env)
+                       capture_output=True, text=True, timeout=20, env=env, check=False)
     assert [x["pid"] for x in json.loads(r.stdout) if x["alive"]] == [info["pid"]]
     r = subprocess.run([sys.executable, "-m", "gpusim", "stop", "--root", gpuhost.root],
-                       capture_output=True, text=True, timeout=30, env=env)
+                       capture_output=True, text=True, timeout=30, env=env, check=False)
     assert r.returncode == 0
     assert not is_alive(info["pid"]) and not is_alive(info["monitor_pid"])
 

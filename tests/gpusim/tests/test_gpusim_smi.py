@@ -31,7 +31,7 @@ def test_init_layout(gpuhost):
     assert gpuhost.smi_path == os.path.join(root, "bin", "nvidia-smi")
     assert os.access(gpuhost.smi_path, os.X_OK)
     assert gpuhost.env()["PATH"].split(os.pathsep)[0] == os.path.join(root, "bin")
-    r = subprocess.run(["nvidia-smi", "-L"], env=gpuhost.env(), capture_output=True, text=True)
+    r = subprocess.run(["nvidia-smi", "-L"], env=gpuhost.env(), capture_output=True, text=True, check=False)
     lines = r.stdout.splitlines()
     assert r.returncode == 0 and len(lines) == 8
     assert re.fullmatch(r"GPU 0: NVIDIA H200 \(UUID: GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-"
@@ -99,7 +99,7 @@ def test_persistence_mode_messages(gpuhost):
     assert r.stdout.splitlines() == ["Disabled persistence mode for GPU 00000000:18:00.0.",
                                      "Disabled persistence mode for GPU 00000000:2A:00.0.",
                                      "All done."]
-    _, lines = csv(gpuhost, "--query-gpu=persistence_mode", "--format=csv,noheader", "-i", "0,2")
+    _unused, lines = csv(gpuhost, "--query-gpu=persistence_mode", "--format=csv,noheader", "-i", "0,2")
     assert lines == ["Disabled", "Enabled"]
     r = gpuhost.smi("-pm", "1", "-i", "1")
     assert r.stdout.splitlines()[0] == "Enabled persistence mode for GPU 00000000:2A:00.0."
@@ -137,11 +137,11 @@ def test_fault_lost_gpu(gpuhost):
 @pytest.mark.parametrize("value", M.NA_VALUES)
 def test_fault_na(gpuhost, value):
     gpuhost.fault("na", field="memory.used", gpu=2, value=value)
-    _, lines = csv(gpuhost, "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits")
+    _unused, lines = csv(gpuhost, "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits")
     assert lines[2] == "2, %s, 143771" % value
     assert lines[1] == "1, 0, 143771"
     gpuhost.fault("na", field="utilization.gpu")   # every GPU, default [N/A]
-    _, lines = csv(gpuhost, "--query-gpu=utilization.gpu", "--format=csv,noheader")
+    _unused, lines = csv(gpuhost, "--query-gpu=utilization.gpu", "--format=csv,noheader")
     assert set(lines) == {"[N/A]"}
 
 
@@ -173,7 +173,7 @@ def test_fault_hang_ignores_term(gpuhost):
     time.sleep(0.4)
     p.send_signal(signal.SIGTERM)
     p.send_signal(signal.SIGINT)
-    out, _ = p.communicate(timeout=10)
+    out, _unused = p.communicate(timeout=10)
     assert p.returncode == 0 and out.splitlines()[0] == "0"
     assert time.monotonic() - t0 >= 0.75
     p = subprocess.Popen([gpuhost.smi_path, "-L"], stdout=subprocess.DEVNULL)
@@ -189,10 +189,10 @@ def test_fault_hang_ignores_term(gpuhost):
 def test_smi_is_fast(gpuhost):
     gpuhost.hold(gpus="all", mib=100)
     best = 10.0
-    for _ in range(5):
+    for _unused in range(5):
         t0 = time.monotonic()
         r = subprocess.run([gpuhost.smi_path, "--query-gpu=" + FIELDS, "--format=csv"],
-                           capture_output=True)
+                           capture_output=True, check=False)
         best = min(best, time.monotonic() - t0)
         assert r.returncode == 0
     assert best < 0.1
@@ -216,5 +216,5 @@ def test_root_slash_uses_real_paths():
 def test_cli_smi_and_missing_host(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     r = subprocess.run([sys.executable, "-m", "gpusim", "smi", "--root", str(tmp_path), "--", "-L"],
-                       capture_output=True, text=True, env=env)
+                       capture_output=True, text=True, env=env, check=False)
     assert r.returncode == 9                        # nothing initialised: no driver

@@ -1,0 +1,316 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""The NVML backend: reads the GPUs through nvidia-ml-py (pynvml), with a deadline.
+
+It produces the same facts as the nvidia-smi backend (field names, units, nulls, and the
+error text nvidia-smi prints for a GPU it cannot read), so callers cannot tell them apart.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import threading
+import traceback
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader, Snapshot
+from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import EXIT_CODES, normalize_bus_id
+
+try:
+    import pynvml
+except ImportError:
+    pynvml = None
+    PYNVML_IMPORT_ERROR = traceback.format_exc()
+else:
+    PYNVML_IMPORT_ERROR = None
+
+HAS_PYNVML = pynvml is not None
+
+MIB = 1024 * 1024
+
+# NVML return codes (nvml.h, nvmlReturn_t); fixed by the ABI, so not looked up in pynvml.
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+NVML_TEMPERATURE_GPU = 0
+
+# nvmlComputeMode_t -> the name nvidia-smi prints.
+COMPUTE_MODES = {0: 'Default', 1: 'Exclusive_Thread', 2: 'Prohibited', 3: 'Exclusive_Process'}
+
+# What nvidia-smi prints for a GPU whose device handle it cannot get; the NVML reader prints
+# the same, so that the facts do not depend on the backend.
+HANDLE_ERROR = 'Unable to determine the device handle for GPU%s: %s'
+GPU_LOST_TEXT = 'GPU is lost.  Reboot the system to recover this GPU'
+
+# Where the kernel driver lists the GPUs it has attached, one directory per PCI bus id.
+PROC_DRIVER_GPUS = '/proc/driver/nvidia/gpus'
+
+GPU_FACTS = ('index', 'uuid', 'name', 'pci_bus_id', 'memory_total_mib', 'memory_used_mib',
+             'memory_free_mib', 'utilization_gpu_pct', 'temperature_c', 'persistence_mode',
+             'compute_mode', 'remapped_rows_pending', 'remapped_rows_failure',
+             'retired_pages_pending')
+
+
+class NvmlTimeout(GpuopsError):
+    """An NVML call did not return within its deadline."""
+
+
+class _GpuUnreadable(Exception):
+    def __init__(self, error):
+        Exception.__init__(self, error)
+        self.error = error
+
+
+def error_code(exc):
+    """The NVML return code carried by a pynvml.NVMLError, or None."""
+    return getattr(exc, 'value', None)
+
+
+def error_text(exc):
+    """nvidia-smi's wording for an NVML error."""
+    if error_code(exc) == NVML_ERROR_GPU_IS_LOST:
+        return GPU_LOST_TEXT
+    try:
+        return str(exc)
+    except Exception:  # pynvml asks the library for unknown codes; it may be gone
+        return 'NVML error %s' % error_code(exc)
+
+
+def describe_init_failure(exc):
+    code = error_code(exc)
+    # nvidia-smi's exit codes are NVML return codes (NVML_ERROR_UNKNOWN becomes 255).
+    meaning = EXIT_CODES.get(255 if code == NVML_ERROR_UNKNOWN else code, 'unexpected error')
+    return 'NVML could not be initialised (error %s, %s): %s' % (code, meaning, error_text(exc))
+
+
+def call_with_timeout(func, timeout, what):
+    """Run func() in a worker thread; return its result or raise what it raised.
+
+    NVML calls can block inside the driver (uninterruptible) on a sick GPU, and nothing can
+    cancel them: after timeout seconds the thread is abandoned (it is a daemon thread, so it
+    does not keep the process alive) and NvmlTimeout is raised.
+    """
+    outcome = {}
+
+    def run():
+        try:
+            outcome['value'] = func()
+        except BaseException as exc:  # handed to the caller's thread
+            outcome['error'] = exc
+
+    worker = threading.Thread(target=run, name='gpuops-nvml')
+    worker.daemon = True
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        exc = NvmlTimeout('NVML did not answer within %s s while %s; the driver may be stuck on a '
+                          'sick GPU' % (timeout, what))
+        exc.worker = worker
+        raise exc
+    if 'error' in outcome:
+        raise outcome['error']
+    return outcome.get('value')
+
+
+def driver_bus_ids(base=None):
+    """PCI bus ids of the GPUs the kernel driver attached, in NVML's enumeration order."""
+    try:
+        names = os.listdir(base or PROC_DRIVER_GPUS)
+    except OSError:
+        return []
+    ids = []
+    for name in names:
+        try:
+            ids.append(normalize_bus_id(name))
+        except ValueError:
+            continue
+    return sorted(ids)
+
+
+class NvmlReader(GpuReader):
+    """Reads GPU state through NVML. open() must succeed before read()."""
+
+    backend = 'nvml'
+
+    def __init__(self, timeout=10.0, nvml=None):
+        self.nvml = nvml if nvml is not None else pynvml
+        self.timeout = timeout
+        self._open = False
+        self._stuck = None
+
+    def _call(self, func, timeout, what):
+        if self._stuck is not None and self._stuck.is_alive():
+            raise NvmlTimeout('an earlier NVML call is still stuck in the driver; not calling NVML '
+                              'again (%s)' % what)
+        timeout = self.timeout if timeout is None else timeout
+        try:
+            return call_with_timeout(func, timeout, what)
+        except NvmlTimeout as exc:
+            self._stuck = exc.worker
+            raise
+
+    def open(self, timeout=None):
+        """nvmlInit; raise GpuopsError when NVML cannot be used."""
+        if self.nvml is None:
+            raise GpuopsError('the nvidia-ml-py Python library (pynvml) is not installed')
+        try:
+            self._call(self.nvml.nvmlInit, timeout, 'initialising NVML')
+        except self.nvml.NVMLError as exc:
+            raise GpuopsError(describe_init_failure(exc))
+        self._open = True
+        return self
+
+    def close(self):
+        if not self._open:
+            return
+        self._open = False
+        try:
+            self._call(self.nvml.nvmlShutdown, min(self.timeout or 2.0, 2.0), 'shutting NVML down')
+        except Exception:  # nothing left to do about a library that will not shut down
+            pass
+
+    def read(self, timeout=None):
+        if not self._open:
+            self.open(timeout)
+        return self._call(self._read, timeout, 'reading the GPUs')
+
+    # -- the read itself, in the worker thread -------------------------------------------------
+    def _read(self):
+        nv = self.nvml
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as exc:
+            raise GpuopsError('NVML could not count the GPUs: %s' % error_text(exc))
+        if count == 0:
+            return Snapshot([], None, ['nvml: No devices were found'])
+        warnings = []
+        try:
+            driver = _text(nv.nvmlSystemGetDriverVersion())
+        except nv.NVMLError:
+            driver = None
+        gpus = []
+        for index in range(count):
+            gpu = self._read_gpu(index, count)
+            if gpu['error'] is None:
+                gpu['processes'], problem = self._read_processes(gpu['_handle'])
+                if problem:
+                    warnings.append('process list of GPU %d unavailable: %s' % (index, problem))
+            gpu.pop('_handle', None)
+            gpus.append(gpu)
+        return Snapshot(gpus, driver, warnings)
+
+    def _read_gpu(self, index, count):
+        nv = self.nvml
+        gpu = dict((fact, None) for fact in GPU_FACTS)
+        gpu.update(index=index, error=None, processes=[])
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError as exc:
+            return self._unreadable(gpu, self._fallback_bus_id(index, count), exc)
+        try:
+            gpu['pci_bus_id'] = normalize_bus_id(_text(nv.nvmlDeviceGetPciInfo(handle).busId))
+        except nv.NVMLError as exc:
+            if error_code(exc) == NVML_ERROR_GPU_IS_LOST:
+                return self._unreadable(gpu, self._fallback_bus_id(index, count), exc)
+        except ValueError:
+            pass
+        try:
+            # The UUID is the identity every GPU has: when even that fails with "lost" or
+            # "unknown error", the GPU is unreachable, as nvidia-smi reports it.
+            gpu['uuid'] = _text(nv.nvmlDeviceGetUUID(handle))
+        except nv.NVMLError as exc:
+            if error_code(exc) in (NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN):
+                return self._unreadable(gpu, gpu['pci_bus_id'], exc)
+        try:
+            self._read_fields(handle, gpu)
+        except _GpuUnreadable as lost:
+            return self._unreadable(gpu, gpu['pci_bus_id'], lost.error)
+        gpu['_handle'] = handle
+        return gpu
+
+    def _read_fields(self, handle, gpu):
+        nv = self.nvml
+        gpu['name'] = self._field(lambda: _text(nv.nvmlDeviceGetName(handle)))
+        memory = self._field(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+        if memory is not None:
+            gpu['memory_total_mib'] = memory.total // MIB
+            gpu['memory_used_mib'] = memory.used // MIB
+            gpu['memory_free_mib'] = memory.free // MIB
+        rates = self._field(lambda: nv.nvmlDeviceGetUtilizationRates(handle))
+        gpu['utilization_gpu_pct'] = None if rates is None else int(rates.gpu)
+        gpu['temperature_c'] = self._field(lambda: int(nv.nvmlDeviceGetTemperature(handle, NVML_TEMPERATURE_GPU)))
+        mode = self._field(lambda: nv.nvmlDeviceGetPersistenceMode(handle))
+        gpu['persistence_mode'] = None if mode is None else bool(mode)
+        compute = self._field(lambda: nv.nvmlDeviceGetComputeMode(handle))
+        gpu['compute_mode'] = None if compute is None else COMPUTE_MODES.get(compute, str(compute))
+        remapped = self._field(lambda: nv.nvmlDeviceGetRemappedRows(handle))
+        if remapped is not None:
+            gpu['remapped_rows_pending'] = bool(remapped[2])
+            gpu['remapped_rows_failure'] = bool(remapped[3])
+        retired = self._field(lambda: nv.nvmlDeviceGetRetiredPagesPendingStatus(handle))
+        gpu['retired_pages_pending'] = None if retired is None else bool(retired)
+
+    def _field(self, call):
+        """One query: its value, None when the driver does not report it, or _GpuUnreadable."""
+        nv = self.nvml
+        try:
+            return call()
+        except nv.NVMLError as exc:
+            if error_code(exc) == NVML_ERROR_GPU_IS_LOST:
+                raise _GpuUnreadable(exc)
+            # Not supported, no permission, unknown error, an older library without the
+            # function: nvidia-smi prints [N/A] or [...] for these, and so the value is null.
+            return None
+
+    def _read_processes(self, handle):
+        nv = self.nvml
+        try:
+            infos = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+        except nv.NVMLError as exc:
+            return [], error_text(exc)
+        processes = []
+        for info in infos:
+            try:
+                name = _text(nv.nvmlSystemGetProcessName(info.pid))
+            except nv.NVMLError:
+                name = None
+            used = info.usedGpuMemory
+            processes.append({'pid': int(info.pid), 'name': name,
+                              'used_memory_mib': None if used is None else int(used) // MIB})
+        return processes, None
+
+    @staticmethod
+    def _unreadable(gpu, bus_id, exc):
+        for fact in GPU_FACTS:
+            if fact != 'index':
+                gpu[fact] = None
+        gpu['pci_bus_id'] = bus_id
+        where = bus_id[4:] if bus_id else ' %d' % gpu['index']
+        gpu['error'] = HANDLE_ERROR % (where, error_text(exc))
+        gpu['processes'] = []
+        gpu.pop('_handle', None)
+        return gpu
+
+    @staticmethod
+    def _fallback_bus_id(index, count):
+        # Without a handle NVML gives no bus id; the driver's own list, in the same (PCI)
+        # order, does when it has exactly the GPUs NVML counts.
+        ids = driver_bus_ids()
+        return ids[index] if len(ids) == count else None
+
+
+def _text(value):
+    if isinstance(value, bytes):
+        return value.decode('utf-8', 'replace')
+    return value

@@ -1,0 +1,335 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+module: nvidia_device_release
+short_description: Stop the processes holding NVIDIA GPUs and wait until their memory is free
+version_added: 0.1.0
+description:
+  - Finds every process that holds a GPU device node (as C(fuser -v /dev/nvidia*) lists them),
+    leaves NVIDIA's own daemons alone, and stops the others with a ladder of signals
+    (C(SIGTERM), then C(SIGKILL) after a grace period).
+  - A process is signalled only while it is still the process that was found (pidfd, or its
+    start time re-read from C(/proc) right before the signal), so a recycled PID is never hit.
+  - Children and other processes that hold the devices after a round are signalled in turn.
+    A process that comes back after it was stopped (restarted by a supervisor) is stopped
+    once more at most and then reported in RV(survivors) with reason V(respawned).
+  - Then waits, polling without fixed sleeps, until no unprotected holder is left and every
+    GPU in scope reports memory used at or below O(memory_threshold_mib).
+  - Memory that stays in use with no process left is reported in RV(orphaned_gpus); only a
+    GPU reset frees it.
+  - Every signal sent is written to the system log with the PID, user and command.
+  - Two releases on one host run one after the other (a lock on O(lock_file)).
+author:
+  - gpuops maintainers (@gpuops)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.actiongroups
+  - gpuops.nvidia.gpu
+  - gpuops.nvidia.gpu.holders
+attributes:
+  action_group:
+    membership: [gpuops.nvidia.nvidia]
+  check_mode:
+    support: full
+    details: Reports in RV(signalled) the processes that would be signalled, and signals nothing.
+  diff_mode:
+    support: full
+    details: The holders before and after, one line per process.
+  platform:
+    platforms: posix
+options:
+  gpus:
+    description:
+      - Release only these GPUs (indexes as nvidia-smi numbers them). The holders of their
+        C(nvidiaN) device nodes among the nodes matching O(devices), and the processes the
+        driver reports on them, are stopped.
+      - Processes that hold only shared nodes (C(nvidiactl), C(nvidia-uvm)) are then left
+        alone, since every CUDA process on the host holds those.
+      - By default every holder of every matching node is stopped and every GPU is checked.
+    type: list
+    elements: int
+  signals:
+    description:
+      - The signals sent in turn to each holder, waiting up to O(grace_period) after each one
+        for the process to exit. Names with or without C(SIG), or numbers.
+    type: list
+    elements: str
+    default: [TERM, KILL]
+  grace_period:
+    description:
+      - Seconds to wait after each signal for the holders to exit before the next signal.
+    type: float
+    default: 5
+  wait:
+    description:
+      - Wait until no unprotected holder is left and every GPU in scope reports memory used at
+        or below O(memory_threshold_mib), and fail when that does not happen within O(timeout).
+      - With V(false) the module returns right after signalling; RV(released) then tells
+        whether the GPUs happened to be clean already and RV(orphaned_gpus) stays empty.
+    type: bool
+    default: true
+  timeout:
+    description:
+      - Seconds, counted from the start of the task and including the wait for O(lock_file),
+        until the GPUs must be clean. The signal ladder of a holder already started is always
+        completed. Each read of the GPUs is bounded by the time left (at least one second, so
+        that the final state can be reported).
+    type: float
+    default: 60
+  memory_threshold_mib:
+    description:
+      - Memory used, in MiB, at or below which a GPU counts as free.
+    type: int
+    default: 0
+  lock_file:
+    description:
+      - The file locked (C(flock)) while a release runs, so that two releases on one host do
+        not interleave.
+      - Defaults to C(/run/lock/gpuops-nvidia-release.lock), or the same name in the temporary
+        directory when C(/run/lock) is not writable.
+    type: path
+notes:
+  - When O(devices) matches no device node the module warns and changes nothing; a host may
+    simply have no GPU or driver yet.
+  - When the GPUs are not clean by O(timeout) the task fails with a message that names each
+    dirty GPU and why, and still returns every value below.
+seealso:
+  - module: gpuops.nvidia.nvidia_gpu_facts
+'''
+
+EXAMPLES = r'''
+- name: Free every GPU of a hung job, keeping NVIDIA's daemons
+  gpuops.nvidia.nvidia_device_release:
+  become: true
+
+- name: Free GPUs 2 and 3 only, faster ladder, tolerate a little memory left
+  gpuops.nvidia.nvidia_device_release:
+    gpus: [2, 3]
+    grace_period: 2
+    timeout: 30
+    memory_threshold_mib: 16
+  become: true
+
+- name: Also protect a monitoring agent, and show who would be stopped
+  gpuops.nvidia.nvidia_device_release:
+    extra_protect: [my-gpu-exporter]
+  check_mode: true
+  register: would_release
+
+- name: Send SIGINT first so that the job can checkpoint
+  gpuops.nvidia.nvidia_device_release:
+    signals: [INT, TERM, KILL]
+    grace_period: 10
+  become: true
+  register: release
+
+- name: Report orphaned memory
+  ansible.builtin.debug:
+    msg: "GPUs {{ release.orphaned_gpus }} need a reset"
+  when: release.orphaned_gpus | length > 0
+'''
+
+RETURN = r'''
+released:
+  description: True when at the end no unprotected holder is left and every GPU in scope
+    reports memory used at or below O(memory_threshold_mib).
+  returned: always
+  type: bool
+  sample: true
+signalled:
+  description: The processes signalled (in check mode, those that would be), in the order
+    they were found.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+    user:
+      description: The user the process ran as.
+      type: str
+    comm:
+      description: The process name as the kernel keeps it (at most 15 characters).
+      type: str
+    cmdline:
+      description: The command line, arguments separated by spaces.
+      type: str
+    devices:
+      description: The matching device nodes it held.
+      type: list
+      elements: str
+    signals_sent:
+      description: The signals sent to it, by name without C(SIG), in order. Empty in check mode.
+      type: list
+      elements: str
+    exited:
+      description: Whether the process had exited by the end of the run.
+      type: bool
+  sample:
+    - pid: 4242
+      user: alice
+      comm: python3
+      cmdline: python3 train.py --local-rank 0
+      devices: [/dev/nvidia-uvm, /dev/nvidia0, /dev/nvidiactl]
+      signals_sent: [TERM]
+      exited: true
+protected:
+  description: Holders left alone because of O(protect), O(extra_protect), or because they are
+    the module's own process or its ancestors.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+    user:
+      description: The user the process runs as.
+      type: str
+    comm:
+      description: The process name as the kernel keeps it.
+      type: str
+    cmdline:
+      description: The command line.
+      type: str
+    devices:
+      description: The matching device nodes it holds.
+      type: list
+      elements: str
+  sample:
+    - pid: 1201
+      user: root
+      comm: nvidia-persiste
+      cmdline: /usr/bin/nvidia-persistenced --user nvidia-persistenced
+      devices: [/dev/nvidia-uvm, /dev/nvidia0, /dev/nvidiactl]
+survivors:
+  description: Unprotected holders still there at the end.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+    user:
+      description: The user the process runs as.
+      type: str
+    comm:
+      description: The process name as the kernel keeps it.
+      type: str
+    cmdline:
+      description: The command line.
+      type: str
+    devices:
+      description: The matching device nodes it holds.
+      type: list
+      elements: str
+    signals_sent:
+      description: The signals sent to it.
+      type: list
+      elements: str
+    gpus:
+      description: Indexes of the GPUs in scope it holds (its C(nvidiaN) node, or the driver
+        reports it on the GPU).
+      type: list
+      elements: int
+    reason:
+      description:
+        - V(uninterruptible) the process is in uninterruptible sleep (state D), usually inside
+          the driver; it dies only when the driver lets go.
+        - V(zombie) the process has exited but was not reaped.
+        - V(respawned) a new process took the place of one that was stopped (same user, name and
+          command line) after it had already come back once, or holders kept appearing after
+          the last round of signals.
+        - V(ignored_signals) the process received every signal of O(signals) and still runs.
+      type: str
+      sample: ignored_signals
+orphaned_gpus:
+  description: Indexes of GPUs in scope whose memory stayed in use with no process left.
+    Only a GPU reset frees it. Empty when O(wait=false).
+  returned: always
+  type: list
+  elements: int
+  sample: [3]
+gpus_before:
+  description: Memory used per GPU in scope before anything was signalled (empty when the
+    GPUs could not be read).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    index:
+      description: The GPU's index.
+      type: int
+    memory_used_mib:
+      description: Memory used in MiB, or null when not reported.
+      type: int
+  sample:
+    - index: 0
+      memory_used_mib: 76113
+gpus_after:
+  description: Memory used per GPU in scope at the end (empty when the GPUs could not be read).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    index:
+      description: The GPU's index.
+      type: int
+    memory_used_mib:
+      description: Memory used in MiB, or null when not reported.
+      type: int
+  sample:
+    - index: 0
+      memory_used_mib: 0
+elapsed_s:
+  description: Seconds the release took, lock wait included.
+  returned: always
+  type: float
+  sample: 1.52
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import MissingLibraryError, select_reader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release import (
+    ReleaseOptions,
+    release,
+    release_argument_spec,
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=release_argument_spec(), supports_check_mode=True)
+    params = module.params
+    try:
+        options = ReleaseOptions.from_params(params)
+        reader, warnings = select_reader(params['backend'], params['nvidia_smi_path'], params['timeout'])
+        try:
+            result = release(reader, options, check_mode=module.check_mode)
+        finally:
+            reader.close()
+    except MissingLibraryError as exc:
+        module.fail_json(msg=exc.library, exception=exc.exception)
+    except GpuopsError as exc:
+        module.fail_json(msg=str(exc))
+    for warning in warnings + result.warnings:
+        module.warn(warning)
+    values = result.dump(diff=module._diff)
+    if result.failure:
+        module.fail_json(msg=result.failure, **values)
+    module.exit_json(**values)
+
+
+if __name__ == '__main__':
+    main()

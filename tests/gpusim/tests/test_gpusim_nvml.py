@@ -1,0 +1,90 @@
+"""The simulated libnvidia-ml.so.1, called directly through ctypes (no nvidia-ml-py needed)."""
+
+import ctypes
+import os
+import shutil
+
+import pytest
+
+from gpusim import nvml_build
+
+if not (shutil.which("gcc") or shutil.which("cc")):
+    pytest.skip("no C compiler", allow_module_level=True)
+
+MIB = 1024 * 1024
+
+
+class Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class ProcessInfo(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+def load(host):
+    # Each host has its own copy (its own path), so each loads separately and finds its root.
+    lib = ctypes.CDLL(host.install_nvml())
+    lib.nvmlErrorString.restype = ctypes.c_char_p
+    return lib
+
+
+def handle(lib, index):
+    h = ctypes.c_void_p()
+    assert lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(h)) == 0
+    return h
+
+
+def used_mib(lib, index):
+    mem = Memory()
+    rc = lib.nvmlDeviceGetMemoryInfo(handle(lib, index), ctypes.byref(mem))
+    return rc, mem.used // MIB
+
+
+def test_build_is_cached_and_installs_under_root(gpuhost, tmp_path):
+    first = nvml_build.build(str(tmp_path))
+    assert nvml_build.build(str(tmp_path)) == first
+    path = gpuhost.install_nvml()
+    assert path == os.path.join(gpuhost.root, "lib", "libnvidia-ml.so.1")
+    assert gpuhost.env(nvml=True)["LD_LIBRARY_PATH"].split(os.pathsep)[0] == os.path.join(gpuhost.root, "lib")
+    assert "LD_LIBRARY_PATH" not in gpuhost.env(base={})
+
+
+def test_flat_twins_follow_every_write(gpuhost):
+    state = os.path.join(gpuhost.root, "var", "lib", "gpusim", "state.nvml")
+    gpuhost.fault("stuck", gpu=2, mib=512)
+    assert [line for line in open(state) if line.startswith("gpu 2 ")][0].split()[6] == "512"
+    info = gpuhost.hold(gpus="1", mib=64, name="a b,c")
+    twin = open(os.path.join(gpuhost.root, "var", "lib", "gpusim", "procs", "%d.nvml" % info["pid"])).read()
+    assert "mib 64\n" in twin and "gpus 1\n" in twin and "name a b,c\n" in twin
+
+
+def test_memory_processes_and_faults(gpuhost):
+    lib = load(gpuhost)
+    assert lib.nvmlDeviceGetCount_v2(ctypes.byref(ctypes.c_uint())) == 1  # before init
+    assert lib.nvmlInitWithFlags(0) == 0
+    info = gpuhost.hold(gpus="0,1", mib=2048, util=40)
+    assert used_mib(lib, 0) == (0, 2048)
+    count = ctypes.c_uint(0)
+    assert lib.nvmlDeviceGetComputeRunningProcesses_v3(handle(lib, 1), ctypes.byref(count), None) == 7
+    assert count.value == 1
+    procs = (ProcessInfo * 4)()
+    count.value = 4
+    assert lib.nvmlDeviceGetComputeRunningProcesses_v3(handle(lib, 1), ctypes.byref(count), procs) == 0
+    assert (count.value, procs[0].pid, procs[0].usedGpuMemory) == (1, info["pid"], 2048 * MIB)
+    count.value = 0
+    assert lib.nvmlDeviceGetComputeRunningProcesses_v3(handle(lib, 2), ctypes.byref(count), None) == 0
+
+    gpuhost.fault("lost", gpu=1, message="lost")
+    gpuhost.fault("na", field="memory.used", gpu=0, value="[Insufficient Permissions]")
+    assert used_mib(lib, 0)[0] == 4
+    assert used_mib(lib, 1)[0] == 15
+    assert lib.nvmlErrorString(15) == b"GPU is lost"
+    gpuhost.fault("no-devices", value="on")
+    n = ctypes.c_uint(9)
+    assert lib.nvmlDeviceGetCount_v2(ctypes.byref(n)) == 0 and n.value == 0
+    gpuhost.fault("clear")
+    gpuhost.fault("driver-not-loaded", value="on")
+    assert lib.nvmlInitWithFlags(0) == 9
+    assert lib.nvmlShutdown() == 0

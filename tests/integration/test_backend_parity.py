@@ -1,0 +1,196 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The NVML backend (real nvidia-ml-py over gpusim's libnvidia-ml.so.1) against the nvidia-smi
+backend on the same simulated host: the facts must be the same.
+
+pynvml loads libnvidia-ml.so.1 by name, so every NVML read runs in a child process started
+with LD_LIBRARY_PATH pointing at the simulated library.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip('pynvml')
+if not (shutil.which('gcc') or shutil.which('cc')):
+    pytest.skip('no C compiler to build the simulated libnvidia-ml.so.1', allow_module_level=True)
+
+# Reads the host with both backends in one process; prints the facts of each as JSON.
+PROBE = r'''
+import json, sys
+from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gpu_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import read_xid_events
+smi_path, kernel_log, backends = sys.argv[1], sys.argv[2], sys.argv[3].split(',')
+events, dummy = read_xid_events(kernel_log)
+out = {}
+for backend in backends:
+    reader, dummy = select_reader(backend, smi_path, 10)
+    try:
+        snapshot = reader.read()
+    finally:
+        reader.close()
+    out[backend] = {'backend': reader.backend, 'gpus': gpu_facts(snapshot, 0, events),
+                    'driver': snapshot.driver_version, 'count': len(snapshot.gpus)}
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture
+def nvmlhost(gpuhost):
+    gpuhost.install_nvml()
+    return gpuhost
+
+
+def read_both(host, backends='nvml,nvidia-smi'):
+    proc = subprocess.run([sys.executable, '-c', PROBE, host.smi_path, host.kernel_log, backends],
+                          env=host.env(nvml=True), capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def assert_parity(host):
+    out = read_both(host)
+    nvml, smi = out['nvml'], out['nvidia-smi']
+    assert nvml['backend'] == 'nvml' and smi['backend'] == 'nvidia-smi'
+    for a, b in zip(nvml['gpus'], smi['gpus']):
+        assert a == b
+    assert (nvml['count'], nvml['driver']) == (smi['count'], smi['driver'])
+    return nvml['gpus']
+
+
+def test_clean_host(nvmlhost):
+    gpus = assert_parity(nvmlhost)
+    assert len(gpus) == 8 and set(g['state'] for g in gpus) == set(['free'])
+    assert all(g['health']['recovery_action'] == 'none' and g['health']['xid_events'] == [] for g in gpus)
+
+
+def test_hung_job(nvmlhost):
+    nvmlhost.scenario('hung-job')
+    gpus = assert_parity(nvmlhost)
+    assert [g['state'] for g in gpus] == ['idle_holding'] * 8
+    assert all(g['processes'][0]['used_memory_mib'] == 76113 for g in gpus)
+
+
+def test_lost_gpus_and_unreported_fields(nvmlhost):
+    nvmlhost.hold(gpus='0', mib=2048, util=87, name='trainer, v2')
+    nvmlhost.fault('stuck', gpu=1, mib=512)
+    nvmlhost.fault('lost', gpu=2, message='lost')
+    nvmlhost.fault('lost', gpu=3, message='unknown')
+    nvmlhost.fault('na', field='utilization.gpu', gpu=4)
+    nvmlhost.fault('na', field='temperature.gpu', value='[Unknown Error]')
+    nvmlhost.fault('na', field='persistence_mode', gpu=5, value='[Insufficient Permissions]')
+    nvmlhost.fault('na', field='compute_mode', gpu=5, value='[Not Supported]')
+    for field in ('memory.total', 'memory.used', 'memory.free'):
+        nvmlhost.fault('na', field=field, gpu=6)
+    nvmlhost.fault('na', field='used_memory', gpu=0)
+    gpus = assert_parity(nvmlhost)
+    assert [g['state'] for g in gpus] == ['busy', 'orphaned_memory', 'lost', 'lost', 'free', 'free', 'free', 'free']
+    assert 'GPU is lost' in gpus[2]['error'] and gpus[2]['pci_bus_id'] == '00000000:3A:00.0'
+    assert gpus[3]['error'].endswith('Unknown Error')
+    assert gpus[2]['health']['recovery_action'] == 'reboot'
+    assert gpus[0]['processes'][0]['name'] == 'trainer, v2' and gpus[0]['processes'][0]['used_memory_mib'] is None
+    assert gpus[4]['utilization_gpu_pct'] is None and gpus[0]['temperature_c'] is None
+    assert gpus[6]['memory_used_mib'] is None
+
+
+def test_xid_and_row_remapping_scenarios(nvmlhost):
+    nvmlhost.fault('xid', gpu=0, code=13)
+    nvmlhost.fault('xid', gpu=1, code=48)
+    nvmlhost.fault('xid', gpu=2, code=79)
+    nvmlhost.fault('lost', gpu=2, message='lost')
+    nvmlhost.fault('remap', gpu=3, pending=True, uncorrectable=1)
+    nvmlhost.fault('remap', gpu=4, failure=True)
+    nvmlhost.fault('xid', gpu=5, code=154, text='GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)')
+    nvmlhost.fault('xid', gpu=6, code=31)
+    nvmlhost.fault('xid', gpu=6, code=63)
+    nvmlhost.fault('retired', gpu=7, value=True)
+    gpus = assert_parity(nvmlhost)
+    actions = [g['health']['recovery_action'] for g in gpus]
+    assert actions == ['restart_app', 'reset_gpu', 'reboot', 'reset_gpu', 'inspect', 'reboot', 'reset_gpu', 'reset_gpu']
+    assert [e['code'] for e in gpus[6]['health']['xid_events']] == [31, 63]
+    assert gpus[3]['health']['remapped_rows_pending'] is True and gpus[0]['health']['remapped_rows_pending'] is False
+    assert gpus[7]['health']['retired_pages_pending'] is True and gpus[0]['health']['retired_pages_pending'] is None
+
+
+def test_gpu_reset_applies_pending_remaps_on_both_backends(nvmlhost):
+    nvmlhost.fault('remap', gpu=1, pending=True)
+    nvmlhost.smi('-pm', '0', '-i', '1')
+    assert nvmlhost.smi('-r', '-i', '1').returncode == 0
+    gpus = assert_parity(nvmlhost)
+    assert gpus[1]['health']['remapped_rows_pending'] is False
+
+
+def test_memory_follows_release_delay_and_leaks(gpuhost_factory):
+    host = gpuhost_factory(release_delay=1.5)
+    host.install_nvml()
+    held = host.hold(gpus='0', mib=4096)
+    host.hold(gpus='1', mib=1024, leak=True, name='leaky')
+    import signal
+    os.kill(held['pid'], signal.SIGKILL)
+    for info in host.ps():
+        if info.get('leak'):
+            os.kill(info['pid'], signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while any(r['alive'] for r in host.ps()) or any(r.get('died_at') is None for r in host.ps()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    out = read_both(host)['nvml']['gpus']
+    assert (out[0]['memory_used_mib'], out[0]['state'], out[1]['memory_used_mib']) == (4096, 'orphaned_memory', 1024)
+    time.sleep(1.6)
+    gpus = assert_parity(host)
+    assert (gpus[0]['memory_used_mib'], gpus[1]['memory_used_mib']) == (0, 1024)
+
+
+def run_module(host, **options):
+    env = host.env(nvml=True)
+    env.update(ANSIBLE_STDOUT_CALLBACK='ansible.builtin.minimal', ANSIBLE_NOCOLOR='1',
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    args = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob], kernel_log=host.kernel_log)
+    args.update(options)
+    ansible = os.path.join(os.path.dirname(sys.executable), 'ansible')
+    proc = subprocess.run([ansible if os.path.exists(ansible) else 'ansible', 'localhost', '-c', 'local', '-i', 'localhost,', '-m',
+                           'gpuops.nvidia.nvidia_gpu_facts', '-a', json.dumps(args)],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    # minimal: "localhost | SUCCESS => {...}" or "localhost | FAILED! => {...}"
+    assert ' => ' in proc.stdout, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.split(' => ', 1)[1])
+    result['failed'] = ' | SUCCESS => ' not in proc.stdout
+    return result
+
+
+def test_module_uses_nvml_and_times_out_on_a_hung_driver(nvmlhost):
+    nvmlhost.scenario('hung-job')
+    nvmlhost.install_nvml()
+    nvmlhost.fault('xid', gpu=4, code=79)
+    result = run_module(nvmlhost)
+    facts = result['ansible_facts']
+    assert facts['nvidia_gpu_backend'] == 'nvml' and facts['nvidia_gpu_count'] == 8
+    assert facts['nvidia_gpus'][4]['health']['recovery_action'] == 'reboot'
+    assert [g['state'] for g in facts['nvidia_gpus']] == ['idle_holding'] * 8
+
+    nvmlhost.fault('hang', seconds=60)
+    started = time.monotonic()
+    result = run_module(nvmlhost, backend='nvml', timeout=1)
+    assert result['failed'] and 'NVML did not answer within 1.0 s' in result['msg']
+    assert time.monotonic() - started < 30
+
+
+def test_module_auto_falls_back_when_nvml_cannot_start(nvmlhost):
+    nvmlhost.fault('mismatch', value='on')
+    result = run_module(nvmlhost)
+    assert result['failed'] and 'nvidia-smi exited with 18' in result['msg']
+    result = run_module(nvmlhost, backend='nvml')
+    assert result['failed'] and 'NVML could not be initialised (error 18' in result['msg']

@@ -1,0 +1,147 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""nvidia_gpu_facts run through the ansible CLI against simulated hosts."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def run_facts(host, **options):
+    """Run the module ad hoc with ansible; return (result dict, completed process)."""
+    env = dict(os.environ, ANSIBLE_NOCOLOR='1', ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    args = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob])
+    args.update(options)
+    proc = subprocess.run(['ansible', 'localhost', '-c', 'local', '-i', 'localhost,',
+                           '-m', 'gpuops.nvidia.nvidia_gpu_facts', '-a', json.dumps(args)],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    # The minimal callback prints "localhost | SUCCESS => {json}" or "localhost | FAILED! => {json}".
+    status, dummy, payload = proc.stdout.partition(' => ')
+    result = json.loads(payload)
+    result['failed'] = 'FAILED' in status
+    # Warnings go to stderr, wrapped to the terminal width.
+    result['warning_text'] = ' '.join(proc.stderr.split())
+    return result, proc
+
+
+def test_hung_job_facts(gpuhost):
+    started = gpuhost.scenario('hung-job')
+    result, proc = run_facts(gpuhost)
+    assert proc.returncode == 0, proc.stdout
+    facts = result['ansible_facts']
+    assert facts['nvidia_gpu_count'] == 8
+    assert facts['nvidia_gpu_backend'] == 'nvidia-smi'
+    assert facts['nvidia_driver_version'] == '550.127.05'
+    gpus = facts['nvidia_gpus']
+    assert [gpu['index'] for gpu in gpus] == list(range(8))
+    for gpu in gpus:
+        assert gpu['memory_used_mib'] == 76113
+        assert gpu['utilization_gpu_pct'] == 0
+        assert gpu['state'] == 'idle_holding'
+        assert gpu['error'] is None
+        assert gpu['name'] == 'NVIDIA H200'
+        assert len(gpu['processes']) == 1
+        assert gpu['processes'][0]['used_memory_mib'] == 76113
+    holders = dict((h['pid'], h) for h in facts['nvidia_device_holders'])
+    daemon = [h for h in holders.values() if h['protected']]
+    assert [h['comm'] for h in daemon] == ['nvidia-persiste']
+    ranks = [h for h in holders.values() if not h['protected']]
+    assert len(ranks) == 8
+    assert set(gpu['processes'][0]['pid'] for gpu in gpus) == set(h['pid'] for h in ranks)
+    assert all(os.path.join(gpuhost.root, 'dev', 'nvidiactl') in h['devices'] for h in holders.values())
+    assert result['changed'] is False
+    assert started
+
+
+def test_clean_host_is_free(gpuhost):
+    result, proc = run_facts(gpuhost)
+    assert proc.returncode == 0
+    facts = result['ansible_facts']
+    assert set(gpu['state'] for gpu in facts['nvidia_gpus']) == set(['free'])
+    assert facts['nvidia_device_holders'] == []
+
+
+def test_busy_orphaned_and_lost_states(gpuhost):
+    gpuhost.hold(gpus='0', mib=2048, util=87)
+    gpuhost.fault('stuck', gpu=1, mib=512)
+    gpuhost.fault('lost', gpu=2)
+    result, proc = run_facts(gpuhost, memory_threshold_mib=16)
+    assert proc.returncode == 0, proc.stdout
+    states = dict((gpu['index'], gpu['state']) for gpu in result['ansible_facts']['nvidia_gpus'])
+    assert states == {0: 'busy', 1: 'orphaned_memory', 2: 'lost', 3: 'free', 4: 'free',
+                      5: 'free', 6: 'free', 7: 'free'}
+    lost = result['ansible_facts']['nvidia_gpus'][2]
+    assert 'Unable to determine the device handle' in lost['error']
+    assert lost['pci_bus_id'] == '00000000:3A:00.0'
+
+
+def test_not_reported_fields_are_null(gpuhost):
+    gpuhost.fault('na', field='temperature.gpu', value='[N/A]')
+    gpuhost.fault('na', field='utilization.gpu', gpu=3, value='[Not Supported]')
+    result, proc = run_facts(gpuhost)
+    gpus = result['ansible_facts']['nvidia_gpus']
+    assert all(gpu['temperature_c'] is None for gpu in gpus)
+    assert gpus[3]['utilization_gpu_pct'] is None
+    assert gpus[2]['utilization_gpu_pct'] == 0
+
+
+@pytest.mark.parametrize('fault, message', [
+    ('driver-not-loaded', 'exited with 9 (the NVIDIA driver is not loaded)'),
+    ('mismatch', 'exited with 18'),
+])
+def test_driver_faults_fail_clearly(gpuhost, fault, message):
+    gpuhost.fault(fault, True)
+    result, proc = run_facts(gpuhost)
+    assert proc.returncode != 0
+    assert result['failed'] is True
+    assert message in result['msg']
+    assert 'Traceback' not in proc.stdout
+
+
+def test_no_devices_is_zero_gpus_with_a_warning(gpuhost):
+    gpuhost.fault('no-devices', True)
+    result, proc = run_facts(gpuhost)
+    assert proc.returncode == 0
+    assert result['ansible_facts']['nvidia_gpu_count'] == 0
+    assert '[WARNING]: nvidia-smi: No devices were found' in result['warning_text']
+
+
+def test_hung_nvidia_smi_is_killed_at_the_timeout(gpuhost):
+    gpuhost.fault('hang', seconds=60)
+    started = time.monotonic()
+    result, proc = run_facts(gpuhost, timeout=1)
+    assert time.monotonic() - started < 30
+    assert result['failed'] is True
+    assert 'did not answer within 1.0 s' in result['msg']
+
+
+def test_glob_matching_nothing_warns(gpuhost):
+    result, proc = run_facts(gpuhost, devices=['/nonexistent/nvidia*'])
+    assert proc.returncode == 0
+    assert 'no device node matches /nonexistent/nvidia*' in result['warning_text']
+
+
+@pytest.mark.parametrize('options, message', [
+    (dict(timeout=0), 'timeout must be greater than zero'),
+    (dict(timeout='soon'), "argument 'timeout' is of type"),
+    (dict(memory_threshold_mib=-5), 'memory_threshold_mib must be zero or more'),
+    (dict(backend='cuda'), 'value of backend must be one of'),
+    (dict(devices=['dev/nvidia*']), 'not an absolute path'),
+    (dict(nvidia_smi_path='/nonexistent/nvidia-smi'), 'nvidia-smi not found'),
+])
+def test_bad_options_fail_clearly(gpuhost, options, message):
+    result, proc = run_facts(gpuhost, **options)
+    assert result['failed'] is True
+    assert message in result['msg']
+    assert 'Traceback' not in proc.stdout

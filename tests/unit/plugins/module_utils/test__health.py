@@ -1,0 +1,126 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import stat
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import (
+    bus_key,
+    health_facts,
+    parse_xid_events,
+    read_xid_events,
+    recovery_action,
+)
+
+JOURNAL = ("2025-03-05T12:34:56+0000 gpu07 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', "
+           "name=<unknown>, GPU has fallen off the bus.")
+DMESG_ISO = "2025-03-05T12:34:56,123456+00:00 NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python3, Graphics SM Warp Exception"
+SYSLOG = "Mar  5 12:34:56 gpu07 kernel: [ 1234.567890] NVRM: Xid (PCI:0000:5d:00): 31, pid=4242, Ch 00000008, MMU Fault"
+DMESG_RAW = "[ 1234.567890] NVRM: Xid (0000:9a:00.0): 48, An uncorrectable double bit error"
+
+
+def test_parses_the_log_formats():
+    events = parse_xid_events([JOURNAL, DMESG_ISO, SYSLOG, DMESG_RAW, 'NVRM: GPU at PCI:0000:3b:00: GPU-x',
+                               'NVRM: Xid garbage'])
+    assert [(e['bus'], e['code'], e['time']) for e in events] == [
+        ((0, 0x3b, 0), 79, '2025-03-05T12:34:56+0000'),
+        ((0, 0x18, 0), 13, '2025-03-05T12:34:56,123456+00:00'),
+        ((0, 0x5d, 0), 31, 'Mar  5 12:34:56'),
+        ((0, 0x9a, 0), 48, '1234.567890'),
+    ]
+    assert events[0]['text'] == "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+def test_bus_key_matches_every_spelling():
+    assert bus_key('00000000:3B:00.0') == bus_key('0000:3b:00') == bus_key('PCI:0000:3B:00') == (0, 0x3b, 0)
+    assert bus_key(None) is None and bus_key('GPU-x') is None
+
+
+@pytest.mark.parametrize('codes, expected', [
+    ([], 'none'),
+    ([13], 'restart_app'),
+    ([31, 43, 45], 'restart_app'),
+    ([13, 48], 'reset_gpu'),
+    ([94], 'restart_app'),
+    ([95], 'reset_gpu'),
+    ([13, 79], 'reboot'),
+    ([79, 12345], 'inspect'),
+])
+def test_recovery_action_from_xids(codes, expected):
+    events = [{'code': code, 'text': ''} for code in codes]
+    assert recovery_action(events) == expected
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)', 'reset_gpu'),
+    ('GPU recovery action changed from 0x1 (GPU Reset Required) to 0x2 (Node Reboot Required)', 'reboot'),
+    ('GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)', 'inspect'),
+    ('GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)', 'none'),
+    ('something else', 'inspect'),
+])
+def test_xid_154_carries_the_drivers_verdict(text, expected):
+    assert recovery_action([{'code': 154, 'text': text}]) == expected
+
+
+def test_recovery_action_from_memory_repair_and_errors():
+    assert recovery_action([], remapped_rows_pending=True) == 'reset_gpu'
+    assert recovery_action([], retired_pages_pending=True) == 'reset_gpu'
+    assert recovery_action([{'code': 79, 'text': ''}], remapped_rows_failure=True) == 'inspect'
+    assert recovery_action(None, None, None, None) == 'none'
+    lost = 'Unable to determine the device handle for GPU0000:5D:00.0: GPU is lost.  Reboot the system to recover this GPU'
+    assert recovery_action([], error=lost) == 'reboot'
+    assert recovery_action([], error='Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error') == 'inspect'
+
+
+def test_health_facts_match_events_by_bus_and_keep_unknown_as_null():
+    events = parse_xid_events([JOURNAL, DMESG_ISO])
+    gpu = {'pci_bus_id': '00000000:3B:00.0', 'remapped_rows_pending': False, 'remapped_rows_failure': False}
+    health = health_facts(gpu, events)
+    assert health == {
+        'xid_events': [{'code': 79, 'time': '2025-03-05T12:34:56+0000',
+                        'text': "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."}],
+        'remapped_rows_pending': False, 'remapped_rows_failure': False, 'retired_pages_pending': None,
+        'recovery_action': 'reboot',
+    }
+    assert health_facts({'pci_bus_id': '00000000:AB:00.0'}, events)['xid_events'] == []
+    unknown = health_facts({'pci_bus_id': '00000000:3B:00.0'}, None)
+    assert unknown['xid_events'] is None and unknown['recovery_action'] == 'none'
+
+
+def test_reads_a_kernel_log_file(tmp_path):
+    log = tmp_path / 'kern.log'
+    log.write_text('\n'.join(['boot', JOURNAL, 'noise', SYSLOG]) + '\n')
+    events, warnings = read_xid_events(str(log))
+    assert [e['code'] for e in events] == [79, 31] and warnings == []
+    events, warnings = read_xid_events(str(tmp_path / 'missing.log'))
+    assert events is None and 'cannot read' in warnings[0]
+
+
+def script(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text('#!/bin/sh\n' + body + '\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_falls_back_from_journalctl_to_dmesg(tmp_path):
+    journal = script(tmp_path, 'journalctl', 'echo "No journal files were found." >&2; exit 1')
+    dmesg = script(tmp_path, 'dmesg', 'echo "%s"' % DMESG_ISO)
+    events, warnings = read_xid_events(None, 5, commands=([journal], [dmesg]))
+    assert [e['code'] for e in events] == [13] and warnings == []
+
+
+def test_unreadable_kernel_log_is_unknown_with_a_warning(tmp_path):
+    empty = script(tmp_path, 'journalctl', 'exit 0')
+    denied = script(tmp_path, 'dmesg', 'echo "dmesg: read kernel buffer failed: Operation not permitted" >&2; exit 1')
+    hung = script(tmp_path, 'slow', 'sleep 30')
+    events, warnings = read_xid_events(None, 0.5, commands=([empty], [denied], [hung], [str(tmp_path / 'none')]))
+    assert events is None
+    assert 'Operation not permitted' in warnings[0] and 'did not finish within 0.5 s' in warnings[0]

@@ -1,0 +1,258 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The NVML reader against a stand-in for pynvml (the real bindings run in the integration tests)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import time
+from collections import namedtuple
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _backend, _nvml
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._nvml import NvmlReader, NvmlTimeout
+from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader
+
+MIB = 1024 * 1024
+Memory = namedtuple('Memory', 'total free used')
+Rates = namedtuple('Rates', 'gpu memory')
+Pci = namedtuple('Pci', 'busId')
+Proc = namedtuple('Proc', 'pid usedGpuMemory')
+BUSES = ['18', '2A', '3A', '5D']
+
+
+class NVMLError(Exception):
+    TEXTS = {3: 'Not Supported', 4: 'Insufficient Permissions', 9: 'Driver Not Loaded',
+             15: 'GPU is lost', 999: 'Unknown Error'}
+
+    def __init__(self, value):
+        Exception.__init__(self, value)
+        self.value = value
+
+    def __str__(self):
+        return self.TEXTS.get(self.value, 'error %d' % self.value)
+
+
+class FakeNvml:
+    """Answers like pynvml; faults: {(index or None, function name): NVML code}."""
+
+    NVMLError = NVMLError
+
+    def __init__(self, gpus=4, faults=None, hang=0, init_error=None):
+        self.gpus = gpus
+        self.faults = faults or {}
+        self.hang = hang
+        self.init_error = init_error
+        self.calls = []
+
+    def _check(self, name, index=None):
+        self.calls.append(name)
+        code = self.faults.get((index, name)) or self.faults.get((None, name))
+        if code:
+            raise NVMLError(code)
+
+    def nvmlInit(self):
+        if self.init_error:
+            raise NVMLError(self.init_error)
+
+    def nvmlShutdown(self):
+        self.calls.append('nvmlShutdown')
+
+    def nvmlDeviceGetCount(self):
+        time.sleep(self.hang)
+        return self.gpus
+
+    def nvmlSystemGetDriverVersion(self):
+        self._check('nvmlSystemGetDriverVersion')
+        return '550.127.05'
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self._check('nvmlDeviceGetHandleByIndex', index)
+        return index
+
+    def nvmlDeviceGetPciInfo(self, h):
+        self._check('nvmlDeviceGetPciInfo', h)
+        return Pci(('00000000:%s:00.0' % BUSES[h]).encode())
+
+    def nvmlDeviceGetUUID(self, h):
+        self._check('nvmlDeviceGetUUID', h)
+        return 'GPU-%d' % h
+
+    def nvmlDeviceGetName(self, h):
+        self._check('nvmlDeviceGetName', h)
+        return 'NVIDIA H200'
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        self._check('nvmlDeviceGetMemoryInfo', h)
+        return Memory(143771 * MIB, (143771 - 76113) * MIB, 76113 * MIB)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        self._check('nvmlDeviceGetUtilizationRates', h)
+        return Rates(0, 0)
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        self._check('nvmlDeviceGetTemperature', h)
+        return 34
+
+    def nvmlDeviceGetPersistenceMode(self, h):
+        self._check('nvmlDeviceGetPersistenceMode', h)
+        return 1
+
+    def nvmlDeviceGetComputeMode(self, h):
+        self._check('nvmlDeviceGetComputeMode', h)
+        return 3
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        self._check('nvmlDeviceGetRemappedRows', h)
+        return (0, 2, 1, 0)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h):
+        self._check('nvmlDeviceGetRetiredPagesPendingStatus', h)
+        return 0
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        self._check('nvmlDeviceGetComputeRunningProcesses', h)
+        return [Proc(4242 + h, 76113 * MIB), Proc(5000, None)]
+
+    def nvmlSystemGetProcessName(self, pid):
+        if pid == 5000:
+            raise NVMLError(6)
+        return 'python3'
+
+
+def read(fake, timeout=5):
+    reader = NvmlReader(timeout, nvml=fake).open()
+    try:
+        return reader.read()
+    finally:
+        reader.close()
+
+
+def test_reads_every_fact_in_the_nvidia_smi_form():
+    snapshot = read(FakeNvml())
+    assert snapshot.driver_version == '550.127.05' and snapshot.warnings == []
+    assert snapshot.gpus[1] == {
+        'index': 1, 'uuid': 'GPU-1', 'name': 'NVIDIA H200', 'pci_bus_id': '00000000:2A:00.0',
+        'memory_total_mib': 143771, 'memory_used_mib': 76113, 'memory_free_mib': 67658,
+        'utilization_gpu_pct': 0, 'temperature_c': 34, 'persistence_mode': True,
+        'compute_mode': 'Exclusive_Process', 'remapped_rows_pending': True,
+        'remapped_rows_failure': False, 'retired_pages_pending': False, 'error': None,
+        'processes': [{'pid': 4243, 'name': 'python3', 'used_memory_mib': 76113},
+                      {'pid': 5000, 'name': None, 'used_memory_mib': None}],
+    }
+
+
+@pytest.mark.parametrize('code', [3, 4, 999])
+def test_unsupported_values_are_null(code):
+    fake = FakeNvml(faults={(2, 'nvmlDeviceGetTemperature'): code, (2, 'nvmlDeviceGetMemoryInfo'): code,
+                            (None, 'nvmlDeviceGetRetiredPagesPendingStatus'): 3})
+    gpu = read(fake).gpus[2]
+    assert gpu['error'] is None and gpu['uuid'] == 'GPU-2'
+    assert (gpu['temperature_c'], gpu['memory_used_mib'], gpu['memory_total_mib']) == (None, None, None)
+    assert gpu['retired_pages_pending'] is None and gpu['utilization_gpu_pct'] == 0
+
+
+@pytest.mark.parametrize('function, code, text', [
+    ('nvmlDeviceGetUUID', 999, 'Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error'),
+    ('nvmlDeviceGetUUID', 15, 'Unable to determine the device handle for GPU0000:5D:00.0: GPU is lost.  '
+                              'Reboot the system to recover this GPU'),
+    ('nvmlDeviceGetUtilizationRates', 15, 'Unable to determine the device handle for GPU0000:5D:00.0: GPU is '
+                                          'lost.  Reboot the system to recover this GPU'),
+])
+def test_unreachable_gpu_reads_like_nvidia_smi(function, code, text):
+    snapshot = read(FakeNvml(faults={(3, function): code}))
+    lost = snapshot.gpus[3]
+    assert lost['error'] == text and lost['pci_bus_id'] == '00000000:5D:00.0' and lost['index'] == 3
+    assert all(lost[key] is None for key in ('uuid', 'name', 'memory_used_mib', 'remapped_rows_pending'))
+    assert lost['processes'] == []
+    assert [gpu['error'] for gpu in snapshot.gpus].count(None) == 3
+
+
+def test_handle_failure_takes_the_bus_id_from_the_driver(monkeypatch, tmp_path):
+    for bus in ('0000:5d:00.0', '0000:18:00.0', '0000:3a:00.0', '0000:2a:00.0'):
+        (tmp_path / bus).mkdir()
+    monkeypatch.setattr(_nvml, 'PROC_DRIVER_GPUS', str(tmp_path))
+    gpu = read(FakeNvml(faults={(1, 'nvmlDeviceGetHandleByIndex'): 15})).gpus[1]
+    assert gpu['pci_bus_id'] == '00000000:2A:00.0' and 'GPU0000:2A:00.0: GPU is lost' in gpu['error']
+
+
+def test_driver_bus_ids_sorted_in_pci_order(tmp_path):
+    for bus in ('0000:5d:00.0', '0000:18:00.0', 'not-a-bus'):
+        (tmp_path / bus).mkdir()
+    assert _nvml.driver_bus_ids(str(tmp_path)) == ['00000000:18:00.0', '00000000:5D:00.0']
+    assert _nvml.driver_bus_ids(str(tmp_path / 'missing')) == []
+
+
+def test_handle_failure_without_driver_list_names_the_index(monkeypatch):
+    monkeypatch.setattr(_nvml, 'driver_bus_ids', lambda base=None: [])
+    gpu = read(FakeNvml(faults={(1, 'nvmlDeviceGetHandleByIndex'): 999})).gpus[1]
+    assert gpu['pci_bus_id'] is None
+    assert gpu['error'] == 'Unable to determine the device handle for GPU 1: Unknown Error'
+
+
+def test_no_devices_is_an_empty_snapshot():
+    snapshot = read(FakeNvml(gpus=0))
+    assert snapshot.gpus == [] and snapshot.driver_version is None
+    assert snapshot.warnings == ['nvml: No devices were found']
+
+
+def test_process_list_failure_is_a_warning():
+    snapshot = read(FakeNvml(faults={(0, 'nvmlDeviceGetComputeRunningProcesses'): 3}))
+    assert snapshot.gpus[0]['processes'] == []
+    assert snapshot.warnings == ['process list of GPU 0 unavailable: Not Supported']
+
+
+def test_init_failure_is_explained():
+    with pytest.raises(GpuopsError, match=r'NVML could not be initialised \(error 9, the NVIDIA driver is not loaded\)'):
+        NvmlReader(5, nvml=FakeNvml(init_error=9)).open()
+
+
+def test_a_hung_driver_call_times_out_and_is_not_called_again():
+    fake = FakeNvml(hang=30)
+    reader = NvmlReader(0.3, nvml=fake).open()
+    started = time.monotonic()
+    with pytest.raises(NvmlTimeout, match='did not answer within 0.3 s'):
+        reader.read()
+    with pytest.raises(NvmlTimeout, match='still stuck'):
+        reader.read()
+    reader.close()
+    assert time.monotonic() - started < 3
+    assert 'nvmlShutdown' not in fake.calls
+
+
+def test_call_with_timeout_returns_and_raises():
+    assert _nvml.call_with_timeout(lambda: 42, 1, 'x') == 42
+    with pytest.raises(ZeroDivisionError):
+        _nvml.call_with_timeout(lambda: 1 // 0, 1, 'x')
+
+
+def test_select_reader_nvml_without_the_library(monkeypatch):
+    monkeypatch.setattr(_nvml, 'HAS_PYNVML', False)
+    monkeypatch.setattr(_nvml, 'PYNVML_IMPORT_ERROR', 'Traceback: No module named pynvml')
+    with pytest.raises(_backend.MissingLibraryError) as info:
+        _backend.select_reader('nvml')
+    assert 'nvidia-ml-py' in info.value.library and info.value.exception.startswith('Traceback')
+    reader, warnings = _backend.select_reader('auto')
+    assert isinstance(reader, SmiReader) and warnings == []
+
+
+def test_select_reader_auto_falls_back_when_init_fails(monkeypatch):
+    monkeypatch.setattr(_nvml, 'HAS_PYNVML', True)
+    monkeypatch.setattr(_nvml, 'pynvml', FakeNvml(init_error=12))
+    reader, warnings = _backend.select_reader('auto')
+    assert isinstance(reader, SmiReader) and warnings == []
+    with pytest.raises(GpuopsError, match='error 12'):
+        _backend.select_reader('nvml')
+    monkeypatch.setattr(_nvml, 'pynvml', FakeNvml())
+    reader, warnings = _backend.select_reader('auto', timeout=3)
+    assert reader.backend == 'nvml' and reader.timeout == 3
+    reader.close()
+    assert isinstance(_backend.select_reader('nvidia-smi')[0], SmiReader)
+    with pytest.raises(GpuopsError, match='backend must be one of'):
+        _backend.select_reader('cuda')

@@ -1,0 +1,434 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _release, _signals
+from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_PROTECT, GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import Holder, start_time
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release import (
+    Release,
+    ReleaseLock,
+    ReleaseOptions,
+    default_lock_file,
+)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
+    ProcessRef,
+    Signaller,
+    parse_signal,
+    wait_exited,
+)
+
+
+def alive(pid, starttime):
+    return start_time(pid) == starttime and _state(pid) not in ('Z', 'X', None)
+
+
+def _state(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as handle:
+            return handle.read().rsplit(')', 1)[1].split()[0]
+    except (IOError, OSError):
+        return None
+
+
+class Run:
+    """Runs releases against a gpusim host, recording every signal the signaller logs."""
+
+    def __init__(self, host, tmp_path):
+        self.host = host
+        self.lock_file = str(tmp_path / 'release.lock')
+        self.logged = []
+
+    def __call__(self, check_mode=False, smi_path=None, **options):
+        options.setdefault('devices', [self.host.dev_glob])
+        options.setdefault('protect', DEFAULT_PROTECT)
+        options.setdefault('timeout', 10)
+        options.setdefault('grace_period', 2)
+        options.setdefault('lock_file', self.lock_file)
+        reader, dummy = select_reader('auto', smi_path or self.host.smi_path, 10)
+        return Release(reader, ReleaseOptions(**options), check_mode=check_mode,
+                       signaller=Signaller(self.logged.append)).run()
+
+
+@pytest.fixture
+def run(gpuhost, tmp_path):
+    return Run(gpuhost, tmp_path)
+
+
+@pytest.fixture
+def spawn():
+    """Start a plain process holding the given files open; killed at teardown."""
+    procs = []
+
+    def start(paths, ignore_term=False):
+        code = ('import os, signal, sys, time\n'
+                'if sys.argv[1] == "1": signal.signal(signal.SIGTERM, signal.SIG_IGN)\n'
+                'fds = [os.open(p, os.O_RDWR) for p in sys.argv[2:]]\n'
+                'print("ready", flush=True)\n'
+                'time.sleep(60)\n')
+        proc = subprocess.Popen([sys.executable, '-c', code, '1' if ignore_term else '0'] + list(paths),
+                                stdout=subprocess.PIPE)
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == b'ready'
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+# -- options ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('given, expected', [
+    ('TERM', ('TERM', signal.SIGTERM)), ('SIGKILL', ('KILL', signal.SIGKILL)),
+    ('int', ('INT', signal.SIGINT)), ('15', ('TERM', signal.SIGTERM)), (' hup ', ('HUP', signal.SIGHUP)),
+])
+def test_parse_signal(given, expected):
+    assert parse_signal(given) == expected
+
+
+@pytest.mark.parametrize('bad', ['TERMINATE', 'SIG_DFL', '', '999', 'KILL;rm'])
+def test_parse_signal_rejects_unknown(bad):
+    with pytest.raises(GpuopsError, match='signal'):
+        parse_signal(bad)
+
+
+@pytest.mark.parametrize('options, message', [
+    (dict(signals=[]), 'at least one signal'),
+    (dict(signals=['TERM', 'NOPE']), "unknown signal 'NOPE'"),
+    (dict(timeout=-1), 'timeout must be zero or more'),
+    (dict(grace_period=-0.5), 'grace_period must be zero or more'),
+    (dict(memory_threshold_mib=-1), 'memory_threshold_mib must be zero or more'),
+    (dict(devices=['dev/nvidia*']), 'not an absolute path'),
+    (dict(gpus=[0, -2]), 'GPU indexes are zero or more'),
+])
+def test_options_are_validated(options, message):
+    options.setdefault('devices', ['/dev/nvidia*'])
+    with pytest.raises(GpuopsError, match=message):
+        ReleaseOptions(**options)
+
+
+# -- the seed scenario --------------------------------------------------------------------
+
+def test_hung_job_is_released_and_persistenced_kept(gpuhost, run):
+    scenario = gpuhost.scenario('hung-job', release_delay=1.0)
+    ranks = set(rank['pid'] for rank in scenario['ranks'])
+    daemon = scenario['persistenced']['pid']
+
+    result = run()
+    assert result.failure is None
+    assert result.released is True and result.changed is True
+    assert gpuhost.memory_used() == dict((index, 0) for index in range(8))
+    assert [gpu['memory_used_mib'] for gpu in result.gpus_before] == [76113] * 8
+    assert result.gpus_after == [{'index': index, 'memory_used_mib': 0} for index in range(8)]
+    assert set(entry['pid'] for entry in result.signalled) == ranks
+    assert all(entry['signals_sent'] == ['TERM'] and entry['exited'] for entry in result.signalled)
+    assert [entry['pid'] for entry in result.protected] == [daemon]
+    assert start_time(daemon) is not None
+    assert result.survivors == [] and result.orphaned_gpus == []
+    assert result.elapsed_s < 8  # no fixed sleeps: ~1 s driver delay plus polling
+    # every signal sent is logged with pid, user and command
+    assert len(run.logged) == 8
+    assert all('sent SIGTERM to pid' in line and ' (user ' in line for line in run.logged)
+    assert any('python3 train.py --local-rank 3' in line for line in run.logged)
+    before = result.dump(diff=True)['diff']['before']
+    assert 'train.py --local-rank 0' in before and '(protected)' in before
+
+    again = run()
+    assert again.changed is False and again.released is True and again.signalled == []
+    assert run.logged[8:] == []
+
+
+# -- signal ladder, children, check mode ---------------------------------------------------
+
+def test_term_ignoring_holder_and_its_children_are_killed_after_grace(gpuhost, run):
+    info = gpuhost.hold(gpus=[2], mib=4096, ignore_term=True, children=2)
+    started = time.monotonic()
+    result = run(grace_period=0.4)
+    took = time.monotonic() - started
+    assert result.released is True, result.failure
+    by_pid = dict((entry['pid'], entry) for entry in result.signalled)
+    assert set(by_pid) == set([info['pid']] + info['children'])
+    for entry in by_pid.values():
+        assert entry['signals_sent'] == ['TERM', 'KILL'] and entry['exited']
+    assert 0.4 <= took < 5
+    assert gpuhost.memory_used()[2] == 0
+
+
+def test_check_mode_signals_nothing(gpuhost, run):
+    info = gpuhost.hold(gpus=[0], mib=1000)
+    daemon = gpuhost.hold(gpus='all', name='nvidia-persistenced')
+    starttime = start_time(info['pid'])
+    result = run(check_mode=True)
+    assert result.changed is True
+    assert [entry['pid'] for entry in result.signalled] == [info['pid']]
+    assert result.signalled[0]['signals_sent'] == [] and result.signalled[0]['exited'] is False
+    assert [entry['pid'] for entry in result.protected] == [daemon['pid']]
+    assert result.released is False and result.failure is None
+    assert alive(info['pid'], starttime) and run.logged == []
+    assert gpuhost.memory_used()[0] == 1000
+    diff = result.dump(diff=True)['diff']
+    assert str(info['pid']) in diff['before'] and str(info['pid']) not in diff['after']
+
+
+def test_children_forked_later_are_signalled_in_a_new_round(gpuhost, run, tmp_path):
+    # Forks a device-holding child when told to stop, then exits: the child appears only
+    # after the first round and must be released in the next one.
+    code = ('import os, signal, sys, time\n'
+            'fds = [os.open(p, os.O_RDWR) for p in sys.argv[1:]]\n'
+            'def stop(*a):\n'
+            '    if os.fork() == 0:\n'
+            '        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n'
+            '        time.sleep(60)\n'
+            '    os._exit(0)\n'
+            'signal.signal(signal.SIGTERM, stop)\n'
+            'print("ready", flush=True)\n'
+            'time.sleep(60)\n')
+    proc = subprocess.Popen([sys.executable, '-c', code, gpuhost.dev_path(1)], stdout=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == b'ready'
+        result = run(grace_period=1)
+        assert result.released is True, result.failure
+        pids = [entry['pid'] for entry in result.signalled]
+        assert pids[0] == proc.pid and len(pids) == 2
+        assert result.signalled[1]['exited']
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+# -- a recycled pid is never hit ------------------------------------------------------------
+
+@pytest.mark.parametrize('use_pidfd', [True, False])
+def test_process_with_another_start_time_is_never_signalled(spawn, tmp_path, use_pidfd):
+    if use_pidfd and not _signals.HAS_PIDFD:
+        pytest.skip('no pidfd on this host')
+    # The process now at this pid is not the one discovered (which started a tick earlier).
+    proc = spawn([])
+    ref = ProcessRef(proc.pid, start_time(proc.pid) - 1, use_pidfd=use_pidfd)
+    logged = []
+    assert Signaller(logged.append).send(ref, 'KILL', signal.SIGKILL, 'root', 'x', []) is False
+    assert ref.exited() and logged == []
+    time.sleep(0.05)
+    assert proc.poll() is None
+
+
+@pytest.mark.parametrize('use_pidfd', [True, False])
+def test_recycled_pid_is_never_signalled(use_pidfd):
+    """A real pid reuse: discover, let it exit, put a new process at the same pid, signal."""
+    if use_pidfd and not _signals.HAS_PIDFD:
+        pytest.skip('no pidfd on this host')
+    ns_last_pid = '/proc/sys/kernel/ns_last_pid'
+    if not os.access(ns_last_pid, os.W_OK):
+        pytest.skip('needs root to choose the next pid')
+    first = subprocess.Popen(['sleep', '60'])
+    ref = ProcessRef(first.pid, start_time(first.pid), use_pidfd=use_pidfd)
+    first.kill()
+    first.wait()
+    # Start times count clock ticks (10 ms): the new process must start in a later tick,
+    # as it always does when a pid is recycled by wrapping around.
+    time.sleep(0.05)
+    second = None
+    for dummy in range(20):
+        with open(ns_last_pid, 'w') as handle:
+            handle.write(str(first.pid - 1))
+        candidate = subprocess.Popen(['sleep', '60'])
+        if candidate.pid == first.pid:
+            second = candidate
+            break
+        candidate.kill()
+        candidate.wait()
+    if second is None:
+        pytest.skip('could not place a process at the recycled pid')
+    try:
+        assert ref.send(signal.SIGKILL) is False
+        time.sleep(0.05)
+        assert second.poll() is None
+    finally:
+        second.kill()
+        second.wait()
+        ref.close()
+
+
+def test_wait_exited_without_pidfd(spawn):
+    proc = spawn([])
+    ref = ProcessRef(proc.pid, start_time(proc.pid), use_pidfd=False)
+    assert wait_exited([ref], 0.05) is False
+    assert ref.send(signal.SIGTERM) is True
+    proc.wait()
+    assert wait_exited([ref], 2) is True
+    assert ref.send(signal.SIGKILL) is False
+
+
+# -- what cannot be released ----------------------------------------------------------------
+
+def test_leaked_memory_is_orphaned_and_fails_naming_the_gpu(gpuhost, run):
+    gpuhost.hold(gpus=[5], mib=2048, leak=True)
+    result = run(timeout=1)
+    assert result.changed is True and result.released is False
+    assert result.orphaned_gpus == [5]
+    assert 'GPU 5: 2048 MiB used with no process left (orphaned' in result.failure
+    assert 'GPU 4' not in result.failure
+    assert result.gpus_after[5] == {'index': 5, 'memory_used_mib': 2048}
+
+
+def test_stuck_memory_with_nothing_to_release(gpuhost, run):
+    gpuhost.fault('stuck', gpu=3, mib=512)
+    result = run(timeout=0.5)
+    assert result.changed is False and result.signalled == []
+    assert result.orphaned_gpus == [3] and 'GPU 3: 512 MiB' in result.failure
+    # without waiting there is nothing to prove, so nothing fails
+    result = run(wait=False)
+    assert result.failure is None and result.released is False and result.orphaned_gpus == []
+
+
+def test_respawned_holder_is_reported_not_chased(gpuhost_factory, tmp_path):
+    # The driver's release delay keeps the release polling while the supervisor restarts it.
+    host = gpuhost_factory('slow', release_delay=1.0)
+    run = Run(host, tmp_path)
+    host.hold(gpus=[6], mib=100, respawn=-1)
+    result = run(timeout=1.5, grace_period=0.5)
+    assert result.released is False
+    assert [entry['reason'] for entry in result.survivors] == ['respawned']
+    survivor = result.survivors[0]
+    assert survivor['signals_sent'] == [] and survivor['gpus'] == [6]
+    assert len(result.signalled) == 2  # the original and its first respawn
+    assert 'GPU 6: 100 MiB used, held by pid %d (python3, respawned)' % survivor['pid'] in result.failure
+
+
+def test_holder_ignoring_every_signal_sent(gpuhost, run):
+    info = gpuhost.hold(gpus=[0], mib=10, ignore_term=True)
+    result = run(signals=['TERM'], grace_period=0.2, timeout=0.5)
+    assert [(entry['pid'], entry['reason']) for entry in result.survivors] == [(info['pid'], 'ignored_signals')]
+    assert result.survivors[0]['signals_sent'] == ['TERM']
+    assert 'held by pid %d (python3, ignored_signals)' % info['pid'] in result.failure
+
+
+@pytest.mark.parametrize('state, reason', [('D', 'uninterruptible'), ('Z', 'zombie'), ('S', 'respawned')])
+def test_survivor_reasons(state, reason):
+    holder = Holder(4242, 1, 0, 'python3', 'python3 x.py', None, 99, state, ['/dev/nvidia0'])
+    assert Release(None, ReleaseOptions(['/dev/nvidia*']))._reason(holder) == reason
+
+
+# -- scope ----------------------------------------------------------------------------------
+
+def test_gpus_limits_the_release(gpuhost, run, spawn):
+    on_zero = gpuhost.hold(gpus=[0], mib=300)
+    on_one = gpuhost.hold(gpus=[1], mib=400)
+    shared = spawn([os.path.join(gpuhost.root, 'dev', 'nvidiactl')])
+    result = run(gpus=[1])
+    assert result.released is True, result.failure
+    assert [entry['pid'] for entry in result.signalled] == [on_one['pid']]
+    assert result.gpus_after == [{'index': 1, 'memory_used_mib': 0}]
+    assert gpuhost.memory_used()[0] == 300
+    assert shared.poll() is None and start_time(on_zero['pid']) is not None
+    with pytest.raises(GpuopsError, match='no GPU 9 on this host'):
+        run(gpus=[9])
+
+
+def test_glob_matching_nothing_changes_nothing(gpuhost, run):
+    result = run(devices=[os.path.join(gpuhost.root, 'dev', 'nothing*')])
+    assert result.changed is False and result.released is True and result.failure is None
+    assert 'no device node matches' in result.warnings[0]
+
+
+def test_unreadable_gpus_fail_the_wait_with_the_reason(gpuhost, run, tmp_path):
+    gpuhost.hold(gpus=[0], mib=10)
+    result = run(smi_path=str(tmp_path / 'missing-smi'), timeout=0.3)
+    assert result.changed is True and result.released is False
+    assert result.gpus_before == [] and result.gpus_after == []
+    assert 'the GPUs could not be read: nvidia-smi not found' in result.failure
+
+
+def test_hung_nvidia_smi_is_bounded_by_the_timeout(gpuhost, run):
+    gpuhost.fault('hang', seconds=30)
+    started = time.monotonic()
+    result = run(timeout=1.5)
+    assert time.monotonic() - started < 6
+    assert result.released is False and 'did not answer' in result.failure
+
+
+# -- lock -----------------------------------------------------------------------------------
+
+def test_two_releases_serialise_on_the_lock(tmp_path):
+    path = str(tmp_path / 'release.lock')
+    first = ReleaseLock(path)
+    first.acquire(time.monotonic() + 1)
+    second = ReleaseLock(path)
+    with pytest.raises(GpuopsError, match=r'another release \(pid %d\) still holds' % os.getpid()):
+        second.acquire(time.monotonic() + 0.2)
+    timer = threading.Timer(0.2, first.release)
+    timer.start()
+    started = time.monotonic()
+    second.acquire(time.monotonic() + 5)
+    assert 0.1 < time.monotonic() - started < 3
+    second.release()
+    timer.join()
+
+
+def test_default_lock_file_falls_back_to_temp_dir(monkeypatch, tmp_path):
+    monkeypatch.setattr(_release, 'LOCK_DIR', str(tmp_path / 'absent'))
+    monkeypatch.setattr(_release.tempfile, 'gettempdir', lambda: str(tmp_path))
+    assert default_lock_file() == str(tmp_path / 'gpuops-nvidia-release.lock')
+    monkeypatch.setattr(_release, 'LOCK_DIR', str(tmp_path))
+    assert default_lock_file() == str(tmp_path / 'gpuops-nvidia-release.lock')
+
+
+class ReportingReader:
+    """The real reader, plus one process the driver reports on a GPU (as NVML does for a
+    process whose device nodes discovery cannot see)."""
+
+    def __init__(self, reader, gpu, pid):
+        self.reader, self.gpu, self.pid = reader, gpu, pid
+
+    def read(self, timeout=None):
+        snapshot = self.reader.read(timeout=timeout)
+        for gpu in snapshot.gpus:
+            if gpu['index'] == self.gpu and _state(self.pid) not in ('Z', 'X', None):
+                gpu['processes'].append({'pid': self.pid, 'name': 'python3', 'used_memory_mib': 1})
+        return snapshot
+
+    def close(self):
+        pass
+
+
+def test_gpus_includes_processes_the_driver_reports(gpuhost, spawn, tmp_path):
+    reported = spawn([])  # holds no device node at all
+    reader, dummy = select_reader('auto', gpuhost.smi_path, 10)
+    options = ReleaseOptions([gpuhost.dev_glob], gpus=[2], protect=DEFAULT_PROTECT, timeout=5,
+                             lock_file=str(tmp_path / 'lock'))
+    result = Release(ReportingReader(reader, 2, reported.pid), options, signaller=Signaller(lambda msg: None)).run()
+    assert result.released is True, result.failure
+    assert [(entry['pid'], entry['devices'], entry['exited']) for entry in result.signalled] == [
+        (reported.pid, [], True)]
+
+
+def test_a_signal_not_permitted_is_a_warning(gpuhost, run, monkeypatch):
+    info = gpuhost.hold(gpus=[0], mib=10)
+
+    def refuse(self, signum):
+        raise GpuopsError('cannot send signal %d to pid %d: Operation not permitted' % (signum, self.pid))
+
+    monkeypatch.setattr(ProcessRef, 'send', refuse)
+    result = run(grace_period=0.1, timeout=0.3)
+    assert 'Operation not permitted' in result.warnings[0]
+    assert [(entry['pid'], entry['reason'], entry['signals_sent']) for entry in result.survivors] == [
+        (info['pid'], 'ignored_signals', [])]
+    assert result.changed is False

@@ -1,0 +1,90 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import os
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import start_time
+from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_device_release
+
+RETURN_KEYS = set(['changed', 'released', 'signalled', 'protected', 'survivors', 'orphaned_gpus',
+                   'gpus_before', 'gpus_after', 'elapsed_s'])
+
+
+def run_module(capsys, host, tmp_path, **args):
+    """Run main() in-process; return the JSON it printed."""
+    params = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob],
+                  lock_file=str(tmp_path / 'release.lock'))
+    params.update(args)
+    with patch_module_args(params):
+        with pytest.raises(SystemExit):
+            nvidia_device_release.main()
+    out = capsys.readouterr().out
+    return json.loads(out)
+
+
+@pytest.mark.parametrize('args, message', [
+    (dict(signals=['TERM', 'BOGUS']), "unknown signal 'BOGUS'"),
+    (dict(signals=[]), 'at least one signal'),
+    (dict(timeout=-1), 'timeout must be zero or more'),
+    (dict(grace_period=-2), 'grace_period must be zero or more'),
+    (dict(devices=['nvidia*']), 'not an absolute path'),
+])
+def test_bad_options_fail_cleanly(capsys, gpuhost, tmp_path, args, message):
+    result = run_module(capsys, gpuhost, tmp_path, **args)
+    assert result['failed'] is True
+    assert message in result['msg']
+    assert 'exception' not in result and 'Traceback' not in result['msg']
+
+
+def test_glob_matching_nothing_is_a_warning(capsys, gpuhost, tmp_path):
+    result = run_module(capsys, gpuhost, tmp_path, devices=[os.path.join(gpuhost.root, 'none', 'nvidia*')])
+    assert 'failed' not in result
+    assert result['changed'] is False and result['signalled'] == []
+    # ansible-core 2.19 returns warnings as structured events
+    assert 'no device node matches' in json.dumps(result['warnings'])
+
+
+def test_check_and_diff_mode(capsys, gpuhost, tmp_path):
+    info = gpuhost.hold(gpus=[4], mib=512)
+    starttime = start_time(info['pid'])
+    result = run_module(capsys, gpuhost, tmp_path, _ansible_check_mode=True, _ansible_diff=True)
+    assert RETURN_KEYS <= set(result)
+    assert result['changed'] is True
+    assert [entry['pid'] for entry in result['signalled']] == [info['pid']]
+    assert str(info['pid']) in result['diff']['before']
+    assert result['diff']['after'] == ''
+    assert start_time(info['pid']) == starttime
+    assert gpuhost.memory_used()[4] == 512
+
+
+def test_release_then_nothing_to_do(capsys, gpuhost, tmp_path):
+    info = gpuhost.hold(gpus=[1], mib=2048)
+    result = run_module(capsys, gpuhost, tmp_path, grace_period=1)
+    assert RETURN_KEYS <= set(result)
+    assert result['changed'] is True and result['released'] is True
+    assert result['signalled'][0]['pid'] == info['pid']
+    assert result['signalled'][0]['signals_sent'] == ['TERM']
+    again = run_module(capsys, gpuhost, tmp_path)
+    assert again['changed'] is False and again['released'] is True
+
+
+def test_dirty_gpu_fails_with_every_field(capsys, gpuhost, tmp_path):
+    gpuhost.fault('stuck', gpu=7, mib=64)
+    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3)
+    assert result['failed'] is True
+    assert 'GPU 7: 64 MiB used with no process left' in result['msg']
+    assert RETURN_KEYS <= set(result)
+    assert result['orphaned_gpus'] == [7] and result['released'] is False
+    # the threshold decides what counts as clean
+    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, memory_threshold_mib=64)
+    assert 'failed' not in result and result['released'] is True
