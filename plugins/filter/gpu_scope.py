@@ -1,0 +1,111 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+name: gpu_scope
+short_description: Narrow GPU facts down to some GPUs and the processes that hold them
+version_added: 0.1.0
+author:
+  - gpuops maintainers
+description:
+  - Takes the facts returned by M(gpuops.nvidia.nvidia_gpu_facts) and keeps only the GPUs
+    named, and only the device holders that block them, the same way
+    M(gpuops.nvidia.nvidia_device_release) scopes a release with its O(gpuops.nvidia.nvidia_device_release#module:gpus)
+    option.
+  - A holder blocks a GPU when it holds the GPU's C(nvidiaN) device node or when the driver
+    reports it as a process on that GPU. Processes that hold only the shared nodes
+    (C(nvidiactl), C(nvidia-uvm)) are dropped, since every CUDA process holds those.
+  - Every other key of the facts is kept as it is.
+options:
+  _input:
+    description: The facts, a dict with C(nvidia_gpus) and C(nvidia_device_holders).
+    type: dict
+    required: true
+  gpus:
+    description:
+      - GPU indexes to keep. Null keeps every GPU and every holder.
+    type: list
+    elements: int
+seealso:
+  - module: gpuops.nvidia.nvidia_gpu_facts
+  - plugin: gpuops.nvidia.json_query
+    plugin_type: filter
+'''
+
+EXAMPLES = r'''
+- name: Read the GPUs
+  gpuops.nvidia.nvidia_gpu_facts:
+  register: gpu_facts
+
+- name: Memory used on GPUs 2 and 3
+  ansible.builtin.debug:
+    msg: "{{ gpu_facts.ansible_facts | gpuops.nvidia.gpu_scope([2, 3]) | gpuops.nvidia.json_query('nvidia_gpus[].memory_used_mib') }}"
+
+- name: Who blocks the GPUs of this Slurm job
+  ansible.builtin.debug:
+    msg: "{{ (gpu_facts.ansible_facts | gpuops.nvidia.gpu_scope(job_gpus)).nvidia_device_holders | map(attribute='pid') }}"
+  vars:
+    job_gpus: "{{ lookup('ansible.builtin.env', 'SLURM_JOB_GPUS') | split(',') | map('int') }}"
+'''
+
+RETURN = r'''
+_value:
+  description: The facts with C(nvidia_gpus) and C(nvidia_device_holders) narrowed down.
+  type: dict
+'''
+
+import os
+import re
+
+from collections.abc import Mapping
+
+from ansible.errors import AnsibleFilterError
+
+GPU_NODE_RE = re.compile(r'^nvidia(\d+)$')
+
+
+def gpu_scope(facts, gpus=None):
+    if not isinstance(facts, Mapping):
+        raise AnsibleFilterError('gpu_scope: expects the GPU facts (a dict), got %s' % type(facts).__name__)
+    scoped = dict(facts)
+    if gpus is None:
+        return scoped
+    if isinstance(gpus, (str, bytes)) or not hasattr(gpus, '__iter__'):
+        raise AnsibleFilterError('gpu_scope: gpus must be a list of GPU indexes, got %r' % (gpus,))
+    try:
+        wanted = set(int(index) for index in gpus)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError('gpu_scope: gpus must be a list of GPU indexes, got %r' % (list(gpus),))
+    all_gpus = list(facts.get('nvidia_gpus') or [])
+    known = set(gpu.get('index') for gpu in all_gpus)
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise AnsibleFilterError('gpu_scope: no GPU %s on this host (it has %s)' % (
+            ', '.join(str(index) for index in unknown),
+            ', '.join(str(index) for index in sorted(known)) or 'none'))
+    kept = [gpu for gpu in all_gpus if gpu.get('index') in wanted]
+    pids = set(process.get('pid') for gpu in kept for process in gpu.get('processes') or [])
+    holders = []
+    for holder in facts.get('nvidia_device_holders') or []:
+        nodes = set()
+        for device in holder.get('devices') or []:
+            match = GPU_NODE_RE.match(os.path.basename(device))
+            if match:
+                nodes.add(int(match.group(1)))
+        if nodes & wanted or holder.get('pid') in pids:
+            holders.append(holder)
+    scoped['nvidia_gpus'] = kept
+    scoped['nvidia_device_holders'] = holders
+    return scoped
+
+
+class FilterModule(object):
+
+    def filters(self):
+        return {'gpu_scope': gpu_scope}

@@ -1,0 +1,117 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+name: json_query
+short_description: Select or test data with a JMESPath expression
+version_added: 0.1.0
+author:
+  - gpuops maintainers
+description:
+  - Evaluates a JMESPath expression (U(https://jmespath.org)) over the input and returns the
+    result.
+  - The role M(gpuops.nvidia.gpu_reset) decides with it whether a host is clean
+    (C(gpu_reset_clean_query)), over the facts of M(gpuops.nvidia.nvidia_gpu_facts).
+  - Runs on the controller only. Managed hosts never need C(jmespath).
+  - Before the search the input is turned into plain Python values (dicts, lists, strings,
+    numbers, booleans, null), so that JMESPath functions such as C(length) or C(contains) accept
+    values that Ansible has templated.
+options:
+  _input:
+    description: The data to search.
+    type: raw
+    required: true
+  expr:
+    description: The JMESPath expression.
+    type: str
+    required: true
+requirements:
+  - jmespath (the Python library, on the controller)
+notes:
+  - Numbers in an expression are JSON literals between backquotes, for example C(`16`).
+  - A malformed expression or a function applied to the wrong type fails the task with the
+    JMESPath error message; a path that does not exist gives null.
+seealso:
+  - module: gpuops.nvidia.nvidia_gpu_facts
+  - plugin: gpuops.nvidia.gpu_scope
+    plugin_type: filter
+'''
+
+EXAMPLES = r'''
+- name: Indexes of the GPUs that hold more than 16 MiB
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts | gpuops.nvidia.json_query('nvidia_gpus[?memory_used_mib > `16`].index') }}"
+
+- name: Fail when a process that is not protected holds the GPUs
+  ansible.builtin.assert:
+    that:
+      - ansible_facts | gpuops.nvidia.json_query('length(nvidia_device_holders[?!protected])') == 0
+    fail_msg: GPU device nodes are still held
+
+- name: A stricter clean test for gpu_reset that also rejects pending row remaps
+  ansible.builtin.set_fact:
+    gpu_reset_clean_query: >-
+      length(nvidia_gpus[?error != null || memory_used_mib > `0` || health.remapped_rows_pending]) == `0`
+      && length(nvidia_device_holders[?!protected]) == `0`
+'''
+
+RETURN = r'''
+_value:
+  description: The result of the expression; null when the path does not exist.
+  type: raw
+'''
+
+from collections.abc import Mapping, Sequence
+
+from ansible.errors import AnsibleFilterError
+
+try:
+    import jmespath
+except ImportError:
+    jmespath = None
+
+
+def _plain(value):
+    """A copy of value made of the builtin types only (templated values subclass them)."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, Mapping):
+        return dict((_plain(key), _plain(item)) for key, item in value.items())
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.decode('utf-8', 'replace')
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, (Sequence, set, frozenset)):
+        return [_plain(item) for item in value]
+    raise AnsibleFilterError('json_query: cannot search a value of type %s' % type(value).__name__)
+
+
+def json_query(data, expr):
+    """Evaluate the JMESPath expression expr over data."""
+    if jmespath is None:
+        raise AnsibleFilterError(
+            'json_query needs the jmespath Python library on the controller (pip install jmespath)')
+    if not isinstance(expr, str):
+        raise AnsibleFilterError('json_query: the expression must be a string, got %s' % type(expr).__name__)
+    try:
+        return jmespath.search(str(expr), _plain(data))
+    except jmespath.exceptions.ParseError as exc:
+        raise AnsibleFilterError('json_query: invalid JMESPath expression %r: %s' % (str(expr), exc))
+    except jmespath.exceptions.JMESPathError as exc:
+        raise AnsibleFilterError('json_query: %r failed: %s' % (str(expr), exc))
+
+
+class FilterModule(object):
+
+    def filters(self):
+        return {'json_query': json_query}

@@ -1,0 +1,428 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""playbooks/reset_gpus.yml and the gpu_reset role run with ansible-playbook against a fleet of
+simulated hosts (localhost aliases, one gpusim root each)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpusim.api import Host
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLAYBOOK = os.path.join(REPO, 'playbooks', 'reset_gpus.yml')
+BIN = os.path.dirname(sys.executable)
+
+# Tasks of the role that run a module on the managed host (the report is written on the
+# controller, "-> localhost").
+RELEASED = ('clean', 'hung', 'stubborn', 'daemons', 'orphan_on', 'scoped')
+
+HOST_MODULE_TASKS = (
+    'Read the GPUs and who holds them',
+    'Stop the processes holding the GPUs',
+    'Read the GPUs and check that they are clean',
+    'Switch persistence mode off on the GPUs to reset',
+    'Reset the GPUs with orphaned memory',
+    'Switch persistence mode back on',
+    'Run the drain command',
+    'Write node_exporter metrics',
+)
+
+
+def alive(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as handle:
+            return handle.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
+    except (IOError, OSError):
+        return False
+
+
+def persistence_mode(host, index):
+    proc = host.smi('--query-gpu=persistence_mode', '--format=csv,noheader', '-i', str(index))
+    return proc.stdout.strip()
+
+
+def holds(pid, path):
+    for fd in os.listdir('/proc/%d/fd' % pid):
+        try:
+            if os.readlink('/proc/%d/fd/%s' % (pid, fd)) == path:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def ansible_env():
+    env = dict(os.environ, ANSIBLE_NOCOLOR='1', ANSIBLE_FORCE_COLOR='0', ANSIBLE_RETRY_FILES_ENABLED='0',
+               ANSIBLE_STDOUT_CALLBACK='default', ANSIBLE_PIPELINING='1', ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+               ANSIBLE_LOCALHOST_WARNING='0', ANSIBLE_INVENTORY_UNPARSED_WARNING='0')
+    env['PATH'] = BIN + os.pathsep + env.get('PATH', '')
+    return env
+
+
+def host_vars(host, tmp, name, **variables):
+    values = dict(ansible_connection='local', ansible_python_interpreter=sys.executable,
+                  gpu_reset_nvidia_smi_path=host.smi_path, gpu_reset_devices=[host.dev_glob],
+                  gpu_reset_lock_file=str(tmp / ('%s.lock' % name)), gpu_reset_grace_period=0.5,
+                  gpu_reset_timeout=3)
+    values.update(variables)
+    return values
+
+
+class Run:
+    """One ansible-playbook run: exit code, output, recap, the summary, reports, task lines."""
+
+    def __init__(self, proc, report_dir):
+        self.rc = proc.returncode
+        self.out = proc.stdout + proc.stderr
+        self.reports = {}
+        if os.path.isdir(report_dir):
+            for name in os.listdir(report_dir):
+                with open(os.path.join(report_dir, name)) as handle:
+                    self.reports[name[:-len('.json')]] = json.load(handle)
+        self.recap = dict((match.group(1), dict(re.findall(r'(\w+)=(\d+)', match.group(2))))
+                          for match in re.finditer(r'^(\S+)\s+: (ok=.*)$', proc.stdout, re.M))
+        summary = re.search(r'TASK \[Summary\][^\n]*\n[^\n]*=> (\{.*?\n\})', proc.stdout, re.S)
+        self.summary = json.loads(summary.group(1))['msg'] if summary else None
+        self.tasks = {}  # host -> names of the tasks it ran (ok/changed/failed), not delegated
+        task = None
+        for line in proc.stdout.splitlines():
+            match = re.match(r'TASK \[(?:[\w.]+ : )?(.*?)\]', line)
+            if match:
+                task = match.group(1)
+                continue
+            match = re.match(r'(ok|changed|fatal|failed): \[([^\]]+)\]', line)
+            if match and task:
+                self.tasks.setdefault(match.group(2), []).append(task)
+
+    def line(self, host):
+        return [line for line in self.summary if line[10:].split(' ', 1)[0] == host]
+
+
+def playbook(inventory, report_dir, *args, **kwargs):
+    command = [os.path.join(BIN, 'ansible-playbook'), '-i', str(inventory), PLAYBOOK, '-f', '12',
+               '-e', 'gpu_reset_report_dir=%s' % report_dir] + list(args)
+    started = time.monotonic()
+    proc = subprocess.run(command, capture_output=True, text=True, env=ansible_env(), timeout=300,
+                          check=False, **kwargs)
+    sys.stderr.write('ansible-playbook %s: %.1f s\n' % (' '.join(args), time.monotonic() - started))
+    return Run(proc, str(report_dir))
+
+
+@pytest.fixture(scope='module')
+def fleet(tmp_path_factory):
+    """Ten simulated hosts, one scenario each, and three runs of the playbook: check mode on
+    some, the real run on all, and a second run on those made clean (and one that failed)."""
+    tmp = tmp_path_factory.mktemp('fleet')
+    hosts = {}
+
+    def make(name, **opts):
+        host = Host(str(tmp / name))
+        hosts[name] = host
+        host.init(**opts)
+        return host
+
+    try:
+        info = {}
+        make('clean', gpus=2)
+        info['hung'] = make('hung').scenario('hung-job', release_delay=0.3)
+        info['stubborn'] = make('stubborn', gpus=2).hold(gpus=[0], mib=2048, ignore_term=True)
+        daemons = make('daemons', gpus=2)
+        info['daemons'] = dict(
+            daemons=[daemons.hold(gpus='all', name=name)['pid']
+                     for name in ('nvidia-persistenced', 'nv-hostengine', 'dcgm-exporter')],
+            job=daemons.hold(gpus=[1], mib=1024)['pid'])
+        info['orphan_off'] = make('orphan_off', gpus=4).hold(gpus=[3], mib=8192, leak=True)
+        orphan_on = make('orphan_on', gpus=4)
+        info['orphan_on'] = dict(persistenced=orphan_on.hold(gpus='all', name='nvidia-persistenced')['pid'],
+                                 job=orphan_on.hold(gpus=[1], mib=4096, leak=True)['pid'])
+        refused = make('refused', gpus=2)
+        info['refused'] = dict(daemon=refused.hold(gpus='all', name='nv-hostengine')['pid'],
+                               persistenced=refused.hold(gpus='all', name='nvidia-persistenced')['pid'])
+        refused.hold(gpus=[1], mib=512, leak=True)
+        make('lost', gpus=4).fault('lost', gpu=2)
+        make('drain', gpus=4).fault('lost', gpu=1)
+        scoped = make('scoped', gpus=2)
+        info['scoped'] = dict(mine=scoped.hold(gpus=[0], mib=1000)['pid'],
+                              other=scoped.hold(gpus=[1], mib=2000)['pid'])
+
+        drained = tmp / 'drained.txt'
+        inventory_hosts = {}
+        for name, host in sorted(hosts.items()):
+            extra = {}
+            if name in ('orphan_on', 'refused'):
+                extra['gpu_reset_allow_gpu_reset'] = True
+            if name == 'drain':
+                extra['gpu_reset_on_failure'] = 'drain'
+                extra['gpu_reset_drain_command'] = [
+                    'sh', '-c', 'printf "%s\\n" "$@" >> "$0"', str(drained),
+                    'nodename={{ inventory_hostname_short }}', 'reason={{ gpu_reset_result.reason }}']
+            if name == 'scoped':
+                extra['gpu_reset_gpus'] = [0]
+            if name == 'hung':
+                extra['gpu_reset_textfile_dir'] = str(tmp / 'textfile')
+                (tmp / 'textfile').mkdir()
+            inventory_hosts[name] = host_vars(host, tmp, name, **extra)
+        # JSON is YAML: the yaml inventory plugin keeps the types (an INI inventory would not).
+        inventory = tmp / 'inventory.yml'
+        inventory.write_text(json.dumps({'gpu_hosts': {'hosts': inventory_hosts}}, indent=1))
+
+        alive_before = dict((name, [p['pid'] for p in host.ps() if p['alive']]) for name, host in hosts.items())
+        runs = dict(check=playbook(inventory, tmp / 'reports-check', '--check', '--limit', 'clean,hung,orphan_on'))
+        runs['alive_after_check'] = dict((name, [p['pid'] for p in host.ps() if p['alive']])
+                                         for name, host in hosts.items())
+        runs['alive_before'] = alive_before
+        runs['first'] = playbook(inventory, tmp / 'reports-first')
+        runs['metrics'] = (tmp / 'textfile' / 'gpu_reset.prom').read_text()
+        runs['persistence_after'] = persistence_mode(hosts['orphan_on'], 1)
+        runs['persistence_after_refused'] = persistence_mode(hosts['refused'], 1)
+        runs['second'] = playbook(inventory, tmp / 'reports-second', '--limit', ','.join(RELEASED + ('lost',)))
+        yield dict(hosts=hosts, info=info, runs=runs, drained=drained, tmp=tmp)
+    finally:
+        for host in hosts.values():
+            host.stop()
+
+
+def test_check_mode_kills_nothing(fleet):
+    run = fleet['runs']['check']
+    assert run.rc == 0, run.out
+    assert fleet['runs']['alive_after_check'] == fleet['runs']['alive_before']
+    report = run.reports['hung']
+    assert report['outcome'] == 'would_release' and report['check_mode'] is True
+    assert len(report['signalled']) == 8
+    assert all(entry['signals_sent'] == [] for entry in report['signalled'])
+    assert run.reports['clean']['outcome'] == 'clean'
+    assert run.reports['orphan_on']['outcome'] == 'would_release'
+    assert run.reports['orphan_on']['escalation'] is None
+    assert run.summary[0] == '3 of 3 host(s): 1 clean, 0 released, 0 failed, 2 would be released (check mode)'
+    assert 'would signal 8 process(es)' in run.line('hung')[0]
+    assert not any('Reset the GPUs with orphaned memory' in tasks for tasks in run.tasks.values())
+
+
+def test_fleet_exits_non_zero_and_summarises_every_host(fleet):
+    run = fleet['runs']['first']
+    print('\n'.join(run.summary))
+    assert run.rc == 2, run.out
+    assert run.summary[0] == '10 of 10 host(s): 1 clean, 5 released, 4 failed'
+    outcomes = dict((name, report['outcome']) for name, report in run.reports.items())
+    assert outcomes == dict(clean='clean', hung='released', stubborn='released', daemons='released',
+                            orphan_off='failed', orphan_on='released', lost='failed', drain='failed',
+                            scoped='released', refused='failed')
+    for name, outcome in outcomes.items():
+        assert len(run.line(name)) == 1
+        assert run.line(name)[0].startswith({'clean': 'clean', 'released': 'released', 'failed': 'FAILED'}[outcome])
+    # Failed hosts are listed first.
+    assert [line.split()[0] for line in run.summary[1:5]] == ['FAILED'] * 4
+    for name in ('orphan_off', 'lost', 'drain', 'refused'):
+        assert run.recap[name]['failed'] == '1'
+    for name in ('clean', 'hung', 'stubborn', 'daemons', 'orphan_on', 'scoped'):
+        assert run.recap[name]['failed'] == '0'
+
+
+def test_clean_host_is_one_module_call_and_no_change(fleet):
+    run = fleet['runs']['first']
+    assert run.recap['clean']['changed'] == '0'
+    ran = [task for task in run.tasks['clean'] if task in HOST_MODULE_TASKS]
+    assert ran == ['Read the GPUs and who holds them']
+    report = run.reports['clean']
+    assert report['reason'] is None and report['signalled'] == [] and report['escalation'] is None
+    assert report['gpus_before'] == report['gpus_after'] == [{'index': 0, 'memory_used_mib': 0},
+                                                             {'index': 1, 'memory_used_mib': 0}]
+    assert 'nothing to do' in run.line('clean')[0]
+
+
+def test_hung_job_released(fleet):
+    run = fleet['runs']['first']
+    report = run.reports['hung']
+    scenario = fleet['info']['hung']
+    ranks = set(rank['pid'] for rank in scenario['ranks'])
+    assert set(entry['pid'] for entry in report['signalled']) == ranks
+    assert all(entry['signals_sent'] == ['TERM'] and entry['exited'] for entry in report['signalled'])
+    assert report['gpus_before'] == [{'index': i, 'memory_used_mib': 76113} for i in range(8)]
+    assert report['gpus_after'] == [{'index': i, 'memory_used_mib': 0} for i in range(8)]
+    assert report['survivors'] == [] and report['orphaned_gpus'] == [] and report['escalation'] is None
+    assert report['duration_s'] > 0 and report['release_s'] > 0
+    assert alive(scenario['persistenced']['pid'])
+    assert not any(alive(pid) for pid in ranks)
+    metrics = fleet['runs']['metrics']
+    assert 'gpu_reset_success 1\n' in metrics and 'gpu_reset_processes_signalled 8\n' in metrics
+    assert 'gpu_reset_outcome{outcome="released"} 1\n' in metrics
+    assert re.search(r'^gpu_reset_last_run_timestamp_seconds \d+\.\d+$', metrics, re.M)
+    assert re.search(r'^gpu_reset_duration_seconds \d+\.\d+$', metrics, re.M)
+    assert re.search(r'8 process\(es\) stopped \(python3; TERM\), 8 GPU\(s\) free in [\d.]+ s', run.line('hung')[0])
+
+
+def test_sigterm_ignoring_holder_gets_kill(fleet):
+    report = fleet['runs']['first'].reports['stubborn']
+    assert [entry['signals_sent'] for entry in report['signalled']] == [['TERM', 'KILL']]
+    assert not alive(fleet['info']['stubborn']['pid'])
+
+
+def test_protected_daemons_are_left_alone(fleet):
+    report = fleet['runs']['first'].reports['daemons']
+    info = fleet['info']['daemons']
+    assert [entry['pid'] for entry in report['signalled']] == [info['job']]
+    assert all(alive(pid) for pid in info['daemons'])
+    assert not alive(info['job'])
+
+
+def test_orphaned_memory_without_escalation_fails_naming_the_gpu(fleet):
+    run = fleet['runs']['first']
+    report = run.reports['orphan_off']
+    assert report['orphaned_gpus'] == [3] and report['escalation'] is None
+    assert report['reason'].startswith('GPU 3: 8192 MiB held with no process left (orphaned memory')
+    assert 'gpu_reset_allow_gpu_reset' in report['reason']
+    assert 'GPU 3: 8192 MiB held' in run.line('orphan_off')[0]
+    assert 'orphan_off is not clean: GPU 3: 8192 MiB held' in run.out
+
+
+def test_orphaned_memory_with_escalation_resets_and_restores_persistence(fleet):
+    run = fleet['runs']['first']
+    report = run.reports['orphan_on']
+    info = fleet['info']['orphan_on']
+    assert report['orphaned_gpus'] == [1]
+    escalation = dict(report['escalation'])
+    output = escalation.pop('output')
+    assert escalation == {'gpus': [1], 'persistence_mode_off': [1], 'reset_ok': True,
+                          'persistence_mode_restored': True}
+    assert 'was successfully reset' in output
+    assert report['gpus_after'][1] == {'index': 1, 'memory_used_mib': 0}
+    assert fleet['runs']['persistence_after'] == 'Enabled'
+    assert alive(info['persistenced'])
+    assert holds(info['persistenced'], fleet['hosts']['orphan_on'].dev_path(1))
+    assert 'GPU(s) 1 reset' in run.line('orphan_on')[0]
+
+
+def test_refused_reset_still_restores_persistence_mode(fleet):
+    report = fleet['runs']['first'].reports['refused']
+    info = fleet['info']['refused']
+    escalation = report['escalation']
+    assert escalation['gpus'] == [1] and escalation['reset_ok'] is False
+    assert escalation['persistence_mode_off'] == [1] and escalation['persistence_mode_restored'] is True
+    assert 'could not be reset' in escalation['output']
+    assert fleet['runs']['persistence_after_refused'] == 'Enabled'
+    assert report['reason'].startswith('GPU 1: 512 MiB held with no process left (orphaned memory; '
+                                       'only a GPU reset frees it, and the reset failed: ')
+    assert alive(info['daemon']) and alive(info['persistenced'])
+    assert holds(info['persistenced'], fleet['hosts']['refused'].dev_path(1))
+
+
+def test_lost_gpu_fails_naming_it(fleet):
+    run = fleet['runs']['first']
+    report = run.reports['lost']
+    assert report['outcome'] == 'failed'
+    assert report['reason'].startswith('GPU 2 lost or unreadable (Unable to determine the device handle')
+    assert report['drained'] is False
+    assert 'GPU 2 lost' in run.line('lost')[0]
+
+
+def test_drain_runs_the_command_then_fails(fleet):
+    run = fleet['runs']['first']
+    report = run.reports['drain']
+    assert report['outcome'] == 'failed' and report['drained'] is True
+    written = fleet['drained'].read_text().splitlines()
+    assert written[0] == 'nodename=drain'
+    assert written[1].startswith('reason=GPU 1 lost or unreadable')
+    assert run.recap['drain']['changed'] == '1'
+
+
+def test_scoped_release_leaves_other_gpus_alone(fleet):
+    report = fleet['runs']['first'].reports['scoped']
+    info = fleet['info']['scoped']
+    assert [entry['pid'] for entry in report['signalled']] == [info['mine']]
+    assert report['gpus_after'] == [{'index': 0, 'memory_used_mib': 0}]
+    assert alive(info['other']) and not alive(info['mine'])
+
+
+def test_second_run_changes_nothing_on_released_hosts(fleet):
+    run = fleet['runs']['second']
+    assert run.rc == 2
+    for name in RELEASED:
+        assert run.reports[name]['outcome'] == 'clean', name
+        assert run.recap[name]['changed'] == '0', name
+        # hung also writes its node_exporter metrics.
+        assert [task for task in run.tasks[name] if task in HOST_MODULE_TASKS
+                and task != 'Write node_exporter metrics'] == ['Read the GPUs and who holds them'], name
+    assert run.reports['lost']['outcome'] == 'failed'
+    assert run.summary[0] == '7 of 7 host(s): 6 clean, 0 released, 1 failed'
+
+
+HOOK = os.path.join(REPO, 'examples', 'slurm', 'gpu-reset-hook.sh')
+
+
+def run_hook(host, tmp, mode, **env_extra):
+    """Run the Slurm hook script as slurmd would, with a recording scontrol on PATH."""
+    fake = tmp / 'bin'
+    fake.mkdir(exist_ok=True)
+    calls = tmp / 'scontrol.calls'
+    scontrol = fake / 'scontrol'
+    scontrol.write_text('#!/bin/sh\nprintf "%%s\\n" "$*" >> %s\n' % calls)
+    scontrol.chmod(0o755)
+    variables = tmp / 'gpu_reset.yml'
+    variables.write_text(json.dumps(dict(
+        ansible_python_interpreter=sys.executable, gpu_reset_nvidia_smi_path=host.smi_path,
+        gpu_reset_devices=[host.dev_glob], gpu_reset_lock_file=str(tmp / 'hook.lock'),
+        gpu_reset_grace_period=0.5, gpu_reset_timeout=3)))
+    env = ansible_env()
+    env.update(PATH=str(fake) + os.pathsep + env['PATH'], SLURMD_NODENAME='node01', SLURM_JOB_ID='4242',
+               GPU_RESET_HOOK_CONF=str(tmp / 'absent.conf'), GPU_RESET_VARS_FILE=str(variables),
+               GPU_RESET_PLAYBOOK=PLAYBOOK, GPU_RESET_ANSIBLE_PLAYBOOK=os.path.join(BIN, 'ansible-playbook'),
+               GPU_RESET_LOG=str(tmp / 'hook.log'), GPU_RESET_BUDGET_S='30')
+    env.update(env_extra)
+    proc = subprocess.run([HOOK, mode], capture_output=True, text=True, env=env, timeout=120, check=False)
+    log = (tmp / 'hook.log').read_text()
+    return proc, (calls.read_text().splitlines() if calls.exists() else []), log
+
+
+def test_slurm_epilog_frees_only_the_jobs_gpus(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=2)
+    finished = host.hold(gpus=[0], mib=30000)['pid']
+    neighbour = host.hold(gpus=[1], mib=1000)['pid']
+    proc, calls, log = run_hook(host, tmp_path, 'epilog', SLURM_JOB_GPUS='0')
+    assert proc.returncode == 0, log
+    assert calls == []
+    assert not alive(finished) and alive(neighbour)
+    assert re.search(r'released\s+node01\s+1 process\(es\) stopped', log), log
+    assert 'epilog job 4242 on node01' in log
+
+
+def test_slurm_prolog_drains_a_node_with_a_lost_gpu(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=4)
+    host.fault('lost', gpu=2)
+    proc, calls, log = run_hook(host, tmp_path, 'prolog')
+    assert proc.returncode == 1, log
+    assert 'gpu_reset prolog failed on node01' in proc.stderr
+    assert len(calls) == 1, calls
+    assert calls[0].startswith('update nodename=node01 state=drain reason=gpu_reset: GPU 2 lost or unreadable')
+
+
+def test_target_matching_nothing_fails(tmp_path):
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text('{"gpu_hosts": {"hosts": {"a": {"ansible_connection": "local"}, "b": {}}}}')
+    run = playbook(inventory, tmp_path / 'reports', '-e', 'target=rack9')
+    assert run.rc != 0
+    assert "No host in the inventory matches 'rack9'" in run.out
+    assert run.summary is None
+
+
+def test_bad_setting_fails_the_host_clearly(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(
+        host, tmp_path, 'node', gpu_reset_on_failure='reboot', gpu_reset_timeout=0)}}}))
+    run = playbook(inventory, tmp_path / 'reports')
+    assert run.rc == 2
+    line = run.line('node')[0]
+    assert line.startswith('FAILED') and 'gpu_reset_on_failure' in line and 'fail, drain' in line, line
