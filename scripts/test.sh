@@ -19,6 +19,12 @@ for module in plugins/modules/*.py; do
   ansible-doc "gpuops.nvidia.$name" >/dev/null
   echo "gpuops.nvidia.$name renders"
 done
+for filter in plugins/filter/*.py; do
+  ansible-doc -t filter "gpuops.nvidia.$(basename "$filter" .py)" >/dev/null
+  echo "filter gpuops.nvidia.$(basename "$filter" .py) renders"
+done
+ansible-doc -t role gpuops.nvidia.gpu_reset >/dev/null
+echo "role gpuops.nvidia.gpu_reset renders"
 
 say "ansible-test sanity"
 # ansible-test wants the collection at .../ansible_collections/gpuops/nvidia, outside any git

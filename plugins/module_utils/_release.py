@@ -334,6 +334,13 @@ class Release:
         return (snapshot is not None and not any(not holder.protected for holder in holders)
                 and all(self._gpu_clean(gpu) for gpu in self._scope(snapshot)))
 
+    def _only_lost_left(self, snapshot, holders):
+        """True when waiting cannot help: no holder is left and every dirty GPU is lost."""
+        if snapshot is None or any(not holder.protected for holder in holders):
+            return False
+        dirty = [gpu for gpu in self._scope(snapshot) if not self._gpu_clean(gpu)]
+        return bool(dirty) and all(gpu.get('error') for gpu in dirty)
+
     # -- signalling ----------------------------------------------------------------------
     def _predecessor_exited(self, identity):
         return any(_identity(target.holder) == identity and target.ref.exited()
@@ -460,7 +467,8 @@ class Release:
                 snapshot, holders = self._observe()
                 delay = POLL_MIN_S
                 continue
-            if not self.options.wait or self._clean(snapshot, holders):
+            if not self.options.wait or self._clean(snapshot, holders) \
+                    or self._only_lost_left(snapshot, holders):
                 break
             left = self.deadline - self.clock()
             if left <= 0:
@@ -544,6 +552,8 @@ class Release:
             if survivor['pid'] not in blocking:
                 problems.append('pid %d (%s, %s) still holds %s' % (
                     survivor['pid'], survivor['comm'], survivor['reason'], ', '.join(survivor['devices'])))
+        if scope and all(gpu.get('error') or self._gpu_clean(gpu) for gpu in scope) and not result.survivors:
+            return 'GPUs not released: %s' % '; '.join(problems)
         return 'GPUs not released within %s s: %s' % (self.options.timeout, '; '.join(problems))
 
 

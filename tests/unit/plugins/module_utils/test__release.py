@@ -357,6 +357,17 @@ def test_unreadable_gpus_fail_the_wait_with_the_reason(gpuhost, run, tmp_path):
     assert 'the GPUs could not be read: nvidia-smi not found' in result.failure
 
 
+def test_lost_gpu_fails_at_once_once_its_holders_are_gone(gpuhost, run):
+    gpuhost.hold(gpus=[0], mib=1024)
+    gpuhost.fault('lost', gpu=2)
+    started = time.monotonic()
+    result = run(timeout=20)
+    assert time.monotonic() - started < 10
+    assert result.changed is True and result.released is False
+    assert result.failure.startswith('GPUs not released: GPU 2 could not be read (Unable to determine')
+    assert 'GPU 0' not in result.failure
+
+
 def test_hung_nvidia_smi_is_bounded_by_the_timeout(gpuhost, run):
     gpuhost.fault('hang', seconds=30)
     started = time.monotonic()
