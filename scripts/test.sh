@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: unit, gpusim, integration, ansible-doc, sanity, lint, changelog.
+# Runs every test: unit, gpusim, integration, ansible-doc, sanity, lint, changelog, the
+# collection tarball, and the Molecule scenarios in podman containers (as root).
 # Usage: scripts/test.sh [pytest arguments...]
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -57,5 +58,8 @@ if tar -tzf "$BUILD/dist"/gpuops-nvidia-*.tar.gz | grep -E '^(tests|scripts|benc
   exit 1
 fi
 echo "built $(basename "$BUILD/dist"/gpuops-nvidia-*.tar.gz); installs and documents every module"
+
+say "Molecule scenarios in podman containers"
+"$REPO/scripts/molecule.sh"
 
 say "all checks passed"
