@@ -176,13 +176,21 @@ def find_holders(devices, protect=(), proc='/proc'):
         held = (opened | _mapped_paths(pid, proc)) & wanted
         if not held:
             continue
-        info = read_process(pid, proc)
-        if info is None:
-            continue
-        holder = Holder(pid, info[0], info[1], info[2], info[3], info[4], info[5], info[6], sorted(held))
-        holder.protected = pid in own or holder.matches(protect)
-        holders.append(holder)
+        holder = load_holder(pid, held, protect, own, proc)
+        if holder is not None:
+            holders.append(holder)
     return holders, unreadable
+
+
+def load_holder(pid, devices, protect, own, proc='/proc'):
+    """The Holder for pid holding devices, protected when it is in own (this process and its
+    ancestors) or goes by a name in protect; None when pid is gone."""
+    info = read_process(pid, proc)
+    if info is None:
+        return None
+    holder = Holder(pid, *info, devices=sorted(devices))
+    holder.protected = pid in own or holder.matches(protect)
+    return holder
 
 
 def ancestors(pid, proc='/proc'):

@@ -37,11 +37,10 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     reader_argument_spec,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
-    Holder,
     ancestors,
     expand_devices,
     find_holders,
-    read_process,
+    load_holder,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     ProcessRef,
@@ -305,12 +304,8 @@ class Release:
 
     def _holder_for_pid(self, pid):
         """A process the driver reports on a GPU but that holds no matching node."""
-        info = read_process(pid, self.proc)
-        if info is None:
-            return None  # gone, or in another pid namespace
-        holder = Holder(pid, info[0], info[1], info[2], info[3], info[4], info[5], info[6], [])
-        holder.protected = pid in ancestors(os.getpid(), self.proc) or holder.matches(self.options.protect)
-        return holder
+        # None when it is gone, or lives in another pid namespace.
+        return load_holder(pid, [], self.options.protect, ancestors(os.getpid(), self.proc), self.proc)
 
     def _observe(self, force_read=False):
         """(snapshot or None, holders). The GPUs are read when the scope or the check needs it."""
