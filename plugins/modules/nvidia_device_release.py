@@ -101,6 +101,9 @@ notes:
     simply have no GPU or driver yet.
   - When the GPUs are not clean by O(timeout) the task fails with a message that names each
     dirty GPU and why, and still returns every value below.
+  - A lost GPU (one the driver cannot read) never becomes clean; once no unprotected holder is
+    left and only lost GPUs stand in the way, the module fails at once rather than waiting
+    out O(timeout).
 seealso:
   - module: gpuops.nvidia.nvidia_gpu_facts
 '''
