@@ -33,14 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, 'tests'))
 
 from gpusim.api import Host  # noqa: E402
-
-
-def alive(pid):
-    try:
-        with open('/proc/%d/stat' % pid) as handle:
-            return handle.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
-    except (IOError, OSError):
-        return False
+from gpusim.state import is_alive as alive  # noqa: E402
 
 
 def find_ansible():

@@ -9,30 +9,18 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
+from adhoc import run_module
+
 
 def run_facts(host, **options):
-    """Run the module ad hoc with ansible; return (result dict, completed process)."""
-    env = dict(os.environ, ANSIBLE_NOCOLOR='1', ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     args = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob])
     args.update(options)
-    proc = subprocess.run(['ansible', 'localhost', '-c', 'local', '-i', 'localhost,',
-                           '-m', 'gpuops.nvidia.nvidia_gpu_facts', '-a', json.dumps(args)],
-                          capture_output=True, text=True, env=env, timeout=120, check=False)
-    # The minimal callback prints "localhost | SUCCESS => {json}" or "localhost | FAILED! => {json}".
-    status, dummy, payload = proc.stdout.partition(' => ')
-    result = json.loads(payload)
-    result['failed'] = 'FAILED' in status
-    # Warnings go to stderr, wrapped to the terminal width.
-    result['warning_text'] = ' '.join(proc.stderr.split())
-    return result, proc
+    return run_module('nvidia_gpu_facts', args)
 
 
 def test_hung_job_facts(gpuhost):

@@ -9,34 +9,17 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import json
-import os
 import subprocess
-import sys
+
+from adhoc import run_module
+from gpusim.state import is_alive as alive
 
 
 def run_release(host, tmp_path, *flags, **options):
-    """Run the module ad hoc with ansible; return (result dict, completed process)."""
-    env = dict(os.environ, ANSIBLE_NOCOLOR='1', ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     args = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob],
                 lock_file=str(tmp_path / 'release.lock'))
     args.update(options)
-    proc = subprocess.run(['ansible', 'localhost', '-c', 'local', '-i', 'localhost,'] + list(flags)
-                          + ['-m', 'gpuops.nvidia.nvidia_device_release', '-a', json.dumps(args)],
-                          capture_output=True, text=True, env=env, timeout=120, check=False)
-    # Ad hoc output: "localhost | CHANGED => {json}" (or SUCCESS, FAILED!), then the diff.
-    status, dummy, payload = proc.stdout.partition(' => ')
-    result, dummy = json.JSONDecoder().raw_decode(payload)
-    result['failed'] = 'FAILED' in status
-    return result, proc
-
-
-def alive(pid):
-    try:
-        with open('/proc/%d/stat' % pid) as handle:
-            return handle.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
-    except (IOError, OSError):
-        return False
+    return run_module('nvidia_device_release', args, *flags)
 
 
 def test_hung_job_released_through_ansible(gpuhost, tmp_path):

@@ -20,6 +20,7 @@ import time
 import pytest
 
 from gpusim.api import Host
+from gpusim.state import is_alive as alive
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLAYBOOK = os.path.join(REPO, 'playbooks', 'reset_gpus.yml')
@@ -39,14 +40,6 @@ HOST_MODULE_TASKS = (
     'Run the drain command',
     'Write node_exporter metrics',
 )
-
-
-def alive(pid):
-    try:
-        with open('/proc/%d/stat' % pid) as handle:
-            return handle.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
-    except (IOError, OSError):
-        return False
 
 
 def persistence_mode(host, index):

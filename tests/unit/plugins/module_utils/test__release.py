@@ -32,18 +32,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     parse_signal,
     wait_exited,
 )
-
-
-def alive(pid, starttime):
-    return start_time(pid) == starttime and _state(pid) not in ('Z', 'X', None)
-
-
-def _state(pid):
-    try:
-        with open('/proc/%d/stat' % pid) as handle:
-            return handle.read().rsplit(')', 1)[1].split()[0]
-    except (IOError, OSError):
-        return None
+from gpusim.state import is_alive as alive
 
 
 class Run:
@@ -412,7 +401,7 @@ class ReportingReader:
     def read(self, timeout=None):
         snapshot = self.reader.read(timeout=timeout)
         for gpu in snapshot.gpus:
-            if gpu['index'] == self.gpu and _state(self.pid) not in ('Z', 'X', None):
+            if gpu['index'] == self.gpu and alive(self.pid):
                 gpu['processes'].append({'pid': self.pid, 'name': 'python3', 'used_memory_mib': 1})
         return snapshot
 
