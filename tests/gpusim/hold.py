@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from gpusim.state import (DEV_FILE_SIZE, Paths, is_alive, proc_stat, proc_starttime, read_json,
+from gpusim.state import (DEV_FILE_SIZE, Paths, is_alive, proc_stat, proc_starttime, read_json, read_json_dir,
                           write_json)
 
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,17 +76,7 @@ def track(paths, pid, role):
 
 
 def tracked(paths):
-    out = []
-    try:
-        names = os.listdir(paths.tracked)
-    except OSError:
-        return out
-    for n in names:
-        if n.endswith(".json"):
-            e = read_json(os.path.join(paths.tracked, n))
-            if e:
-                out.append(e)
-    return out
+    return read_json_dir(paths.tracked)
 
 
 def stop_all(paths, timeout=15.0):

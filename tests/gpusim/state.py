@@ -239,17 +239,18 @@ def load_state(paths):
 
 # ---------------------------------------------------------------- allocations
 
-def load_records(paths):
-    out = []
+def read_json_dir(directory):
+    """Every readable JSON record in directory (a missing directory has none)."""
     try:
-        names = os.listdir(paths.procs)
+        names = os.listdir(directory)
     except OSError:
-        return out
-    for name in names:
-        if name.endswith(".json"):
-            rec = read_json(os.path.join(paths.procs, name))
-            if rec:
-                out.append(rec)
+        return []
+    records = (read_json(os.path.join(directory, name)) for name in names if name.endswith(".json"))
+    return [record for record in records if record]
+
+
+def load_records(paths):
+    out = read_json_dir(paths.procs)
     out.sort(key=lambda r: (r.get("created", 0), r["pid"]))
     return out
 
