@@ -7,6 +7,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# The ansible commands the tests run load this checkout (linked there by scripts/lib.sh),
+# never a copy of the collection installed elsewhere.
+os.environ['ANSIBLE_COLLECTIONS_PATH'] = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '.build', 'collections')
+
 from gpusim.api import Host  # noqa: E402
 
 

@@ -49,11 +49,14 @@ def holder_facts(device_patterns, protect):
 
 
 def gather_facts(reader, device_patterns, protect, memory_threshold_mib=0, timeout=None,
-                 kernel_log=None):
+                 kernel_log=None, holder_warnings=True):
     """Return (ansible_facts, warnings). kernel_log: a file to read Xid errors from instead of
-    journalctl -k or dmesg."""
+    journalctl -k or dmesg. holder_warnings: False leaves out the warnings about unmatched
+    globs and uninspectable processes, for callers that give their own."""
     snapshot = reader.read(timeout=timeout)
     holders, warnings = holder_facts(device_patterns, protect)
+    if not holder_warnings:
+        warnings = []
     xid_events, log_warnings = read_xid_events(kernel_log, 10.0 if timeout is None else timeout)
     warnings = warnings + log_warnings
     facts = {

@@ -36,6 +36,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     holders_argument_spec,
     reader_argument_spec,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     ancestors,
     expand_devices,
@@ -77,6 +78,7 @@ def release_argument_spec():
         timeout=dict(type='float', default=60.0),
         memory_threshold_mib=dict(type='int', default=0),
         lock_file=dict(type='path'),
+        facts_after=dict(type='bool', default=False),
     )
     spec.update(reader_argument_spec())
     spec.update(holders_argument_spec())
@@ -87,7 +89,7 @@ class ReleaseOptions:
     """Validated options of a release."""
 
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
-                 wait=True, timeout=60.0, memory_threshold_mib=0, lock_file=None):
+                 wait=True, timeout=60.0, memory_threshold_mib=0, lock_file=None, facts_after=False):
         problem = check_non_negative(
             dict(grace_period=grace_period, timeout=timeout, memory_threshold_mib=memory_threshold_mib),
             ['grace_period', 'timeout', 'memory_threshold_mib'])
@@ -113,13 +115,14 @@ class ReleaseOptions:
         self.timeout = timeout
         self.memory_threshold_mib = memory_threshold_mib
         self.lock_file = lock_file
+        self.facts_after = facts_after
 
     @classmethod
     def from_params(cls, params):
         return cls(params['devices'], params.get('gpus'), params['signals'], params['grace_period'],
                    list(params['protect']) + list(params.get('extra_protect') or []),
                    params['wait'], params['timeout'], params['memory_threshold_mib'],
-                   params.get('lock_file'))
+                   params.get('lock_file'), params.get('facts_after', False))
 
 
 def default_lock_file():
@@ -224,6 +227,7 @@ class ReleaseResult:
         self.gpus_before = []
         self.gpus_after = []
         self.elapsed_s = 0.0
+        self.facts_after = None
         self.diff = {'before': '', 'after': ''}
         self.failure = None
         self.warnings = []
@@ -233,6 +237,8 @@ class ReleaseResult:
                    protected=self.protected, survivors=self.survivors,
                    orphaned_gpus=self.orphaned_gpus, gpus_before=self.gpus_before,
                    gpus_after=self.gpus_after, elapsed_s=self.elapsed_s)
+        if self.facts_after is not None:
+            out['facts_after'] = self.facts_after
         if diff:
             out['diff'] = dict(self.diff, before_header='holders before', after_header='holders after')
         return out
@@ -390,6 +396,7 @@ class Release:
             self._warn('devices: no device node matches %s; this host may have no NVIDIA GPU or '
                        'driver, nothing to release' % ', '.join(self.options.devices))
             result.released = True
+            self._read_facts_after(result)
             result.elapsed_s = round(self.clock() - started, 3)
             result.warnings = self.warnings
             return result
@@ -414,12 +421,29 @@ class Release:
                 lock.release()
             for target in self.targets.values():
                 target.ref.close()
+        self._read_facts_after(result)
         result.elapsed_s = round(self.clock() - started, 3)
         if self.unreadable:
             self._warn('%d process(es) could not be inspected for open device nodes (permission '
                        'denied); run with become: true to release every holder' % self.unreadable)
         result.warnings = self.warnings
         return result
+
+    def _read_facts_after(self, result):
+        """The facts of nvidia_gpu_facts, read once more at the end, when asked for."""
+        if not self.options.facts_after:
+            return
+        try:
+            facts, warnings = gather_facts(self.reader, self.options.devices, self.options.protect,
+                                           self.options.memory_threshold_mib,
+                                           max(self.deadline - self.clock(), READ_MIN_S),
+                                           holder_warnings=False)
+        except GpuopsError as exc:
+            self._warn('facts_after: the GPUs could not be read at the end: %s' % exc)
+            return
+        for warning in warnings:
+            self._warn(warning)
+        result.facts_after = facts
 
     def _check_gpus(self, snapshot):
         if snapshot is None:

@@ -96,6 +96,15 @@ options:
       - Defaults to C(/run/lock/gpuops-nvidia-release.lock), or the same name in the temporary
         directory when C(/run/lock) is not writable.
     type: path
+  facts_after:
+    description:
+      - Read the GPUs and their holders once more at the end and return them in
+        RV(facts_after), in the shape of the facts of M(gpuops.nvidia.nvidia_gpu_facts), so
+        that the outcome can be judged without another task. The C(gpuops.nvidia.gpu_reset)
+        role does this.
+      - Costs one more read of the GPUs, of C(/proc) and of the kernel log.
+    type: bool
+    default: false
 notes:
   - When O(devices) matches no device node the module warns and changes nothing; a host may
     simply have no GPU or driver yet.
@@ -294,6 +303,40 @@ gpus_after:
   sample:
     - index: 0
       memory_used_mib: 0
+facts_after:
+  description:
+    - The GPUs and their holders at the end, read after everything else (in check mode, as
+      they are), with the keys and values that M(gpuops.nvidia.nvidia_gpu_facts) returns in
+      its C(ansible_facts). Not set as host facts.
+    - Unlike RV(gpus_after), it covers every GPU and every holder of the nodes matching
+      O(devices), whatever O(gpus) says.
+  returned: when O(facts_after=true) and the GPUs could be read at the end
+  type: dict
+  contains:
+    nvidia_gpus:
+      description: Every GPU, as RV(gpuops.nvidia.nvidia_gpu_facts#module:ansible_facts.nvidia_gpus).
+      type: list
+      elements: dict
+    nvidia_gpu_count:
+      description: The number of GPUs.
+      type: int
+    nvidia_driver_version:
+      description: The driver version.
+      type: str
+    nvidia_gpu_backend:
+      description: The backend that read the GPUs, V(nvml) or V(nvidia-smi).
+      type: str
+    nvidia_device_holders:
+      description: Every process holding a matching node, as
+        RV(gpuops.nvidia.nvidia_gpu_facts#module:ansible_facts.nvidia_device_holders).
+      type: list
+      elements: dict
+  sample:
+    nvidia_gpu_count: 8
+    nvidia_driver_version: 550.54.15
+    nvidia_gpu_backend: nvml
+    nvidia_gpus: []
+    nvidia_device_holders: []
 elapsed_s:
   description: Seconds the release took, lock wait included.
   returned: always

@@ -2,7 +2,8 @@
 # Builds the simulated GPU host image used by the Molecule scenarios and the fleet benchmark,
 # or reuses it while it exists and its inputs have not changed.
 #
-#   localhost/gpuops-nvidia-base:CODENAME   debootstrap minbase + python3, psmisc, procps
+#   localhost/gpuops-nvidia-base:CODENAME-HASH  debootstrap minbase + BASE_PACKAGES (HASH: of
+#                                           that list, so a changed list builds a new base)
 #   localhost/gpuops-nvidia-gpuhost:latest  + gpusim at the real paths: the package, the
 #                                           simulated libnvidia-ml.so.1, nvidia-ml-py, and a
 #                                           command that creates /dev/nvidia* and nvidia-smi
@@ -20,7 +21,9 @@ FORCE=0
 say() { printf '==> %s\n' "$*"; }
 
 codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
-BASE=localhost/gpuops-nvidia-base:$codename
+# openssh-server: the fleet benchmark reaches the hosts over SSH, as a real fleet is reached.
+BASE_PACKAGES=python3,psmisc,procps,openssh-server
+BASE=localhost/gpuops-nvidia-base:$codename-$(echo "$BASE_PACKAGES" | sha256sum | cut -c1-8)
 
 # The Debian mirror this machine's apt already uses, for the suite of this release.
 debian_mirror() {
@@ -65,8 +68,8 @@ build_base() {
   rootfs=$(mktemp -d "${TMPDIR:-/tmp}/gpuops-rootfs.XXXXXX")
   # shellcheck disable=SC2064
   trap "rm -rf '$rootfs'" RETURN
-  say "debootstrap $codename (minbase + python3, psmisc, procps) from $mirror"
-  debootstrap --variant=minbase --include=python3,psmisc,procps "$codename" "$rootfs" "$mirror" \
+  say "debootstrap $codename (minbase + $BASE_PACKAGES) from $mirror"
+  debootstrap --variant=minbase --include="$BASE_PACKAGES" "$codename" "$rootfs" "$mirror" \
     >"$rootfs.log" 2>&1 || { tail -20 "$rootfs.log" >&2; rm -f "$rootfs.log"; return 1; }
   rm -f "$rootfs.log"
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*

@@ -28,11 +28,18 @@ BIN = os.path.dirname(sys.executable)
 
 # Tasks of the role that run a module on the managed host (the report is written on the
 # controller, "-> localhost").
-RELEASED = ('clean', 'hung', 'stubborn', 'daemons', 'orphan_on', 'scoped')
+RELEASED = ('clean', 'hung', 'stubborn', 'daemons', 'orphan_on', 'scoped', 'strict')
+
+# A clean query of the user's own, judged before the release: here one that lets a sidecar
+# hold GPU 0, and one that is as strict as the default.
+SIDECAR_QUERY = ("length(nvidia_gpus[?memory_used_mib > `0`]) == `0`"
+                 " && length(nvidia_device_holders[?!protected && comm != 'gpu-sidecar']) == `0`")
+STRICT_QUERY = ("length(nvidia_gpus[?error != null || memory_used_mib == null || memory_used_mib > `0`]) == `0`"
+                " && length(nvidia_device_holders[?!protected]) == `0`")
 
 HOST_MODULE_TASKS = (
     'Read the GPUs and who holds them',
-    'Stop the processes holding the GPUs',
+    'Release the GPUs',
     'Read the GPUs and check that they are clean',
     'Switch persistence mode off on the GPUs to reset',
     'Reset the GPUs with orphaned memory',
@@ -150,6 +157,8 @@ def fleet(tmp_path_factory):
         scoped = make('scoped', gpus=2)
         info['scoped'] = dict(mine=scoped.hold(gpus=[0], mib=1000)['pid'],
                               other=scoped.hold(gpus=[1], mib=2000)['pid'])
+        info['tolerant'] = make('tolerant', gpus=2).hold(gpus=[0], name='gpu-sidecar')
+        info['strict'] = make('strict', gpus=2).hold(gpus=[1], mib=1024)
 
         drained = tmp / 'drained.txt'
         inventory_hosts = {}
@@ -164,6 +173,10 @@ def fleet(tmp_path_factory):
                     'nodename={{ inventory_hostname_short }}', 'reason={{ gpu_reset_result.reason }}']
             if name == 'scoped':
                 extra['gpu_reset_gpus'] = [0]
+            if name == 'tolerant':
+                extra['gpu_reset_clean_query'] = SIDECAR_QUERY
+            if name == 'strict':
+                extra['gpu_reset_clean_query'] = STRICT_QUERY
             if name == 'hung':
                 extra['gpu_reset_textfile_dir'] = str(tmp / 'textfile')
                 (tmp / 'textfile').mkdir()
@@ -208,11 +221,11 @@ def test_fleet_exits_non_zero_and_summarises_every_host(fleet):
     run = fleet['runs']['first']
     print('\n'.join(run.summary))
     assert run.rc == 2, run.out
-    assert run.summary[0] == '10 of 10 host(s): 1 clean, 5 released, 4 failed'
+    assert run.summary[0] == '12 of 12 host(s): 2 clean, 6 released, 4 failed'
     outcomes = dict((name, report['outcome']) for name, report in run.reports.items())
     assert outcomes == dict(clean='clean', hung='released', stubborn='released', daemons='released',
                             orphan_off='failed', orphan_on='released', lost='failed', drain='failed',
-                            scoped='released', refused='failed')
+                            scoped='released', refused='failed', tolerant='clean', strict='released')
     for name, outcome in outcomes.items():
         assert len(run.line(name)) == 1
         assert run.line(name)[0].startswith({'clean': 'clean', 'released': 'released', 'failed': 'FAILED'}[outcome])
@@ -220,7 +233,7 @@ def test_fleet_exits_non_zero_and_summarises_every_host(fleet):
     assert [line.split()[0] for line in run.summary[1:5]] == ['FAILED'] * 4
     for name in ('orphan_off', 'lost', 'drain', 'refused'):
         assert run.recap[name]['failed'] == '1'
-    for name in ('clean', 'hung', 'stubborn', 'daemons', 'orphan_on', 'scoped'):
+    for name in RELEASED + ('tolerant',):
         assert run.recap[name]['failed'] == '0'
 
 
@@ -228,7 +241,7 @@ def test_clean_host_is_one_module_call_and_no_change(fleet):
     run = fleet['runs']['first']
     assert run.recap['clean']['changed'] == '0'
     ran = [task for task in run.tasks['clean'] if task in HOST_MODULE_TASKS]
-    assert ran == ['Read the GPUs and who holds them']
+    assert ran == ['Release the GPUs']
     report = run.reports['clean']
     assert report['reason'] is None and report['signalled'] == [] and report['escalation'] is None
     assert report['gpus_before'] == report['gpus_after'] == [{'index': 0, 'memory_used_mib': 0},
@@ -236,8 +249,10 @@ def test_clean_host_is_one_module_call_and_no_change(fleet):
     assert 'nothing to do' in run.line('clean')[0]
 
 
-def test_hung_job_released(fleet):
+def test_hung_job_released_in_one_module_call(fleet):
     run = fleet['runs']['first']
+    assert [task for task in run.tasks['hung'] if task in HOST_MODULE_TASKS] == [
+        'Release the GPUs', 'Write node_exporter metrics']
     report = run.reports['hung']
     scenario = fleet['info']['hung']
     ranks = set(rank['pid'] for rank in scenario['ranks'])
@@ -345,11 +360,27 @@ def test_second_run_changes_nothing_on_released_hosts(fleet):
     for name in RELEASED:
         assert run.reports[name]['outcome'] == 'clean', name
         assert run.recap[name]['changed'] == '0', name
-        # hung also writes its node_exporter metrics.
+        # hung also writes its node_exporter metrics; strict reads first (a query of its own).
         assert [task for task in run.tasks[name] if task in HOST_MODULE_TASKS
-                and task != 'Write node_exporter metrics'] == ['Read the GPUs and who holds them'], name
+                and task != 'Write node_exporter metrics'] == [
+            'Read the GPUs and who holds them' if name == 'strict' else 'Release the GPUs'], name
     assert run.reports['lost']['outcome'] == 'failed'
-    assert run.summary[0] == '7 of 7 host(s): 6 clean, 0 released, 1 failed'
+    assert run.summary[0] == '8 of 8 host(s): 7 clean, 0 released, 1 failed'
+
+
+def test_own_clean_query_is_judged_before_anything_is_signalled(fleet):
+    run = fleet['runs']['first']
+    # The sidecar passes the query, so nothing is released: one module call, the sidecar lives.
+    assert [task for task in run.tasks['tolerant'] if task in HOST_MODULE_TASKS] == [
+        'Read the GPUs and who holds them']
+    assert run.reports['tolerant']['signalled'] == [] and alive(fleet['info']['tolerant']['pid'])
+    # A dirty host is read, then released; the release's own final read proves it clean.
+    assert [task for task in run.tasks['strict'] if task in HOST_MODULE_TASKS] == [
+        'Read the GPUs and who holds them', 'Release the GPUs']
+    report = run.reports['strict']
+    assert [entry['pid'] for entry in report['signalled']] == [fleet['info']['strict']['pid']]
+    assert report['gpus_before'] == [{'index': 0, 'memory_used_mib': 0}, {'index': 1, 'memory_used_mib': 1024}]
+    assert report['gpus_after'] == [{'index': 0, 'memory_used_mib': 0}, {'index': 1, 'memory_used_mib': 0}]
 
 
 HOOK = os.path.join(REPO, 'examples', 'slurm', 'gpu-reset-hook.sh')

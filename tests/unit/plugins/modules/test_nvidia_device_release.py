@@ -91,3 +91,38 @@ def test_dirty_gpu_fails_with_every_field(capsys, gpuhost, tmp_path):
     # the threshold decides what counts as clean
     result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, memory_threshold_mib=64)
     assert 'failed' not in result and result['released'] is True
+
+
+def test_facts_after_has_the_facts_shape(capsys, gpuhost, tmp_path):
+    daemon = gpuhost.hold(gpus=[0, 1], mib=0, name='nvidia-persistenced')
+    job = gpuhost.hold(gpus=[2, 3], mib=4096)
+    result = run_module(capsys, gpuhost, tmp_path, grace_period=1, facts_after=True)
+    assert 'facts_after' not in run_module(capsys, gpuhost, tmp_path)
+    facts = result['facts_after']
+    assert set(facts) == set(['nvidia_gpus', 'nvidia_gpu_count', 'nvidia_driver_version',
+                              'nvidia_gpu_backend', 'nvidia_device_holders'])
+    # read after the release: the job is gone, its memory free, the daemon still listed
+    assert [gpu['memory_used_mib'] for gpu in facts['nvidia_gpus']] == [0] * 8
+    assert [gpu['state'] for gpu in facts['nvidia_gpus']] == ['free'] * 8
+    assert [holder['pid'] for holder in facts['nvidia_device_holders']] == [daemon['pid']]
+    assert facts['nvidia_device_holders'][0]['protected'] is True
+    assert job['pid'] not in [entry['pid'] for entry in facts['nvidia_device_holders']]
+
+
+def test_facts_after_in_check_mode_is_the_state_as_it_is(capsys, gpuhost, tmp_path):
+    job = gpuhost.hold(gpus=[5], mib=1024)
+    result = run_module(capsys, gpuhost, tmp_path, facts_after=True, _ansible_check_mode=True)
+    facts = result['facts_after']
+    assert facts['nvidia_gpus'][5]['memory_used_mib'] == 1024
+    assert [holder['pid'] for holder in facts['nvidia_device_holders']] == [job['pid']]
+
+
+def test_facts_after_on_failure_and_on_unreadable_gpus(capsys, gpuhost, tmp_path):
+    gpuhost.fault('stuck', gpu=6, mib=32)
+    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, facts_after=True)
+    assert result['failed'] is True
+    assert result['facts_after']['nvidia_gpus'][6]['state'] == 'orphaned_memory'
+    gpuhost.fault('driver-not-loaded')
+    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, facts_after=True)
+    assert 'facts_after' not in result
+    assert 'facts_after: the GPUs could not be read at the end' in result['warning_text']
