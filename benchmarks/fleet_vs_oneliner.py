@@ -276,13 +276,16 @@ Measured {date} on {machine} ({cpus} CPUs), {ansible}, podman
 adds to the controller's work; on a real fleet each host brings its own CPUs and only the
 controller's share grows with N.
 
-What keeps the collection ahead: the role's release path is one module call per host (the
-release reads the GPUs first itself, signals nothing on a clean host, and returns the state
-at its end for the role to judge; a second read only when that state is not clean), tasks
-that do not apply are skipped in groups, and the role is imported rather than included.
-Through the `containers.podman.podman` connection, which cannot pipeline, each module call
-costs over 1 s of CPU in `podman` processes instead; that transport measures podman, not the
-collection, and is used here only for Molecule.
+The role's release path is one module call per host: the release reads the GPUs first itself,
+signals nothing on a clean host, and its verdict on the state at its end is the clean test, so
+the GPUs are read again only when that state is not clean; tasks that do not apply are skipped
+in groups, and the playbook imports the role rather than including it. What is left grows with
+N on a small controller: about ten controller-side tasks per host (argument validation,
+settings check, the report, the final assert; some 40-60 ms of controller CPU per task and
+host here), against the one-liner's single task whose 8 s of sleeps cost no CPU at all. Through
+the `containers.podman.podman` connection, which cannot pipeline, each module call costs over
+1 s of CPU in `podman` processes; that transport measures podman rather than the collection,
+and is used here only for Molecule.
 """.format(delay=RELEASE_DELAY, oneliner=ONELINER, reps=reps, table=table(results),
            growth=growth(results), date=datetime.date.today().isoformat(),
            machine=platform.platform(terse=True), cpus=os.cpu_count(), ansible=ansible_version,
