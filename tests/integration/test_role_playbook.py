@@ -28,7 +28,7 @@ BIN = os.path.dirname(sys.executable)
 
 # Tasks of the role that run a module on the managed host (the report is written on the
 # controller, "-> localhost").
-RELEASED = ('clean', 'hung', 'stubborn', 'daemons', 'orphan_on', 'scoped', 'strict')
+RELEASED = ('clean', 'hung', 'stubborn', 'daemons', 'orphan_on', 'scoped', 'strict', 'stuck')
 
 # A clean query of the user's own, judged before the release: here one that lets a sidecar
 # hold GPU 0, and one that is as strict as the default.
@@ -153,6 +153,7 @@ def fleet(tmp_path_factory):
                                persistenced=refused.hold(gpus='all', name='nvidia-persistenced')['pid'])
         refused.hold(gpus=[1], mib=512, leak=True)
         make('lost', gpus=4).fault('lost', gpu=2)
+        make('stuck', gpus=2).fault('stuck', gpu=1, mib=4096)
         make('drain', gpus=4).fault('lost', gpu=1)
         scoped = make('scoped', gpus=2)
         info['scoped'] = dict(mine=scoped.hold(gpus=[0], mib=1000)['pid'],
@@ -164,7 +165,7 @@ def fleet(tmp_path_factory):
         inventory_hosts = {}
         for name, host in sorted(hosts.items()):
             extra = {}
-            if name in ('orphan_on', 'refused'):
+            if name in ('orphan_on', 'refused', 'stuck'):
                 extra['gpu_reset_allow_gpu_reset'] = True
             if name == 'drain':
                 extra['gpu_reset_on_failure'] = 'drain'
@@ -221,11 +222,12 @@ def test_fleet_exits_non_zero_and_summarises_every_host(fleet):
     run = fleet['runs']['first']
     print('\n'.join(run.summary))
     assert run.rc == 2, run.out
-    assert run.summary[0] == '12 of 12 host(s): 2 clean, 6 released, 4 failed'
+    assert run.summary[0] == '13 of 13 host(s): 2 clean, 7 released, 4 failed'
     outcomes = dict((name, report['outcome']) for name, report in run.reports.items())
     assert outcomes == dict(clean='clean', hung='released', stubborn='released', daemons='released',
                             orphan_off='failed', orphan_on='released', lost='failed', drain='failed',
-                            scoped='released', refused='failed', tolerant='clean', strict='released')
+                            scoped='released', refused='failed', tolerant='clean', strict='released',
+                            stuck='released')
     for name, outcome in outcomes.items():
         assert len(run.line(name)) == 1
         assert run.line(name)[0].startswith({'clean': 'clean', 'released': 'released', 'failed': 'FAILED'}[outcome])
@@ -313,6 +315,17 @@ def test_orphaned_memory_with_escalation_resets_and_restores_persistence(fleet):
     assert 'GPU(s) 1 reset' in run.line('orphan_on')[0]
 
 
+def test_orphaned_memory_alone_is_released_by_a_reset(fleet):
+    run = fleet['runs']['first']
+    report = run.reports['stuck']
+    # Nothing to signal, but the GPU needed a reset: that is a release, not a clean host.
+    assert report['signalled'] == [] and report['orphaned_gpus'] == [1]
+    assert report['escalation']['gpus'] == [1] and report['escalation']['reset_ok'] is True
+    assert report['gpus_before'][1] == {'index': 1, 'memory_used_mib': 4096}
+    assert report['gpus_after'][1] == {'index': 1, 'memory_used_mib': 0}
+    assert run.recap['stuck']['changed'] != '0'
+
+
 def test_refused_reset_still_restores_persistence_mode(fleet):
     report = fleet['runs']['first'].reports['refused']
     info = fleet['info']['refused']
@@ -365,7 +378,7 @@ def test_second_run_changes_nothing_on_released_hosts(fleet):
                 and task != 'Write node_exporter metrics'] == [
             'Read the GPUs and who holds them' if name == 'strict' else 'Release the GPUs'], name
     assert run.reports['lost']['outcome'] == 'failed'
-    assert run.summary[0] == '8 of 8 host(s): 7 clean, 0 released, 1 failed'
+    assert run.summary[0] == '9 of 9 host(s): 8 clean, 0 released, 1 failed'
 
 
 def test_own_clean_query_is_judged_before_anything_is_signalled(fleet):
