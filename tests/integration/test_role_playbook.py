@@ -463,3 +463,19 @@ def test_bad_setting_fails_the_host_clearly(gpuhost_factory, tmp_path):
     assert run.rc == 2
     line = run.line('node')[0]
     assert line.startswith('FAILED') and 'gpu_reset_on_failure' in line and 'fail, drain' in line, line
+
+
+def test_misconfigured_host_fails_before_anything_is_signalled(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    job = host.hold(gpus=[0], mib=1024)['pid']
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(
+        host, tmp_path, 'node', gpu_reset_timeout=0, gpu_reset_on_failure='drain',
+        gpu_reset_drain_command=['touch', str(tmp_path / 'drained')])}}}))
+    run = playbook(inventory, tmp_path / 'reports')
+    assert run.rc == 2
+    assert run.line('node')[0].startswith('FAILED')
+    assert 'gpu_reset is misconfigured: gpu_reset_timeout must be more than 0 seconds, got 0' in run.line('node')[0]
+    assert 'node: gpu_reset is misconfigured' in run.out
+    assert alive(job) and not (tmp_path / 'drained').exists()
+    assert run.reports['node']['signalled'] == [] and run.reports['node']['drained'] is False
