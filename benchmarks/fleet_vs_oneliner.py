@@ -278,14 +278,16 @@ controller's share grows with N.
 
 The role's release path is one module call per host: the release reads the GPUs first itself,
 signals nothing on a clean host, and its verdict on the state at its end is the clean test, so
-the GPUs are read again only when that state is not clean; tasks that do not apply are skipped
-in groups, and the playbook imports the role rather than including it. What is left grows with
-N on a small controller: about ten controller-side tasks per host (argument validation,
-settings check, the report, the final assert; some 40-60 ms of controller CPU per task and
-host here), against the one-liner's single task whose 8 s of sleeps cost no CPU at all. Through
-the `containers.podman.podman` connection, which cannot pipeline, each module call costs over
-1 s of CPU in `podman` processes; that transport measures podman rather than the collection,
-and is used here only for Molecule.
+the GPUs are read again only when that state is not clean. Around it run about eight light
+controller-side tasks per host (argument validation, the settings check, the report, the
+playbook's final check, and steps skipped in groups of one include each); the playbook imports
+the role rather than including it, and `examples/ansible.cfg` turns `inject_facts_as_vars` off,
+which spares the controller re-injecting facts for every task and host. Each task still costs
+the controller some 20-60 ms of CPU per host here (variables, a forked worker, the result), so
+the collection's time grows with N on a small controller, against the one-liner's single task
+whose 8 s of sleeps cost no CPU at all. Through the `containers.podman.podman` connection,
+which cannot pipeline, each module call costs over 1 s of CPU in `podman` processes; that
+transport measures podman rather than the collection, and is used here only for Molecule.
 """.format(delay=RELEASE_DELAY, oneliner=ONELINER, reps=reps, table=table(results),
            growth=growth(results), date=datetime.date.today().isoformat(),
            machine=platform.platform(terse=True), cpus=os.cpu_count(), ansible=ansible_version,

@@ -101,7 +101,7 @@ options:
       - Read the GPUs and their holders once more at the end and return them in
         RV(facts_after), in the shape of the facts of M(gpuops.nvidia.nvidia_gpu_facts), so
         that the outcome can be judged without another task. The C(gpuops.nvidia.gpu_reset)
-        role does this.
+        role asks for it when it judges the GPUs with a clean query of the user's own.
       - Costs one more read of the GPUs, of C(/proc) and of the kernel log.
     type: bool
     default: false
