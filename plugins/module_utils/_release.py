@@ -102,6 +102,8 @@ class ReleaseOptions:
             if not pattern or not os.path.isabs(pattern):
                 raise GpuopsError('devices: %r is not an absolute path or glob (e.g. /dev/nvidia*)' % (pattern,))
         if gpus is not None:
+            if not gpus:
+                raise GpuopsError('gpus: name at least one GPU index, or leave gpus out for every GPU')
             bad = [index for index in gpus if index < 0]
             if bad:
                 raise GpuopsError('gpus: GPU indexes are zero or more, got %s' % bad[0])

@@ -54,6 +54,7 @@ options:
       - Processes that hold only shared nodes (C(nvidiactl), C(nvidia-uvm)) are then left
         alone, since every CUDA process on the host holds those.
       - By default every holder of every matching node is stopped and every GPU is checked.
+        An empty list is an error, not "no GPU".
     type: list
     elements: int
   signals:

@@ -106,6 +106,7 @@ def test_parse_signal_rejects_unknown(bad):
     (dict(memory_threshold_mib=-1), 'memory_threshold_mib must be zero or more'),
     (dict(devices=['dev/nvidia*']), 'not an absolute path'),
     (dict(gpus=[0, -2]), 'GPU indexes are zero or more'),
+    (dict(gpus=[]), 'name at least one GPU index'),
 ])
 def test_options_are_validated(options, message):
     options.setdefault('devices', ['/dev/nvidia*'])
