@@ -1,6 +1,7 @@
 """Shared pytest setup: gpusim importable, and fixtures for simulated GPU hosts."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -46,3 +47,47 @@ def gpuhost_factory(tmp_path):
 def gpuhost(gpuhost_factory):
     """A fresh simulated host with the defaults (8 x NVIDIA H200)."""
     return gpuhost_factory()
+
+
+# A real process that opens (or maps) the files named on its command line, optionally
+# renames itself (comm) the way daemons do, says "ready" and waits.
+HOLDER = r'''
+import ctypes, mmap, os, sys, time
+name, mode, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
+if name != '-':
+    ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)
+keep = []
+for path in paths:
+    fd = os.open(path, os.O_RDWR)
+    if mode == 'map':
+        keep.append(mmap.mmap(fd, 4096))
+        os.close(fd)
+    else:
+        keep.append(fd)
+print('ready', flush=True)
+time.sleep(60)
+'''
+
+
+@pytest.fixture
+def spawn():
+    """start(paths, name='-', mode='fd', argv0=None): a plain process holding the files open
+    (mode='map': mapped); every one is killed at teardown."""
+    procs = []
+
+    def start(paths, name='-', mode='fd', argv0=None):
+        if argv0:
+            # The shell opens the file and execs sleep under another argv[0]; the fd survives exec.
+            script = 'exec 3<>"$1"; echo ready; exec -a "$0" sleep 60'
+            argv = ['bash', '-c', script, argv0, str(paths[0])]
+        else:
+            argv = [sys.executable, '-c', HOLDER, name, mode] + [str(p) for p in paths]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == b'ready'
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()

@@ -23,25 +23,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     start_time,
 )
 
-# A real process that opens (or maps) the files named on its command line, optionally
-# renames itself (comm) the way daemons do, says "ready" and waits.
-HOLDER = r'''
-import ctypes, mmap, os, sys, time
-name, mode, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
-if name != '-':
-    ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)
-keep = []
-for path in paths:
-    fd = os.open(path, os.O_RDWR)
-    if mode == 'map':
-        keep.append(mmap.mmap(fd, 4096))
-        os.close(fd)
-    else:
-        keep.append(fd)
-print('ready', flush=True)
-time.sleep(60)
-'''
-
 
 @pytest.fixture
 def devroot(tmp_path):
@@ -51,28 +32,6 @@ def devroot(tmp_path):
         (dev / name).write_bytes(b'\0' * 4096)
     (dev / 'nvidia-caps').mkdir()
     return dev
-
-
-@pytest.fixture
-def spawn():
-    procs = []
-
-    def start(paths, name='-', mode='fd', argv0=None):
-        if argv0:
-            # The shell opens the file and execs sleep under another argv[0]; the fd survives exec.
-            script = 'exec 3<>"$1"; echo ready; exec -a "$0" sleep 60'
-            argv = ['bash', '-c', script, argv0, str(paths[0])]
-        else:
-            argv = [sys.executable, '-c', HOLDER, name, mode] + [str(p) for p in paths]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
-        procs.append(proc)
-        assert proc.stdout.readline().strip() == b'ready'
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
 
 
 def test_expand_devices_skips_directories_and_sorts(devroot):

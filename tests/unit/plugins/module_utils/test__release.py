@@ -59,29 +59,6 @@ def run(gpuhost, tmp_path):
     return Run(gpuhost, tmp_path)
 
 
-@pytest.fixture
-def spawn():
-    """Start a plain process holding the given files open; killed at teardown."""
-    procs = []
-
-    def start(paths, ignore_term=False):
-        code = ('import os, signal, sys, time\n'
-                'if sys.argv[1] == "1": signal.signal(signal.SIGTERM, signal.SIG_IGN)\n'
-                'fds = [os.open(p, os.O_RDWR) for p in sys.argv[2:]]\n'
-                'print("ready", flush=True)\n'
-                'time.sleep(60)\n')
-        proc = subprocess.Popen([sys.executable, '-c', code, '1' if ignore_term else '0'] + list(paths),
-                                stdout=subprocess.PIPE)
-        procs.append(proc)
-        assert proc.stdout.readline().strip() == b'ready'
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
-
-
 # -- options ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize('given, expected', [
