@@ -479,3 +479,19 @@ def test_misconfigured_host_fails_before_anything_is_signalled(gpuhost_factory, 
     assert 'node: gpu_reset is misconfigured' in run.out
     assert alive(job) and not (tmp_path / 'drained').exists()
     assert run.reports['node']['signalled'] == [] and run.reports['node']['drained'] is False
+
+
+def test_bad_clean_query_fails_the_host_naming_the_setting(gpuhost_factory, tmp_path):
+    hosts = dict(empty=gpuhost_factory('empty', gpus=1), number=gpuhost_factory('number', gpus=2))
+    job = hosts['number'].hold(gpus=[0], mib=1024)['pid']
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {
+        'empty': host_vars(hosts['empty'], tmp_path, 'empty', gpu_reset_clean_query='  '),
+        'number': host_vars(hosts['number'], tmp_path, 'number', gpu_reset_clean_query='length(nvidia_gpus)'),
+    }}}))
+    run = playbook(inventory, tmp_path / 'reports')
+    assert run.rc == 2
+    assert 'gpu_reset_clean_query must be a JMESPath expression or null, it is empty' in run.line('empty')[0]
+    assert 'gpu_reset_clean_query must give true or false, it gave 2' in run.line('number')[0]
+    # judged before the release: nothing was signalled
+    assert alive(job) and run.reports['number']['signalled'] == []

@@ -42,6 +42,8 @@ def run_module(capsys, host, tmp_path, **args):
     (dict(timeout=-1), 'timeout must be zero or more'),
     (dict(grace_period=-2), 'grace_period must be zero or more'),
     (dict(devices=['nvidia*']), 'not an absolute path'),
+    (dict(facts_after='maybe'), "argument 'facts_after' is of type"),
+    (dict(gpus=[]), 'name at least one GPU index'),
 ])
 def test_bad_options_fail_cleanly(capsys, gpuhost, tmp_path, args, message):
     result = run_module(capsys, gpuhost, tmp_path, **args)
