@@ -276,16 +276,19 @@ Measured {date} on {machine} ({cpus} CPUs), {ansible}, podman
 adds to the controller's work; on a real fleet each host brings its own CPUs and only the
 controller's share grows with N.
 
-The role's release path is one module call per host: the release reads the GPUs first itself,
-signals nothing on a clean host, and its verdict on the state at its end is the clean test, so
-the GPUs are read again only when that state is not clean. Around it run about eight light
-controller-side tasks per host (argument validation, the settings check, the report, the
-playbook's final check, and steps skipped in groups of one include each); the playbook imports
-the role rather than including it, and `examples/ansible.cfg` turns `inject_facts_as_vars` off,
-which spares the controller re-injecting facts for every task and host. Each task still costs
-the controller some 20-60 ms of CPU per host here (variables, a forked worker, the result), so
-the collection's time grows with N on a small controller, against the one-liner's single task
-whose 8 s of sleeps cost no CPU at all. Through the `containers.podman.podman` connection,
+The role's usual path is one module call and five light controller-side tasks per host:
+argument validation, the settings check, the release (it reads the GPUs first itself, signals
+nothing on a clean host, and its verdict on the state at its end is the clean test), one
+skipped include of every further step (a query of the user's own, verification, escalation,
+report files, metrics, the failure), and the report; then the playbook's summary and final
+check. Each task costs the controller some 20-60 ms of CPU per host here (variables, a forked
+worker, and every template, which ansible-core compiles each time it renders one), so the
+usual path keeps its conditions and report short. The playbook imports the role rather than
+including it, and `examples/ansible.cfg` turns `inject_facts_as_vars` off, which spares the
+controller re-injecting facts for every task and host. The release polls the GPUs from
+0.05 s after the holders exit, doubling the interval up to 0.25 s: each poll scans /proc and
+reads every GPU. The one-liner's single task spends 8 s in sleeps that cost no CPU, so on a
+small controller the collection's lead narrows as N grows. Through the `containers.podman.podman` connection,
 which cannot pipeline, each module call costs over 1 s of CPU in `podman` processes; that
 transport measures podman rather than the collection, and is used here only for Molecule.
 """.format(delay=RELEASE_DELAY, oneliner=ONELINER, reps=reps, table=table(results),

@@ -59,8 +59,11 @@ LOCK_NAME = 'gpuops-nvidia-release.lock'
 MAX_ROUNDS = 8
 RESPAWN_LIMIT = 1
 
-POLL_MIN_S = 0.02
+# Each poll scans /proc and reads every GPU: on a host with many processes that is not free,
+# and a driver takes a fraction of a second or more to free the memory of a process that exited.
+POLL_MIN_S = 0.05
 POLL_MAX_S = 0.25
+POLL_GROWTH = 2
 # A read of the GPUs may outlast the deadline by this much, so that the state at the end
 # can still be reported.
 READ_MIN_S = 1.0
@@ -495,7 +498,7 @@ class Release:
             if left <= 0:
                 break
             self.sleep(min(delay, left))
-            delay = min(delay * 1.5, POLL_MAX_S)
+            delay = min(delay * POLL_GROWTH, POLL_MAX_S)
             snapshot, holders = self._observe()
         if snapshot is None:
             snapshot = self._read()
