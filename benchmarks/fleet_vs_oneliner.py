@@ -276,8 +276,8 @@ Measured {date} on {machine} ({cpus} CPUs), {ansible}, podman
 adds to the controller's work; on a real fleet each host brings its own CPUs and only the
 controller's share grows with N.
 
-The role's usual path is one module call and five light controller-side tasks per host:
-argument validation, the settings check, the release (it reads the GPUs first itself, signals
+The role's usual path is five tasks per host, one of them the module call: argument
+validation, the settings check, the release (it reads the GPUs first itself, signals
 nothing on a clean host, and its verdict on the state at its end is the clean test), one
 skipped include of every further step (a query of the user's own, verification, escalation,
 report files, metrics, the failure), and the report; then the playbook's summary and final
@@ -288,9 +288,10 @@ including it, and `examples/ansible.cfg` turns `inject_facts_as_vars` off, which
 controller re-injecting facts for every task and host. The release polls the GPUs from
 0.05 s after the holders exit, doubling the interval up to 0.25 s: each poll scans /proc and
 reads every GPU. The one-liner's single task spends 8 s in sleeps that cost no CPU, so on a
-small controller the collection's lead narrows as N grows. Through the `containers.podman.podman` connection,
-which cannot pipeline, each module call costs over 1 s of CPU in `podman` processes; that
-transport measures podman rather than the collection, and is used here only for Molecule.
+small controller the collection's lead narrows as N grows. Through the
+`containers.podman.podman` connection, which cannot pipeline, each module call costs over 1 s
+of CPU in `podman` processes; that transport measures podman rather than the collection, and
+is used here only for Molecule.
 """.format(delay=RELEASE_DELAY, oneliner=ONELINER, reps=reps, table=table(results),
            growth=growth(results), date=datetime.date.today().isoformat(),
            machine=platform.platform(terse=True), cpus=os.cpu_count(), ansible=ansible_version,
