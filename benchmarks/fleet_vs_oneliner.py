@@ -286,7 +286,7 @@ worker, and every template, which ansible-core compiles each time it renders one
 usual path keeps its conditions and report short. The playbook imports the role rather than
 including it, and `examples/ansible.cfg` turns `inject_facts_as_vars` off, which spares the
 controller re-injecting facts for every task and host. The release polls the GPUs from
-0.05 s after the holders exit, doubling the interval up to 0.25 s: each poll scans /proc and
+0.05 s after each round of signals, doubling the interval up to 0.25 s: each poll scans /proc and
 reads every GPU. The one-liner's single task spends 8 s in sleeps that cost no CPU, so on a
 small controller the collection's lead narrows as N grows. Through the
 `containers.podman.podman` connection, which cannot pipeline, each module call costs over 1 s
