@@ -282,8 +282,9 @@ nothing on a clean host, and its verdict on the state at its end is the clean te
 skipped include of every further step (a query of the user's own, verification, escalation,
 report files, metrics, the failure), and the report; then the playbook's summary and final
 check. Each task costs the controller some 20-60 ms of CPU per host here (variables, a forked
-worker, and every template, which ansible-core compiles each time it renders one), so the
-usual path keeps its conditions and report short. The playbook imports the role rather than
+worker, and every template, which ansible-core compiles each time it renders one; an
+expression also renders every variable it names, whichever branch it takes), so the usual
+path keeps its conditions and report short. The playbook imports the role rather than
 including it, and `examples/ansible.cfg` turns `inject_facts_as_vars` off, which spares the
 controller re-injecting facts for every task and host. The release polls the GPUs from
 0.05 s after each round of signals, doubling the interval up to 0.25 s: each poll scans /proc and
