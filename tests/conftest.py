@@ -1,6 +1,7 @@
 """Shared pytest setup: gpusim importable, and fixtures for simulated GPU hosts."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -69,20 +70,43 @@ time.sleep(60)
 '''
 
 
+def install_program(directory, name):
+    """A copy of this Python interpreter at directory/name (mode 0755): a process run from it
+    has an executable of that name, as a daemon run from its own program has."""
+    os.makedirs(str(directory), exist_ok=True)
+    exe = os.path.join(str(directory), name)
+    if not os.path.exists(exe):
+        shutil.copyfile(os.path.realpath(sys.executable), exe)
+        os.chmod(exe, 0o755)
+    return exe
+
+
 @pytest.fixture
-def spawn():
-    """start(paths, name='-', mode='fd', argv0=None): a plain process holding the files open
-    (mode='map': mapped); every one is killed at teardown."""
+def spawn(tmp_path):
+    """start(paths, name='-', mode='fd', argv0=None, exe=None, user=None): a plain process
+    holding the files open (mode='map': mapped), run from the program exe (a name: a copy of
+    Python of that name, see install_program; a path: that file) and as user (a uid) when
+    given; every one is killed at teardown."""
     procs = []
 
-    def start(paths, name='-', mode='fd', argv0=None):
+    def start(paths, name='-', mode='fd', argv0=None, exe=None, user=None):
+        env = None
         if argv0:
             # The shell opens the file and execs sleep under another argv[0]; the fd survives exec.
             script = 'exec 3<>"$1"; echo ready; exec -a "$0" sleep 60'
             argv = ['bash', '-c', script, argv0, str(paths[0])]
         else:
-            argv = [sys.executable, '-c', HOLDER, name, mode] + [str(p) for p in paths]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+            program = sys.executable
+            if exe:
+                program = exe if os.path.isabs(exe) else install_program(tmp_path / 'sbin', exe)
+                env = dict(os.environ, PYTHONHOME='%s:%s' % (sys.base_prefix, sys.base_exec_prefix))
+            argv = [program, '-c', HOLDER, name, mode] + [str(p) for p in paths]
+        preexec = None
+        if user is not None:
+            def preexec():
+                os.setgid(user)
+                os.setuid(user)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, preexec_fn=preexec)
         procs.append(proc)
         assert proc.stdout.readline().strip() == b'ready'
         return proc

@@ -12,6 +12,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import math
+
 
 DEFAULT_DEVICES = ['/dev/nvidia*']
 
@@ -25,9 +27,17 @@ DEFAULT_PROTECT = [
     'dcgm-exporter',
     'nvidia-powerd',
     'nvidia-imex',
+    'nvsm_core',                # NVIDIA System Management, holds every GPU on DGX (sample H01)
+    'nvidia-device-plugin',     # Kubernetes device plugin (stopped by mig-parted's hooks, H04)
+    'gpu-feature-discovery',    # Kubernetes GPU feature discovery (H04)
+    'nvidia-cuda-mps-control',  # the MPS control daemon: its clients are the jobs, not it
     'Xorg',
     'Xwayland',
+    'gnome-shell',              # the display manager's session on a workstation (H01)
 ]
+
+# The longest wait the kernel's poll() accepts, in seconds (milliseconds in a C int).
+MAX_SECONDS = 2147483
 
 
 class GpuopsError(Exception):
@@ -49,6 +59,21 @@ def holders_argument_spec():
         protect=dict(type='list', elements='str', default=list(DEFAULT_PROTECT)),
         extra_protect=dict(type='list', elements='str', default=[]),
     )
+
+
+def check_seconds(name, value, positive=False):
+    """Return an error message when value is not a usable number of seconds, or None."""
+    if value is None:
+        return None
+    if math.isnan(value) or math.isinf(value):
+        return '%s must be a finite number of seconds, got %s' % (name, value)
+    if positive and value <= 0:
+        return '%s must be more than 0 seconds, got %s' % (name, value)
+    if value < 0:
+        return '%s must be zero or more, got %s' % (name, value)
+    if value > MAX_SECONDS:
+        return '%s must be at most %d seconds, got %s' % (name, MAX_SECONDS, value)
+    return None
 
 
 def check_non_negative(params, names):

@@ -18,20 +18,35 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import errno
+import fnmatch
 import glob
 import os
 import pwd
+import re
 import stat
+from collections import namedtuple
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 
 COMM_LEN = 15  # the kernel truncates /proc/PID/comm to 15 characters
 
+# Device nodes the NVIDIA drivers create: /dev/nvidiaN, nvidiactl, nvidia-uvm(-tools),
+# nvidia-modeset, nvidia-nvlink, nvidia-nvswitchN/ctl, nvidia-vgpuN, and the capability
+# nodes in /dev/nvidia-caps and /dev/nvidia-caps-imex-channels.
+NODE_NAME_RE = re.compile(r'^nvidia([0-9]+|ctl|-uvm|-uvm-tools|-modeset|-nvlink|-nvswitch[0-9]+|-nvswitchctl|-vgpu[0-9]+)$')
+CAP_DIRS = {'nvidia-caps': re.compile(r'^nvidia-cap[0-9]+$'),
+            'nvidia-caps-imex-channels': re.compile(r'^channel[0-9]+$')}
+
+# Accounts below this uid are system accounts (Debian's and Red Hat's UID_MIN).
+DEFAULT_UID_MIN = 1000
+
+ProcInfo = namedtuple('ProcInfo', 'ppid uid comm cmdline exe starttime state session threads')
+
 
 class Holder:
     """A process holding device nodes, identified by (pid, starttime)."""
 
-    def __init__(self, pid, ppid, uid, comm, cmdline, exe, starttime, state, devices):
+    def __init__(self, pid, ppid, uid, comm, cmdline, exe, starttime, state, session, threads, devices):
         self.pid = pid
         self.ppid = ppid
         self.uid = uid
@@ -40,8 +55,11 @@ class Holder:
         self.exe = exe
         self.starttime = starttime
         self.state = state
+        self.session = session
+        self.threads = threads
         self.devices = devices
         self.protected = False
+        self.impersonates = None
 
     @property
     def user(self):
@@ -50,22 +68,38 @@ class Holder:
         except (KeyError, TypeError):
             return str(self.uid)
 
+    @property
+    def exe_name(self):
+        """The basename of the executable, without the ' (deleted)' an upgrade leaves."""
+        if not self.exe:
+            return None
+        path = self.exe[:-len(' (deleted)')] if self.exe.endswith(' (deleted)') else self.exe
+        return os.path.basename(path)
+
     def names(self):
         """Every name this process goes by: comm, argv[0] and executable basenames."""
         names = set([self.comm])
         argv0 = self.cmdline.split(' ', 1)[0] if self.cmdline else ''
-        for path in (argv0, self.exe or ''):
-            if path:
-                names.add(os.path.basename(path))
+        for name in (os.path.basename(argv0), self.exe_name):
+            if name:
+                names.add(name)
         return names
 
-    def matches(self, names):
-        """True when this process goes by one of names (comm compared as the kernel keeps it)."""
+    def claimed_name(self, patterns):
+        """The first protect pattern that one of this process's names matches, or None.
+
+        Every name counts here, comm compared as the kernel keeps it: these are the names the
+        process chose for itself, so a match only says what it claims to be.
+        """
         own = self.names()
-        return any(name in own or name[:COMM_LEN] == self.comm for name in names)
+        for pattern in patterns:
+            if any(fnmatch.fnmatchcase(name, pattern) for name in own) or \
+                    fnmatch.fnmatchcase(self.comm, pattern[:COMM_LEN]):
+                return pattern
+        return None
 
     def to_dict(self):
-        return {
+        out = {
             'pid': self.pid,
             'user': self.user,
             'comm': self.comm,
@@ -73,30 +107,95 @@ class Holder:
             'devices': list(self.devices),
             'protected': self.protected,
         }
+        if self.impersonates:
+            out['impersonates'] = self.impersonates
+        return out
 
 
-def expand_devices(patterns):
-    """Resolve device globs to the sorted list of device node paths they match.
+def nvidia_majors(proc='/proc'):
+    """Character device majors that an NVIDIA driver registered in /proc/devices."""
+    majors = set()
+    try:
+        with open(os.path.join(proc, 'devices')) as handle:
+            text = handle.read()
+    except (IOError, OSError):
+        return majors
+    chars = text.split('Block devices:')[0]
+    for line in chars.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].startswith('nvidia'):
+            majors.add(int(parts[0]))
+    return majors
+
+
+def _node_name_ok(path):
+    parent = os.path.basename(os.path.dirname(path))
+    name = os.path.basename(path)
+    if parent in CAP_DIRS:
+        return bool(CAP_DIRS[parent].match(name))
+    return bool(NODE_NAME_RE.match(name))
+
+
+def check_device_node(path, majors):
+    """None when path may be treated as an NVIDIA device node, else why not.
+
+    A character device must carry a major number an NVIDIA driver registered; a regular file
+    (a simulated host) must be named like a node. Anything else is refused.
+    """
+    try:
+        mode = os.stat(path)
+    except OSError as exc:
+        return 'cannot be read (%s)' % exc.strerror
+    if stat.S_ISCHR(mode.st_mode):
+        major = os.major(mode.st_rdev)
+        if major not in majors:
+            return ('is a character device of major %d, which no NVIDIA driver registered in '
+                    '/proc/devices' % major)
+        if not os.path.basename(path).startswith('nvidia') and not _node_name_ok(path):
+            return 'is not named like an NVIDIA device node'
+        return None
+    if not stat.S_ISREG(mode.st_mode):
+        return 'is neither an NVIDIA character device nor a simulated one (a regular file)'
+    if not _node_name_ok(path):
+        return 'is not named like an NVIDIA device node (nvidiaN, nvidiactl, nvidia-uvm, ...)'
+    return None
+
+
+def expand_devices(patterns, proc='/proc'):
+    """Resolve device globs to the sorted list of NVIDIA device node paths they match.
 
     Directories (such as /dev/nvidia-caps) are skipped. Raises GpuopsError for a pattern
-    that is not an absolute path.
+    that is not an absolute path, and for a match that is not an NVIDIA device node: nothing
+    is read or signalled through a pattern like /dev/* or /dev/null.
     """
     paths = set()
+    majors = None
     for pattern in patterns:
         if not pattern or not os.path.isabs(pattern):
             raise GpuopsError('devices: %r is not an absolute path or glob (e.g. /dev/nvidia*)' % (pattern,))
         for path in glob.glob(pattern):
             try:
-                mode = os.stat(path).st_mode
+                if stat.S_ISDIR(os.stat(path).st_mode):
+                    continue
             except OSError:
                 continue
-            if not stat.S_ISDIR(mode):
-                paths.add(os.path.normpath(path))
+            if majors is None:
+                majors = nvidia_majors(proc)
+            problem = check_device_node(path, majors)
+            if problem:
+                raise GpuopsError('devices: %s (matched by %s) %s; refusing to treat its holders '
+                                  'as GPU holders' % (path, pattern, problem))
+            paths.add(os.path.normpath(path))
     return sorted(paths)
 
 
+def _stat_fields(raw):
+    # comm sits in parentheses and may itself contain spaces or parentheses.
+    return raw[raw.index('(') + 1:raw.rindex(')')], raw[raw.rindex(')') + 2:].split()
+
+
 def read_process(pid, proc='/proc'):
-    """(ppid, uid, comm, cmdline, exe, starttime, state) of pid, or None when it is gone."""
+    """The ProcInfo of pid, or None when it is gone."""
     base = os.path.join(proc, str(pid))
     try:
         with open(os.path.join(base, 'stat'), 'rb') as handle:
@@ -106,25 +205,41 @@ def read_process(pid, proc='/proc'):
             cmdline = handle.read().rstrip(b'\0').replace(b'\0', b' ').decode('utf-8', 'replace')
     except (IOError, OSError):
         return None
-    # comm sits in parentheses and may itself contain spaces or parentheses.
-    comm = raw[raw.index('(') + 1:raw.rindex(')')]
-    fields = raw[raw.rindex(')') + 2:].split()
+    comm, fields = _stat_fields(raw)
     try:
         exe = os.readlink(os.path.join(base, 'exe'))
     except OSError:
         exe = None
-    return int(fields[1]), uid, comm, cmdline, exe, int(fields[19]), fields[0]
+    return ProcInfo(int(fields[1]), uid, comm, cmdline, exe, int(fields[19]), fields[0],
+                    int(fields[3]), int(fields[17]))
 
 
 def start_time(pid, proc='/proc'):
     """The start time (clock ticks since boot) of pid, or None when pid does not exist."""
     info = read_process(pid, proc)
-    return info[5] if info else None
+    return info.starttime if info else None
 
 
-def _open_paths(pid, proc):
-    """Paths pid has open, or None when its descriptors cannot be read (permission)."""
-    fd_dir = os.path.join(proc, str(pid), 'fd')
+def is_gone(info):
+    """True for a process that has exited: a zombie whose every thread has exited too.
+
+    A thread-group leader that exited while other threads run is a zombie in /proc/PID/stat,
+    but the process lives on and may still hold the devices.
+    """
+    return info is None or (info.state in ('Z', 'X') and info.threads <= 1)
+
+
+def _thread_dirs(pid, proc):
+    """/proc/PID/task/TID of every thread but the leader (for a leader that has exited)."""
+    base = os.path.join(proc, str(pid), 'task')
+    try:
+        return [os.path.join(base, tid) for tid in os.listdir(base) if tid != str(pid)]
+    except OSError:
+        return []
+
+
+def _fd_links(fd_dir):
+    """Paths open in fd_dir, or None when it cannot be read (permission)."""
     try:
         names = os.listdir(fd_dir)
     except OSError as exc:
@@ -139,16 +254,40 @@ def _open_paths(pid, proc):
     return paths
 
 
-def _mapped_paths(pid, proc):
+def _open_paths(pid, proc):
+    """Paths pid has open, or None when its descriptors cannot be read (permission).
+
+    When the thread-group leader has exited, its own fd table is empty while its threads
+    still hold theirs: those are read instead.
+    """
+    paths = _fd_links(os.path.join(proc, str(pid), 'fd'))
+    if paths:
+        return paths
+    for task in _thread_dirs(pid, proc):
+        found = _fd_links(os.path.join(task, 'fd'))
+        if found:
+            paths = (paths or set()) | found
+    return paths
+
+
+def _read_maps(path):
     paths = set()
     try:
-        with open(os.path.join(proc, str(pid), 'maps'), 'rb') as handle:
+        with open(path, 'rb') as handle:
             for line in handle:
                 parts = line.split(None, 5)
                 if len(parts) == 6 and parts[5].startswith(b'/'):
                     paths.add(parts[5].rstrip(b'\n').decode('utf-8', 'replace'))
     except (IOError, OSError):
         pass
+    return paths
+
+
+def _mapped_paths(pid, proc):
+    paths = _read_maps(os.path.join(proc, str(pid), 'maps'))
+    if not paths:
+        for task in _thread_dirs(pid, proc)[:1]:  # threads share one address space
+            paths = _read_maps(os.path.join(task, 'maps'))
     return paths
 
 
@@ -159,9 +298,9 @@ def _pids(proc):
 def find_holders(devices, protect=(), proc='/proc'):
     """Every process holding one of the device paths, sorted by pid.
 
-    Processes that go by a name in protect, and this process with its ancestors, are marked
-    protected. Returns (holders, unreadable) where unreadable counts the processes whose
-    descriptors could not be inspected (not running as root).
+    Processes with a verified protected identity (see verify_protected), and this process with
+    its ancestors, are marked protected. Returns (holders, unreadable) where unreadable counts
+    the processes whose descriptors could not be inspected (not running as root).
     """
     wanted = set(devices)
     if not wanted:
@@ -183,14 +322,70 @@ def find_holders(devices, protect=(), proc='/proc'):
 
 
 def load_holder(pid, devices, protect, own, proc='/proc'):
-    """The Holder for pid holding devices, protected when it is in own (this process and its
-    ancestors) or goes by a name in protect; None when pid is gone."""
+    """The Holder for pid holding devices, or None when pid is gone.
+
+    It is protected when it is in own (this process and its ancestors) or has a verified
+    protected identity; a process that only calls itself by a protected name is a normal
+    holder with impersonates set.
+    """
     info = read_process(pid, proc)
     if info is None:
         return None
     holder = Holder(pid, *info, devices=sorted(devices))
-    holder.protected = pid in own or holder.matches(protect)
+    if pid in own:
+        holder.protected = True
+        return holder
+    claimed = holder.claimed_name(protect)
+    if claimed is not None:
+        if verify_protected(holder, protect, proc):
+            holder.protected = True
+        else:
+            holder.impersonates = claimed
     return holder
+
+
+def uid_min(path='/etc/login.defs'):
+    """The first uid of a regular user (UID_MIN in login.defs, else 1000)."""
+    try:
+        with open(path) as handle:
+            for line in handle:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == 'UID_MIN' and parts[1].isdigit():
+                    return int(parts[1])
+    except (IOError, OSError):
+        pass
+    return DEFAULT_UID_MIN
+
+
+def _real_and_effective_uid(pid, proc):
+    try:
+        with open(os.path.join(proc, str(pid), 'status')) as handle:
+            for line in handle:
+                if line.startswith('Uid:'):
+                    return [int(value) for value in line.split()[1:3]]
+    except (IOError, OSError, ValueError):
+        pass
+    return None
+
+
+def verify_protected(holder, protect, proc='/proc'):
+    """True when holder is what a protected name promises, not only what it calls itself.
+
+    Its executable (/proc/PID/exe, which names the file actually running, even when it has
+    been deleted or replaced) must have a protected name and be a root-owned file that group
+    and others cannot write, and the process must run as root or a system account.
+    """
+    name = holder.exe_name
+    if not name or not any(fnmatch.fnmatchcase(name, pattern) for pattern in protect):
+        return False
+    try:
+        exe = os.stat(os.path.join(proc, str(holder.pid), 'exe'))
+    except OSError:
+        return False
+    if exe.st_uid != 0 or exe.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return False
+    uids = _real_and_effective_uid(holder.pid, proc)
+    return uids is not None and all(uid < uid_min() for uid in uids)
 
 
 def ancestors(pid, proc='/proc'):
@@ -201,5 +396,24 @@ def ancestors(pid, proc='/proc'):
         info = read_process(pid, proc)
         if info is None:
             break
-        pid = info[0]
+        pid = info.ppid
     return chain
+
+
+def cgroup(pid, proc='/proc'):
+    """The unified (v2) cgroup path of pid, or the systemd one on a v1 host; None if unknown."""
+    found = None
+    try:
+        with open(os.path.join(proc, str(pid), 'cgroup')) as handle:
+            lines = handle.read().splitlines()
+    except (IOError, OSError):
+        return None
+    for line in lines:
+        parts = line.split(':', 2)
+        if len(parts) != 3:
+            continue
+        if parts[1] == '':
+            return parts[2]
+        if parts[1] == 'name=systemd':
+            found = parts[2]
+    return found

@@ -9,9 +9,12 @@
 """Release of the GPUs: stop the processes holding them and prove the memory is free.
 
 Order: discover holders, leave protected ones alone, walk every other holder through the
-signal ladder, re-discover (children and newcomers get their own ladder, respawns are
-chased a bounded number of times), then poll until no unprotected holder is left and every
-GPU in scope reports memory at or below the threshold, or the timeout passes.
+signal ladder. Processes that appear meanwhile join the ladder: at the step their relative
+(parent, session or cgroup) has reached, or from the first step when unrelated. The last
+step, when it is KILL, stops the whole set with SIGSTOP first, so that no fork can escape
+it. Poll until no unprotected holder is left and every GPU in scope reports memory at or
+below the threshold, then watch for a settle window that nothing comes back. Everything,
+grace periods included, fits in the timeout.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -21,6 +24,8 @@ __metaclass__ = type
 import errno
 import os
 import re
+import select
+import signal
 import tempfile
 import time
 
@@ -32,44 +37,54 @@ except ImportError:  # not a POSIX host
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     GpuopsError,
-    check_non_negative,
+    check_seconds,
     holders_argument_spec,
     reader_argument_spec,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     ancestors,
+    cgroup,
     expand_devices,
     find_holders,
     load_holder,
+    read_process,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
+    NotPermittedError,
     ProcessRef,
     Signaller,
     parse_signal,
-    wait_exited,
 )
 
 DEFAULT_SIGNALS = ['TERM', 'KILL']
 LOCK_DIR = '/run/lock'
 LOCK_NAME = 'gpuops-nvidia-release.lock'
 
-# Rounds of signalling (the first holders, then children and newcomers found afterwards),
-# and how often one command line may come back after it was stopped before it is left alone.
-MAX_ROUNDS = 8
+# How often one command line may come back (a supervisor restarting it) and be stopped
+# again before it is left alone and reported as respawned.
 RESPAWN_LIMIT = 1
+
+# After the GPUs read clean, how long to watch that no holder comes back, counted from the
+# moment the last holder exited so that it overlaps the driver's own release of the memory.
+# systemd restarts a unit after RestartSec=100ms by default; supervisors that restart a job
+# within half a second are caught, slower ones are the next release's business.
+DEFAULT_SETTLE_S = 0.5
 
 # Each poll scans /proc and reads every GPU: on a host with many processes that is not free,
 # and a driver takes a fraction of a second or more to free the memory of a process that exited.
 POLL_MIN_S = 0.05
 POLL_MAX_S = 0.25
 POLL_GROWTH = 2
-# A read of the GPUs may outlast the deadline by this much, so that the state at the end
-# can still be reported.
+# The last read of the GPUs, which reports the state at the end, may take this long after
+# the signalling stops; the signalling stops that much before the timeout.
 READ_MIN_S = 1.0
+# Rescans of the frozen set before the final KILL: each finds processes forked before SIGSTOP landed.
+FREEZE_RESCANS = 5
 
 GPU_NODE_RE = re.compile(r'^nvidia([0-9]+)$')
-REASONS = ('uninterruptible', 'zombie', 'respawned', 'ignored_signals')
+REGEX_HINT_RE = re.compile(r'\.[*+]|[\\^$+(){}|]')
+REASONS = ('uninterruptible', 'zombie', 'respawned', 'ignored_signals', 'not_permitted')
 
 
 def release_argument_spec():
@@ -79,6 +94,7 @@ def release_argument_spec():
         grace_period=dict(type='float', default=5.0),
         wait=dict(type='bool', default=True),
         timeout=dict(type='float', default=60.0),
+        settle_time=dict(type='float', default=DEFAULT_SETTLE_S),
         memory_threshold_mib=dict(type='int', default=0),
         lock_file=dict(type='path'),
         facts_after=dict(type='bool', default=False),
@@ -88,19 +104,34 @@ def release_argument_spec():
     return spec
 
 
+def seconds(value):
+    """A duration for a message: 2.9994035 -> '3.0 s'."""
+    return '%.1f s' % value
+
+
 class ReleaseOptions:
     """Validated options of a release."""
 
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
-                 wait=True, timeout=60.0, memory_threshold_mib=0, lock_file=None, facts_after=False):
-        problem = check_non_negative(
-            dict(grace_period=grace_period, timeout=timeout, memory_threshold_mib=memory_threshold_mib),
-            ['grace_period', 'timeout', 'memory_threshold_mib'])
-        if problem:
-            raise GpuopsError(problem)
+                 wait=True, timeout=60.0, memory_threshold_mib=0, lock_file=None, facts_after=False,
+                 settle_time=DEFAULT_SETTLE_S):
+        for problem in (check_seconds('timeout', timeout, positive=True),
+                        check_seconds('grace_period', grace_period),
+                        check_seconds('settle_time', settle_time)):
+            if problem:
+                raise GpuopsError(problem)
+        if memory_threshold_mib < 0:
+            raise GpuopsError('memory_threshold_mib must be zero or more, got %s' % memory_threshold_mib)
         signals = DEFAULT_SIGNALS if signals is None else signals
         if not signals:
             raise GpuopsError('signals must name at least one signal, e.g. [TERM, KILL]')
+        parsed = [parse_signal(name) for name in signals]
+        ladder = grace_period * (len(parsed) - 1)
+        if ladder >= timeout:
+            raise GpuopsError('signals %s with grace_period %s take %s before the last signal, which does not fit '
+                              'in timeout %s; raise timeout or lower grace_period'
+                              % ('[%s]' % ', '.join(name for name, dummy in parsed), seconds(grace_period),
+                                 seconds(ladder), seconds(timeout)))
         for pattern in devices:
             if not pattern or not os.path.isabs(pattern):
                 raise GpuopsError('devices: %r is not an absolute path or glob (e.g. /dev/nvidia*)' % (pattern,))
@@ -113,21 +144,26 @@ class ReleaseOptions:
             gpus = sorted(set(gpus))
         self.devices = list(devices)
         self.gpus = gpus
-        self.signals = [parse_signal(name) for name in signals]
+        self.signals = parsed
         self.grace_period = grace_period
         self.protect = list(protect)
         self.wait = wait
         self.timeout = timeout
+        self.settle_time = settle_time
         self.memory_threshold_mib = memory_threshold_mib
         self.lock_file = lock_file
         self.facts_after = facts_after
+        self.warnings = ['extra_protect: %r looks like a regular expression; protect names are exact names or '
+                         'shell globs (e.g. python*), so it matches only a process named exactly that' % (name,)
+                         for name in protect if REGEX_HINT_RE.search(name)]
 
     @classmethod
     def from_params(cls, params):
         return cls(params['devices'], params.get('gpus'), params['signals'], params['grace_period'],
                    list(params['protect']) + list(params.get('extra_protect') or []),
                    params['wait'], params['timeout'], params['memory_threshold_mib'],
-                   params.get('lock_file'), params.get('facts_after', False))
+                   params.get('lock_file'), params.get('facts_after', False),
+                   params.get('settle_time', DEFAULT_SETTLE_S))
 
 
 def default_lock_file():
@@ -191,12 +227,18 @@ class ReleaseLock:
 
 
 class Target:
-    """A holder that is (or would be) signalled."""
+    """A holder that is (or would be) signalled, and where it stands on the ladder."""
 
-    def __init__(self, holder, ref):
+    def __init__(self, holder, ref, cgroup_path):
         self.holder = holder
         self.ref = ref
+        self.cgroup = cgroup_path
         self.signals_sent = []
+        self.step = 0          # the index in the ladder of the next signal
+        self.due = None        # when that signal (or, past the last one, the end of the wait) is due
+        self.signalled_tick = None  # clock ticks since boot when the first signal went out
+        self.gone_tick = None  # clock ticks since boot when it was first seen gone
+        self.not_permitted = None  # the uid the kernel would not let us signal
 
 
 def _key(holder):
@@ -218,6 +260,28 @@ def _holders_text(holders):
             holder.pid, holder.user, holder.cmdline or holder.comm, ', '.join(holder.devices),
             ' (protected)' if holder.protected else ''))
     return ''.join(lines)
+
+
+def boot_ticks():
+    """Clock ticks since boot now, in the unit of a process's start time."""
+    with open('/proc/uptime') as handle:
+        return int(float(handle.read().split()[0]) * os.sysconf('SC_CLK_TCK'))
+
+
+CONTAINER_RE = re.compile(r'(?:docker|cri-containerd|crio|libpod)-([0-9a-f]{12,64})\.scope$|^([0-9a-f]{64})$')
+
+
+def supervisor(holder, proc='/proc'):
+    """Who (re)started holder: its parent, and the systemd unit or container of its cgroup."""
+    parent = read_process(holder.ppid, proc) if holder.ppid else None
+    out = {'pid': holder.ppid, 'name': parent.comm if parent else None, 'unit': None, 'container': None}
+    for part in (cgroup(holder.pid, proc) or '').split('/'):
+        match = CONTAINER_RE.search(part)
+        if match:
+            out['container'] = match.group(1) or match.group(2)
+        elif part.endswith('.service') or part.endswith('.scope'):
+            out['unit'] = part
+    return out
 
 
 class ReleaseResult:
@@ -262,15 +326,19 @@ class Release:
         self.clock = clock
         self.sleep = sleep
         self.deadline = None
+        self.signal_deadline = None
         self.paths = []
         self.gpu_nodes = {}
         self.targets = {}
         self.left_alone = {}
         self.respawns = {}
         self.protected_seen = {}
+        self.impersonators = set()
         self.unreadable = 0
         self.read_error = None
-        self.warnings = []
+        self.warnings = list(options.warnings)
+        self.own_session = os.getsid(0)
+        self.own_cgroup = cgroup(os.getpid(), proc)
 
     # -- observation ---------------------------------------------------------------------
     def _warn(self, text):
@@ -327,6 +395,12 @@ class Release:
         for holder in holders:
             if holder.protected:
                 self.protected_seen.setdefault(_key(holder), holder)
+            elif holder.impersonates and holder.pid not in self.impersonators:
+                self.impersonators.add(holder.pid)
+                self._warn('pid %d (user %s, executable %s) calls itself %s but is not the protected daemon '
+                           '(its executable is not that root-owned program, or it runs as a regular user); '
+                           'it is treated as a normal holder' % (holder.pid, holder.user, holder.exe or 'unknown',
+                                                                 holder.impersonates))
         if snapshot is None and not force_read and self.options.wait \
                 and not any(not holder.protected for holder in holders):
             snapshot = self._read()
@@ -347,64 +421,182 @@ class Release:
         dirty = [gpu for gpu in self._scope(snapshot) if not self._gpu_clean(gpu)]
         return bool(dirty) and all(gpu.get('error') for gpu in dirty)
 
-    # -- signalling ----------------------------------------------------------------------
-    def _predecessor_exited(self, identity):
-        return any(_identity(target.holder) == identity and target.ref.exited()
-                   for target in self.targets.values())
+    # -- the ladder ----------------------------------------------------------------------
+    def _relative(self, holder):
+        """The target that holder was forked from or belongs with, or None.
 
-    def _fresh(self, holders):
-        """Unprotected holders not yet signalled; respawns past the limit are left alone."""
-        fresh = []
+        A descendant of a target is part of its job. So is a process that started before the
+        target was seen gone and shares its session or cgroup, or runs as the same user and
+        started after the target was first signalled: a fork racing the ladder, even one that
+        called setsid() and lost its parent. A process that started after the target was seen
+        gone is a successor (a respawn), not a fork.
+        """
+        chain = ancestors(holder.ppid, self.proc) if holder.ppid else set()
+        holder_cgroup = None
+        for target in self.targets.values():
+            other = target.holder
+            if other.pid in chain:
+                return target
+            if target.gone_tick is not None and holder.starttime > target.gone_tick:
+                continue
+            if holder.session and holder.session == other.session and holder.session != self.own_session:
+                return target
+            if holder.uid == other.uid and target.signalled_tick is not None \
+                    and holder.starttime >= target.signalled_tick:
+                return target
+            if target.cgroup and target.cgroup not in ('/', self.own_cgroup):
+                if holder_cgroup is None:
+                    holder_cgroup = cgroup(holder.pid, self.proc) or ''
+                if holder_cgroup == target.cgroup:
+                    return target
+        return None
+
+    def _is_successor(self, holder):
+        identity = _identity(holder)
+        return any(_identity(target.holder) == identity and target.ref.exited() for target in self.targets.values())
+
+    def _enlist(self, holders, now):
+        """Make targets of the unprotected holders not yet on the ladder; True when any joined."""
+        joined = False
         for holder in holders:
             key = _key(holder)
             if holder.protected or key in self.targets or key in self.left_alone:
                 continue
-            identity = _identity(holder)
-            if self._predecessor_exited(identity):
+            relative = self._relative(holder)
+            if relative is None and self._is_successor(holder):
+                identity = _identity(holder)
                 count = self.respawns.get(identity, 0)
                 if count >= RESPAWN_LIMIT:
                     self.left_alone[key] = holder
                     continue
                 self.respawns[identity] = count + 1
-            fresh.append(holder)
-        return fresh
+            target = Target(holder, ProcessRef(holder.pid, holder.starttime, self.proc),
+                            cgroup(holder.pid, self.proc))
+            if relative is not None and relative.step > 0:
+                target.step = relative.step - 1  # the signal its relative got last, now
+            target.due = now
+            self.targets[key] = target
+            joined = True
+        return joined
 
-    def _ladder(self, holders):
-        batch = []
-        for holder in holders:
-            target = Target(holder, ProcessRef(holder.pid, holder.starttime, self.proc))
-            self.targets[_key(holder)] = target
-            batch.append(target)
-        for name, number in self.options.signals:
-            alive = [target for target in batch if not target.ref.exited()]
-            if not alive:
+    def _grace(self, now, remaining):
+        """The wait before the next signal, squeezed so that the remaining ones fit the deadline."""
+        left = max(self.signal_deadline - now, 0.0)
+        return min(self.options.grace_period, left / max(remaining, 1))
+
+    def _send(self, target, name, number):
+        """Signal target; True when the signal went out. SIGSTOP, part of the final step, is
+        logged but not listed in signals_sent, which lists the ladder's signals."""
+        holder = target.holder
+        try:
+            sent = self.signaller.send(target.ref, name, number, holder.user,
+                                       holder.cmdline or holder.comm, holder.devices)
+        except NotPermittedError as exc:
+            target.not_permitted = exc.uid if exc.uid is not None else holder.uid
+            return False
+        if sent and number != signal.SIGSTOP:
+            target.signals_sent.append(name)
+        if sent and target.signalled_tick is None:
+            target.signalled_tick = boot_ticks()
+        return sent
+
+    def _advance(self, now):
+        """Send every signal that is due; the final KILL goes to the whole set at once."""
+        ladder = self.options.signals
+        last = len(ladder) - 1
+        final = []
+        for target in list(self.targets.values()):
+            if target.step > last or target.due > now or target.not_permitted is not None \
+                    or target.ref.exited():
+                continue
+            if target.step == last and ladder[last][0] == 'KILL':
+                final.append(target)
+                continue
+            name, number = ladder[target.step]
+            self._send(target, name, number)
+            target.step += 1
+            target.due = now + self._grace(now, len(ladder) - target.step)
+        if final:
+            self._freeze_and_kill(final, now)
+
+    def _freeze_and_kill(self, group, now):
+        """SIGSTOP the group, then any process forked meanwhile, and SIGKILL them all.
+
+        A stopped process cannot fork, so the set stops growing and the KILL reaches all of it.
+        """
+        frozen = [target for target in group if self._send(target, 'STOP', signal.SIGSTOP)]
+        for dummy in range(FREEZE_RESCANS):
+            holders = self._discover(None)
+            fresh = [holder for holder in holders if not holder.protected and _key(holder) not in self.targets
+                     and _key(holder) not in self.left_alone and self._relative(holder) is not None]
+            if not fresh:
                 break
-            for target in alive:
-                holder = target.holder
-                try:
-                    sent = self.signaller.send(target.ref, name, number, holder.user,
-                                               holder.cmdline or holder.comm, holder.devices)
-                except GpuopsError as exc:  # not permitted: report it and go on with the others
-                    self._warn(str(exc))
-                    continue
-                if sent:
-                    target.signals_sent.append(name)
-            wait_exited([target.ref for target in alive], self.options.grace_period, self.clock)
+            self._enlist(fresh, now)
+            for holder in fresh:
+                target = self.targets[_key(holder)]
+                if self._send(target, 'STOP', signal.SIGSTOP):
+                    frozen.append(target)
+        for target in group + [target for target in frozen if target not in group]:
+            self._send(target, 'KILL', signal.SIGKILL)
+            target.step = len(self.options.signals)
+            target.due = now + self._grace(now, 0)
+
+    def _note_exits(self):
+        tick = None
+        for target in self.targets.values():
+            if target.gone_tick is None and target.ref.exited():
+                tick = boot_ticks() if tick is None else tick
+                target.gone_tick = tick
+
+    def _ladder_pending(self, now, holders):
+        """True while a target may still get a signal or is within the wait after its last one,
+        or a holder has yet to join the ladder."""
+        for target in self.targets.values():
+            if target.not_permitted is None and not target.ref.exited() and \
+                    (target.step < len(self.options.signals) or target.due > now):
+                return True
+        return any(not holder.protected and _key(holder) not in self.targets and _key(holder) not in self.left_alone
+                   for holder in holders)
+
+    def _next_event(self, now, delay):
+        """When the loop must look again: the next signal due, the next poll, or the deadline."""
+        wake = now + delay
+        for target in self.targets.values():
+            if target.step < len(self.options.signals) and target.not_permitted is None:
+                wake = min(wake, target.due)
+        return min(wake, self.signal_deadline)
+
+    def _pause(self, until):
+        """Sleep until then, waking early when a target exits (pidfds)."""
+        left = until - self.clock()
+        if left <= 0:
+            return
+        pidfds = [target.ref.pidfd for target in self.targets.values()
+                  if target.ref.pidfd is not None and not target.ref.exited()]
+        if pidfds:
+            poller = select.poll()
+            for fd in pidfds:
+                poller.register(fd, select.POLLIN)
+            poller.poll(max(1, int(left * 1000)))
+        else:
+            self.sleep(left)
 
     # -- the run -------------------------------------------------------------------------
+    def _resolve_devices(self):
+        """The device node paths; a pattern that matches none, or a non-NVIDIA node, is an error."""
+        paths = expand_devices(self.options.devices)
+        unmatched = [pattern for pattern in self.options.devices if not expand_devices([pattern])]
+        if unmatched:
+            raise GpuopsError('devices: %s matches no NVIDIA device node (is the pattern spelled right, and '
+                              'is the NVIDIA driver loaded?); nothing was signalled' % ', '.join(unmatched))
+        return paths
+
     def run(self):
         started = self.clock()
         self.deadline = started + self.options.timeout
+        self.signal_deadline = self.deadline - min(READ_MIN_S, self.options.timeout / 4)
         result = ReleaseResult()
-        self.paths = expand_devices(self.options.devices)
-        if not self.paths:
-            self._warn('devices: no device node matches %s; this host may have no NVIDIA GPU or '
-                       'driver, nothing to release' % ', '.join(self.options.devices))
-            result.released = True
-            self._read_facts_after(result)
-            result.elapsed_s = round(self.clock() - started, 3)
-            result.warnings = self.warnings
-            return result
+        self.paths = self._resolve_devices()
         for path in self.paths:
             match = GPU_NODE_RE.match(os.path.basename(path))
             if match:
@@ -481,25 +673,31 @@ class Release:
             result.diff['after'] = _holders_text([holder for holder in holders if holder.protected])
             return
 
-        rounds = 0
         delay = POLL_MIN_S
+        last_exit = None
         while True:
-            fresh = self._fresh(holders)
-            if fresh and rounds < MAX_ROUNDS:
-                rounds += 1
-                self._ladder(fresh)
-                snapshot, holders = self._observe()
+            now = self.clock()
+            if self._enlist(holders, now):
                 delay = POLL_MIN_S
-                continue
-            if not self.options.wait or self._clean(snapshot, holders) \
-                    or self._only_lost_left(snapshot, holders):
+            self._advance(now)
+            if not self.options.wait and not self._ladder_pending(now, holders):
                 break
-            left = self.deadline - self.clock()
-            if left <= 0:
-                break
-            self.sleep(min(delay, left))
+            self._pause(self._next_event(self.clock(), delay))
             delay = min(delay * POLL_GROWTH, POLL_MAX_S)
+            self._note_exits()
             snapshot, holders = self._observe()
+            now = self.clock()
+            if any(not holder.protected for holder in holders):
+                last_exit = None
+            elif last_exit is None:
+                last_exit = now
+            if self.options.wait and self._clean(snapshot, holders) and \
+                    (not self.targets or now >= last_exit + self.options.settle_time):
+                break
+            if self._only_lost_left(snapshot, holders) or self._only_respawns_left(now, holders):
+                break
+            if now >= self.signal_deadline:
+                break
         if snapshot is None:
             snapshot = self._read()
             if snapshot is None:
@@ -507,12 +705,21 @@ class Release:
 
         self._report(result, snapshot, holders)
 
+    def _only_respawns_left(self, now, holders):
+        """True when waiting cannot help: what holds the GPUs keeps being restarted."""
+        unprotected = [holder for holder in holders if not holder.protected]
+        return bool(unprotected) and all(_key(holder) in self.left_alone for holder in unprotected) \
+            and not self._ladder_pending(now, [])
+
     def _reason(self, holder):
         if holder.state == 'D':
             return 'uninterruptible'
-        if holder.state in ('Z', 'X'):
+        if holder.state in ('Z', 'X') and holder.threads <= 1:
             return 'zombie'
-        if _key(holder) in self.targets:
+        target = self.targets.get(_key(holder))
+        if target is not None and target.not_permitted is not None:
+            return 'not_permitted'
+        if target is not None:
             return 'ignored_signals'
         return 'respawned'
 
@@ -520,6 +727,17 @@ class Release:
         node = self.gpu_nodes.get(gpu.get('index'))
         return (node is not None and node in holder.devices) or \
             any(process.get('pid') == holder.pid for process in gpu.get('processes') or [])
+
+    def _survivor(self, holder, scope):
+        target = self.targets.get(_key(holder))
+        out = dict(_describe(holder), reason=self._reason(holder),
+                   signals_sent=list(target.signals_sent) if target else [],
+                   gpus=[gpu.get('index') for gpu in scope if self._blocks(holder, gpu)])
+        if out['reason'] == 'respawned':
+            out['supervisor'] = supervisor(holder, self.proc)
+        elif out['reason'] == 'not_permitted':
+            out['uid'] = target.not_permitted
+        return out
 
     def _report(self, result, snapshot, holders):
         scope = self._scope(snapshot)
@@ -530,12 +748,7 @@ class Release:
         result.changed = any(target.signals_sent for target in self.targets.values())
         result.protected = [_describe(holder) for key, holder in sorted(self.protected_seen.items())]
         survivors = [holder for holder in holders if not holder.protected]
-        for holder in survivors:
-            target = self.targets.get(_key(holder))
-            result.survivors.append(dict(
-                _describe(holder), reason=self._reason(holder),
-                signals_sent=list(target.signals_sent) if target else [],
-                gpus=[gpu.get('index') for gpu in scope if self._blocks(holder, gpu)]))
+        result.survivors = [self._survivor(holder, scope) for holder in survivors]
         result.gpus_after = self._memory(snapshot)
         result.diff['after'] = _holders_text(holders)
         result.released = self._clean(snapshot, holders)
@@ -548,10 +761,22 @@ class Release:
             if not result.released:
                 result.failure = self._failure(snapshot, scope, result)
 
+    @staticmethod
+    def _why(survivor):
+        text = 'pid %d (%s, %s' % (survivor['pid'], survivor['comm'], survivor['reason'])
+        owner = survivor.get('supervisor')
+        if owner:
+            text += ' by pid %s %s' % (owner['pid'], owner['name'] or '')
+            text += ''.join(', %s %s' % (kind, owner[kind]) for kind in ('unit', 'container') if owner[kind])
+        if survivor['reason'] == 'not_permitted':
+            text += ', uid %s' % survivor['uid']
+        return text + ')'
+
     def _failure(self, snapshot, scope, result):
         problems = []
         if snapshot is None:
             problems.append('the GPUs could not be read: %s' % self.read_error)
+        protected = dict((holder.pid, holder) for holder in self.protected_seen.values())
         blocking = set()
         for gpu in scope:
             index = gpu.get('index')
@@ -566,19 +791,19 @@ class Release:
                 problems.append('GPU %s: %s MiB used with no process left (orphaned memory; only a GPU '
                                 'reset frees it)' % (index, used))
             elif holders or reported or used is None or used > self.options.memory_threshold_mib:
-                why = ['pid %d (%s, %s)' % (survivor['pid'], survivor['comm'], survivor['reason'])
-                       for survivor in holders]
-                why += ['pid %s (%s, reported by the driver)' % (process.get('pid'), process.get('name'))
+                why = [self._why(survivor) for survivor in holders]
+                why += ['protected pid %s (%s), which is never signalled' % (process.get('pid'), process.get('name'))
+                        if process.get('pid') in protected else
+                        'pid %s (%s, reported by the driver)' % (process.get('pid'), process.get('name'))
                         for process in reported]
                 amount = 'memory used not reported' if used is None else '%s MiB used' % used
                 problems.append('GPU %s: %s%s' % (index, amount, ', held by ' + ', '.join(why) if why else ''))
         for survivor in result.survivors:
             if survivor['pid'] not in blocking:
-                problems.append('pid %d (%s, %s) still holds %s' % (
-                    survivor['pid'], survivor['comm'], survivor['reason'], ', '.join(survivor['devices'])))
+                problems.append('%s still holds %s' % (self._why(survivor), ', '.join(survivor['devices'])))
         if scope and all(gpu.get('error') or self._gpu_clean(gpu) for gpu in scope) and not result.survivors:
             return 'GPUs not released: %s' % '; '.join(problems)
-        return 'GPUs not released within %s s: %s' % (self.options.timeout, '; '.join(problems))
+        return 'GPUs not released within %s: %s' % (seconds(self.options.timeout), '; '.join(problems))
 
 
 def release(reader, options, check_mode=False, signaller=None, proc='/proc'):

@@ -32,28 +32,45 @@ except ImportError:  # not a POSIX host
     HAS_SYSLOG = False
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import read_process
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import is_gone, read_process
 
 HAS_PIDFD = hasattr(os, 'pidfd_open') and hasattr(signal, 'pidfd_send_signal')
 
 SYSLOG_IDENT = 'gpuops.nvidia'
 
+# Signals whose default action stops, continues or ignores a process: a ladder of them would
+# leave the job (and its GPU memory) in place, frozen or untouched.
+NOT_TERMINATING = ('STOP', 'TSTP', 'TTIN', 'TTOU', 'CONT', 'CHLD', 'URG', 'WINCH')
+
+
+class NotPermittedError(GpuopsError):
+    """The kernel refused a signal (EPERM): the process belongs to someone we may not signal."""
+
+    def __init__(self, message, uid=None):
+        super(NotPermittedError, self).__init__(message)
+        self.uid = uid
+
 
 def parse_signal(value):
-    """(NAME, number) for a signal given as TERM, SIGTERM, term or 15."""
+    """(NAME, number) for a terminating signal given as TERM, SIGTERM, term or 15."""
     text = str(value).strip()
     if text.isdigit():
         try:
-            return signal.Signals(int(text)).name[3:], int(text)
+            member = signal.Signals(int(text))
         except ValueError:
             raise GpuopsError('signals: %s is not a signal number on this host' % text)
-    name = text.upper()
-    if not name.startswith('SIG'):
-        name = 'SIG' + name
-    member = signal.Signals.__members__.get(name)
-    if member is None:
-        raise GpuopsError('signals: unknown signal %r (use names such as TERM, INT, KILL)' % (value,))
-    return member.name[3:], int(member)
+    else:
+        name = text.upper()
+        if not name.startswith('SIG'):
+            name = 'SIG' + name
+        member = signal.Signals.__members__.get(name)
+        if member is None:
+            raise GpuopsError('signals: unknown signal %r (use names such as TERM, INT, KILL)' % (value,))
+    name = member.name[3:]
+    if name in NOT_TERMINATING:
+        raise GpuopsError('signals: SIG%s does not end a process (by default it stops, continues or is '
+                          'ignored); use terminating signals such as INT, TERM, KILL' % name)
+    return name, int(member)
 
 
 def system_log(message):
@@ -95,7 +112,7 @@ class ProcessRef:
 
     def _is_same(self):
         info = read_process(self.pid, self.proc)
-        return info is not None and info[5] == self.starttime and info[6] not in ('Z', 'X')
+        return not is_gone(info) and info.starttime == self.starttime
 
     def exited(self):
         """True once the process has exited (a zombie counts) or its pid names another one."""
@@ -126,6 +143,11 @@ class ProcessRef:
             if exc.errno == errno.ESRCH:
                 self._gone = True
                 return False
+            if exc.errno == errno.EPERM:
+                info = read_process(self.pid, self.proc)
+                uid = info.uid if info else None
+                raise NotPermittedError('not permitted to signal pid %d (uid %s): run with become: true'
+                                        % (self.pid, uid), uid)
             raise GpuopsError('cannot send signal %d to pid %d: %s' % (signum, self.pid, exc.strerror))
         return True
 

@@ -125,12 +125,17 @@ class Host:
     # -- workloads -----------------------------------------------------------------------
     def hold(self, gpus="all", mib=0, util=0, name=None, ignore_term=False, children=0,
              respawn=0, respawn_delay=0.0, map=False, leak=False, open_gpus=None,
-             argv=None, cwd=None):
-        """Start a detached holder; returns {"pid", "monitor_pid", "children"}."""
+             argv=None, cwd=None, daemon=False):
+        """Start a detached holder; returns {"pid", "monitor_pid", "children"}.
+
+        daemon=True runs it from an executable file named `name` (sbin/<name>, owned by the
+        caller, mode 0755), as a real daemon runs from its own program: the release protects a
+        process by its executable, not by the name it gives itself."""
         info, proc = _hold.start_hold(
             self.paths, gpus, mib, util=util, name=name, ignore_term=ignore_term,
             children=children, respawn=respawn, respawn_delay=respawn_delay, map=map,
-            leak=leak, open_gpus=open_gpus, argv=argv, cwd=cwd)
+            leak=leak, open_gpus=open_gpus, argv=argv, cwd=cwd,
+            exe=_hold.install_daemon(self.paths, name) if daemon else None)
         self._monitors.append(proc)
         return info
 
@@ -140,7 +145,7 @@ class Host:
         self.stop()
         shutil.rmtree(self.paths.procs, ignore_errors=True)
         self.init(gpus=8, release_delay=release_delay)
-        persistenced = self.hold(gpus="all", mib=0, name="nvidia-persistenced",
+        persistenced = self.hold(gpus="all", mib=0, name="nvidia-persistenced", daemon=True,
                                  argv=["nvidia-persistenced", os.path.join(self.paths.lib, "holder.py"),
                                        "--user", "nvidia-persistenced", "--persistence-mode"])
         job = os.path.join(self.paths.lib, "job")

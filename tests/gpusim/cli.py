@@ -34,6 +34,8 @@ def _parser():
     c.add_argument("--mib", type=int, required=True)
     c.add_argument("--util", type=int, default=0)
     c.add_argument("--name", default=None)
+    c.add_argument("--daemon", action="store_true",
+                   help="run from a root-owned executable named --name, as a real daemon does")
     c.add_argument("--ignore-term", action="store_true")
     c.add_argument("--children", type=int, default=0)
     c.add_argument("--respawn", type=int, default=0, help="times to re-spawn (-1 = forever)")
@@ -101,7 +103,8 @@ def main(argv=None):
             info = host.hold(gpus=args.gpus, mib=args.mib, util=args.util, name=args.name,
                              ignore_term=args.ignore_term, children=args.children,
                              respawn=args.respawn, respawn_delay=args.respawn_delay,
-                             map=args.map, leak=args.leak, open_gpus=args.open_gpus)
+                             map=args.map, leak=args.leak, open_gpus=args.open_gpus,
+                             daemon=args.daemon)
             print(json.dumps(info))
         elif args.cmd == "fault":
             k = args.kind

@@ -136,7 +136,7 @@ def _gpu_list(spec, all_gpus):
 
 def start_hold(paths, gpus, mib, util=0, name=None, ignore_term=False, children=0,
                respawn=0, respawn_delay=0.0, map=False, leak=False, open_gpus=None,
-               argv=None, cwd=None, timeout=20.0):
+               argv=None, cwd=None, timeout=20.0, exe=None):
     """Start a detached monitor + holder; return ({"pid", "monitor_pid", "children"}, Popen)."""
     import select
     import subprocess
@@ -154,6 +154,7 @@ def start_hold(paths, gpus, mib, util=0, name=None, ignore_term=False, children=
         "map": bool(map), "leak": bool(leak),
         "argv": argv or [name or "python3", os.path.join(paths.lib, "holder.py")],
         "cwd": cwd or "/",
+        "exe": exe or sys.executable,
     }
     env = dict(os.environ)
     env["GPUSIM_MONITOR"] = json.dumps(cfg)
@@ -189,6 +190,24 @@ def start_hold(paths, gpus, mib, util=0, name=None, ignore_term=False, children=
     return info, proc
 
 
+def install_daemon(paths, name):
+    """An executable named name under ROOT/usr/sbin: a copy of this Python interpreter (which
+    finds its libraries through PYTHONHOME, as every holder does), mode 0755."""
+    if not name or "/" in name:
+        raise ValueError("gpusim hold: a daemon needs a plain --name, got %r" % (name,))
+    sbin = os.path.join(paths.root, "usr", "sbin")
+    exe = os.path.join(sbin, name)
+    if not os.path.isfile(exe):
+        import shutil
+
+        os.makedirs(sbin, exist_ok=True)
+        tmp = "%s.tmp.%d" % (exe, os.getpid())
+        shutil.copyfile(os.path.realpath(sys.executable), tmp)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, exe)
+    return exe
+
+
 # ---------------------------------------------------------------- monitor
 
 def _spawn_holder(paths, cfg):
@@ -208,7 +227,7 @@ def _spawn_holder(paths, cfg):
             # argv[0] is the fake process name, so Python cannot find its prefix from it.
             env["PYTHONHOME"] = "%s:%s" % (sys.base_prefix, sys.base_exec_prefix)
             os.chdir(cfg["cwd"])
-            os.execve(sys.executable, cfg["argv"], env)
+            os.execve(cfg["exe"], cfg["argv"], env)
         finally:
             os._exit(127)
     os.close(w)

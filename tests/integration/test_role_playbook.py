@@ -141,16 +141,16 @@ def fleet(tmp_path_factory):
         info['stubborn'] = make('stubborn', gpus=2).hold(gpus=[0], mib=2048, ignore_term=True)
         daemons = make('daemons', gpus=2)
         info['daemons'] = dict(
-            daemons=[daemons.hold(gpus='all', name=name)['pid']
+            daemons=[daemons.hold(gpus='all', name=name, daemon=True)['pid']
                      for name in ('nvidia-persistenced', 'nv-hostengine', 'dcgm-exporter')],
             job=daemons.hold(gpus=[1], mib=1024)['pid'])
         info['orphan_off'] = make('orphan_off', gpus=4).hold(gpus=[3], mib=8192, leak=True)
         orphan_on = make('orphan_on', gpus=4)
-        info['orphan_on'] = dict(persistenced=orphan_on.hold(gpus='all', name='nvidia-persistenced')['pid'],
+        info['orphan_on'] = dict(persistenced=orphan_on.hold(gpus='all', name='nvidia-persistenced', daemon=True)['pid'],
                                  job=orphan_on.hold(gpus=[1], mib=4096, leak=True)['pid'])
         refused = make('refused', gpus=2)
-        info['refused'] = dict(daemon=refused.hold(gpus='all', name='nv-hostengine')['pid'],
-                               persistenced=refused.hold(gpus='all', name='nvidia-persistenced')['pid'])
+        info['refused'] = dict(daemon=refused.hold(gpus='all', name='nv-hostengine', daemon=True)['pid'],
+                               persistenced=refused.hold(gpus='all', name='nvidia-persistenced', daemon=True)['pid'])
         refused.hold(gpus=[1], mib=512, leak=True)
         make('lost', gpus=4).fault('lost', gpu=2)
         make('stuck', gpus=2).fault('stuck', gpu=1, mib=4096)

@@ -10,8 +10,10 @@ __metaclass__ = type
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -65,15 +67,70 @@ def test_finds_open_and_mapped_holders_with_their_devices(devroot, spawn):
     assert holder['protected'] is False
 
 
-def test_protects_nvidia_daemons_by_comm_and_by_argv0(devroot, spawn):
+def test_protects_nvidia_daemons_by_their_executable(devroot, spawn):
+    daemon = spawn([devroot / 'nvidia0'], name='nvidia-persistenced', exe='nvidia-persistenced')
     by_comm = spawn([devroot / 'nvidia0'], name='nvidia-persistenced')
     by_argv0 = spawn([devroot / 'nvidia0'], argv0='/usr/bin/nv-hostengine')
     worker = spawn([devroot / 'nvidia0'], name='python3')
     holders, dummy = find_holders([str(devroot / 'nvidia0')], DEFAULT_PROTECT)
-    protected = dict((h.pid, h.protected) for h in holders)
-    assert protected == {by_comm.pid: True, by_argv0.pid: True, worker.pid: False}
-    comms = dict((h.pid, h.comm) for h in holders)
-    assert comms[by_comm.pid] == 'nvidia-persiste'
+    found = dict((h.pid, h) for h in holders)
+    assert dict((pid, h.protected) for pid, h in found.items()) == {
+        daemon.pid: True, by_comm.pid: False, by_argv0.pid: False, worker.pid: False}
+    assert found[daemon.pid].comm == 'nvidia-persiste'
+    # The look-alikes are named for what they claim to be.
+    assert found[by_comm.pid].to_dict()['impersonates'] == 'nvidia-persistenced'
+    assert found[by_argv0.pid].to_dict()['impersonates'] == 'nv-hostengine'
+    assert 'impersonates' not in found[worker.pid].to_dict()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason='needs root to own the executable and to run as another user')
+def test_protection_needs_a_root_owned_program_and_a_system_account(devroot, spawn, tmp_path):
+    nobody = pwd.getpwnam('nobody').pw_uid
+    # The real program, root-owned, run by a regular user: a directory that user can enter.
+    public = tempfile.mkdtemp()
+    os.chmod(public, 0o755)
+    node = os.path.join(public, 'nvidia0')
+    shutil.copyfile(str(devroot / 'nvidia0'), node)
+    os.chmod(node, 0o666)
+    program = os.path.join(public, 'nvidia-persistenced')
+    shutil.copyfile('/bin/sleep', program)
+    os.chmod(program, 0o755)
+    as_user = subprocess.Popen(['bash', '-c', 'exec 3<>"$1"; echo ready; exec "$2" 60', '-', node, program],
+                               stdout=subprocess.PIPE, preexec_fn=lambda: (os.setgid(nobody), os.setuid(nobody)))
+    try:
+        assert as_user.stdout.readline().strip() == b'ready'
+        holders, dummy = find_holders([node], DEFAULT_PROTECT)
+        assert [(h.pid, h.protected, h.impersonates) for h in holders] == [
+            (as_user.pid, False, 'nvidia-persistenced')]
+    finally:
+        as_user.kill()
+        as_user.wait()
+        shutil.rmtree(public)
+    writable = os.path.join(str(tmp_path), 'writable', 'Xorg')
+    os.makedirs(os.path.dirname(writable))
+    shutil.copyfile(os.path.realpath(sys.executable), writable)
+    os.chmod(writable, 0o775)  # group-writable: anyone in the group could replace it
+    group_writable = spawn([devroot / 'nvidia0'], exe=writable)
+    foreign = os.path.join(str(tmp_path), 'foreign', 'nv-hostengine')
+    os.makedirs(os.path.dirname(foreign))
+    shutil.copyfile(os.path.realpath(sys.executable), foreign)
+    os.chmod(foreign, 0o755)
+    os.chown(foreign, nobody, -1)  # a user's own copy
+    user_owned = spawn([devroot / 'nvidia0'], exe=foreign)
+    holders, dummy = find_holders([str(devroot / 'nvidia0')], DEFAULT_PROTECT)
+    found = dict((h.pid, h) for h in holders)
+    assert [found[p.pid].protected for p in (group_writable, user_owned)] == [False] * 2
+    assert [found[p.pid].impersonates for p in (group_writable, user_owned)] == ['Xorg', 'nv-hostengine']
+
+
+@pytest.mark.parametrize('pattern, expected', [
+    ('nvidia-persistenced', True), ('nvidia-persist*', True), ('nv*-persistenced', True),
+    ('nvidia-persistence', False), ('nvidia.*', False),
+])
+def test_protect_names_are_exact_or_globs(devroot, spawn, pattern, expected):
+    daemon = spawn([devroot / 'nvidia0'], exe='nvidia-persistenced')
+    holders, dummy = find_holders([str(devroot / 'nvidia0')], [pattern])
+    assert [h.protected for h in holders if h.pid == daemon.pid] == [expected]
 
 
 def test_own_ancestors_are_protected(devroot):

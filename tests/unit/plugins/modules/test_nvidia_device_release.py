@@ -96,7 +96,7 @@ def test_dirty_gpu_fails_with_every_field(capsys, gpuhost, tmp_path):
 
 
 def test_facts_after_has_the_facts_shape(capsys, gpuhost, tmp_path):
-    daemon = gpuhost.hold(gpus=[0, 1], mib=0, name='nvidia-persistenced')
+    daemon = gpuhost.hold(gpus=[0, 1], mib=0, name='nvidia-persistenced', daemon=True)
     job = gpuhost.hold(gpus=[2, 3], mib=4096)
     result = run_module(capsys, gpuhost, tmp_path, grace_period=1, facts_after=True)
     assert 'facts_after' not in run_module(capsys, gpuhost, tmp_path)
