@@ -18,17 +18,9 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import errno
 import os
 import re
-import tempfile
 import time
-
-try:
-    import fcntl
-    HAS_FCNTL = True
-except ImportError:  # not a POSIX host
-    HAS_FCNTL = False
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     GpuopsError,
@@ -43,6 +35,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     find_holders,
     load_holder,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     ProcessRef,
     Signaller,
@@ -51,8 +44,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
 )
 
 DEFAULT_SIGNALS = ['TERM', 'KILL']
-LOCK_DIR = '/run/lock'
-LOCK_NAME = 'gpuops-nvidia-release.lock'
 
 # Rounds of signalling (the first holders, then children and newcomers found afterwards),
 # and how often one command line may come back after it was stopped before it is left alone.
@@ -128,66 +119,6 @@ class ReleaseOptions:
                    list(params['protect']) + list(params.get('extra_protect') or []),
                    params['wait'], params['timeout'], params['memory_threshold_mib'],
                    params.get('lock_file'), params.get('facts_after', False))
-
-
-def default_lock_file():
-    if os.path.isdir(LOCK_DIR) and os.access(LOCK_DIR, os.W_OK):
-        return os.path.join(LOCK_DIR, LOCK_NAME)
-    return os.path.join(tempfile.gettempdir(), LOCK_NAME)
-
-
-class ReleaseLock:
-    """An exclusive flock on a file, so that releases on one host run one at a time."""
-
-    def __init__(self, path):
-        self.path = path
-        self.fd = None
-
-    def acquire(self, deadline, clock=time.monotonic, sleep=time.sleep):
-        if not HAS_FCNTL:
-            return
-        try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            writable = True
-        except OSError:
-            # Created by another user (e.g. in a sticky temp dir): a read-only fd locks as well.
-            try:
-                self.fd = os.open(self.path, os.O_RDONLY)
-            except OSError as exc:
-                raise GpuopsError('cannot open lock file %s: %s (set lock_file)' % (self.path, exc.strerror))
-            writable = False
-        delay = 0.01
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except (IOError, OSError) as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                    self.release()
-                    raise GpuopsError('cannot lock %s: %s' % (self.path, exc.strerror))
-            left = deadline - clock()
-            if left <= 0:
-                owner = self._owner()
-                self.release()
-                raise GpuopsError('another release%s still holds the lock file %s; gave up when the '
-                                  'timeout passed' % (' (pid %s)' % owner if owner else '', self.path))
-            sleep(min(delay, left))
-            delay = min(delay * 2, 0.2)
-        if writable:
-            os.ftruncate(self.fd, 0)
-            os.write(self.fd, ('%d\n' % os.getpid()).encode('ascii'))
-
-    def _owner(self):
-        try:
-            with open(self.path) as handle:
-                return handle.read().strip() or None
-        except (IOError, OSError):
-            return None
-
-    def release(self):
-        if self.fd is not None:
-            os.close(self.fd)  # closing the last fd drops the flock
-            self.fd = None
 
 
 class Target:
@@ -418,7 +349,7 @@ class Release:
         lock = None
         try:
             if not self.check_mode:
-                lock = ReleaseLock(self.options.lock_file or default_lock_file())
+                lock = ReleaseLock(self.options.lock_file)
                 lock.acquire(self.deadline, self.clock, self.sleep)
             self._run(result)
         finally:
