@@ -242,16 +242,27 @@ class ReleaseLock:
             return
         if self.default:
             ensure_private_dir(os.path.dirname(self.path))
-        self.fd = open_lock_file(self.path)
-        delay = 0.01
+        delay, opened = 0.01, False
         while True:
+            if self.fd is None:
+                if opened and deadline - clock() <= 0:
+                    raise GpuopsError('lock file %s kept being removed or replaced; gave up when the '
+                                      'timeout passed' % self.path)
+                self.fd = open_lock_file(self.path)
+                opened = True
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                if self._still_at_path():
+                    break
+                self.release()  # removed or replaced while we waited: lock what is there now
+                continue
             except (IOError, OSError) as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
                     self.release()
                     raise GpuopsError('cannot lock %s: %s' % (self.path, exc.strerror))
+            if not self._still_at_path():  # the file we wait on was removed or replaced
+                self.release()
+                continue
             left = deadline - clock()
             if left <= 0:
                 holders = lock_holders(self.fd)
@@ -262,7 +273,17 @@ class ReleaseLock:
                                   'the timeout passed' % (self.path, who))
             sleep(min(delay, left))
             delay = min(delay * 2, 0.2)
+        if self.default:
+            os.fchmod(self.fd, 0o600)  # our own file, in our own directory: no one else opens it
         self._write_pid()
+
+    def _still_at_path(self):
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return False
+        mine = os.fstat(self.fd)
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
     def _write_pid(self):
         """For people reading the file: our pid, only where the file is empty or a pid already."""

@@ -246,6 +246,9 @@ class SmiRunner:
             raise PermanentReadError(_exec_failure(path, exc) + ': ' + self.HINT)
         try:
             output = self._collect(proc, time.monotonic() + timeout)
+        except BaseException:  # interrupted: leave nothing running behind
+            self._abandon(proc)
+            raise
         finally:
             proc.stdout.close()
             proc.stderr.close()
@@ -265,9 +268,10 @@ class SmiRunner:
         try:
             for pipe in (proc.stdout, proc.stderr):
                 selector.register(pipe, selectors.EVENT_READ)
-            delay, drain_until = 0.001, None
+            delay, drain_until, reaped = 0.001, None, False
             while True:
-                exited = _exited(proc.pid)
+                state = _exited(proc.pid)
+                exited, reaped = state is not False, state is None
                 if exited and drain_until is None:
                     drain_until = time.monotonic() + self.POLL_S
                 if exited and (not selector.get_map() or time.monotonic() > drain_until):
@@ -293,8 +297,8 @@ class SmiRunner:
                     delay = min(delay * 2, self.POLL_S)
         finally:
             selector.close()
-        # Not reaped yet, so its pid is still its process group's: kill what it left there.
-        _kill_group(proc.pid)
+        if not reaped:  # unreaped, its pid still names its group: kill what it left there
+            _kill_group(proc.pid)
         proc.wait()
         return b''.join(chunks[proc.stdout.fileno()]), b''.join(chunks[proc.stderr.fileno()])
 
@@ -302,6 +306,8 @@ class SmiRunner:
         # Its descendants are found first (one may have left the group with setsid), then the
         # group and they are killed. A process stuck in the driver (D state) cannot die until
         # the driver lets it go: give it a moment, and never wait on it longer than that.
+        if proc.returncode is not None or _exited(proc.pid) is None:
+            return  # reaped: its pid may be another process's by now
         descendants = _descendants(proc.pid)
         _kill_group(proc.pid)
         for pid, starttime in descendants:
@@ -343,11 +349,12 @@ def _interpreter(path):
 
 
 def _exited(pid):
-    """True when the child pid has exited; it stays a zombie (unreaped) until waited for."""
+    """False while the child pid runs, True once it has exited (a zombie, unreaped until waited
+    for, so its pid and process group id cannot be reused), None when it was reaped elsewhere."""
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
-        return True
+        return None
 
 
 def _kill_group(pgid):

@@ -139,9 +139,12 @@ def test_default_lock_directory_is_created_private_and_the_file_0600(lock_dir):
 
 
 @root_only
-def test_no_other_user_can_open_the_default_lock_and_so_cannot_hold_it(lock_dir):
+def test_no_other_user_can_open_the_default_lock_and_so_cannot_hold_it(shared_dir, monkeypatch):
+    lock_dir = os.path.join(shared_dir, 'gpuops')  # every user can reach its parent, as /run
+    monkeypatch.setattr(_lock, 'LOCK_DIR', lock_dir)
     acquire().release()
     path = os.path.join(lock_dir, 'nvidia-release.lock')
+    assert os.path.exists(path)
 
     def try_to_lock():
         try:
@@ -285,6 +288,13 @@ def test_a_missing_directory_for_lock_file_is_a_clear_error(tmp_path):
 
 # -- who holds it ---------------------------------------------------------------------------
 
+def test_a_free_lock_is_taken_even_with_no_time_left(tmp_path):
+    path = str(tmp_path / 'release.lock')
+    lock = ReleaseLock(path)
+    lock.acquire(time.monotonic() - 1)
+    lock.release()
+
+
 def test_the_real_holder_is_named_never_the_stale_pid_in_the_file(tmp_path, holder):
     path = tmp_path / 'release.lock'
     path.write_text('999999\n')  # left by a release that finished long ago
@@ -313,6 +323,32 @@ def test_two_releases_serialise_on_the_lock(tmp_path):
         assert handle.read() == '%d\n' % os.getpid()
     second.release()
     timer.join()
+
+
+def test_a_lock_file_removed_while_waiting_is_not_waited_on(tmp_path, holder):
+    path = tmp_path / 'release.lock'
+    path.write_text('')
+    holder(str(path))  # holds the old file for a minute
+    timer = threading.Timer(0.2, path.unlink)
+    timer.start()
+    started = time.monotonic()
+    lock = acquire(str(path), 5)
+    try:
+        assert time.monotonic() - started < 2
+        assert path.read_text() == '%d\n' % os.getpid()
+    finally:
+        lock.release()
+        timer.join()
+
+
+def test_the_default_lock_file_is_made_private_again(lock_dir):
+    os.mkdir(lock_dir, 0o700)
+    path = os.path.join(lock_dir, 'nvidia-release.lock')
+    with open(path, 'w'):
+        pass
+    os.chmod(path, 0o644)
+    acquire().release()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
 def test_a_holder_the_kernel_hides_is_not_given_a_pid(tmp_path):
