@@ -101,12 +101,11 @@ def spawn(tmp_path):
                 program = exe if os.path.isabs(exe) else install_program(tmp_path / 'sbin', exe)
                 env = dict(os.environ, PYTHONHOME='%s:%s' % (sys.base_prefix, sys.base_exec_prefix))
             argv = [program, '-c', HOLDER, name, mode] + [str(p) for p in paths]
-        preexec = None
-        if user is not None:
-            def preexec():
-                os.setgid(user)
-                os.setuid(user)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, preexec_fn=preexec)
+        def as_user():
+            os.setgid(user)
+            os.setuid(user)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env,
+                                preexec_fn=None if user is None else as_user)
         procs.append(proc)
         assert proc.stdout.readline().strip() == b'ready'
         return proc

@@ -44,6 +44,11 @@ class GpuopsError(Exception):
     """An error with a message meant for the operator; modules turn it into fail_json."""
 
 
+class PermanentReadError(GpuopsError):
+    """The GPUs cannot be read and asking again will not help (no driver, no library, no
+    nvidia-smi that runs): a caller stops retrying at once."""
+
+
 def reader_argument_spec():
     """Options of the GPU state reader, shared by every module that reads the GPUs."""
     return dict(

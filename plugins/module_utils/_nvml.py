@@ -20,7 +20,7 @@ import os
 import threading
 import traceback
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader, Snapshot
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import EXIT_CODES, normalize_bus_id
 
@@ -167,6 +167,8 @@ class NvmlReader(GpuReader):
         try:
             self._call(self.nvml.nvmlInit, timeout, 'initialising NVML')
         except self.nvml.NVMLError as exc:
+            if error_code(exc) in (9, 12, 18):  # driver not loaded, library not found, version mismatch
+                raise PermanentReadError(describe_init_failure(exc))
             raise GpuopsError(describe_init_failure(exc))
         self._open = True
         return self

@@ -21,22 +21,15 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import errno
 import os
 import re
 import select
 import signal
-import tempfile
 import time
-
-try:
-    import fcntl
-    HAS_FCNTL = True
-except ImportError:  # not a POSIX host
-    HAS_FCNTL = False
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     GpuopsError,
+    PermanentReadError,
     check_seconds,
     holders_argument_spec,
     reader_argument_spec,
@@ -50,6 +43,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     load_holder,
     read_process,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     NotPermittedError,
     ProcessRef,
@@ -58,8 +52,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
 )
 
 DEFAULT_SIGNALS = ['TERM', 'KILL']
-LOCK_DIR = '/run/lock'
-LOCK_NAME = 'gpuops-nvidia-release.lock'
 
 # How often one command line may come back (a supervisor restarting it) and be stopped
 # again before it is left alone and reported as respawned.
@@ -164,66 +156,6 @@ class ReleaseOptions:
                    params['wait'], params['timeout'], params['memory_threshold_mib'],
                    params.get('lock_file'), params.get('facts_after', False),
                    params.get('settle_time', DEFAULT_SETTLE_S))
-
-
-def default_lock_file():
-    if os.path.isdir(LOCK_DIR) and os.access(LOCK_DIR, os.W_OK):
-        return os.path.join(LOCK_DIR, LOCK_NAME)
-    return os.path.join(tempfile.gettempdir(), LOCK_NAME)
-
-
-class ReleaseLock:
-    """An exclusive flock on a file, so that releases on one host run one at a time."""
-
-    def __init__(self, path):
-        self.path = path
-        self.fd = None
-
-    def acquire(self, deadline, clock=time.monotonic, sleep=time.sleep):
-        if not HAS_FCNTL:
-            return
-        try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            writable = True
-        except OSError:
-            # Created by another user (e.g. in a sticky temp dir): a read-only fd locks as well.
-            try:
-                self.fd = os.open(self.path, os.O_RDONLY)
-            except OSError as exc:
-                raise GpuopsError('cannot open lock file %s: %s (set lock_file)' % (self.path, exc.strerror))
-            writable = False
-        delay = 0.01
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except (IOError, OSError) as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                    self.release()
-                    raise GpuopsError('cannot lock %s: %s' % (self.path, exc.strerror))
-            left = deadline - clock()
-            if left <= 0:
-                owner = self._owner()
-                self.release()
-                raise GpuopsError('another release%s still holds the lock file %s; gave up when the '
-                                  'timeout passed' % (' (pid %s)' % owner if owner else '', self.path))
-            sleep(min(delay, left))
-            delay = min(delay * 2, 0.2)
-        if writable:
-            os.ftruncate(self.fd, 0)
-            os.write(self.fd, ('%d\n' % os.getpid()).encode('ascii'))
-
-    def _owner(self):
-        try:
-            with open(self.path) as handle:
-                return handle.read().strip() or None
-        except (IOError, OSError):
-            return None
-
-    def release(self):
-        if self.fd is not None:
-            os.close(self.fd)  # closing the last fd drops the flock
-            self.fd = None
 
 
 class Target:
@@ -336,6 +268,7 @@ class Release:
         self.impersonators = set()
         self.unreadable = 0
         self.read_error = None
+        self.read_error_permanent = False
         self.warnings = list(options.warnings)
         self.own_session = os.getsid(0)
         self.own_cgroup = cgroup(os.getpid(), proc)
@@ -351,8 +284,10 @@ class Release:
             snapshot = self.reader.read(timeout=max(left, READ_MIN_S))
         except GpuopsError as exc:
             self.read_error = str(exc)
+            self.read_error_permanent = isinstance(exc, PermanentReadError)
             return None
         self.read_error = None
+        self.read_error_permanent = False
         for warning in snapshot.warnings:
             self._warn(warning)
         return snapshot
@@ -610,7 +545,7 @@ class Release:
         lock = None
         try:
             if not self.check_mode:
-                lock = ReleaseLock(self.options.lock_file or default_lock_file())
+                lock = ReleaseLock(self.options.lock_file)
                 lock.acquire(self.deadline, self.clock, self.sleep)
             self._run(result)
         finally:
@@ -660,6 +595,9 @@ class Release:
 
     def _run(self, result):
         snapshot, holders = self._observe(force_read=True)
+        if self.read_error_permanent:
+            # Waiting cannot fix it, and without a read nothing can be proved: stop before any signal.
+            raise GpuopsError('%s; nothing was signalled' % self.read_error)
         self._check_gpus(snapshot)
         result.gpus_before = self._memory(snapshot)
         result.diff['before'] = _holders_text(holders)
@@ -694,7 +632,8 @@ class Release:
             if self.options.wait and self._clean(snapshot, holders) and \
                     (not self.targets or now >= last_exit + self.options.settle_time):
                 break
-            if self._only_lost_left(snapshot, holders) or self._only_respawns_left(now, holders):
+            if self._only_lost_left(snapshot, holders) or self._only_respawns_left(now, holders) \
+                    or self.read_error_permanent:
                 break
             if now >= self.signal_deadline:
                 break

@@ -94,8 +94,17 @@ options:
     description:
       - The file locked (C(flock)) while a release runs, so that two releases on one host do
         not interleave.
-      - Defaults to C(/run/lock/gpuops-nvidia-release.lock), or the same name in the temporary
-        directory when C(/run/lock) is not writable.
+      - Defaults to C(/run/gpuops/nvidia-release.lock) for root, in a directory created with
+        mode 0700 that must be root's own and writable by no one else (a world-writable place
+        such as C(/run/lock) would let any user hold the lock or plant a link there). Without
+        root, the default is in a private C(gpuops) directory under C($XDG_RUNTIME_DIR), or
+        C(gpuops-UID) in the temporary directory, checked the same way.
+      - The lock file is created with mode 0600. It is refused, with a message naming it, when
+        it is a symbolic link, not a regular file (FIFO, device, directory), owned by another
+        user or hard-linked. An existing file with other content is locked but never changed;
+        the holder's PID is written only into an empty file or one holding a PID.
+      - When the lock is not free by O(timeout), the message names the process that holds it,
+        as the kernel reports it (C(/proc/locks)).
     type: path
   facts_after:
     description:

@@ -15,7 +15,7 @@ from collections import namedtuple
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _backend, _nvml
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._nvml import NvmlReader, NvmlTimeout
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader
 
@@ -211,6 +211,13 @@ def test_process_list_failure_is_a_warning():
 def test_init_failure_is_explained():
     with pytest.raises(GpuopsError, match=r'NVML could not be initialised \(error 9, the NVIDIA driver is not loaded\)'):
         NvmlReader(5, nvml=FakeNvml(init_error=9)).open()
+
+
+@pytest.mark.parametrize('code, permanent', [(9, True), (12, True), (18, True), (999, False), (4, False)])
+def test_init_failures_no_retry_cures_are_permanent(code, permanent):
+    with pytest.raises(GpuopsError, match=r'NVML could not be initialised \(error %d' % code) as info:
+        NvmlReader(5, nvml=FakeNvml(init_error=code)).open()
+    assert isinstance(info.value, PermanentReadError) is permanent
 
 
 def test_a_hung_driver_call_times_out_and_is_not_called_again():

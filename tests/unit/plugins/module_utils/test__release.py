@@ -12,20 +12,17 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _release, _signals
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _signals
 from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_PROTECT, GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import Holder, start_time
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release import (
     Release,
-    ReleaseLock,
     ReleaseOptions,
-    default_lock_file,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     ProcessRef,
@@ -356,32 +353,6 @@ def test_hung_nvidia_smi_is_bounded_by_the_timeout(gpuhost, run):
     result = run(timeout=1.5)
     assert time.monotonic() - started < 6
     assert result.released is False and 'did not answer' in result.failure
-
-
-# -- lock -----------------------------------------------------------------------------------
-
-def test_two_releases_serialise_on_the_lock(tmp_path):
-    path = str(tmp_path / 'release.lock')
-    first = ReleaseLock(path)
-    first.acquire(time.monotonic() + 1)
-    second = ReleaseLock(path)
-    with pytest.raises(GpuopsError, match=r'another release \(pid %d\) still holds' % os.getpid()):
-        second.acquire(time.monotonic() + 0.2)
-    timer = threading.Timer(0.2, first.release)
-    timer.start()
-    started = time.monotonic()
-    second.acquire(time.monotonic() + 5)
-    assert 0.1 < time.monotonic() - started < 3
-    second.release()
-    timer.join()
-
-
-def test_default_lock_file_falls_back_to_temp_dir(monkeypatch, tmp_path):
-    monkeypatch.setattr(_release, 'LOCK_DIR', str(tmp_path / 'absent'))
-    monkeypatch.setattr(_release.tempfile, 'gettempdir', lambda: str(tmp_path))
-    assert default_lock_file() == str(tmp_path / 'gpuops-nvidia-release.lock')
-    monkeypatch.setattr(_release, 'LOCK_DIR', str(tmp_path))
-    assert default_lock_file() == str(tmp_path / 'gpuops-nvidia-release.lock')
 
 
 class ReportingReader:

@@ -8,6 +8,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
+import signal
 import stat
 import time
 
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
     SmiParseError,
     SmiReader,
@@ -24,6 +25,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
     parse_apps_csv,
     parse_gpu_csv,
 )
+from gpusim.state import is_alive as alive
 
 H200 = ('{i}, GPU-5c7f3c52-1f05-0d3c-1f4b-3f2a6c0e9b1{i}, NVIDIA H200, 00000000:{bus}:00.0, 143771, '
         '{used}, {free}, {util}, 34, Enabled, Default, 550.127.05')
@@ -181,17 +183,113 @@ def test_runner_kills_a_hung_nvidia_smi_that_ignores_sigterm(tmp_path):
 
 
 def test_runner_reports_a_missing_executable(tmp_path):
-    with pytest.raises(GpuopsError, match='not found or not executable'):
+    with pytest.raises(PermanentReadError, match='not found or not executable'):
         SmiRunner(str(tmp_path / 'nope')).run([])
-    with pytest.raises(GpuopsError, match='set nvidia_smi_path'):
+    with pytest.raises(PermanentReadError, match='set nvidia_smi_path'):
         SmiRunner('no-such-nvidia-smi-command').run([])
 
 
 def test_runner_rejects_a_file_that_is_not_executable(tmp_path):
     path = tmp_path / 'nvidia-smi'
     path.write_text('')
-    with pytest.raises(GpuopsError, match='not executable'):
+    with pytest.raises(PermanentReadError, match=r'is not executable \(mode 0644\)'):
         SmiRunner(str(path)).run([])
+
+
+def test_runner_names_a_missing_interpreter(tmp_path):
+    path = tmp_path / 'nvidia-smi'
+    path.write_text('#!/opt/gone/python3 -u\nprint("hello")\n')
+    path.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(PermanentReadError, match="bad interpreter '/opt/gone/python3' in its #! line"):
+        SmiRunner(str(path)).run(['-L'])
+    assert time.monotonic() - started < 2
+
+
+def test_runner_names_a_file_that_is_not_a_program_for_this_host(tmp_path):
+    path = tmp_path / 'nvidia-smi'
+    path.write_bytes(b'\x7fELF' + os.urandom(4096))
+    path.chmod(0o755)
+    with pytest.raises(PermanentReadError, match='not an executable this host can run .exec format error'):
+        SmiRunner(str(path)).run(['-L'])
+
+
+@pytest.mark.parametrize('fault, rc', [('driver-not-loaded', 9), ('mismatch', 18)])
+def test_runner_exit_codes_no_retry_can_cure_are_permanent(gpuhost, fault, rc):
+    gpuhost.fault(fault)
+    started = time.monotonic()
+    with pytest.raises(PermanentReadError, match=r'nvidia-smi exited with %d \(' % rc):
+        SmiReader(SmiRunner(gpuhost.smi_path)).read()
+    assert time.monotonic() - started < 5
+
+
+def test_runner_library_not_found_is_permanent(tmp_path):
+    # What nvidia-smi 535 and 550 print, exit 12, when libnvidia-ml.so cannot be loaded.
+    said = ("NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the "
+            "NVIDIA Display Driver is properly installed and present in your system.")
+    script = write_script(tmp_path, 'echo "%s"; exit 12' % said)
+    with pytest.raises(PermanentReadError, match=r"exited with 12 \(the NVML shared library could not be found or loaded\): "
+                                                 r"NVIDIA-SMI couldn't find libnvidia-ml.so"):
+        SmiRunner(script).run(['--query-gpu=index'])
+
+
+def test_runner_other_failures_are_not_permanent(tmp_path):
+    script = write_script(tmp_path, 'echo "GPU is lost"; exit 15')
+    assert SmiRunner(script).run(['-L']) == (15, 'GPU is lost\n', '')
+
+
+def read_pid(path, seconds=5):
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        if os.path.exists(path) and open(path).read().strip():
+            return int(open(path).read())
+        time.sleep(0.01)
+    raise AssertionError('no pid in %s' % path)
+
+
+def gone(pid, seconds=3):
+    """True once pid no longer runs (a zombie no one reaps counts as gone)."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        if not alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize('detach', ['', 'setsid '])
+def test_runner_answer_is_read_when_nvidia_smi_exits_though_a_child_keeps_its_pipes(tmp_path, detach):
+    pidfile = str(tmp_path / 'child.pid')
+    script = write_script(tmp_path, '%ssleep 30 & echo $! > %s; echo "0, NVIDIA H200"; echo warn >&2; exit 0' % (detach, pidfile))
+    started = time.monotonic()
+    try:
+        assert SmiRunner(script, timeout=10).run(['--query-gpu=index,name']) == (0, '0, NVIDIA H200\n', 'warn\n')
+        assert time.monotonic() - started < 2
+    finally:
+        child = read_pid(pidfile)
+        if not detach:  # left in its process group: killed with it
+            assert gone(child)
+        try:
+            os.kill(child, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize('detach', ['', 'setsid '])
+def test_runner_timeout_kills_nvidia_smi_and_every_process_it_started(tmp_path, detach):
+    pidfile = str(tmp_path / 'child.pid')
+    script = write_script(tmp_path, '%ssleep 30 & echo $! > %s; sleep 30' % (detach, pidfile))
+    started = time.monotonic()
+    try:
+        with pytest.raises(GpuopsError, match='did not answer within 0.5 s and was killed') as error:
+            SmiRunner(script, timeout=0.5).run(['--query-gpu=index'])
+        assert not isinstance(error.value, PermanentReadError)
+        assert time.monotonic() - started < 3
+        assert gone(read_pid(pidfile))
+    finally:
+        child = read_pid(pidfile)
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
 
 
 @pytest.mark.parametrize('rc, output, message', [
