@@ -476,6 +476,13 @@ class Release:
             target.step = len(self.options.signals)
             target.due = now + self._grace(now, 0)
 
+    def _finish_ladders(self, now):
+        """At the deadline: every target still alive gets the rest of its ladder at once."""
+        for dummy in self.options.signals:
+            for target in self.targets.values():
+                target.due = min(target.due, now)
+            self._advance(now)
+
     def _note_exits(self):
         tick = None
         for target in self.targets.values():
@@ -636,6 +643,7 @@ class Release:
                     or self.read_error_permanent:
                 break
             if now >= self.signal_deadline:
+                self._finish_ladders(now)
                 break
         if snapshot is None:
             snapshot = self._read()

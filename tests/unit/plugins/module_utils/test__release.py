@@ -328,12 +328,18 @@ def test_glob_matching_nothing_is_an_error(gpuhost, run):
         run(devices=[gpuhost.dev_glob, os.path.join(gpuhost.root, 'dev', 'nothing*')])
 
 
-def test_unreadable_gpus_fail_the_wait_with_the_reason(gpuhost, run, tmp_path):
-    gpuhost.hold(gpus=[0], mib=10)
-    result = run(smi_path=str(tmp_path / 'missing-smi'), timeout=0.3)
-    assert result.changed is True and result.released is False
-    assert result.gpus_before == [] and result.gpus_after == []
-    assert 'the GPUs could not be read: nvidia-smi not found' in result.failure
+@pytest.mark.parametrize('fault', ['missing', 'driver'])
+def test_what_waiting_cannot_fix_fails_at_once_and_signals_nothing(gpuhost, run, tmp_path, fault):
+    info = gpuhost.hold(gpus=[0], mib=10)
+    smi_path = str(tmp_path / 'missing-smi') if fault == 'missing' else None
+    if fault == 'driver':
+        gpuhost.fault('driver-not-loaded')
+    started = time.monotonic()
+    with pytest.raises(GpuopsError, match='nothing was signalled') as failure:
+        run(smi_path=smi_path, timeout=30)
+    assert time.monotonic() - started < 10  # not the 30 s timeout
+    assert ('nvidia-smi not found' if fault == 'missing' else 'driver') in str(failure.value)
+    assert alive(info['pid']) and run.logged == []
 
 
 def test_lost_gpu_fails_at_once_once_its_holders_are_gone(gpuhost, run):

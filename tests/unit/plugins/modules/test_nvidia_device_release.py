@@ -15,6 +15,7 @@ from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import start_time
 from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_device_release
+from gpusim.state import is_alive as alive
 
 RETURN_KEYS = set(['changed', 'released', 'signalled', 'protected', 'survivors', 'orphaned_gpus',
                    'gpus_before', 'gpus_after', 'elapsed_s'])
@@ -39,7 +40,7 @@ def run_module(capsys, host, tmp_path, **args):
 @pytest.mark.parametrize('args, message', [
     (dict(signals=['TERM', 'BOGUS']), "unknown signal 'BOGUS'"),
     (dict(signals=[]), 'at least one signal'),
-    (dict(timeout=-1), 'timeout must be zero or more'),
+    (dict(timeout=-1), 'timeout must be more than 0 seconds'),
     (dict(grace_period=-2), 'grace_period must be zero or more'),
     (dict(devices=['nvidia*']), 'not an absolute path'),
     (dict(facts_after='maybe'), "argument 'facts_after' is of type"),
@@ -52,11 +53,12 @@ def test_bad_options_fail_cleanly(capsys, gpuhost, tmp_path, args, message):
     assert 'exception' not in result and 'Traceback' not in result['msg']
 
 
-def test_glob_matching_nothing_is_a_warning(capsys, gpuhost, tmp_path):
+def test_glob_matching_nothing_is_an_error(capsys, gpuhost, tmp_path):
+    info = gpuhost.hold(gpus=[0], mib=512)
     result = run_module(capsys, gpuhost, tmp_path, devices=[os.path.join(gpuhost.root, 'none', 'nvidia*')])
-    assert 'failed' not in result
-    assert result['changed'] is False and result['signalled'] == []
-    assert 'no device node matches' in result['warning_text']
+    assert result['failed'] is True
+    assert 'none/nvidia* matches no NVIDIA device node' in result['msg']
+    assert 'nothing was signalled' in result['msg'] and alive(info['pid'])
 
 
 def test_check_and_diff_mode(capsys, gpuhost, tmp_path):
@@ -85,13 +87,13 @@ def test_release_then_nothing_to_do(capsys, gpuhost, tmp_path):
 
 def test_dirty_gpu_fails_with_every_field(capsys, gpuhost, tmp_path):
     gpuhost.fault('stuck', gpu=7, mib=64)
-    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3)
+    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1)
     assert result['failed'] is True
     assert 'GPU 7: 64 MiB used with no process left' in result['msg']
     assert RETURN_KEYS <= set(result)
     assert result['orphaned_gpus'] == [7] and result['released'] is False
     # the threshold decides what counts as clean
-    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, memory_threshold_mib=64)
+    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1, memory_threshold_mib=64)
     assert 'failed' not in result and result['released'] is True
 
 
@@ -121,10 +123,10 @@ def test_facts_after_in_check_mode_is_the_state_as_it_is(capsys, gpuhost, tmp_pa
 
 def test_facts_after_on_failure_and_on_unreadable_gpus(capsys, gpuhost, tmp_path):
     gpuhost.fault('stuck', gpu=6, mib=32)
-    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, facts_after=True)
+    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1, facts_after=True)
     assert result['failed'] is True
     assert result['facts_after']['nvidia_gpus'][6]['state'] == 'orphaned_memory'
     gpuhost.fault('driver-not-loaded')
-    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, facts_after=True)
-    assert 'facts_after' not in result
-    assert 'facts_after: the GPUs could not be read at the end' in result['warning_text']
+    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1, facts_after=True)
+    assert result['failed'] is True and 'facts_after' not in result
+    assert 'nothing was signalled' in result['msg']
