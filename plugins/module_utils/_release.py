@@ -71,6 +71,9 @@ POLL_GROWTH = 2
 # The last read of the GPUs, which reports the state at the end, may take this long after
 # the signalling stops; the signalling stops that much before the timeout.
 READ_MIN_S = 1.0
+# After the last signals at the deadline, how long to wait for the processes to exit before
+# the final reading.
+FINAL_EXIT_S = 0.2
 # Rescans of the frozen set before the final KILL: each finds processes forked before SIGSTOP landed.
 FREEZE_RESCANS = 5
 
@@ -477,11 +480,14 @@ class Release:
             target.due = now + self._grace(now, 0)
 
     def _finish_ladders(self, now):
-        """At the deadline: every target still alive gets the rest of its ladder at once."""
+        """At the deadline: every target still alive gets the rest of its ladder at once.
+        True when any signal went out."""
+        sent = sum(len(target.signals_sent) for target in self.targets.values())
         for dummy in self.options.signals:
             for target in self.targets.values():
                 target.due = min(target.due, now)
             self._advance(now)
+        return sum(len(target.signals_sent) for target in self.targets.values()) > sent
 
     def _note_exits(self):
         tick = None
@@ -643,7 +649,9 @@ class Release:
                     or self.read_error_permanent:
                 break
             if now >= self.signal_deadline:
-                self._finish_ladders(now)
+                if self._finish_ladders(now):
+                    self._pause(min(self.deadline, self.clock() + FINAL_EXIT_S))
+                    snapshot, holders = self._observe(force_read=True)
                 break
         if snapshot is None:
             snapshot = self._read()
