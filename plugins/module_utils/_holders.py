@@ -263,6 +263,9 @@ def _open_paths(pid, proc):
     paths = _fd_links(os.path.join(proc, str(pid), 'fd'))
     if paths:
         return paths
+    if paths is None:
+        # A zombie's descriptors read as permission denied even for root: it has none left.
+        return set() if is_gone(read_process(pid, proc)) else None
     for task in _thread_dirs(pid, proc):
         found = _fd_links(os.path.join(task, 'fd'))
         if found:

@@ -114,7 +114,7 @@ def call_with_timeout(func, timeout, what):
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        exc = NvmlTimeout('NVML did not answer within %s s while %s; the driver may be stuck on a '
+        exc = NvmlTimeout('NVML did not answer within %.1f s while %s; the driver may be stuck on a '
                           'sick GPU' % (timeout, what))
         exc.worker = worker
         raise exc

@@ -253,7 +253,7 @@ class SmiRunner:
             proc.stdout.close()
             proc.stderr.close()
         if output is None:
-            raise GpuopsError('nvidia-smi %s did not answer within %s s and was killed; the driver '
+            raise GpuopsError('nvidia-smi %s did not answer within %.1f s and was killed; the driver '
                               'may be stuck on a sick GPU' % (' '.join(args), timeout))
         stdout, stderr = (data.decode('utf-8', 'replace') for data in output)
         if proc.returncode in self.PERMANENT_EXIT_CODES:

@@ -1,0 +1,313 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The attacks the release withstands, one test each: a hostile local user, a careless operator.
+
+nvidia_device_release runs as root beside users who may try to block it, fool it or outrun
+it. Every test here runs inside a private PID namespace (unshare -pf --mount-proc, re-running
+this very test there): a test that went wrong could only signal processes of its own.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import functools
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_PROTECT, GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release import Release, ReleaseOptions
+from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import Signaller
+from gpusim.api import Host
+from gpusim.state import is_alive as alive
+
+INSIDE = 'GPUOPS_PRIVATE_PID_NAMESPACE'
+
+
+def in_private_pid_namespace(test):
+    """Run the test in a new PID namespace with its own /proc: pytest re-runs this one test
+    there (as its PID 1), and the outer test passes when the inner one does."""
+    @functools.wraps(test)
+    def wrapper(*args, **kwargs):
+        if os.environ.get(INSIDE) == '1':
+            return test(*args, **kwargs)
+        if os.getuid() != 0 or not shutil.which('unshare'):
+            pytest.skip('needs root and unshare(1) for a private PID namespace')
+        node = os.environ['PYTEST_CURRENT_TEST'].rsplit(' ', 1)[0]
+        proc = subprocess.run(['unshare', '-pf', '--mount-proc', sys.executable, '-m', 'pytest', '-q',
+                               '-p', 'no:cacheprovider', node],
+                              env=dict(os.environ, **{INSIDE: '1'}), capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        assert '1 passed' in proc.stdout, proc.stdout[-4000:]
+    return wrapper
+
+
+@pytest.fixture
+def public_host():
+    """A simulated host that every user can reach (its device nodes mode 0666), for attacks run
+    as user nobody; stopped and removed at the end."""
+    root = tempfile.mkdtemp(prefix='gpuops-attack-')
+    os.chmod(root, 0o755)
+    host = Host(root)
+    host.init(gpus=4)
+    for name in os.listdir(host.paths.dev):
+        os.chmod(os.path.join(host.paths.dev, name), 0o666)
+    try:
+        yield host
+    finally:
+        host.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def start(argv, user=None):
+    """A process that prints 'ready' once it holds what it holds; as user (a uid) when given."""
+    def as_user():
+        os.setgid(user)
+        os.setuid(user)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=None if user is None else as_user)
+    assert proc.stdout.readline().strip() == b'ready'
+    return proc
+
+
+def holding(path, name, user=None):
+    """bash opening path, then exec'ing sleep under the name argv[0] = name."""
+    return start(['bash', '-c', 'exec 3<>"$1"; echo ready; exec -a "$2" sleep 120', '-', path, name], user)
+
+
+def release(host, **options):
+    options.setdefault('devices', [host.dev_glob])
+    options.setdefault('protect', DEFAULT_PROTECT)
+    options.setdefault('timeout', 10)
+    options.setdefault('grace_period', 1)
+    options.setdefault('lock_file', os.path.join(host.root, 'release.lock'))
+    logged = []
+    reader, dummy = select_reader('nvidia-smi', host.smi_path, 10)
+    result = Release(reader, ReleaseOptions(**options), signaller=Signaller(logged.append)).run()
+    result.logged = logged
+    return result
+
+
+def python_job(code, *args):
+    return start([sys.executable, '-c', code] + [str(arg) for arg in args])
+
+
+def holders_of(path):
+    out = subprocess.run(['fuser', path], capture_output=True, text=True, check=False).stdout
+    return [int(pid) for pid in out.split()]
+
+
+# -- 1. the lock ---------------------------------------------------------------------------
+
+@in_private_pid_namespace
+def test_a_symlink_planted_at_the_lock_makes_root_write_nothing(gpuhost, tmp_path):
+    precious = tmp_path / 'shadow'
+    precious.write_text('root:secret\n')
+    planted = tmp_path / 'release.lock'
+    os.symlink(str(precious), str(planted))
+    info = gpuhost.hold(gpus=[0], mib=100)
+    with pytest.raises(GpuopsError, match='release.lock'):
+        release(gpuhost, lock_file=str(planted))
+    assert precious.read_text() == 'root:secret\n'
+    assert alive(info['pid'])
+
+
+# -- 2. devices that are not NVIDIA device nodes --------------------------------------------
+
+@in_private_pid_namespace
+@pytest.mark.parametrize('devices', [['/dev/null'], ['/dev/*'], ['/dev/nvidia*', '/dev/zero']])
+def test_devices_outside_the_nvidia_nodes_are_refused_before_any_signal(gpuhost, devices):
+    sshd = holding('/dev/null', 'sshd')
+    systemd = holding('/dev/zero', 'systemd')
+    devices = [gpuhost.dev_glob if pattern == '/dev/nvidia*' else pattern for pattern in devices]
+    with pytest.raises(GpuopsError, match=r'devices: /dev/\S+ \(matched by /dev/\S+\) is .*refusing'):
+        release(gpuhost, devices=devices)
+    assert sshd.poll() is None and systemd.poll() is None
+
+
+# -- 3. a pattern that matches nothing -------------------------------------------------------
+
+@in_private_pid_namespace
+def test_a_typo_in_devices_is_an_error_not_a_clean_host(gpuhost):
+    scenario = gpuhost.scenario('hung-job')
+    with pytest.raises(GpuopsError, match='nvida\\* matches no NVIDIA device node'):
+        release(gpuhost, devices=[os.path.join(gpuhost.paths.dev, 'nvida*')])
+    assert all(alive(rank['pid']) for rank in scenario['ranks'])
+    assert set(gpuhost.memory_used().values()) == set([76113])
+
+
+# -- 4. protection by a name the job chooses -------------------------------------------------
+
+@in_private_pid_namespace
+def test_a_user_process_named_like_a_daemon_is_released_and_named_an_impersonator(public_host):
+    nobody = pwd.getpwnam('nobody').pw_uid
+    fake_persistenced = holding(public_host.dev_path(0), 'nvidia-persistenced', user=nobody)
+    fake_xorg = holding(public_host.dev_path(1), 'Xorg', user=nobody)
+    daemon = public_host.hold(gpus='all', name='nvidia-persistenced', daemon=True)
+    result = release(public_host)
+    assert result.released is True, result.failure
+    assert dict((entry['pid'], entry.get('impersonates')) for entry in result.signalled) == {
+        fake_persistenced.pid: 'nvidia-persistenced', fake_xorg.pid: 'Xorg'}
+    assert any('calls itself nvidia-persistenced' in warning for warning in result.warnings)
+    assert [entry['pid'] for entry in result.protected] == [daemon['pid']] and alive(daemon['pid'])
+
+
+@in_private_pid_namespace
+def test_a_protected_daemon_holding_memory_is_named_in_the_failure(gpuhost):
+    daemon = gpuhost.hold(gpus=[2], mib=700, name='nv-hostengine', daemon=True)
+    result = release(gpuhost, timeout=1, grace_period=0.1)
+    assert result.released is False and alive(daemon['pid'])
+    assert 'GPU 2: 700 MiB used, held by protected pid %d (nv-hostengine), which is never signalled' % (
+        daemon['pid']) in result.failure
+
+
+# -- 5. forks that race the ladder, and the timeout as a hard cap -----------------------------
+
+# On SIGTERM: fork a child that calls setsid() (a new session, soon no parent) and keeps the
+# device; the parent exits. The child does the same on its own SIGTERM.
+FORK_ON_TERM = '''
+import os, signal, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+def escape(*unused):
+    if os.fork() == 0:
+        os.setsid()
+        return
+    os._exit(0)
+signal.signal(signal.SIGTERM, escape)
+print('ready', flush=True)
+while True:
+    time.sleep(1)
+'''
+
+
+@in_private_pid_namespace
+def test_a_job_that_forks_away_on_sigterm_is_released(gpuhost):
+    job = python_job(FORK_ON_TERM, gpuhost.dev_path(3))
+    result = release(gpuhost, grace_period=0.5)
+    assert result.released is True, result.failure
+    assert holders_of(gpuhost.dev_path(3)) == []
+    assert job.pid in [entry['pid'] for entry in result.signalled] and len(result.signalled) >= 2
+
+
+# Every signal it can catch makes it fork a renamed child (a new name, a new command line)
+# and exit: each generation looks like a new, unrelated job.
+RENAMING = '''
+import ctypes, os, signal, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+generation = [0]
+def next_generation(*unused):
+    if os.fork() == 0:
+        generation[0] += 1
+        ctypes.CDLL(None).prctl(15, b'gen%d' % generation[0], 0, 0, 0)
+        return
+    os._exit(0)
+for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(number, next_generation)
+print('ready', flush=True)
+while True:
+    time.sleep(1)
+'''
+
+
+@in_private_pid_namespace
+def test_a_job_that_renames_each_generation_cannot_outlast_the_timeout(gpuhost):
+    python_job(RENAMING, gpuhost.dev_path(1))
+    started = time.monotonic()
+    result = release(gpuhost, signals=['INT', 'TERM', 'KILL'], grace_period=1, timeout=3)
+    took = time.monotonic() - started
+    assert result.released is True, result.failure
+    assert holders_of(gpuhost.dev_path(1)) == []
+    assert took < 3 + 1.5, took  # the timeout, and at most one last read
+
+
+# -- 6. a supervisor that restarts the job ------------------------------------------------------
+
+@in_private_pid_namespace
+def test_a_job_restarted_a_quarter_second_later_is_not_called_released(gpuhost):
+    gpuhost.hold(gpus=[5], mib=2048, respawn=-1, respawn_delay=0.25)
+    result = release(gpuhost, grace_period=0.5, timeout=8)
+    assert result.released is False
+    assert [survivor['reason'] for survivor in result.survivors] == ['respawned']
+    assert result.survivors[0]['supervisor']['name'] == 'gpusim-monitor'
+    assert 'respawned by pid' in result.failure
+
+
+# -- 7. a holder whose main thread has exited -------------------------------------------------
+
+# The main thread exits (the exit system call, not exit_group) while a thread keeps the device.
+HEADLESS = '''
+import ctypes, os, platform, sys, threading, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+threading.Thread(target=time.sleep, args=(120,)).start()
+print('ready', flush=True)
+time.sleep(0.2)
+ctypes.CDLL(None).syscall({'x86_64': 60, 'aarch64': 93}[platform.machine()], 0)
+'''
+
+
+@in_private_pid_namespace
+def test_a_holder_whose_main_thread_exited_is_found_and_released(gpuhost):
+    job = python_job(HEADLESS, gpuhost.dev_path(0))
+    time.sleep(0.5)
+    assert os.listdir('/proc/%d/fd' % job.pid) == []  # what made it invisible
+    result = release(gpuhost, grace_period=0.5)
+    assert result.released is True, result.failure
+    assert [entry['pid'] for entry in result.signalled] == [job.pid]
+    assert result.signalled[0]['exited'] is True
+
+
+# -- 8. numbers that are not numbers ------------------------------------------------------------
+
+@in_private_pid_namespace
+@pytest.mark.parametrize('options, message', [
+    (dict(grace_period=float('nan')), 'grace_period must be a finite number'),
+    (dict(timeout=float('inf')), 'timeout must be a finite number'),
+    (dict(timeout=2147484.0), 'timeout must be at most 2147483 seconds'),
+    (dict(settle_time=float('nan')), 'settle_time must be a finite number'),
+])
+def test_nan_infinity_and_huge_values_are_refused_before_any_signal(gpuhost, options, message):
+    info = gpuhost.hold(gpus=[0], mib=100)
+    with pytest.raises(GpuopsError, match=message):
+        release(gpuhost, **options)
+    assert alive(info['pid'])
+
+
+# -- 9. options that would leave the job in place ---------------------------------------------
+
+@in_private_pid_namespace
+def test_stop_signals_are_refused(gpuhost):
+    info = gpuhost.hold(gpus=[0], mib=100)
+    with pytest.raises(GpuopsError, match='SIGSTOP does not end a process'):
+        release(gpuhost, signals=['STOP'])
+    assert alive(info['pid']) and open('/proc/%d/stat' % info['pid']).read().split(') ')[1][0] != 'T'
+
+
+@in_private_pid_namespace
+def test_a_regex_in_extra_protect_is_named_and_protects_nothing(gpuhost):
+    info = gpuhost.hold(gpus=[0], mib=100)
+    result = release(gpuhost, protect=DEFAULT_PROTECT + ['python.*'])
+    assert any("'python.*' looks like a regular expression" in warning for warning in result.warnings)
+    assert result.released is True and not alive(info['pid'])
+
+
+@in_private_pid_namespace
+def test_times_in_messages_are_rounded(gpuhost):
+    gpuhost.hold(gpus=[1], mib=100)
+    gpuhost.fault('hang', seconds=30)  # every read now waits out what is left of the timeout
+    result = release(gpuhost, grace_period=0.1, timeout=2.3)
+    messages = ' '.join(result.warnings + [result.failure])
+    assert set(re.findall(r'did not answer within ([0-9.]+) s', messages)) == set(['2.3', '1.0']), messages
+    assert 'GPUs not released within 2.3 s:' in result.failure
