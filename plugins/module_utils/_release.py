@@ -31,6 +31,7 @@ except ImportError:  # not a POSIX host
     HAS_FCNTL = False
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
+    DEFAULT_MEMORY_THRESHOLD_MIB,
     GpuopsError,
     check_non_negative,
     holders_argument_spec,
@@ -79,7 +80,7 @@ def release_argument_spec():
         grace_period=dict(type='float', default=5.0),
         wait=dict(type='bool', default=True),
         timeout=dict(type='float', default=60.0),
-        memory_threshold_mib=dict(type='int', default=0),
+        memory_threshold_mib=dict(type='int', default=DEFAULT_MEMORY_THRESHOLD_MIB),
         lock_file=dict(type='path'),
         facts_after=dict(type='bool', default=False),
     )
@@ -92,7 +93,8 @@ class ReleaseOptions:
     """Validated options of a release."""
 
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
-                 wait=True, timeout=60.0, memory_threshold_mib=0, lock_file=None, facts_after=False):
+                 wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
+                 facts_after=False):
         problem = check_non_negative(
             dict(grace_period=grace_period, timeout=timeout, memory_threshold_mib=memory_threshold_mib),
             ['grace_period', 'timeout', 'memory_threshold_mib'])
