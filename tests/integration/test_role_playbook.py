@@ -295,10 +295,10 @@ def test_orphaned_memory_without_escalation_fails_naming_the_gpu(fleet):
     run = fleet['runs']['first']
     report = run.reports['orphan_off']
     assert report['orphaned_gpus'] == [3] and report['escalation'] is None
-    assert report['reason'].startswith('GPU 3: 8192 MiB held with no process left (orphaned memory')
+    assert report['reason'].startswith('GPU 3: 8193 MiB held with no process left (orphaned memory')
     assert 'gpu_reset_allow_gpu_reset' in report['reason']
-    assert 'GPU 3: 8192 MiB held' in run.line('orphan_off')[0]
-    assert 'orphan_off is not clean: GPU 3: 8192 MiB held' in run.out
+    assert 'GPU 3: 8193 MiB held' in run.line('orphan_off')[0]
+    assert 'orphan_off is not clean: GPU 3: 8193 MiB held' in run.out
 
 
 def test_orphaned_memory_with_escalation_resets_and_restores_persistence(fleet):
@@ -337,7 +337,7 @@ def test_refused_reset_still_restores_persistence_mode(fleet):
     assert escalation['persistence_mode_off'] == [1] and escalation['persistence_mode_restored'] is True
     assert 'could not be reset' in escalation['output']
     assert fleet['runs']['persistence_after_refused'] == 'Enabled'
-    assert report['reason'].startswith('GPU 1: 512 MiB held with no process left (orphaned memory; '
+    assert report['reason'].startswith('GPU 1: 513 MiB held with no process left (orphaned memory; '
                                        'only a GPU reset frees it, and the reset failed: ')
     assert alive(info['daemon']) and alive(info['persistenced'])
     assert holds(info['persistenced'], fleet['hosts']['refused'].dev_path(1))

@@ -641,10 +641,11 @@ static nvmlReturn_t memory(nvmlDevice_t dev, unsigned long long *total, unsigned
     long long used_mib, free_mib;
     int util;
     DEVICE(dev, 0);
-    /* One driver call answers all three: N/A on any of them fails the call. */
+    /* One driver call answers all four: N/A on any of them fails the call. */
     NA("memory.total");
     NA("memory.used");
     NA("memory.free");
+    NA("memory.reserved");
     usage(st, g, &used_mib, &util);
     free_mib = g->total_mib - g->reserved_mib - used_mib;
     *total = (unsigned long long)g->total_mib * MIB;
