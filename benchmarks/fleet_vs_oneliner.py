@@ -45,6 +45,8 @@ PREFIX = 'gpuops-bench-'
 ONELINER = ('sleep 5; fuser -k /dev/nvidia*; sleep 3; '
             'nvidia-smi --query-gpu=index,memory.used --format=csv,noheader')
 RELEASE_DELAY = 1
+# The modules' default memory_threshold_mib (plugins/module_utils/_common.py): an idle GPU reads at most this.
+IDLE_MAX_MIB = 32
 
 
 def bootstrap():
@@ -99,14 +101,16 @@ def hung_job(name):
 
 
 def outcome(name):
-    """(every GPU at 0 MiB, nvidia-persistenced alive) on one host."""
+    """(every GPU at its idle reading, nvidia-persistenced alive) on one host.
+
+    Idle GPUs read 1 MiB (as real H200s): at or below the modules' default threshold is idle."""
     proc = podman('exec', name, 'sh', '-c',
                   'nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; '
                   'echo daemon $(pgrep -f -c "^nvidia-persistenced")', check=False)
     lines = proc.stdout.split('\n')
     used = [int(line) for line in lines if line.strip().isdigit()]
     daemon = [line for line in lines if line.startswith('daemon ')]
-    return (len(used) == 8 and not any(used), bool(daemon) and daemon[0].split()[1] != '0')
+    return (len(used) == 8 and all(mib <= IDLE_MAX_MIB for mib in used), bool(daemon) and daemon[0].split()[1] != '0')
 
 
 def write_inventory(path, addresses, key):

@@ -41,6 +41,27 @@ notes:
     that misses its deadline is reported as an error and the thread is abandoned.
 '''
 
+    # When a GPU with no process counts as free. The default is DEFAULT_MEMORY_THRESHOLD_MIB
+    # (module_utils/_common.py), where the real readings behind it are named.
+    MEMORY_THRESHOLD = r'''
+options:
+  memory_threshold_mib:
+    description:
+      - Memory used, in MiB, at or below which a GPU that no process uses counts as free
+        rather than holding orphaned memory.
+      - Memory used is the memory allocated on the GPU, as C(nvidia-smi) shows it (NVML v2
+        C(used)), without the memory the driver reserves (reported apart as
+        C(memory_reserved_mib)).
+      - Real idle GPUs do not read 0. Idle H100 and H200 GPUs read 0 or 1 MiB and other idle
+        GPUs up to about 8 MiB, while a process that still holds a CUDA context holds a few
+        hundred MiB. The default of 32 lies between the two.
+      - On an older driver, whose NVML has no v2 memory call, memory used includes the
+        reserved memory and idle GPUs may read hundreds of MiB; the module then warns, and
+        this threshold must be raised above the idle reading.
+    type: int
+    default: 32
+'''
+
     # Which device nodes count and which processes are never signalled.
     HOLDERS = r'''
 options:

@@ -40,6 +40,18 @@ DEFAULT_PROTECT = [
 MAX_SECONDS = 2147483
 
 
+# Memory used (MiB, allocated memory as nvidia-smi and NVML v2 report it, without what the
+# driver reserves) at or below which a GPU with no process is free. Real idle GPUs are not at
+# 0: the highest idle readings in real-samples/ are 7.8 MB on an A100 (NVML v2,
+# smi_query_gpu/Q09_nvml_v1_used_idle.txt), 3.5 MiB on an H100 NVL (Q09) and 0-1 MiB on H100
+# and H200 (Q08_idle_memory_tables.txt). A process that still holds a CUDA context holds a
+# few hundred MiB (about 500 MiB on an H100), as do the smallest allocations of real holders
+# (smi_compute_apps/A01: 185 MiB). 32 MiB is four times the highest idle reading and far below
+# any CUDA context. NVML v1 `used` includes the reserved memory (Q09: 516 MiB on an idle A10)
+# and cannot be judged with it; the NVML reader uses v2 and says so when it cannot.
+DEFAULT_MEMORY_THRESHOLD_MIB = 32
+
+
 class GpuopsError(Exception):
     """An error with a message meant for the operator; modules turn it into fail_json."""
 

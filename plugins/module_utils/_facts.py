@@ -12,16 +12,17 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import health_facts, read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 
 GPU_KEYS = ('index', 'uuid', 'name', 'pci_bus_id', 'memory_total_mib', 'memory_used_mib',
-            'memory_free_mib', 'utilization_gpu_pct', 'temperature_c', 'persistence_mode',
+            'memory_free_mib', 'memory_reserved_mib', 'utilization_gpu_pct', 'temperature_c', 'persistence_mode',
             'compute_mode', 'processes', 'health', 'state', 'error')
 
 
-def gpu_facts(snapshot, memory_threshold_mib=0, xid_events=None):
+def gpu_facts(snapshot, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, xid_events=None):
     """The nvidia_gpus list: one dict per GPU with every documented key, state included.
 
     xid_events: the host's Xid events (see _health.read_xid_events), or None when unknown.
@@ -48,7 +49,7 @@ def holder_facts(device_patterns, protect):
     return [holder.to_dict() for holder in holders], warnings
 
 
-def gather_facts(reader, device_patterns, protect, memory_threshold_mib=0, timeout=None,
+def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, timeout=None,
                  kernel_log=None, holder_warnings=True):
     """Return (ansible_facts, warnings). kernel_log: a file to read Xid errors from instead of
     journalctl -k or dmesg. holder_warnings: False leaves out the warnings about unmatched

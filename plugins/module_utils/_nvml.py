@@ -16,13 +16,14 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import ctypes
 import os
 import threading
 import traceback
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader, Snapshot
-from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import EXIT_CODES, normalize_bus_id
+from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import EXIT_CODES, UNREPORTED_PROCESS_NAMES, normalize_bus_id
 
 try:
     import pynvml
@@ -41,6 +42,7 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 NVML_TEMPERATURE_GPU = 0
@@ -59,7 +61,27 @@ PROC_DRIVER_GPUS = '/proc/driver/nvidia/gpus'
 GPU_FACTS = ('index', 'uuid', 'name', 'pci_bus_id', 'memory_total_mib', 'memory_used_mib',
              'memory_free_mib', 'utilization_gpu_pct', 'temperature_c', 'persistence_mode',
              'compute_mode', 'remapped_rows_pending', 'remapped_rows_failure',
-             'retired_pages_pending')
+             'retired_pages_pending', 'memory_reserved_mib')
+
+# The running-process calls, newest first; a driver's library has the ones of its time. The
+# unversioned call (v1 struct) every library has is the last resort (_processes_v1).
+PROCESS_CALLS = ('nvmlDeviceGetComputeRunningProcesses_v3', 'nvmlDeviceGetComputeRunningProcesses_v2')
+NVML_VALUE_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
+
+MEMORY_V1_WARNING = ('NVML: %s, so memory_used_mib is NVML v1 `used`, which includes the memory the driver '
+                     'reserves (memory_reserved_mib is null): idle GPUs may read hundreds of MiB used and look '
+                     'like orphaned memory; raise memory_threshold_mib above their idle reading')
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    """nvmlProcessInfo_v1_t, filled by the unversioned nvmlDeviceGetComputeRunningProcesses."""
+    _fields_ = [('pid', ctypes.c_uint), ('usedGpuMemory', ctypes.c_ulonglong)]
+
+
+class _Process:
+    def __init__(self, pid, used):
+        self.pid = pid
+        self.usedGpuMemory = used
 
 
 class NvmlTimeout(GpuopsError):
@@ -148,6 +170,10 @@ class NvmlReader(GpuReader):
         self.timeout = timeout
         self._open = False
         self._stuck = None
+        # Why this library has no v2 memory call (a sentence), once found out; and the
+        # process calls it lacks.
+        self._no_memory_v2 = None
+        self._missing_calls = set()
 
     def _call(self, func, timeout, what):
         if self._stuck is not None and self._stuck.is_alive():
@@ -210,6 +236,8 @@ class NvmlReader(GpuReader):
                     warnings.append('process list of GPU %d unavailable: %s' % (index, problem))
             gpu.pop('_handle', None)
             gpus.append(gpu)
+        if self._no_memory_v2:
+            warnings.append(MEMORY_V1_WARNING % self._no_memory_v2)
         return Snapshot(gpus, driver, warnings)
 
     def _read_gpu(self, index, count):
@@ -244,11 +272,7 @@ class NvmlReader(GpuReader):
     def _read_fields(self, handle, gpu):
         nv = self.nvml
         gpu['name'] = self._field(lambda: _text(nv.nvmlDeviceGetName(handle)))
-        memory = self._field(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
-        if memory is not None:
-            gpu['memory_total_mib'] = memory.total // MIB
-            gpu['memory_used_mib'] = memory.used // MIB
-            gpu['memory_free_mib'] = memory.free // MIB
+        self._read_memory(handle, gpu)
         rates = self._field(lambda: nv.nvmlDeviceGetUtilizationRates(handle))
         gpu['utilization_gpu_pct'] = None if rates is None else int(rates.gpu)
         gpu['temperature_c'] = self._field(lambda: int(nv.nvmlDeviceGetTemperature(handle, NVML_TEMPERATURE_GPU)))
@@ -263,7 +287,37 @@ class NvmlReader(GpuReader):
         retired = self._field(lambda: nv.nvmlDeviceGetRetiredPagesPendingStatus(handle))
         gpu['retired_pages_pending'] = None if retired is None else bool(retired)
 
-    def _field(self, call):
+    def _read_memory(self, handle, gpu):
+        """Memory as nvidia-smi shows it: v2 `used` is allocated memory, `reserved` beside it.
+
+        v1 `used` is reserved plus allocated (an idle GPU reads hundreds of MiB); it is the
+        fallback for a library or binding without v2, and the read then carries a warning.
+        """
+        nv = self.nvml
+        version = getattr(nv, 'nvmlMemory_v2', None)
+        if version is None and self._no_memory_v2 is None:
+            self._no_memory_v2 = 'the installed nvidia-ml-py has no nvmlMemory_v2'
+        if not self._no_memory_v2:
+            try:
+                memory = self._field(lambda: nv.nvmlDeviceGetMemoryInfo(handle, version=version), missing=True)
+            except _FunctionMissing:
+                self._no_memory_v2 = "the driver's NVML library has no nvmlDeviceGetMemoryInfo_v2 (an older driver)"
+            else:
+                if memory is not None:
+                    gpu['memory_reserved_mib'] = memory.reserved // MIB
+                    self._set_memory(gpu, memory)
+                return
+        memory = self._field(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+        if memory is not None:
+            self._set_memory(gpu, memory)
+
+    @staticmethod
+    def _set_memory(gpu, memory):
+        gpu['memory_total_mib'] = memory.total // MIB
+        gpu['memory_used_mib'] = memory.used // MIB
+        gpu['memory_free_mib'] = memory.free // MIB
+
+    def _field(self, call, missing=False):
         """One query: its value, None when the driver does not report it, or _GpuUnreadable."""
         nv = self.nvml
         try:
@@ -271,6 +325,8 @@ class NvmlReader(GpuReader):
         except nv.NVMLError as exc:
             if error_code(exc) == NVML_ERROR_GPU_IS_LOST:
                 raise _GpuUnreadable(exc)
+            if missing and error_code(exc) == NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise _FunctionMissing()
             # Not supported, no permission, unknown error, an older library without the
             # function: nvidia-smi prints [N/A] or [...] for these, and so the value is null.
             return None
@@ -278,19 +334,54 @@ class NvmlReader(GpuReader):
     def _read_processes(self, handle):
         nv = self.nvml
         try:
-            infos = nv.nvmlDeviceGetComputeRunningProcesses(handle)
-        except nv.NVMLError as exc:
+            infos = self._running_processes(handle)
+        except (nv.NVMLError, getattr(nv, 'NVMLLibraryMismatchError', ())) as exc:
             return [], error_text(exc)
         processes = []
         for info in infos:
-            try:
-                name = _text(nv.nvmlSystemGetProcessName(info.pid))
-            except nv.NVMLError:
-                name = None
+            name = self._process_name(info.pid)
             used = info.usedGpuMemory
             processes.append({'pid': int(info.pid), 'name': name,
                               'used_memory_mib': None if used is None else int(used) // MIB})
         return processes, None
+
+    def _running_processes(self, handle):
+        """The compute processes on a GPU, through the newest call the library has."""
+        nv = self.nvml
+        # pynvml's unversioned call raises NVMLLibraryMismatchError (not an NVMLError) for a
+        # missing _v3; the versioned calls raise NVMLError(FUNCTION_NOT_FOUND).
+        mismatch = getattr(nv, 'NVMLLibraryMismatchError', ())
+        for name in PROCESS_CALLS:
+            call = getattr(nv, name, None)
+            if call is None or name in self._missing_calls:
+                continue
+            try:
+                return call(handle)
+            except nv.NVMLError as exc:
+                if error_code(exc) != NVML_ERROR_FUNCTION_NOT_FOUND:
+                    raise
+            except mismatch:
+                pass
+            self._missing_calls.add(name)
+        return _processes_v1(nv, handle)
+
+    def _process_name(self, pid):
+        """The process's name; None when the driver cannot say. Bytes that are not UTF-8
+        become replacement characters (pynvml decodes strictly, and raises)."""
+        nv = self.nvml
+        try:
+            name = _text(nv.nvmlSystemGetProcessName(pid))
+        except nv.NVMLError:
+            return None
+        except UnicodeDecodeError:
+            raw = getattr(nv.nvmlSystemGetProcessName, '__wrapped__', None)
+            if raw is None:
+                return None
+            try:
+                name = _text(raw(pid))
+            except (nv.NVMLError, UnicodeDecodeError):
+                return None
+        return None if name in UNREPORTED_PROCESS_NAMES else name
 
     @staticmethod
     def _unreadable(gpu, bus_id, exc):
@@ -310,6 +401,33 @@ class NvmlReader(GpuReader):
         # order, does when it has exactly the GPUs NVML counts.
         ids = driver_bus_ids()
         return ids[index] if len(ids) == count else None
+
+
+class _FunctionMissing(Exception):
+    """The driver's NVML library does not have the function called."""
+
+
+def _processes_v1(nv, handle):
+    """The unversioned nvmlDeviceGetComputeRunningProcesses (nvmlProcessInfo_v1_t), which
+    pynvml does not wrap any more: called through the library it loaded."""
+    lookup = getattr(nv, '_nvmlGetFunctionPointer', None)
+    if lookup is None:  # bindings of another kind: their own unversioned call
+        return nv.nvmlDeviceGetComputeRunningProcesses(handle)
+    func = lookup('nvmlDeviceGetComputeRunningProcesses')
+    count = ctypes.c_uint(0)
+    ret = func(handle, ctypes.byref(count), None)
+    if ret == 0:
+        return []
+    if ret != NVML_ERROR_INSUFFICIENT_SIZE:
+        raise nv.NVMLError(ret)
+    # Room for processes started since the first call, as pynvml does.
+    count.value = count.value * 2 + 5
+    infos = (_ProcessInfoV1 * count.value)()
+    ret = func(handle, ctypes.byref(count), infos)
+    if ret != 0:
+        raise nv.NVMLError(ret)
+    return [_Process(info.pid, None if info.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE else info.usedGpuMemory)
+            for info in infos[:count.value]]
 
 
 def _text(value):

@@ -12,6 +12,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
 
 GPU_STATES = ('free', 'busy', 'idle_holding', 'orphaned_memory', 'lost')
 
@@ -20,7 +21,8 @@ class Snapshot:
     """One reading of every GPU.
 
     gpus: list of dicts with index, uuid, name, pci_bus_id, memory_total_mib,
-    memory_used_mib, memory_free_mib, utilization_gpu_pct, temperature_c,
+    memory_used_mib (allocated, as nvidia-smi shows it), memory_free_mib,
+    memory_reserved_mib (reserved by the driver), utilization_gpu_pct, temperature_c,
     persistence_mode, compute_mode, processes (pid, name, used_memory_mib), error.
     A value the driver does not report is None.
     """
@@ -44,7 +46,7 @@ class GpuReader:
         """Release what the backend holds (NVML handle); nothing by default."""
 
 
-def gpu_state(gpu, memory_threshold_mib=0):
+def gpu_state(gpu, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB):
     """Classify one GPU: one of GPU_STATES.
 
     idle_holding is the deadlock signature: processes hold memory at 0 % utilisation.

@@ -28,6 +28,7 @@ import signal
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
+    DEFAULT_MEMORY_THRESHOLD_MIB,
     GpuopsError,
     PermanentReadError,
     check_seconds,
@@ -90,7 +91,7 @@ def release_argument_spec():
         wait=dict(type='bool', default=True),
         timeout=dict(type='float', default=60.0),
         settle_time=dict(type='float', default=DEFAULT_SETTLE_S),
-        memory_threshold_mib=dict(type='int', default=0),
+        memory_threshold_mib=dict(type='int', default=DEFAULT_MEMORY_THRESHOLD_MIB),
         lock_file=dict(type='path'),
         facts_after=dict(type='bool', default=False),
     )
@@ -108,8 +109,8 @@ class ReleaseOptions:
     """Validated options of a release."""
 
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
-                 wait=True, timeout=60.0, memory_threshold_mib=0, lock_file=None, facts_after=False,
-                 settle_time=DEFAULT_SETTLE_S):
+                 wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
+                 facts_after=False, settle_time=DEFAULT_SETTLE_S):
         for problem in (check_seconds('timeout', timeout, positive=True),
                         check_seconds('grace_period', grace_period),
                         check_seconds('settle_time', settle_time)):

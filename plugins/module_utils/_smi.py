@@ -48,9 +48,17 @@ HEALTH_FIELDS = [
     ('remapped_rows.failure', 'remapped_rows_failure'),
     ('retired_pages.pending', 'retired_pages_pending'),
 ]
+# Memory the driver reserves, outside memory.used (drivers that report it apart). A driver that
+# does not know the field refuses the query; it is repeated without it, and the value is null.
+RESERVED_FIELDS = [('memory.reserved', 'memory_reserved_mib')]
+RESERVED_WARNING = ('nvidia-smi does not know memory.reserved (an older driver): memory_reserved_mib is null, '
+                    'and memory used may include the memory the driver reserves, so idle GPUs may look used')
 YES_NO_FACTS = frozenset(fact for dummy, fact in HEALTH_FIELDS)
 INT_FACTS = frozenset(['index', 'memory_total_mib', 'memory_used_mib', 'memory_free_mib',
-                       'utilization_gpu_pct', 'temperature_c'])
+                       'utilization_gpu_pct', 'temperature_c', 'memory_reserved_mib'])
+# What the driver prints in place of a process name it cannot read (real-samples
+# smi_compute_apps/A02): the name is null.
+UNREPORTED_PROCESS_NAMES = frozenset(['[Not Found]', '[Insufficient Permissions]', '[N/A]', '[Unknown Error]'])
 APP_FIELDS = ['pid', 'process_name', 'used_memory', 'gpu_uuid', 'gpu_bus_id']
 
 # From the nvidia-smi man page, "RETURN VALUE".
@@ -115,19 +123,23 @@ def parse_value(fact, raw):
     return raw, None
 
 
-def parse_gpu_csv(text):
-    """Parse ``--query-gpu=<GPU_FIELDS> --format=csv,noheader,nounits`` output.
+def parse_gpu_csv(text, fields=None):
+    """Parse ``--query-gpu=<fields> --format=csv,noheader,nounits`` output.
+
+    fields: the (field, fact) pairs queried, GPU_FIELDS first; by default every field.
 
     Returns (gpus, warnings). nvidia-smi prints one line per GPU in index order; a GPU it
     cannot read (lost, unknown error) gets an error line in its place, so its index is its
     position. Raises SmiParseError when no line is usable at all.
     """
+    fields = GPU_FIELDS + HEALTH_FIELDS + RESERVED_FIELDS if fields is None else fields
+    widths = (len(GPU_FIELDS), len(GPU_FIELDS) + len(HEALTH_FIELDS), len(fields))
     gpus, warnings = [], []
     lines = [line for line in text.splitlines() if line.strip()]
     for position, line in enumerate(lines):
         cells = line.split(',')
-        if len(cells) in (len(GPU_FIELDS), len(GPU_FIELDS) + len(HEALTH_FIELDS)) and not line.startswith('Unable to'):
-            gpu, problems = _gpu_from_cells(cells)
+        if len(cells) in widths and not line.startswith('Unable to'):
+            gpu, problems = _gpu_from_cells(cells, fields)
             if gpu['index'] is None:
                 gpu['index'] = position
             for problem in problems:
@@ -140,9 +152,9 @@ def parse_gpu_csv(text):
     return gpus, warnings
 
 
-def _gpu_from_cells(cells):
-    gpu, problems = {'error': None}, []
-    for (field, fact), raw in zip(GPU_FIELDS + HEALTH_FIELDS, cells):
+def _gpu_from_cells(cells, fields):
+    gpu, problems = {'error': None, 'memory_reserved_mib': None}, []
+    for (field, fact), raw in zip(fields, cells):
         value, problem = parse_value(fact, raw)
         if problem:
             problems.append('%s: %s' % (field, problem))
@@ -151,7 +163,7 @@ def _gpu_from_cells(cells):
 
 
 def _unreadable_gpu(position, line):
-    gpu = dict((fact, None) for dummy, fact in GPU_FIELDS + HEALTH_FIELDS)
+    gpu = dict((fact, None) for dummy, fact in GPU_FIELDS + HEALTH_FIELDS + RESERVED_FIELDS)
     match = PCI_BUS_ID_RE.search(line)
     gpu.update(index=position, pci_bus_id=normalize_bus_id(match.group(1)) if match else None, error=line)
     return gpu
@@ -174,9 +186,10 @@ def parse_apps_csv(text):
             continue
         used, dummy = parse_value('memory_used_mib', cells[-3])
         bus_id, dummy = parse_value('pci_bus_id', cells[-1])
+        name = ','.join(cells[1:-3]).strip()
         apps.append({
             'pid': int(pid),
-            'name': ','.join(cells[1:-3]).strip(),
+            'name': None if name in UNREPORTED_PROCESS_NAMES else name,
             'used_memory_mib': used,
             'gpu_uuid': cells[-2].strip() or None,
             'gpu_bus_id': bus_id,
@@ -423,13 +436,15 @@ class SmiReader(GpuReader):
         self.runner = runner
 
     def read(self, timeout=None):
-        rc, stdout, stderr = self._query_gpus(GPU_FIELDS + HEALTH_FIELDS, timeout)
-        if rc == 2 and INVALID_FIELD in stdout + stderr:
-            rc, stdout, stderr = self._query_gpus(GPU_FIELDS, timeout)
+        fields = GPU_FIELDS + HEALTH_FIELDS + RESERVED_FIELDS
+        rc, stdout, stderr = self._query_gpus(fields, timeout)
+        while rc == 2 and INVALID_FIELD in stdout + stderr and fields != GPU_FIELDS:
+            fields = _accepted_fields(fields, stdout + stderr)
+            rc, stdout, stderr = self._query_gpus(fields, timeout)
         if NO_DEVICES in stdout or NO_DEVICES in stderr:
             return Snapshot([], None, ['nvidia-smi: %s' % NO_DEVICES])
         try:
-            gpus, warnings = parse_gpu_csv(stdout)
+            gpus, warnings = parse_gpu_csv(stdout, fields)
         except SmiParseError:
             if rc != 0:
                 raise GpuopsError(describe_failure(rc, stdout, stderr))
@@ -440,6 +455,8 @@ class SmiReader(GpuReader):
             raise SmiParseError('nvidia-smi printed nothing for --query-gpu')
         if rc != 0 and all(gpu['error'] is None for gpu in gpus):
             warnings.append(describe_failure(rc, stdout, stderr))
+        if RESERVED_FIELDS[0] not in fields:
+            warnings.append(RESERVED_WARNING)
         apps, app_warnings = self._read_apps(timeout)
         _attach_processes(gpus, apps)
         driver = next((gpu.pop('driver_version') for gpu in gpus if gpu.get('driver_version')), None)
@@ -459,6 +476,17 @@ class SmiReader(GpuReader):
         if rc != 0 and not apps:
             warnings.append('process list unavailable: ' + describe_failure(rc, stdout, stderr))
         return apps, warnings
+
+
+def _accepted_fields(fields, said):
+    """fields less the optional ones nvidia-smi refused: memory.reserved when it names that
+    field, the health fields otherwise, and then every optional field."""
+    for field, fact in RESERVED_FIELDS:
+        if '"%s"' % field in said and (field, fact) in fields:
+            return [pair for pair in fields if pair not in RESERVED_FIELDS]
+    if any(pair in fields for pair in HEALTH_FIELDS):
+        return [pair for pair in fields if pair not in HEALTH_FIELDS]
+    return list(GPU_FIELDS)
 
 
 def _attach_processes(gpus, apps):

@@ -33,6 +33,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.actiongroups
   - gpuops.nvidia.gpu
+  - gpuops.nvidia.gpu.memory_threshold
   - gpuops.nvidia.gpu.holders
 attributes:
   action_group:
@@ -85,11 +86,6 @@ options:
         that the final state can be reported).
     type: float
     default: 60
-  memory_threshold_mib:
-    description:
-      - Memory used, in MiB, at or below which a GPU counts as free.
-    type: int
-    default: 0
   lock_file:
     description:
       - The file locked (C(flock)) while a release runs, so that two releases on one host do
@@ -137,7 +133,7 @@ EXAMPLES = r'''
     gpus: [2, 3]
     grace_period: 2
     timeout: 30
-    memory_threshold_mib: 16
+    memory_threshold_mib: 64
   become: true
 
 - name: Also protect a monitoring agent, and show who would be stopped
@@ -312,7 +308,7 @@ gpus_after:
       type: int
   sample:
     - index: 0
-      memory_used_mib: 0
+      memory_used_mib: 1
 facts_after:
   description:
     - The GPUs and their holders at the end, read after everything else (in check mode, as

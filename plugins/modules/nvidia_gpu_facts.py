@@ -28,6 +28,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes.actiongroups
   - ansible.builtin.action_common_attributes.facts
   - gpuops.nvidia.gpu
+  - gpuops.nvidia.gpu.memory_threshold
   - gpuops.nvidia.gpu.holders
 attributes:
   action_group:
@@ -46,12 +47,6 @@ options:
       - Seconds each read of the GPUs may take before it is abandoned and the module fails.
     type: float
     default: 10
-  memory_threshold_mib:
-    description:
-      - Memory used, in MiB, at or below which a GPU with no process counts as free rather
-        than holding orphaned memory.
-    type: int
-    default: 0
   kernel_log:
     description:
       - "A file to read the kernel's C(NVRM: Xid) lines from, such as C(/var/log/kern.log)."
@@ -126,13 +121,24 @@ ansible_facts:
           type: int
           sample: 143771
         memory_used_mib:
-          description: Memory in use, in MiB.
+          description:
+            - Memory allocated, in MiB, as C(nvidia-smi) shows it (NVML v2 C(used)), without the
+              memory the driver reserves. Idle GPUs read a few MiB, not always 0.
+            - On an older driver whose NVML has no v2 memory call it is NVML v1 C(used), which
+              includes the reserved memory; the module then warns.
           type: int
           sample: 76113
         memory_free_mib:
-          description: Free memory, in MiB.
+          description: Free memory, in MiB (total less reserved and used).
           type: int
-          sample: 67658
+          sample: 67143
+        memory_reserved_mib:
+          description:
+            - Memory the driver and firmware reserve, in MiB (C(nvidia-smi --query-gpu=memory.reserved),
+              NVML v2 C(reserved)); not part of RV(ansible_facts.nvidia_gpus[].memory_used_mib).
+            - Null when the driver does not report it apart (older drivers).
+          type: int
+          sample: 515
         utilization_gpu_pct:
           description: GPU utilisation, in percent, over the driver's last sample period.
           type: int
@@ -158,7 +164,11 @@ ansible_facts:
               description: Process id.
               type: int
             name:
-              description: Process name as the driver reports it.
+              description:
+                - Process name as the driver reports it; bytes that are not UTF-8 become
+                  replacement characters.
+                - Null when the driver cannot name the process (C([Not Found]),
+                  C([Insufficient Permissions])).
               type: str
             used_memory_mib:
               description: Memory the process uses on this GPU, in MiB.
@@ -241,7 +251,8 @@ ansible_facts:
           pci_bus_id: "00000000:18:00.0"
           memory_total_mib: 143771
           memory_used_mib: 76113
-          memory_free_mib: 67658
+          memory_free_mib: 67143
+          memory_reserved_mib: 515
           utilization_gpu_pct: 0
           temperature_c: 34
           persistence_mode: true
@@ -312,6 +323,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import MissingLibraryError, select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
+    DEFAULT_MEMORY_THRESHOLD_MIB,
     GpuopsError,
     check_non_negative,
     holders_argument_spec,
@@ -323,7 +335,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather
 def main():
     argument_spec = dict(
         timeout=dict(type='float', default=10.0),
-        memory_threshold_mib=dict(type='int', default=0),
+        memory_threshold_mib=dict(type='int', default=DEFAULT_MEMORY_THRESHOLD_MIB),
         kernel_log=dict(type='path'),
     )
     argument_spec.update(reader_argument_spec())

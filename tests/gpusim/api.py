@@ -70,11 +70,15 @@ class Host:
             env["LD_LIBRARY_PATH"] = self.paths.nvml_dir + (os.pathsep + old if old else "")
         return env
 
-    def install_nvml(self, cache_dir=None):
-        """Build (once, with gcc) and install the simulated libnvidia-ml.so.1; returns its path."""
+    def install_nvml(self, cache_dir=None, flavor="current"):
+        """Build (once, with gcc) and install the simulated libnvidia-ml.so.1; returns its path.
+
+        flavor: "current" (every entry point), "old" (no nvmlDeviceGetMemoryInfo_v2 and no
+        nvmlDeviceGetComputeRunningProcesses_v3) or "oldest" (no _v2 process call either);
+        see nvml_build.FLAVORS."""
         from gpusim.nvml_build import SONAME, build
 
-        lib = build(cache_dir)
+        lib = build(cache_dir, flavor=flavor)
         os.makedirs(self.paths.nvml_dir, exist_ok=True)
         dest = os.path.join(self.paths.nvml_dir, SONAME)
         tmp = dest + ".tmp.%d" % os.getpid()
@@ -91,14 +95,15 @@ class Host:
              memory_total_mib=DEFAULTS["memory_total_mib"],
              driver_version=DEFAULTS["driver_version"], cuda_version=DEFAULTS["cuda_version"],
              release_delay=DEFAULTS["release_delay"], persistence_mode=DEFAULTS["persistence_mode"],
-             seed=DEFAULTS["seed"]):
+             seed=DEFAULTS["seed"], idle_used_mib=DEFAULTS["idle_used_mib"],
+             reserved_mib=DEFAULTS["reserved_mib"]):
         p = self.paths
         if isinstance(persistence_mode, bool):
             persistence_mode = "on" if persistence_mode else "off"
         state = build_state(gpus=gpus, name=name, memory_total_mib=memory_total_mib,
                             driver_version=driver_version, cuda_version=cuda_version,
                             release_delay=release_delay, persistence_mode=persistence_mode,
-                            seed=seed)
+                            seed=seed, idle_used_mib=idle_used_mib, reserved_mib=reserved_mib)
         for d in (p.dev, p.bin, p.lib, p.procs, p.tracked):
             os.makedirs(d, exist_ok=True)
         names = ["nvidiactl", "nvidia-uvm"] + ["nvidia%d" % i for i in range(int(gpus))]

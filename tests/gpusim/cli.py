@@ -26,6 +26,10 @@ def _parser():
     c.add_argument("--release-delay", type=float, default=DEFAULTS["release_delay"], metavar="SECONDS")
     c.add_argument("--persistence-mode", choices=("on", "off"), default=DEFAULTS["persistence_mode"])
     c.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    c.add_argument("--idle-used-mib", type=int, default=DEFAULTS["idle_used_mib"],
+                   help="memory.used of an idle GPU (real H100/H200: 1)")
+    c.add_argument("--reserved-mib", type=int, default=DEFAULTS["reserved_mib"],
+                   help="memory the driver reserves per GPU (memory.reserved; inside NVML v1 used)")
 
     c = cmd("hold", help="start a detached process holding GPUs")
     c.add_argument("--gpus", required=True, help="0,1 or all (allocation)")
@@ -79,7 +83,9 @@ def _parser():
     c.add_argument("name", choices=("hung-job",))
     c.add_argument("--release-delay", type=float, default=0.0)
 
-    cmd("nvml", help="build and install the simulated libnvidia-ml.so.1 (needs gcc)")
+    c = cmd("nvml", help="build and install the simulated libnvidia-ml.so.1 (needs gcc)")
+    c.add_argument("--flavor", choices=("current", "old", "oldest"), default="current",
+                   help="old: no memory _v2, no processes _v3; oldest: no processes _v2 either")
     cmd("ps", help="allocation records, with alive")
     cmd("stop", help="SIGKILL everything this root started; wait until gone")
     c = cmd("smi", help="run the fake nvidia-smi in-process (arguments after --)")
@@ -97,7 +103,7 @@ def main(argv=None):
             host.init(gpus=args.gpus, name=args.name, memory_total_mib=args.memory_total_mib,
                       driver_version=args.driver_version, cuda_version=args.cuda_version,
                       release_delay=args.release_delay, persistence_mode=args.persistence_mode,
-                      seed=args.seed)
+                      seed=args.seed, idle_used_mib=args.idle_used_mib, reserved_mib=args.reserved_mib)
             print(json.dumps({"root": host.root, "smi": host.smi_path, "gpus": args.gpus}))
         elif args.cmd == "hold":
             info = host.hold(gpus=args.gpus, mib=args.mib, util=args.util, name=args.name,
@@ -130,7 +136,7 @@ def main(argv=None):
         elif args.cmd == "scenario":
             print(json.dumps(host.scenario(args.name, release_delay=args.release_delay)))
         elif args.cmd == "nvml":
-            lib = host.install_nvml()
+            lib = host.install_nvml(flavor=args.flavor)
             print(json.dumps({"lib": lib, "LD_LIBRARY_PATH": os.path.dirname(lib)}))
         elif args.cmd == "ps":
             print(json.dumps(host.ps(), indent=1))

@@ -60,8 +60,8 @@ def _map_shared(fd):
 
 
 def set_comm(name):
-    # The kernel truncates comm to 15 bytes.
-    _prctl(PR_SET_NAME, name.encode()[:15])
+    # The kernel truncates comm to 15 bytes; a name that is not UTF-8 keeps its bytes.
+    _prctl(PR_SET_NAME, name.encode("utf-8", "surrogateescape")[:15])
 
 
 # ---------------------------------------------------------------- pid registry

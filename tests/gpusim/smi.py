@@ -8,7 +8,8 @@ import sys
 import time
 
 from gpusim import messages as M
-from gpusim.state import Paths, gpu_usage, holders_of, load_records, load_state, write_json
+from gpusim.state import (Paths, gpu_free, gpu_reserved, gpu_usage, holders_of, load_records, load_state,
+                          write_json)
 
 # canonical field -> (header unit or None, aliases)
 GPU_FIELDS = {
@@ -197,9 +198,9 @@ class Smi:
         if field == "memory.used":
             return unit(used[idx], "MiB")
         if field == "memory.free":
-            return unit(max(0, g["memory_total_mib"] - used[idx]), "MiB")
+            return unit(gpu_free(g, used[idx]), "MiB")
         if field == "memory.reserved":
-            return unit(0, "MiB")
+            return unit(gpu_reserved(g), "MiB")
         if field == "utilization.gpu":
             return unit(util[idx], "%")
         if field == "utilization.memory":
@@ -433,8 +434,8 @@ class Smi:
                          ("GPU UUID", g["uuid"]), ("Minor Number", i)):
                 w("    %-38s: %s" % (k, v))
             w("    FB Memory Usage")
-            for k, v in (("Total", g["memory_total_mib"]), ("Used", used[i]),
-                         ("Free", g["memory_total_mib"] - used[i])):
+            for k, v in (("Total", g["memory_total_mib"]), ("Reserved", gpu_reserved(g)), ("Used", used[i]),
+                         ("Free", gpu_free(g, used[i]))):
                 w("        %-34s: %d MiB" % (k, v))
             w("    Compute Mode                          : %s" % g["compute_mode"])
             w("    Utilization")
@@ -553,6 +554,9 @@ def run(root, argv, out):
 
 def main(root, argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    # The real tool prints a process name that is not UTF-8 as the bytes it read.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="surrogateescape")
     try:
         rc = run(root, argv, sys.stdout)
         sys.stdout.flush()

@@ -21,6 +21,14 @@ DEFAULTS = {
     "release_delay": 0.0,
     "persistence_mode": "on",
     "seed": 0,
+    # What an idle GPU reads as used through nvidia-smi and NVML v2: idle H100 and H200 read
+    # 1 MiB (real-samples Q08_idle_memory_tables.txt; some read 0 MiB).
+    "idle_used_mib": 1,
+    # Memory the driver and firmware reserve, outside nvidia-smi's memory.used but inside NVML
+    # v1 `used`: an idle A10 reads 516 MiB through v1 (Q09_nvml_v1_used_idle.txt, 541917184 B),
+    # so 515 reserved + the 1 MiB idle reading. The H200's own figure is not in the samples: a
+    # guess of the right size.
+    "reserved_mib": 515,
 }
 
 DEV_FILE_SIZE = 4096
@@ -77,7 +85,8 @@ def write_json(path, data):
 
 def _write_atomic(path, text):
     tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w") as f:
+    # surrogateescape: a process name that is not UTF-8 is written back as its own bytes.
+    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
         f.write(text)
     os.replace(tmp, path)
 
@@ -125,12 +134,13 @@ def proc_cmdline_argv0(pid):
         return None
     if not data:
         return None
-    return data.split(b"\0", 1)[0].decode("utf-8", "replace")
+    # surrogateescape keeps the bytes of a name that is not UTF-8 (they are printed as read).
+    return data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
 def proc_comm(pid):
     try:
-        with open("/proc/%d/comm" % pid) as f:
+        with open("/proc/%d/comm" % pid, encoding="utf-8", errors="surrogateescape") as f:
             return f.read().rstrip("\n")
     except OSError:
         return None
@@ -189,7 +199,7 @@ def bus_id(index):
 
 def build_state(gpus=8, name="NVIDIA H200", memory_total_mib=143771,
                 driver_version="550.127.05", cuda_version="12.4", release_delay=0.0,
-                persistence_mode="on", seed=0):
+                persistence_mode="on", seed=0, idle_used_mib=1, reserved_mib=515):
     import random
 
     rng = random.Random(seed)
@@ -207,6 +217,8 @@ def build_state(gpus=8, name="NVIDIA H200", memory_total_mib=143771,
             "compute_mode": "Default",
             "temperature": 28 + rng.randrange(0, 9),
             "stuck_mib": 0,
+            "idle_used_mib": int(idle_used_mib),
+            "reserved_mib": int(reserved_mib),
         })
     return {
         "gpus": gpu_list,
@@ -275,14 +287,15 @@ def mark_dead(paths, rec, now=None):
 def gpu_usage(paths, state, records=None, now=None):
     """{index: (used_mib, util_pct)} plus the list of live compute records.
 
-    Used = live allocations + dead ones still inside the driver's release delay
-    + leaked allocations of dead holders (until reset) + stuck memory.
+    Used = the idle reading + live allocations + dead ones still inside the driver's release
+    delay + leaked allocations of dead holders (until reset) + stuck memory; what the driver
+    reserves is not in it (see gpu_reserved).
     """
     now = time.time() if now is None else now
     if records is None:
         records = load_records(paths)
     delay = float(state.get("release_delay_s", 0.0))
-    used = {g["index"]: int(g.get("stuck_mib", 0)) for g in state["gpus"]}
+    used = {g["index"]: int(g.get("stuck_mib", 0)) + int(g.get("idle_used_mib", 0)) for g in state["gpus"]}
     util = {g["index"]: 0 for g in state["gpus"]}
     live = []
     for rec in records:
@@ -304,6 +317,16 @@ def gpu_usage(paths, state, records=None, now=None):
                 if i in used and i not in cleared:
                     used[i] += mib
     return used, util, live
+
+
+def gpu_reserved(gpu):
+    """MiB the driver reserves on a GPU: nvidia-smi's memory.reserved, NVML v2 `reserved`."""
+    return int(gpu.get("reserved_mib", 0))
+
+
+def gpu_free(gpu, used):
+    """nvidia-smi's memory.free (and NVML's `free`, v1 and v2): total less reserved and used."""
+    return max(0, int(gpu["memory_total_mib"]) - gpu_reserved(gpu) - used)
 
 
 # ---------------------------------------------------------------- flat twins for the C library
@@ -360,6 +383,8 @@ def _flat_state(state):
             bool(remap.get("pending")), bool(remap.get("failure")),
             -1 if retired is None else int(bool(retired)),
             g["pci_bus_id"], g["uuid"], _one_line(g["name"])))
+    for g in state.get("gpus", []):
+        lines.append("mem %d %d %d" % (g["index"], int(g.get("idle_used_mib", 0)), gpu_reserved(g)))
     for na in faults.get("na", []):
         field = NA_ALIASES.get(na["field"], na["field"])
         gpu = -1 if na.get("gpu") is None else int(na["gpu"])

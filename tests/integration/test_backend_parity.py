@@ -42,8 +42,10 @@ for backend in backends:
         snapshot = reader.read()
     finally:
         reader.close()
-    out[backend] = {'backend': reader.backend, 'gpus': gpu_facts(snapshot, 0, events),
-                    'driver': snapshot.driver_version, 'count': len(snapshot.gpus)}
+    # The default memory threshold, as the modules use it.
+    out[backend] = {'backend': reader.backend, 'gpus': gpu_facts(snapshot, xid_events=events),
+                    'driver': snapshot.driver_version, 'count': len(snapshot.gpus),
+                    'warnings': snapshot.warnings}
 print(json.dumps(out))
 '''
 
@@ -52,6 +54,11 @@ print(json.dumps(out))
 def nvmlhost(gpuhost):
     gpuhost.install_nvml()
     return gpuhost
+
+
+# The real samples' idle readings through nvidia-smi / NVML v2 (smi_query_gpu/Q08, Q09): every
+# one must read free with the default threshold.
+REAL_IDLE_MIB = (0, 1, 3, 7)
 
 
 def read_both(host, backends='nvml,nvidia-smi'):
@@ -74,6 +81,8 @@ def assert_parity(host):
 def test_clean_host(nvmlhost):
     gpus = assert_parity(nvmlhost)
     assert len(gpus) == 8 and set(g['state'] for g in gpus) == set(['free'])
+    # Idle as on real H200s: 1 MiB used, and the reserved memory apart (NVML v1 would say 516).
+    assert set((g['memory_used_mib'], g['memory_reserved_mib']) for g in gpus) == set([(1, 515)])
     assert all(g['health']['recovery_action'] == 'none' and g['health']['xid_events'] == [] for g in gpus)
 
 
@@ -93,7 +102,7 @@ def test_lost_gpus_and_unreported_fields(nvmlhost):
     nvmlhost.fault('na', field='temperature.gpu', value='[Unknown Error]')
     nvmlhost.fault('na', field='persistence_mode', gpu=5, value='[Insufficient Permissions]')
     nvmlhost.fault('na', field='compute_mode', gpu=5, value='[Not Supported]')
-    for field in ('memory.total', 'memory.used', 'memory.free'):
+    for field in ('memory.total', 'memory.used', 'memory.free', 'memory.reserved'):
         nvmlhost.fault('na', field=field, gpu=6)
     nvmlhost.fault('na', field='used_memory', gpu=0)
     gpus = assert_parity(nvmlhost)
@@ -103,7 +112,7 @@ def test_lost_gpus_and_unreported_fields(nvmlhost):
     assert gpus[2]['health']['recovery_action'] == 'reboot'
     assert gpus[0]['processes'][0]['name'] == 'trainer, v2' and gpus[0]['processes'][0]['used_memory_mib'] is None
     assert gpus[4]['utilization_gpu_pct'] is None and gpus[0]['temperature_c'] is None
-    assert gpus[6]['memory_used_mib'] is None
+    assert gpus[6]['memory_used_mib'] is None and gpus[6]['memory_reserved_mib'] is None
 
 
 def test_xid_and_row_remapping_scenarios(nvmlhost):
@@ -148,10 +157,78 @@ def test_memory_follows_release_delay_and_leaks(gpuhost_factory):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     out = read_both(host)['nvml']['gpus']
-    assert (out[0]['memory_used_mib'], out[0]['state'], out[1]['memory_used_mib']) == (4096, 'orphaned_memory', 1024)
+    assert (out[0]['memory_used_mib'], out[0]['state'], out[1]['memory_used_mib']) == (1 + 4096, 'orphaned_memory', 1 + 1024)
     time.sleep(1.6)
     gpus = assert_parity(host)
-    assert (gpus[0]['memory_used_mib'], gpus[1]['memory_used_mib']) == (0, 1024)
+    assert (gpus[0]['memory_used_mib'], gpus[1]['memory_used_mib']) == (1, 1 + 1024)
+    assert (gpus[0]['state'], gpus[1]['state']) == ('free', 'orphaned_memory')
+
+
+def test_memory_on_idle_and_busy_gpus_is_the_same_through_both(nvmlhost):
+    # NVML v1 `used` would be 515 MiB higher on every GPU (reserved + allocated); the NVML
+    # backend reads v2, so both backends give nvidia-smi's memory.used.
+    nvmlhost.hold(gpus='1', mib=76113, util=90)
+    nvmlhost.hold(gpus='2', mib=300)
+    nvmlhost.fault('stuck', gpu=3, mib=2048)
+    out = read_both(nvmlhost)
+    assert out['nvml']['warnings'] == [] and out['nvidia-smi']['warnings'] == []
+    gpus = assert_parity(nvmlhost)
+    memory = [(g['memory_used_mib'], g['memory_reserved_mib'], g['memory_free_mib']) for g in gpus[:4]]
+    assert memory == [(1, 515, 143255), (76114, 515, 67142), (301, 515, 142955), (2049, 515, 141207)]
+    assert [g['state'] for g in gpus[:4]] == ['free', 'busy', 'idle_holding', 'orphaned_memory']
+
+
+@pytest.mark.parametrize('idle', REAL_IDLE_MIB)
+def test_real_idle_readings_are_free_and_a_300_mib_holder_is_not(gpuhost_factory, idle):
+    host = gpuhost_factory(gpus=2, idle_used_mib=idle)
+    host.install_nvml()
+    out = read_both(host)
+    for backend in ('nvml', 'nvidia-smi'):
+        assert [g['state'] for g in out[backend]['gpus']] == ['free', 'free'], backend
+        assert [g['memory_used_mib'] for g in out[backend]['gpus']] == [idle, idle]
+    info = host.hold(gpus='1', mib=300)
+    out = read_both(host)
+    for backend in ('nvml', 'nvidia-smi'):
+        assert [g['state'] for g in out[backend]['gpus']] == ['free', 'idle_holding'], backend
+    # The holder gone but its memory left (a leak): not free either.
+    import signal
+    host.hold(gpus='0', mib=300, leak=True)
+    os.kill(info['pid'], signal.SIGKILL)
+    for record in host.ps():
+        if record.get('leak'):
+            os.kill(record['pid'], signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while any(r['alive'] for r in host.ps()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    out = read_both(host)
+    for backend in ('nvml', 'nvidia-smi'):
+        assert [g['state'] for g in out[backend]['gpus']] == ['orphaned_memory', 'free'], backend
+
+
+@pytest.mark.parametrize('flavor', ['old', 'oldest'])
+def test_an_older_nvml_library(gpuhost_factory, flavor):
+    # No nvmlDeviceGetMemoryInfo_v2 and no _v3 process call ("oldest": no _v2 either): real
+    # pynvml then raised NVMLLibraryMismatchError from the unversioned process call.
+    host = gpuhost_factory(gpus=2)
+    host.install_nvml(flavor=flavor)
+    info = host.hold(gpus='1', mib=2048, name='job')
+    out = read_both(host)
+    nvml, smi = out['nvml'], out['nvidia-smi']
+    assert nvml['backend'] == 'nvml'
+    assert [p['pid'] for p in nvml['gpus'][1]['processes']] == [info['pid']]
+    assert nvml['gpus'][1]['processes'] == smi['gpus'][1]['processes']
+    assert [p['used_memory_mib'] for p in nvml['gpus'][1]['processes']] == [2048]
+    # v1 memory: reserved inside used, said once; the idle GPU looks used, as it would on such a host.
+    assert [(g['memory_used_mib'], g['memory_reserved_mib']) for g in nvml['gpus']] == [(516, None), (2564, None)]
+    assert len(nvml['warnings']) == 1 and 'no nvmlDeviceGetMemoryInfo_v2' in nvml['warnings'][0]
+    assert nvml['gpus'][0]['state'] == 'orphaned_memory'
+
+
+def test_process_name_that_is_not_utf8(nvmlhost):
+    nvmlhost.hold(gpus='0', mib=64, name='\udcffjob')
+    gpus = assert_parity(nvmlhost)
+    assert gpus[0]['processes'][0]['name'] == u'\ufffdjob'
 
 
 def run_module(host, **options):

@@ -34,7 +34,8 @@ def test_hung_job_facts(gpuhost):
     gpus = facts['nvidia_gpus']
     assert [gpu['index'] for gpu in gpus] == list(range(8))
     for gpu in gpus:
-        assert gpu['memory_used_mib'] == 76113
+        assert gpu['memory_used_mib'] == 1 + 76113  # the idle reading and the rank's memory
+        assert gpu['memory_reserved_mib'] == 515
         assert gpu['utilization_gpu_pct'] == 0
         assert gpu['state'] == 'idle_holding'
         assert gpu['error'] is None

@@ -18,7 +18,9 @@ import sys
 import time
 
 import pytest
+import yaml
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
 from gpusim.api import Host
 from gpusim.state import is_alive as alive
 
@@ -32,10 +34,11 @@ RELEASED = ('clean', 'hung', 'stubborn', 'daemons', 'orphan_on', 'scoped', 'stri
 
 # A clean query of the user's own, judged before the release: here one that lets a sidecar
 # hold GPU 0, and one that is as strict as the default.
-SIDECAR_QUERY = ("length(nvidia_gpus[?memory_used_mib > `0`]) == `0`"
-                 " && length(nvidia_device_holders[?!protected && comm != 'gpu-sidecar']) == `0`")
-STRICT_QUERY = ("length(nvidia_gpus[?error != null || memory_used_mib == null || memory_used_mib > `0`]) == `0`"
-                " && length(nvidia_device_holders[?!protected]) == `0`")
+# Idle GPUs read 1 MiB (as real H200s): the queries compare with the default threshold.
+SIDECAR_QUERY = ("length(nvidia_gpus[?memory_used_mib > `%d`]) == `0`"
+                 " && length(nvidia_device_holders[?!protected && comm != 'gpu-sidecar']) == `0`" % DEFAULT_MEMORY_THRESHOLD_MIB)
+STRICT_QUERY = ("length(nvidia_gpus[?error != null || memory_used_mib == null || memory_used_mib > `%d`]) == `0`"
+                " && length(nvidia_device_holders[?!protected]) == `0`" % DEFAULT_MEMORY_THRESHOLD_MIB)
 
 HOST_MODULE_TASKS = (
     'Read the GPUs and who holds them',
@@ -246,8 +249,8 @@ def test_clean_host_is_one_module_call_and_no_change(fleet):
     assert ran == ['Release the GPUs']
     report = run.reports['clean']
     assert report['reason'] is None and report['signalled'] == [] and report['escalation'] is None
-    assert report['gpus_before'] == report['gpus_after'] == [{'index': 0, 'memory_used_mib': 0},
-                                                             {'index': 1, 'memory_used_mib': 0}]
+    assert report['gpus_before'] == report['gpus_after'] == [{'index': 0, 'memory_used_mib': 1},
+                                                             {'index': 1, 'memory_used_mib': 1}]
     assert 'nothing to do' in run.line('clean')[0]
 
 
@@ -260,8 +263,8 @@ def test_hung_job_released_in_one_module_call(fleet):
     ranks = set(rank['pid'] for rank in scenario['ranks'])
     assert set(entry['pid'] for entry in report['signalled']) == ranks
     assert all(entry['signals_sent'] == ['TERM'] and entry['exited'] for entry in report['signalled'])
-    assert report['gpus_before'] == [{'index': i, 'memory_used_mib': 76113} for i in range(8)]
-    assert report['gpus_after'] == [{'index': i, 'memory_used_mib': 0} for i in range(8)]
+    assert report['gpus_before'] == [{'index': i, 'memory_used_mib': 1 + 76113} for i in range(8)]
+    assert report['gpus_after'] == [{'index': i, 'memory_used_mib': 1} for i in range(8)]
     assert report['survivors'] == [] and report['orphaned_gpus'] == [] and report['escalation'] is None
     assert report['duration_s'] > 0 and report['release_s'] > 0
     assert alive(scenario['persistenced']['pid'])
@@ -292,10 +295,10 @@ def test_orphaned_memory_without_escalation_fails_naming_the_gpu(fleet):
     run = fleet['runs']['first']
     report = run.reports['orphan_off']
     assert report['orphaned_gpus'] == [3] and report['escalation'] is None
-    assert report['reason'].startswith('GPU 3: 8192 MiB held with no process left (orphaned memory')
+    assert report['reason'].startswith('GPU 3: 8193 MiB held with no process left (orphaned memory')
     assert 'gpu_reset_allow_gpu_reset' in report['reason']
-    assert 'GPU 3: 8192 MiB held' in run.line('orphan_off')[0]
-    assert 'orphan_off is not clean: GPU 3: 8192 MiB held' in run.out
+    assert 'GPU 3: 8193 MiB held' in run.line('orphan_off')[0]
+    assert 'orphan_off is not clean: GPU 3: 8193 MiB held' in run.out
 
 
 def test_orphaned_memory_with_escalation_resets_and_restores_persistence(fleet):
@@ -308,7 +311,7 @@ def test_orphaned_memory_with_escalation_resets_and_restores_persistence(fleet):
     assert escalation == {'gpus': [1], 'persistence_mode_off': [1], 'reset_ok': True,
                           'persistence_mode_restored': True}
     assert 'was successfully reset' in output
-    assert report['gpus_after'][1] == {'index': 1, 'memory_used_mib': 0}
+    assert report['gpus_after'][1] == {'index': 1, 'memory_used_mib': 1}
     assert fleet['runs']['persistence_after'] == 'Enabled'
     assert alive(info['persistenced'])
     assert holds(info['persistenced'], fleet['hosts']['orphan_on'].dev_path(1))
@@ -321,8 +324,8 @@ def test_orphaned_memory_alone_is_released_by_a_reset(fleet):
     # Nothing to signal, but the GPU needed a reset: that is a release, not a clean host.
     assert report['signalled'] == [] and report['orphaned_gpus'] == [1]
     assert report['escalation']['gpus'] == [1] and report['escalation']['reset_ok'] is True
-    assert report['gpus_before'][1] == {'index': 1, 'memory_used_mib': 4096}
-    assert report['gpus_after'][1] == {'index': 1, 'memory_used_mib': 0}
+    assert report['gpus_before'][1] == {'index': 1, 'memory_used_mib': 1 + 4096}
+    assert report['gpus_after'][1] == {'index': 1, 'memory_used_mib': 1}
     assert run.recap['stuck']['changed'] != '0'
 
 
@@ -334,7 +337,7 @@ def test_refused_reset_still_restores_persistence_mode(fleet):
     assert escalation['persistence_mode_off'] == [1] and escalation['persistence_mode_restored'] is True
     assert 'could not be reset' in escalation['output']
     assert fleet['runs']['persistence_after_refused'] == 'Enabled'
-    assert report['reason'].startswith('GPU 1: 512 MiB held with no process left (orphaned memory; '
+    assert report['reason'].startswith('GPU 1: 513 MiB held with no process left (orphaned memory; '
                                        'only a GPU reset frees it, and the reset failed: ')
     assert alive(info['daemon']) and alive(info['persistenced'])
     assert holds(info['persistenced'], fleet['hosts']['refused'].dev_path(1))
@@ -363,7 +366,7 @@ def test_scoped_release_leaves_other_gpus_alone(fleet):
     report = fleet['runs']['first'].reports['scoped']
     info = fleet['info']['scoped']
     assert [entry['pid'] for entry in report['signalled']] == [info['mine']]
-    assert report['gpus_after'] == [{'index': 0, 'memory_used_mib': 0}]
+    assert report['gpus_after'] == [{'index': 0, 'memory_used_mib': 1}]
     assert alive(info['other']) and not alive(info['mine'])
 
 
@@ -392,8 +395,17 @@ def test_own_clean_query_is_judged_before_anything_is_signalled(fleet):
         'Read the GPUs and who holds them', 'Release the GPUs']
     report = run.reports['strict']
     assert [entry['pid'] for entry in report['signalled']] == [fleet['info']['strict']['pid']]
-    assert report['gpus_before'] == [{'index': 0, 'memory_used_mib': 0}, {'index': 1, 'memory_used_mib': 1024}]
-    assert report['gpus_after'] == [{'index': 0, 'memory_used_mib': 0}, {'index': 1, 'memory_used_mib': 0}]
+    assert report['gpus_before'] == [{'index': 0, 'memory_used_mib': 1}, {'index': 1, 'memory_used_mib': 1 + 1024}]
+    assert report['gpus_after'] == [{'index': 0, 'memory_used_mib': 1}, {'index': 1, 'memory_used_mib': 1}]
+
+
+def test_role_threshold_default_is_the_modules_default():
+    with open(os.path.join(REPO, 'roles', 'gpu_reset', 'defaults', 'main.yml')) as f:
+        defaults = yaml.safe_load(f)
+    with open(os.path.join(REPO, 'roles', 'gpu_reset', 'meta', 'argument_specs.yml')) as f:
+        spec = yaml.safe_load(f)['argument_specs']['main']['options']
+    assert defaults['gpu_reset_memory_threshold_mib'] == DEFAULT_MEMORY_THRESHOLD_MIB
+    assert spec['gpu_reset_memory_threshold_mib']['default'] == DEFAULT_MEMORY_THRESHOLD_MIB
 
 
 HOOK = os.path.join(REPO, 'examples', 'slurm', 'gpu-reset-hook.sh')

@@ -6,8 +6,17 @@
  * that gpusim writes together with them (gpusim/state.py, flat_text). Memory is computed as
  * the fake nvidia-smi does (gpusim/state.py, gpu_usage): live holders (checked in /proc,
  * with their start time) + dead ones inside the release delay + leaked ones until a reset
- * + stuck memory. Faults: lost GPUs, hang, N/A fields (as NVML return codes), driver not
- * loaded, version mismatch, no devices, row remapping and page retirement.
+ * + stuck memory + the idle reading. Faults: lost GPUs, hang, N/A fields (as NVML return
+ * codes), driver not loaded, version mismatch, no devices, row remapping and page retirement.
+ *
+ * Memory as real drivers report it: v1 nvmlDeviceGetMemoryInfo's `used` is reserved plus
+ * allocated (NVML docs: "Sum of Reserved and Allocated"; real-samples Q09: idle GPUs read
+ * hundreds of MiB); v2's `used` is allocated only, as nvidia-smi's memory.used, with
+ * `reserved` beside it. In both, free = total - reserved - allocated.
+ *
+ * Older drivers' libraries (built with -D): GPUSIM_NO_MEMORY_V2 leaves out
+ * nvmlDeviceGetMemoryInfo_v2, GPUSIM_NO_PROCESSES_V3 / _V2 the versioned process calls; the
+ * symbol is then missing, as pynvml meets it on such a host (dlsym fails).
  *
  * ROOT: $GPUSIM_ROOT, else the directory above the one this library lies in, else "/".
  * Build: gcc -shared -fPIC -o libnvidia-ml.so.1 nvml.c (gpusim/nvml_build.py does it).
@@ -36,6 +45,7 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_GPU_IS_LOST 15
 #define NVML_ERROR_RESET_REQUIRED 16
 #define NVML_ERROR_LIB_RM_VERSION_MISMATCH 18
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 #define NVML_ERROR_UNKNOWN 999
 
 #define MAX_GPUS 64
@@ -52,6 +62,8 @@ typedef struct {
     int compute_mode;
     int temperature;
     long long stuck_mib;
+    long long idle_mib;       /* what an idle GPU reads as used (v2, nvidia-smi) */
+    long long reserved_mib;   /* reserved by driver and firmware: in v1 used, not in v2 used */
     int lost;                 /* 0, or the NVML code every query but PCI info returns */
     unsigned remap_corr, remap_unc, remap_pending, remap_failure;
     int retired_pending;      /* -1: not supported */
@@ -100,6 +112,7 @@ static struct nvmlDevice_st handles[MAX_GPUS];
 
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+#define NVML_MEMORY_V2 ((unsigned)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
 typedef struct { unsigned gpu, memory; } nvmlUtilization_t;
 typedef struct {
     unsigned pid;
@@ -107,6 +120,11 @@ typedef struct {
     unsigned gpuInstanceId;
     unsigned computeInstanceId;
 } nvmlProcessInfo_t;
+/* What the unversioned nvmlDeviceGetComputeRunningProcesses fills (nvmlProcessInfo_v1_t). */
+typedef struct {
+    unsigned pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
 typedef struct {
     char busIdLegacy[16];
     unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
@@ -195,6 +213,17 @@ static int load_state(sim_state *st)
                        &g->retired_pending, g->bus_id, g->uuid) == 14) {
                 set_str(g->name, sizeof g->name, rest_of(line, 15));
                 st->ngpus++;
+            }
+        } else if (strncmp(line, "mem ", 4) == 0) {
+            int index;
+            long long idle, reserved;
+            if (sscanf(line, "mem %d %lld %lld", &index, &idle, &reserved) == 3) {
+                for (int i = 0; i < st->ngpus; i++) {
+                    if (st->gpus[i].index == index) {
+                        st->gpus[i].idle_mib = idle;
+                        st->gpus[i].reserved_mib = reserved;
+                    }
+                }
             }
         } else if (strncmp(line, "na ", 3) == 0 && st->nna < MAX_NA) {
             sim_na *n = &st->na[st->nna];
@@ -334,7 +363,7 @@ static void usage(const sim_state *st, const sim_gpu *g, long long *used, int *u
     int n;
     double now = now_s();
     sim_rec *recs = load_records(&n);
-    *used = g->stuck_mib;
+    *used = g->stuck_mib + g->idle_mib;
     *util = 0;
     for (int i = 0; recs && i < n; i++) {
         sim_rec *r = &recs[i];
@@ -605,35 +634,46 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned length)
     RETURN(copy_string(uuid, length, g->uuid));
 }
 
-static nvmlReturn_t memory(nvmlDevice_t dev, unsigned long long *total, unsigned long long *used,
-                           unsigned long long *free_)
+/* Total, reserved, allocated (v2 used) and free memory of a GPU, in bytes. */
+static nvmlReturn_t memory(nvmlDevice_t dev, unsigned long long *total, unsigned long long *reserved,
+                           unsigned long long *used, unsigned long long *free_)
 {
-    long long used_mib;
+    long long used_mib, free_mib;
     int util;
     DEVICE(dev, 0);
-    /* One driver call answers all three: N/A on any of them fails the call. */
+    /* One driver call answers all four: N/A on any of them fails the call. */
     NA("memory.total");
     NA("memory.used");
     NA("memory.free");
+    NA("memory.reserved");
     usage(st, g, &used_mib, &util);
+    free_mib = g->total_mib - g->reserved_mib - used_mib;
     *total = (unsigned long long)g->total_mib * MIB;
+    *reserved = (unsigned long long)g->reserved_mib * MIB;
     *used = (unsigned long long)used_mib * MIB;
-    *free_ = used_mib > g->total_mib ? 0 : (unsigned long long)(g->total_mib - used_mib) * MIB;
+    *free_ = free_mib < 0 ? 0 : (unsigned long long)free_mib * MIB;
     RETURN(NVML_SUCCESS);
 }
 
+/* v1: `used` is reserved + allocated, so an idle GPU reads what the driver reserves. */
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
 {
+    unsigned long long reserved;
+    nvmlReturn_t rc;
     if (!mem) return NVML_ERROR_INVALID_ARGUMENT;
-    return memory(dev, &mem->total, &mem->used, &mem->free);
+    rc = memory(dev, &mem->total, &reserved, &mem->used, &mem->free);
+    if (rc == NVML_SUCCESS) mem->used += reserved;
+    return rc;
 }
 
+#ifndef GPUSIM_NO_MEMORY_V2
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem)
 {
     if (!mem) return NVML_ERROR_INVALID_ARGUMENT;
-    mem->reserved = 0;
-    return memory(dev, &mem->total, &mem->used, &mem->free);
+    if (mem->version != NVML_MEMORY_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    return memory(dev, &mem->total, &mem->reserved, &mem->used, &mem->free);
 }
+#endif
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *rates)
 {
@@ -703,8 +743,10 @@ nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, int *pendi
     RETURN(NVML_SUCCESS);
 }
 
-/* Live holders with memory on the GPU, as nvidia-smi --query-compute-apps lists them. */
-static nvmlReturn_t processes(nvmlDevice_t dev, unsigned *count, nvmlProcessInfo_t *infos)
+/* Live holders with memory on the GPU, as nvidia-smi --query-compute-apps lists them; into
+ * infos (v2/v3 structs) or, for the unversioned call, v1 (pid and memory only). */
+static nvmlReturn_t processes(nvmlDevice_t dev, unsigned *count, nvmlProcessInfo_t *infos,
+                              nvmlProcessInfo_v1_t *v1)
 {
     int n, found = 0;
     sim_rec *recs;
@@ -722,10 +764,14 @@ static nvmlReturn_t processes(nvmlDevice_t dev, unsigned *count, nvmlProcessInfo
             infos[found].gpuInstanceId = NOT_AVAILABLE_UINT;
             infos[found].computeInstanceId = NOT_AVAILABLE_UINT;
         }
+        if (v1 && (unsigned)found < *count) {
+            v1[found].pid = (unsigned)r->pid;
+            v1[found].usedGpuMemory = na_mem ? NOT_AVAILABLE_ULL : (unsigned long long)r->mib * MIB;
+        }
         found++;
     }
     free(recs);
-    if (!infos || (unsigned)found > *count) {
+    if ((!infos && !v1) || (unsigned)found > *count) {
         *count = (unsigned)found;
         RETURN(found ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS);
     }
@@ -733,14 +779,25 @@ static nvmlReturn_t processes(nvmlDevice_t dev, unsigned *count, nvmlProcessInfo
     RETURN(NVML_SUCCESS);
 }
 
+#ifndef GPUSIM_NO_PROCESSES_V3
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned *count,
                                                      nvmlProcessInfo_t *infos)
 {
-    return processes(dev, count, infos);
+    return processes(dev, count, infos, NULL);
 }
+#endif
 
+#ifndef GPUSIM_NO_PROCESSES_V2
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned *count,
                                                      nvmlProcessInfo_t *infos)
 {
-    return processes(dev, count, infos);
+    return processes(dev, count, infos, NULL);
+}
+#endif
+
+/* The unversioned symbol every library keeps: the v1 struct. */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned *count,
+                                                  nvmlProcessInfo_v1_t *infos)
+{
+    return processes(dev, count, NULL, infos);
 }

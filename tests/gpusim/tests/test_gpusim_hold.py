@@ -7,7 +7,9 @@ import subprocess
 import sys
 import time
 
-from gpusim.state import is_alive, proc_stat, proc_starttime
+from gpusim.state import DEFAULTS, is_alive, proc_stat, proc_starttime
+
+IDLE_MIB = DEFAULTS["idle_used_mib"]
 
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,11 +26,12 @@ def poll(pred, timeout=10.0, interval=0.02):
 
 
 def used(host, *ids):
+    """MiB allocated per GPU: nvidia-smi's memory.used less the idle reading (1 MiB by default)."""
     args = ["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
     if ids:
         args += ["-i", ",".join(str(i) for i in ids)]
     r = host.smi(*args)
-    return {int(a): int(b) for a, b in (line.split(", ") for line in r.stdout.splitlines())}
+    return {int(a): int(b) - IDLE_MIB for a, b in (line.split(", ") for line in r.stdout.splitlines())}
 
 
 def utilization(host):

@@ -18,14 +18,26 @@ class Memory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
+class MemoryV2(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
+                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+MEMORY_V2 = ctypes.sizeof(MemoryV2) | (2 << 24)   # pynvml's nvmlMemory_v2 (0x02000028)
+
+
+class ProcessInfoV1(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
 class ProcessInfo(ctypes.Structure):
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
                 ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
 
 
-def load(host):
+def load(host, flavor="current"):
     # Each host has its own copy (its own path), so each loads separately and finds its root.
-    lib = ctypes.CDLL(host.install_nvml())
+    lib = ctypes.CDLL(host.install_nvml(flavor=flavor))
     lib.nvmlErrorString.restype = ctypes.c_char_p
     return lib
 
@@ -65,7 +77,8 @@ def test_memory_processes_and_faults(gpuhost):
     assert lib.nvmlDeviceGetCount_v2(ctypes.byref(ctypes.c_uint())) == 1  # before init
     assert lib.nvmlInitWithFlags(0) == 0
     info = gpuhost.hold(gpus="0,1", mib=2048, util=40)
-    assert used_mib(lib, 0) == (0, 2048)
+    # v1 `used` is reserved (515) + allocated (the idle 1 MiB + 2048), as real drivers report it.
+    assert used_mib(lib, 0) == (0, 515 + 1 + 2048)
     count = ctypes.c_uint(0)
     assert lib.nvmlDeviceGetComputeRunningProcesses_v3(handle(lib, 1), ctypes.byref(count), None) == 7
     assert count.value == 1
@@ -88,3 +101,48 @@ def test_memory_processes_and_faults(gpuhost):
     gpuhost.fault("driver-not-loaded", value="on")
     assert lib.nvmlInitWithFlags(0) == 9
     assert lib.nvmlShutdown() == 0
+
+
+def test_memory_v2_reports_reserved_apart_and_v1_includes_it(gpuhost):
+    lib = load(gpuhost)
+    assert lib.nvmlInitWithFlags(0) == 0
+    gpuhost.hold(gpus="1", mib=300)
+    for index, allocated in ((0, 1), (1, 301)):
+        mem = MemoryV2(version=MEMORY_V2)
+        assert lib.nvmlDeviceGetMemoryInfo_v2(handle(lib, index), ctypes.byref(mem)) == 0
+        assert (mem.total, mem.reserved, mem.used) == (143771 * MIB, 515 * MIB, allocated * MIB)
+        assert mem.free == (143771 - 515 - allocated) * MIB
+        v1 = Memory()
+        assert lib.nvmlDeviceGetMemoryInfo(handle(lib, index), ctypes.byref(v1)) == 0
+        assert (v1.used, v1.free) == ((515 + allocated) * MIB, mem.free)
+    mem = MemoryV2(version=1)
+    assert lib.nvmlDeviceGetMemoryInfo_v2(handle(lib, 0), ctypes.byref(mem)) == 25  # argument version mismatch
+
+
+def test_old_libraries_lack_the_newer_symbols(gpuhost_factory):
+    old = load(gpuhost_factory("old"), "old")
+    oldest = load(gpuhost_factory("oldest"), "oldest")
+    assert not hasattr(old, "nvmlDeviceGetMemoryInfo_v2") and not hasattr(old, "nvmlDeviceGetComputeRunningProcesses_v3")
+    assert hasattr(old, "nvmlDeviceGetComputeRunningProcesses_v2") and hasattr(old, "nvmlDeviceGetMemoryInfo")
+    assert not hasattr(oldest, "nvmlDeviceGetComputeRunningProcesses_v2")
+    assert hasattr(oldest, "nvmlDeviceGetComputeRunningProcesses")
+
+
+def test_unversioned_process_call_fills_v1_structs(gpuhost):
+    lib = load(gpuhost)
+    assert lib.nvmlInitWithFlags(0) == 0
+    first = gpuhost.hold(gpus="2", mib=100)
+    second = gpuhost.hold(gpus="2", mib=200)
+    procs = (ProcessInfoV1 * 4)()
+    count = ctypes.c_uint(4)
+    assert lib.nvmlDeviceGetComputeRunningProcesses(handle(lib, 2), ctypes.byref(count), procs) == 0
+    assert [(p.pid, p.usedGpuMemory // MIB) for p in procs[:count.value]] == [(first["pid"], 100), (second["pid"], 200)]
+
+
+def test_process_name_that_is_not_utf8_comes_back_as_its_bytes(gpuhost):
+    lib = load(gpuhost)
+    assert lib.nvmlInitWithFlags(0) == 0
+    info = gpuhost.hold(gpus="0", mib=64, name="\udcff\udcfejob")
+    name = ctypes.create_string_buffer(64)
+    assert lib.nvmlSystemGetProcessName(info["pid"], name, 64) == 0
+    assert name.value == b"\xff\xfejob"

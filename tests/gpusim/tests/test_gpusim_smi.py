@@ -59,18 +59,39 @@ def test_query_gpu_csv_formats(gpuhost):
                         "compute_mode, driver_version, count")
     row = lines[1].split(", ")
     assert row[0] == "0" and row[2] == "NVIDIA H200" and row[3] == "00000000:18:00.0"
-    assert row[4:8] == ["143771 MiB", "0 MiB", "143771 MiB", "0 %"]
+    # Idle: 1 MiB used (real-samples Q08), free = total - reserved - used.
+    assert row[4:8] == ["143771 MiB", "1 MiB", "143255 MiB", "0 %"]
     assert row[9:] == ["Enabled", "Default", "550.127.05", "8"]
     assert len(lines) == 9
 
     rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,nounits")
-    assert lines[0] == "index, memory.used [MiB]" and lines[1] == "0, 0"
+    assert lines[0] == "index, memory.used [MiB]" and lines[1] == "0, 1"
     rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,noheader")
-    assert lines[0] == "0, 0 MiB"
+    assert lines[0] == "0, 1 MiB"
     rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits", "-i", "0,3")
-    assert lines == ["0, 0", "3, 0"]
+    assert lines == ["0, 1", "3, 1"]
     rc, lines = csv(gpuhost, "--query-gpu=gpu_name,gpu_bus_id", "--format=csv", "--id=1")
     assert lines == ["name, pci.bus_id", "NVIDIA H200, 00000000:2A:00.0"]
+
+
+def test_idle_reading_and_reserved_memory(gpuhost_factory):
+    host = gpuhost_factory("a")
+    host.hold(gpus=[1], mib=300)
+    rc, lines = csv(host, "--query-gpu=memory.total,memory.reserved,memory.used,memory.free",
+                    "--format=csv,noheader,nounits")
+    assert lines[0] == "143771, 515, 1, 143255" and lines[1] == "143771, 515, 301, 142955"
+    host = gpuhost_factory("b", idle_used_mib=0, reserved_mib=328, memory_total_mib=81559)
+    rc, lines = csv(host, "--query-gpu=memory.reserved,memory.used,memory.free", "--format=csv,noheader", "-i", "0")
+    assert lines == ["328 MiB, 0 MiB, 81231 MiB"]
+    assert "0MiB / 81559MiB" in host.smi().stdout
+    assert "Reserved                          : 328 MiB" in host.smi("-q", "-i", "0").stdout
+
+
+def test_process_name_that_is_not_utf8_is_printed_as_its_bytes(gpuhost):
+    info = gpuhost.hold(gpus=[0], mib=64, name="\udcffjob")
+    out = subprocess.run([gpuhost.smi_path, "--query-compute-apps=pid,process_name", "--format=csv,noheader"],
+                         capture_output=True, check=True).stdout
+    assert out == b"%d, \xffjob\n" % info["pid"]
 
 
 def test_invalid_field_and_id(gpuhost):
@@ -110,7 +131,7 @@ def test_summary_table(gpuhost):
     r = gpuhost.smi()
     assert r.returncode == 0
     assert "NVIDIA-SMI 550.127.05" in r.stdout and "CUDA Version: 12.4" in r.stdout
-    assert "5000MiB / 143771MiB" in r.stdout
+    assert "5001MiB / 143771MiB" in r.stdout
     assert re.search(r"\|\s+1\s+N/A\s+N/A\s+\d+\s+C\s+python3\s+5000MiB \|", r.stdout)
     assert gpuhost.smi("-q").returncode == 0
 
@@ -122,7 +143,7 @@ def test_fault_lost_gpu(gpuhost):
     rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
     assert rc == M.EXIT_OTHER == 255
     assert lines[3] == "Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error"
-    assert lines[2] == "2, 0" and lines[4] == "4, 0" and len(lines) == 8
+    assert lines[2] == "2, 1" and lines[4] == "4, 1" and len(lines) == 8
     gpuhost.fault("lost", gpu=3, message="lost")
     rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
     assert rc == 15
@@ -139,7 +160,7 @@ def test_fault_na(gpuhost, value):
     gpuhost.fault("na", field="memory.used", gpu=2, value=value)
     _unused, lines = csv(gpuhost, "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits")
     assert lines[2] == "2, %s, 143771" % value
-    assert lines[1] == "1, 0, 143771"
+    assert lines[1] == "1, 1, 143771"
     gpuhost.fault("na", field="utilization.gpu")   # every GPU, default [N/A]
     _unused, lines = csv(gpuhost, "--query-gpu=utilization.gpu", "--format=csv,noheader")
     assert set(lines) == {"[N/A]"}

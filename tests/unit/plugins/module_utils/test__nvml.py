@@ -21,6 +21,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReade
 
 MIB = 1024 * 1024
 Memory = namedtuple('Memory', 'total free used')
+MemoryV2 = namedtuple('MemoryV2', 'version total reserved free used')
 Rates = namedtuple('Rates', 'gpu memory')
 Pci = namedtuple('Pci', 'busId')
 Proc = namedtuple('Proc', 'pid usedGpuMemory')
@@ -39,17 +40,41 @@ class NVMLError(Exception):
         return self.TEXTS.get(self.value, 'error %d' % self.value)
 
 
+class NVMLLibraryMismatchError(Exception):
+    """pynvml's error for an unversioned call whose newest version the library lacks."""
+
+
 class FakeNvml:
-    """Answers like pynvml; faults: {(index or None, function name): NVML code}."""
+    """Answers like pynvml; faults: {(index or None, function name): NVML code}.
+
+    A library without a versioned function: fault code 13 (NVML_ERROR_FUNCTION_NOT_FOUND) on
+    nvmlDeviceGetMemoryInfo_v2 or nvmlDeviceGetComputeRunningProcesses_v3 / _v2. bindings_v2:
+    False for an nvidia-ml-py without nvmlMemory_v2. names: {pid: bytes} process names.
+    """
 
     NVMLError = NVMLError
+    NVMLLibraryMismatchError = NVMLLibraryMismatchError
 
-    def __init__(self, gpus=4, faults=None, hang=0, init_error=None):
+    def __init__(self, gpus=4, faults=None, hang=0, init_error=None, bindings_v2=True, names=None):
         self.gpus = gpus
         self.faults = faults or {}
         self.hang = hang
         self.init_error = init_error
         self.calls = []
+        self.nvmlMemory_v2 = 0x02000028 if bindings_v2 else None
+        self.names = {5000: NVMLError(6)}
+        self.names.update(names or {})
+
+        def raw_name(pid):
+            name = self.names.get(pid, b'python3')
+            if isinstance(name, Exception):
+                raise name
+            return name
+
+        def name(pid):
+            return raw_name(pid).decode()  # pynvml decodes strictly
+        name.__wrapped__ = raw_name
+        self.nvmlSystemGetProcessName = name
 
     def _check(self, name, index=None):
         self.calls.append(name)
@@ -88,9 +113,14 @@ class FakeNvml:
         self._check('nvmlDeviceGetName', h)
         return 'NVIDIA H200'
 
-    def nvmlDeviceGetMemoryInfo(self, h):
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        # As a real driver: v2 `used` is allocated memory, v1 `used` adds the 515 MiB reserved.
         self._check('nvmlDeviceGetMemoryInfo', h)
-        return Memory(143771 * MIB, (143771 - 76113) * MIB, 76113 * MIB)
+        free = (143771 - 515 - 76113) * MIB
+        if version:
+            self._check('nvmlDeviceGetMemoryInfo_v2', h)
+            return MemoryV2(version, 143771 * MIB, 515 * MIB, free, 76113 * MIB)
+        return Memory(143771 * MIB, free, (515 + 76113) * MIB)
 
     def nvmlDeviceGetUtilizationRates(self, h):
         self._check('nvmlDeviceGetUtilizationRates', h)
@@ -116,14 +146,26 @@ class FakeNvml:
         self._check('nvmlDeviceGetRetiredPagesPendingStatus', h)
         return 0
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h):
-        self._check('nvmlDeviceGetComputeRunningProcesses', h)
-        return [Proc(4242 + h, 76113 * MIB), Proc(5000, None)]
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, h):
+        self._check('nvmlDeviceGetComputeRunningProcesses_v3', h)
+        return self._processes(h)
 
-    def nvmlSystemGetProcessName(self, pid):
-        if pid == 5000:
-            raise NVMLError(6)
-        return 'python3'
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, h):
+        self._check('nvmlDeviceGetComputeRunningProcesses_v2', h)
+        return self._processes(h)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        # pynvml's unversioned call is _v3, and a missing _v3 is not an NVMLError.
+        try:
+            return self.nvmlDeviceGetComputeRunningProcesses_v3(h)
+        except NVMLError as exc:
+            if exc.value == 13:
+                raise NVMLLibraryMismatchError('Unversioned function called and the pyNVML version does not match')
+            raise
+
+    def _processes(self, h):
+        self._check('processes', h)
+        return [Proc(4242 + h, 76113 * MIB), Proc(5000, None)]
 
 
 def read(fake, timeout=5):
@@ -139,7 +181,7 @@ def test_reads_every_fact_in_the_nvidia_smi_form():
     assert snapshot.driver_version == '550.127.05' and snapshot.warnings == []
     assert snapshot.gpus[1] == {
         'index': 1, 'uuid': 'GPU-1', 'name': 'NVIDIA H200', 'pci_bus_id': '00000000:2A:00.0',
-        'memory_total_mib': 143771, 'memory_used_mib': 76113, 'memory_free_mib': 67658,
+        'memory_total_mib': 143771, 'memory_used_mib': 76113, 'memory_free_mib': 67143, 'memory_reserved_mib': 515,
         'utilization_gpu_pct': 0, 'temperature_c': 34, 'persistence_mode': True,
         'compute_mode': 'Exclusive_Process', 'remapped_rows_pending': True,
         'remapped_rows_failure': False, 'retired_pages_pending': False, 'error': None,
@@ -155,6 +197,7 @@ def test_unsupported_values_are_null(code):
     gpu = read(fake).gpus[2]
     assert gpu['error'] is None and gpu['uuid'] == 'GPU-2'
     assert (gpu['temperature_c'], gpu['memory_used_mib'], gpu['memory_total_mib']) == (None, None, None)
+    assert gpu['memory_reserved_mib'] is None
     assert gpu['retired_pages_pending'] is None and gpu['utilization_gpu_pct'] == 0
 
 
@@ -203,9 +246,56 @@ def test_no_devices_is_an_empty_snapshot():
 
 
 def test_process_list_failure_is_a_warning():
-    snapshot = read(FakeNvml(faults={(0, 'nvmlDeviceGetComputeRunningProcesses'): 3}))
+    snapshot = read(FakeNvml(faults={(0, 'processes'): 3}))
     assert snapshot.gpus[0]['processes'] == []
     assert snapshot.warnings == ['process list of GPU 0 unavailable: Not Supported']
+
+
+def test_memory_is_nvml_v2_used_with_reserved_beside_it():
+    # Real readings (real-samples Q09): v1 `used` is reserved + allocated, hundreds of MiB on
+    # an idle GPU; nvidia-smi and v2 show allocated only.
+    fake = FakeNvml()
+    snapshot = read(fake)
+    assert [(g['memory_used_mib'], g['memory_reserved_mib'], g['memory_free_mib']) for g in snapshot.gpus] == [
+        (76113, 515, 67143)] * 4
+    assert 'nvmlDeviceGetMemoryInfo_v2' in fake.calls and snapshot.warnings == []
+
+
+@pytest.mark.parametrize('fake, why', [
+    (FakeNvml(faults={(None, 'nvmlDeviceGetMemoryInfo_v2'): 13}), "library has no nvmlDeviceGetMemoryInfo_v2"),
+    (FakeNvml(bindings_v2=False), 'nvidia-ml-py has no nvmlMemory_v2'),
+])
+def test_without_memory_v2_used_is_v1_and_one_warning_says_so(fake, why):
+    snapshot = read(fake)
+    assert [(g['memory_used_mib'], g['memory_reserved_mib'], g['memory_free_mib']) for g in snapshot.gpus] == [
+        (76113 + 515, None, 67143)] * 4
+    assert len(snapshot.warnings) == 1 and why in snapshot.warnings[0]
+    assert 'idle GPUs may read hundreds of MiB used' in snapshot.warnings[0]
+    assert fake.calls.count('nvmlDeviceGetMemoryInfo_v2') <= 1
+
+
+@pytest.mark.parametrize('missing, called', [
+    (['nvmlDeviceGetComputeRunningProcesses_v3'], 'nvmlDeviceGetComputeRunningProcesses_v2'),
+    # Bindings of another kind (no _nvmlGetFunctionPointer): their unversioned call.
+    (['nvmlDeviceGetComputeRunningProcesses_v3', 'nvmlDeviceGetComputeRunningProcesses_v2'], None),
+])
+def test_an_older_library_without_the_v3_process_call_falls_back(missing, called):
+    fake = FakeNvml(faults=dict(((None, name), 13) for name in missing))
+    snapshot = read(fake)
+    if called:
+        assert snapshot.warnings == []
+        assert [p['pid'] for p in snapshot.gpus[1]['processes']] == [4243, 5000]
+        assert fake.calls.count(called) == 4 and fake.calls.count(missing[0]) == 1
+    else:
+        # The stand-in's unversioned call is _v3 (as pynvml's): the list is unavailable, not a traceback.
+        assert snapshot.gpus[1]['processes'] == []
+        assert snapshot.warnings[0].startswith('process list of GPU 0 unavailable: Unversioned function called')
+
+
+def test_process_names_that_are_not_utf8_or_unknown():
+    snapshot = read(FakeNvml(names={4242: b'\xffjob', 4243: b'[Not Found]', 4244: NVMLError(4)}))
+    names = [[p['name'] for p in g['processes']] for g in snapshot.gpus]
+    assert names == [[u'\ufffdjob', None], [None, None], [None, None], ['python3', None]]
 
 
 def test_init_failure_is_explained():

@@ -110,9 +110,10 @@ def test_hung_job_is_released_and_persistenced_kept(gpuhost, run):
     result = run()
     assert result.failure is None
     assert result.released is True and result.changed is True
-    assert gpuhost.memory_used() == dict((index, 0) for index in range(8))
-    assert [gpu['memory_used_mib'] for gpu in result.gpus_before] == [76113] * 8
-    assert result.gpus_after == [{'index': index, 'memory_used_mib': 0} for index in range(8)]
+    # Back to the idle reading (1 MiB, as real H200s), at or below the default threshold.
+    assert gpuhost.memory_used() == dict((index, 1) for index in range(8))
+    assert [gpu['memory_used_mib'] for gpu in result.gpus_before] == [1 + 76113] * 8
+    assert result.gpus_after == [{'index': index, 'memory_used_mib': 1} for index in range(8)]
     assert set(entry['pid'] for entry in result.signalled) == ranks
     assert all(entry['signals_sent'] == ['TERM'] and entry['exited'] for entry in result.signalled)
     assert [entry['pid'] for entry in result.protected] == [daemon]
@@ -144,7 +145,7 @@ def test_term_ignoring_holder_and_its_children_are_killed_after_grace(gpuhost, r
     for entry in by_pid.values():
         assert entry['signals_sent'] == ['TERM', 'KILL'] and entry['exited']
     assert 0.4 <= took < 5
-    assert gpuhost.memory_used()[2] == 0
+    assert gpuhost.memory_used()[2] == 1
 
 
 def test_check_mode_signals_nothing(gpuhost, run):
@@ -158,7 +159,7 @@ def test_check_mode_signals_nothing(gpuhost, run):
     assert [entry['pid'] for entry in result.protected] == [daemon['pid']]
     assert result.released is False and result.failure is None
     assert alive(info['pid'], starttime) and run.logged == []
-    assert gpuhost.memory_used()[0] == 1000
+    assert gpuhost.memory_used()[0] == 1 + 1000
     diff = result.dump(diff=True)['diff']
     assert str(info['pid']) in diff['before'] and str(info['pid']) not in diff['after']
 
@@ -260,16 +261,16 @@ def test_leaked_memory_is_orphaned_and_fails_naming_the_gpu(gpuhost, run):
     result = run(timeout=1)
     assert result.changed is True and result.released is False
     assert result.orphaned_gpus == [5]
-    assert 'GPU 5: 2048 MiB used with no process left (orphaned' in result.failure
+    assert 'GPU 5: 2049 MiB used with no process left (orphaned' in result.failure
     assert 'GPU 4' not in result.failure
-    assert result.gpus_after[5] == {'index': 5, 'memory_used_mib': 2048}
+    assert result.gpus_after[5] == {'index': 5, 'memory_used_mib': 2049}
 
 
 def test_stuck_memory_with_nothing_to_release(gpuhost, run):
     gpuhost.fault('stuck', gpu=3, mib=512)
     result = run(timeout=0.5)
     assert result.changed is False and result.signalled == []
-    assert result.orphaned_gpus == [3] and 'GPU 3: 512 MiB' in result.failure
+    assert result.orphaned_gpus == [3] and 'GPU 3: 513 MiB' in result.failure
     # without waiting there is nothing to prove, so nothing fails
     result = run(wait=False)
     assert result.failure is None and result.released is False and result.orphaned_gpus == []
@@ -316,8 +317,8 @@ def test_gpus_limits_the_release(gpuhost, run, spawn):
     result = run(gpus=[1])
     assert result.released is True, result.failure
     assert [entry['pid'] for entry in result.signalled] == [on_one['pid']]
-    assert result.gpus_after == [{'index': 1, 'memory_used_mib': 0}]
-    assert gpuhost.memory_used()[0] == 300
+    assert result.gpus_after == [{'index': 1, 'memory_used_mib': 1}]
+    assert gpuhost.memory_used()[0] == 1 + 300
     assert shared.poll() is None and start_time(on_zero['pid']) is not None
     with pytest.raises(GpuopsError, match='no GPU 9 on this host'):
         run(gpus=[9])

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _smi
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
     SmiParseError,
@@ -44,8 +45,17 @@ def test_parses_every_field_with_types():
         'pci_bus_id': '00000000:18:00.0', 'memory_total_mib': 143771, 'memory_used_mib': 76113,
         'memory_free_mib': 67658, 'utilization_gpu_pct': 0, 'temperature_c': 34,
         'persistence_mode': True, 'compute_mode': 'Default', 'driver_version': '550.127.05',
-        'error': None,
+        'memory_reserved_mib': None, 'error': None,
     }]
+
+
+def test_parses_memory_reserved_after_the_health_fields():
+    gpus, warnings = parse_gpu_csv(gpu_line(0, used=1) + ', No, No, [N/A], 515\n')
+    assert warnings == [] and gpus[0]['memory_reserved_mib'] == 515 and gpus[0]['memory_used_mib'] == 1
+    assert gpus[0]['remapped_rows_pending'] is False and gpus[0]['retired_pages_pending'] is None
+    fields = _smi.GPU_FIELDS + _smi.RESERVED_FIELDS
+    gpus, warnings = parse_gpu_csv(gpu_line(0) + ', 515\n', fields)
+    assert gpus[0]['memory_reserved_mib'] == 515 and 'remapped_rows_pending' not in gpus[0]
 
 
 @pytest.mark.parametrize('marker', ['[N/A]', '[Not Supported]', '[Insufficient Permissions]',
@@ -115,6 +125,17 @@ def test_apps_with_commas_in_process_name():
         (4243, '/opt/my job,v2/bin/train, a', 1024, 'GPU-bbb'),
         (4244, 'weird', None, 'GPU-ccc'),
     ]
+
+
+def test_apps_unknown_process_names_are_null():
+    # real-samples smi_compute_apps/A02 (a container host), in the queried field order.
+    text = ('4, [Insufficient Permissions], [N/A], GPU-0e7f33ad-cc4a-7a1a-e9a4-7dd69f9032ab, 00000000:01:00.0\n'
+            '50983, [Not Found], [N/A], GPU-0e7f33ad-cc4a-7a1a-e9a4-7dd69f9032ab, 00000000:01:00.0\n'
+            '40170, /opt/rh/rh-python38/root/usr/bin/python3, 185, GPU-0e7f33ad-cc4a-7a1a-e9a4-7dd69f9032ab, 00000000:01:00.0\n')
+    apps, warnings = parse_apps_csv(text)
+    assert warnings == []
+    assert [(a['pid'], a['name'], a['used_memory_mib']) for a in apps] == [
+        (4, None, None), (50983, None, None), (40170, '/opt/rh/rh-python38/root/usr/bin/python3', 185)]
 
 
 def test_apps_garbage_lines_are_warned_not_raised():
@@ -321,3 +342,52 @@ def test_reader_joins_processes_to_gpus_and_takes_driver_version(tmp_path):
     assert [gpu['processes'] for gpu in snapshot.gpus] == [[], [{'pid': 4242, 'name': 'python3', 'used_memory_mib': 76113}]]
     assert all('driver_version' not in gpu for gpu in snapshot.gpus)
     assert os.path.basename(script) == 'nvidia-smi'
+
+
+# A driver's nvidia-smi that refuses some fields: it prints nvidia-smi's message for the first
+# one it does not know and exits 2, as the real tool does.
+REFUSING = """for arg in "$@"; do case "$arg" in --query-gpu=*)
+  for field in %s; do case "$arg" in *"$field"*) echo "Field \\"$field\\" is not a valid field to query."; echo; exit 2;; esac; done
+  echo "$arg" >> %s
+  case "$arg" in
+    *remapped_rows*memory.reserved*) echo "%s, No, No, [N/A], 515";;
+    *remapped_rows*) echo "%s, No, No, [N/A]";;
+    *memory.reserved*) echo "%s, 515";;
+    *) echo "%s";;
+  esac; exit 0;; esac; done"""
+
+
+def refusing_smi(tmp_path, refused):
+    line = gpu_line(0, used=1)
+    log = tmp_path / 'queries'
+    script = write_script(tmp_path, REFUSING % (' '.join(refused) or 'none-refused', log, line, line, line, line))
+    return SmiReader(SmiRunner(script)), log
+
+
+def test_reader_reads_memory_reserved(tmp_path):
+    reader, log = refusing_smi(tmp_path, [])
+    snapshot = reader.read()
+    assert snapshot.gpus[0]['memory_reserved_mib'] == 515 and snapshot.gpus[0]['remapped_rows_pending'] is False
+    assert snapshot.warnings == []
+    assert 'memory.reserved' in log.read_text()
+
+
+def test_reader_without_memory_reserved_keeps_the_health_fields_and_warns(tmp_path):
+    reader, log = refusing_smi(tmp_path, ['memory.reserved'])
+    snapshot = reader.read()
+    gpu = snapshot.gpus[0]
+    assert gpu['memory_reserved_mib'] is None and gpu['memory_used_mib'] == 1 and gpu['remapped_rows_pending'] is False
+    assert snapshot.warnings == [_smi.RESERVED_WARNING]
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_reader_keeps_memory_reserved_when_the_health_fields_are_refused(tmp_path):
+    # The 535 and 550 nvidia-smi list remapped_rows.* under --query-remapped-rows only.
+    reader, log = refusing_smi(tmp_path, ['remapped_rows.pending'])
+    snapshot = reader.read()
+    assert snapshot.gpus[0]['memory_reserved_mib'] == 515 and snapshot.gpus[0].get('remapped_rows_pending') is None
+    assert snapshot.warnings == []
+    reader, log = refusing_smi(tmp_path, ['remapped_rows.pending', 'memory.reserved'])
+    snapshot = reader.read()
+    assert snapshot.gpus[0]['memory_reserved_mib'] is None and snapshot.gpus[0]['memory_used_mib'] == 1
+    assert snapshot.warnings == [_smi.RESERVED_WARNING]

@@ -71,7 +71,7 @@ def test_check_and_diff_mode(capsys, gpuhost, tmp_path):
     assert str(info['pid']) in result['diff']['before']
     assert result['diff']['after'] == ''
     assert start_time(info['pid']) == starttime
-    assert gpuhost.memory_used()[4] == 512
+    assert gpuhost.memory_used()[4] == 1 + 512
 
 
 def test_release_then_nothing_to_do(capsys, gpuhost, tmp_path):
@@ -89,11 +89,11 @@ def test_dirty_gpu_fails_with_every_field(capsys, gpuhost, tmp_path):
     gpuhost.fault('stuck', gpu=7, mib=64)
     result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1)
     assert result['failed'] is True
-    assert 'GPU 7: 64 MiB used with no process left' in result['msg']
+    assert 'GPU 7: 65 MiB used with no process left' in result['msg']
     assert RETURN_KEYS <= set(result)
     assert result['orphaned_gpus'] == [7] and result['released'] is False
-    # the threshold decides what counts as clean
-    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1, memory_threshold_mib=64)
+    # the threshold decides what counts as clean (64 stuck + the 1 MiB idle reading)
+    result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1, memory_threshold_mib=65)
     assert 'failed' not in result and result['released'] is True
 
 
@@ -106,7 +106,7 @@ def test_facts_after_has_the_facts_shape(capsys, gpuhost, tmp_path):
     assert set(facts) == set(['nvidia_gpus', 'nvidia_gpu_count', 'nvidia_driver_version',
                               'nvidia_gpu_backend', 'nvidia_device_holders'])
     # read after the release: the job is gone, its memory free, the daemon still listed
-    assert [gpu['memory_used_mib'] for gpu in facts['nvidia_gpus']] == [0] * 8
+    assert [gpu['memory_used_mib'] for gpu in facts['nvidia_gpus']] == [1] * 8
     assert [gpu['state'] for gpu in facts['nvidia_gpus']] == ['free'] * 8
     assert [holder['pid'] for holder in facts['nvidia_device_holders']] == [daemon['pid']]
     assert facts['nvidia_device_holders'][0]['protected'] is True
@@ -117,7 +117,7 @@ def test_facts_after_in_check_mode_is_the_state_as_it_is(capsys, gpuhost, tmp_pa
     job = gpuhost.hold(gpus=[5], mib=1024)
     result = run_module(capsys, gpuhost, tmp_path, facts_after=True, _ansible_check_mode=True)
     facts = result['facts_after']
-    assert facts['nvidia_gpus'][5]['memory_used_mib'] == 1024
+    assert facts['nvidia_gpus'][5]['memory_used_mib'] == 1 + 1024
     assert [holder['pid'] for holder in facts['nvidia_device_holders']] == [job['pid']]
 
 
