@@ -411,9 +411,14 @@ class Release:
                 self.respawns[identity] = count + 1
             target = Target(holder, ProcessRef(holder.pid, holder.starttime, self.proc),
                             cgroup(holder.pid, self.proc))
-            if relative is not None and relative.step > 0:
-                target.step = relative.step - 1  # the signal its relative got last, now
             target.due = now
+            if relative is not None:
+                # Where its relative stands: the next signal at the same moment. (Sending again
+                # the signal the relative got would only make a job that forks on it fork again.)
+                last = len(self.options.signals) - 1
+                target.step = min(relative.step, last)
+                if relative.step <= last:
+                    target.due = relative.due
             self.targets[key] = target
             joined = True
         return joined
