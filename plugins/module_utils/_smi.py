@@ -269,6 +269,9 @@ class SmiReader(GpuReader):
 
     def __init__(self, runner):
         self.runner = runner
+        # The health fields this driver refuses, learnt on the first read: later reads (the
+        # release polls) ask only for what it knows.
+        self._known_fields = None
 
     def read(self, timeout=None):
         fields, rejected, (rc, stdout, stderr) = self._query_gpus_known_fields(timeout)
@@ -303,18 +306,23 @@ class SmiReader(GpuReader):
     def _query_gpus_known_fields(self, timeout):
         """(fields, rejected, (rc, stdout, stderr)): the GPU query without the health fields this
         driver refuses; rejected: [(field, nvidia-smi's words)]."""
-        fields, rejected = GPU_FIELDS + HEALTH_FIELDS, []
+        fields, rejected = self._known_fields or (GPU_FIELDS + HEALTH_FIELDS, [])
         while True:
             rc, stdout, stderr = self._query_gpus(fields, timeout)
             said = stdout + stderr
             if rc != 2 or INVALID_FIELD not in said:
+                if rc == 0:
+                    self._known_fields = (fields, rejected)
                 return fields, rejected, (rc, stdout, stderr)
             match = INVALID_FIELD_RE.search(said)
             health = [pair for pair in fields if pair in HEALTH_FIELDS]
-            refused = [pair for pair in health if match and pair[0] == match.group(1)] or health
+            name = match.group(1) if match else None
+            # The remapped_rows.* fields come and go together (see HEALTH_FIELDS).
+            family = REMAPPED_ROWS_FIELDS if name in dict(REMAPPED_ROWS_FIELDS) else [(name, None)]
+            refused = [pair for pair in health if pair[0] in dict(family)] or health
             if not health:
                 return fields, rejected, (rc, stdout, stderr)
-            rejected.extend((field, _first_line(said)) for field, dummy in refused)
+            rejected = rejected + [(field, _first_line(said)) for field, dummy in refused]
             fields = [pair for pair in fields if pair not in refused]
 
     def _read_one_by_one(self, first, fields, rc, stdout, stderr, timeout):

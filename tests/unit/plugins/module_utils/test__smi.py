@@ -312,3 +312,16 @@ esac''' % gpu_line(0))
                               'retired_pages_pending on this driver (')
     assert 'Field "retired_pages.pending" is not a valid field to query.' in warning
     assert '--query-remapped-rows: nvidia-smi exited with 2' in warning and warning.endswith('they are null')
+
+
+def test_refused_health_fields_are_asked_for_once_per_reader(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=2, driver_version='535.261.03')
+    calls = tmp_path / 'calls'
+    script = write_script(tmp_path, 'echo "$1" >> %s; exec %s "$@"' % (calls, host.smi_path), name='nvidia-smi')
+    reader = SmiReader(SmiRunner(script))
+    first, second = reader.read(), reader.read()
+    assert [gpu['remapped_rows_pending'] for gpu in first.gpus + second.gpus] == [False] * 4
+    asked = [line.split('=')[0] + ('+remap' if line.startswith('--query-gpu=') and 'remapped_rows' in line else '')
+             for line in calls.read_text().splitlines()]
+    assert asked == ['--query-gpu+remap', '--query-gpu', '--query-remapped-rows', '--query-compute-apps',
+                     '--query-gpu', '--query-remapped-rows', '--query-compute-apps']
