@@ -345,10 +345,11 @@ class SmiReader(GpuReader):
             try:
                 rows, row_warnings = parse_gpu_csv(answer[1], fields)
             except SmiParseError:
-                warnings.append('nvidia-smi -i %d: %s' % (index, describe_failure(*answer)))
-                if answer[0] in (9, 12, 18):
-                    break
-                continue
+                # No GPU of that index (6: "a query to find an object was unsuccessful", 2: an
+                # invalid -i), or nvidia-smi cannot go on: either way, the probing ends.
+                if answer[0] not in (2, 6):
+                    warnings.append('nvidia-smi -i %d: %s' % (index, describe_failure(*answer)))
+                break
             for row in rows:
                 if row['error'] or row['index'] is None:
                     row['index'] = index
