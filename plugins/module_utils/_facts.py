@@ -32,7 +32,8 @@ def gpu_facts(snapshot, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, xid_e
         gpu = dict(gpu, state=gpu_state(gpu, memory_threshold_mib), health=health_facts(gpu, xid_events))
         gpu.setdefault('processes', [])
         gpus.append(dict((key, gpu.get(key)) for key in GPU_KEYS))
-    return sorted(gpus, key=lambda gpu: gpu['index'])
+    # A lost GPU that could not be placed has no index: it comes last.
+    return sorted(gpus, key=lambda gpu: (gpu['index'] is None, gpu['index'] or 0))
 
 
 def holder_facts(device_patterns, protect):

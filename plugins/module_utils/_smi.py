@@ -41,8 +41,11 @@ GPU_FIELDS = [
     ('compute_mode', 'compute_mode'),
     ('driver_version', 'driver_version'),
 ]
-# Memory repair state, queried with the GPU fields; drivers older than R450 do not know these
-# fields and refuse the whole query, which is then repeated without them.
+# Memory repair state, queried with the GPU fields. A driver refuses the whole query for a field
+# it does not know (`Field "remapped_rows.pending" is not a valid field to query.`, exit 2): the
+# 535 and 550 drivers list remapped_rows.* only under --query-remapped-rows (their man pages and
+# binaries), 590 drivers also under --query-gpu. A refused field is dropped and the query repeated;
+# remapped rows are then read with --query-remapped-rows.
 HEALTH_FIELDS = [
     ('remapped_rows.pending', 'remapped_rows_pending'),
     ('remapped_rows.failure', 'remapped_rows_failure'),
@@ -51,6 +54,8 @@ HEALTH_FIELDS = [
 # Memory the driver reserves, outside memory.used (drivers that report it apart). A driver that
 # does not know the field refuses the query; it is repeated without it, and the value is null.
 RESERVED_FIELDS = [('memory.reserved', 'memory_reserved_mib')]
+# The fields a driver may refuse; the query is repeated without them.
+OPTIONAL_FIELDS = HEALTH_FIELDS + RESERVED_FIELDS
 RESERVED_WARNING = ('nvidia-smi does not know memory.reserved (an older driver): memory_reserved_mib is null, '
                     'and memory used may include the memory the driver reserves, so idle GPUs may look used')
 YES_NO_FACTS = frozenset(fact for dummy, fact in HEALTH_FIELDS)
@@ -80,6 +85,16 @@ EXIT_CODES = {
 
 NO_DEVICES = 'No devices were found'
 INVALID_FIELD = 'is not a valid field to query'
+INVALID_FIELD_RE = re.compile(r'Field "([^"]+)" is not a valid field to query')
+REMAPPED_ROWS_FIELDS = [('remapped_rows.pending', 'remapped_rows_pending'),
+                        ('remapped_rows.failure', 'remapped_rows_failure')]
+# A GPU the driver cannot open. nvidia-smi prints the line in place of the whole answer, so the
+# other GPUs are read one by one with -i (nvidia-smi(1): "nvidia-smi -i can now query information
+# from healthy GPU when there is a problem with other GPU"). Real spellings: "for GPU0000:65:00.0",
+# "for GPU 0000:0B:00.0", "for gpu 0000:08:00.0" (-L), a 3-digit domain "000:BA:80.0".
+HANDLE_ERROR_RE = re.compile(r'^Unable to determine the device handle for (?:GPU|gpu)')
+# Past this index, probing with -i stops even if nvidia-smi never says "No devices were found".
+MAX_GPUS = 64
 PCI_BUS_ID_RE = re.compile(r'([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])')
 NUMBER_RE = re.compile(r'^(-?[0-9]+(?:\.[0-9]+)?)(?:\s*(?:MiB|%|C|W|MHz))?$')
 
@@ -123,37 +138,44 @@ def parse_value(fact, raw):
     return raw, None
 
 
+def is_handle_error(line):
+    """Whether a line of nvidia-smi output is its "Unable to determine the device handle" error."""
+    return bool(HANDLE_ERROR_RE.match(line.strip()))
+
+
 def parse_gpu_csv(text, fields=None):
     """Parse ``--query-gpu=<fields> --format=csv,noheader,nounits`` output.
 
-    fields: the (field, fact) pairs queried, GPU_FIELDS first; by default every field.
-
-    Returns (gpus, warnings). nvidia-smi prints one line per GPU in index order; a GPU it
-    cannot read (lost, unknown error) gets an error line in its place, so its index is its
-    position. Raises SmiParseError when no line is usable at all.
+    fields: the (nvidia-smi field, fact) pairs queried, GPU_FIELDS first (GPU_FIELDS +
+    HEALTH_FIELDS by default); a line of GPU_FIELDS alone is read too. Returns (gpus, warnings); every gpu has every
+    fact of GPU_FIELDS + HEALTH_FIELDS and an error. A GPU nvidia-smi cannot read (lost, unknown
+    error) is an error line that names its bus id: it becomes a GPU with that pci_bus_id, the
+    line as error and index None, since real drivers print it in place of the whole answer and
+    its position says nothing (SmiReader places it). Raises SmiParseError when no line is usable.
     """
-    fields = GPU_FIELDS + HEALTH_FIELDS + RESERVED_FIELDS if fields is None else fields
-    widths = (len(GPU_FIELDS), len(GPU_FIELDS) + len(HEALTH_FIELDS), len(fields))
+    fields = fields or GPU_FIELDS + OPTIONAL_FIELDS
+    widths = (len(GPU_FIELDS), len(GPU_FIELDS + HEALTH_FIELDS), len(fields))
     gpus, warnings = [], []
     lines = [line for line in text.splitlines() if line.strip()]
-    for position, line in enumerate(lines):
+    for line in lines:
         cells = line.split(',')
         if len(cells) in widths and not line.startswith('Unable to'):
-            gpu, problems = _gpu_from_cells(cells, fields)
-            if gpu['index'] is None:
-                gpu['index'] = position
+            gpu, problems = _gpu_from_cells(fields, cells)
             for problem in problems:
                 warnings.append('nvidia-smi, GPU %s: %s' % (gpu['index'], problem))
             gpus.append(gpu)
+        elif PCI_BUS_ID_RE.search(line):
+            gpus.append(_unreadable_gpu(line.strip()))
         else:
-            gpus.append(_unreadable_gpu(position, line.strip()))
-    if lines and all(gpu['error'] for gpu in gpus) and not any(PCI_BUS_ID_RE.search(line) for line in lines):
+            warnings.append('nvidia-smi printed an unreadable line: %r' % line.strip()[:300])
+    if not gpus and lines:
         raise SmiParseError('nvidia-smi printed no GPU data: %s' % _first_line(text))
     return gpus, warnings
 
 
-def _gpu_from_cells(cells, fields):
-    gpu, problems = {'error': None, 'memory_reserved_mib': None}, []
+def _gpu_from_cells(fields, cells):
+    gpu, problems = dict((fact, None) for dummy, fact in GPU_FIELDS + OPTIONAL_FIELDS), []
+    gpu['error'] = None
     for (field, fact), raw in zip(fields, cells):
         value, problem = parse_value(fact, raw)
         if problem:
@@ -162,10 +184,10 @@ def _gpu_from_cells(cells, fields):
     return gpu, problems
 
 
-def _unreadable_gpu(position, line):
-    gpu = dict((fact, None) for dummy, fact in GPU_FIELDS + HEALTH_FIELDS + RESERVED_FIELDS)
+def _unreadable_gpu(line, index=None):
+    gpu = dict((fact, None) for dummy, fact in GPU_FIELDS + OPTIONAL_FIELDS)
     match = PCI_BUS_ID_RE.search(line)
-    gpu.update(index=position, pci_bus_id=normalize_bus_id(match.group(1)) if match else None, error=line)
+    gpu.update(index=index, pci_bus_id=normalize_bus_id(match.group(1)) if match else None, error=line)
     return gpu
 
 
@@ -177,7 +199,8 @@ def parse_apps_csv(text):
     """
     apps, warnings = [], []
     for line in text.splitlines():
-        if not line.strip() or line.strip().startswith('No running'):
+        if not line.strip() or line.strip().startswith('No running') or is_handle_error(line):
+            # A GPU that cannot be read is reported with the GPU list.
             continue
         cells = line.split(',')
         pid = cells[0].strip()
@@ -434,13 +457,12 @@ class SmiReader(GpuReader):
 
     def __init__(self, runner):
         self.runner = runner
+        # The health fields this driver refuses, learnt on the first read: later reads (the
+        # release polls) ask only for what it knows.
+        self._known_fields = None
 
     def read(self, timeout=None):
-        fields = GPU_FIELDS + HEALTH_FIELDS + RESERVED_FIELDS
-        rc, stdout, stderr = self._query_gpus(fields, timeout)
-        while rc == 2 and INVALID_FIELD in stdout + stderr and fields != GPU_FIELDS:
-            fields = _accepted_fields(fields, stdout + stderr)
-            rc, stdout, stderr = self._query_gpus(fields, timeout)
+        fields, rejected, (rc, stdout, stderr) = self._query_gpus_known_fields(timeout)
         if NO_DEVICES in stdout or NO_DEVICES in stderr:
             return Snapshot([], None, ['nvidia-smi: %s' % NO_DEVICES])
         try:
@@ -453,40 +475,140 @@ class SmiReader(GpuReader):
             if rc != 0:
                 raise GpuopsError(describe_failure(rc, stdout, stderr))
             raise SmiParseError('nvidia-smi printed nothing for --query-gpu')
-        if rc != 0 and all(gpu['error'] is None for gpu in gpus):
-            warnings.append(describe_failure(rc, stdout, stderr))
+        if rc != 0 or any(gpu['error'] for gpu in gpus):
+            gpus, warnings = self._read_one_by_one(gpus, fields, rc, stdout, stderr, timeout)
+        indexes = [gpu['index'] for gpu in gpus if gpu['error'] is None and gpu['index'] is not None]
+        warnings += self._read_remapped_rows(gpus, fields, rejected, indexes, timeout)
         if RESERVED_FIELDS[0] not in fields:
             warnings.append(RESERVED_WARNING)
-        apps, app_warnings = self._read_apps(timeout)
+        apps, app_warnings = self._read_apps(indexes, timeout)
         _attach_processes(gpus, apps)
         driver = next((gpu.pop('driver_version') for gpu in gpus if gpu.get('driver_version')), None)
         for gpu in gpus:
             gpu.pop('driver_version', None)
         return Snapshot(gpus, driver, warnings + app_warnings)
 
-    def _query_gpus(self, fields, timeout):
-        return self.runner.run(['--query-gpu=' + ','.join(field for field, dummy in fields),
-                                '--format=csv,noheader,nounits'], timeout=timeout)
+    def _query_gpus(self, fields, timeout, index=None):
+        where = [] if index is None else ['-i', str(index)]
+        return self.runner.run(where + ['--query-gpu=' + ','.join(field for field, dummy in fields),
+                                        '--format=csv,noheader,nounits'], timeout=timeout)
 
-    def _read_apps(self, timeout):
-        rc, stdout, stderr = self.runner.run(
-            ['--query-compute-apps=' + ','.join(APP_FIELDS), '--format=csv,noheader,nounits'],
-            timeout=timeout)
+    def _query_gpus_known_fields(self, timeout):
+        """(fields, rejected, (rc, stdout, stderr)): the GPU query without the health fields this
+        driver refuses; rejected: [(field, nvidia-smi's words)]."""
+        fields, rejected = self._known_fields or (GPU_FIELDS + OPTIONAL_FIELDS, [])
+        while True:
+            rc, stdout, stderr = self._query_gpus(fields, timeout)
+            said = stdout + stderr
+            if rc != 2 or INVALID_FIELD not in said:
+                if rc == 0:
+                    self._known_fields = (fields, rejected)
+                return fields, rejected, (rc, stdout, stderr)
+            match = INVALID_FIELD_RE.search(said)
+            optional = [pair for pair in fields if pair in OPTIONAL_FIELDS]
+            name = match.group(1) if match else None
+            # The remapped_rows.* fields come and go together (see HEALTH_FIELDS).
+            family = REMAPPED_ROWS_FIELDS if name in dict(REMAPPED_ROWS_FIELDS) else [(name, None)]
+            refused = [pair for pair in optional if pair[0] in dict(family)] or optional
+            if not optional:
+                return fields, rejected, (rc, stdout, stderr)
+            rejected = rejected + [(field, _first_line(said)) for field, dummy in refused]
+            fields = [pair for pair in fields if pair not in refused]
+
+    def _read_one_by_one(self, first, fields, rc, stdout, stderr, timeout):
+        """The GPUs, read with -i 0, -i 1, ... until nvidia-smi says there is no such GPU.
+
+        A lost GPU makes the full query print only its error line; each healthy GPU still
+        answers to -i with its own index, and the lost one answers with its error line, which
+        places it. Errors of the full query that no -i answered for are kept with index None.
+        """
+        gpus, warnings = [], []
+        for index in range(MAX_GPUS):
+            try:
+                answer = self._query_gpus(fields, timeout, index)
+            except GpuopsError as exc:
+                # A GPU that hangs nvidia-smi must not hide the ones after it.
+                gpus.append(_unreadable_gpu(str(exc), index))
+                continue
+            if NO_DEVICES in answer[1] + answer[2]:
+                break
+            try:
+                rows, row_warnings = parse_gpu_csv(answer[1], fields)
+            except SmiParseError:
+                # No GPU of that index (6: "a query to find an object was unsuccessful", 2: an
+                # invalid -i), or nvidia-smi cannot go on: either way, the probing ends.
+                if answer[0] not in (2, 6):
+                    warnings.append('nvidia-smi -i %d: %s' % (index, describe_failure(*answer)))
+                break
+            for row in rows:
+                if row['error'] or row['index'] is None:
+                    row['index'] = index
+            gpus.extend(rows)
+            warnings.extend(row_warnings)
+        found = set(gpu['pci_bus_id'] for gpu in gpus if gpu['pci_bus_id'])
+        indexes = set(gpu['index'] for gpu in gpus)
+        for gpu in first:
+            if gpu['pci_bus_id'] not in found and (gpu['error'] or gpu['index'] not in indexes):
+                gpus.append(gpu)
+        lost = [gpu for gpu in gpus if gpu['error']]
+        said = '; '.join(gpu['error'] for gpu in lost) or describe_failure(rc, stdout, stderr)
+        warnings.insert(0, 'nvidia-smi could not read every GPU (%s); the others were read one by one '
+                           'with -i' % said[:500])
+        gpus.sort(key=lambda gpu: (gpu['index'] is None, gpu['index'] or 0, gpu['pci_bus_id'] or ''))
+        return gpus, warnings
+
+    def _run_each(self, args, indexes, timeout):
+        """(rc, stdout, stderr) of nvidia-smi args; when a GPU's error line stands in for the
+        answer, the answers of each readable GPU (-i) joined instead."""
+        rc, stdout, stderr = self.runner.run(args, timeout=timeout)
+        if not any(is_handle_error(line) for line in stdout.splitlines()):
+            return rc, stdout, stderr
+        outputs, worst = [], 0
+        for index in indexes:
+            answer = self.runner.run(['-i', str(index)] + args, timeout=timeout)
+            outputs.append(answer[1])
+            worst = worst or answer[0]
+        return worst, ''.join(outputs), ''
+
+    def _read_remapped_rows(self, gpus, fields, rejected, indexes, timeout):
+        """Fill in the health facts --query-gpu refused; [warning] for those that stay null."""
+        missing = dict((field, said) for field, said in rejected if field in dict(HEALTH_FIELDS))
+        wanted = [pair for pair in REMAPPED_ROWS_FIELDS if pair[0] in missing]
+        if wanted:
+            args = ['--query-remapped-rows=gpu_bus_id,' + ','.join(field for field, dummy in wanted),
+                    '--format=csv,noheader,nounits']
+            rc, stdout, stderr = self._run_each(args, indexes, timeout)
+            by_bus = dict((gpu['pci_bus_id'], gpu) for gpu in gpus if gpu['error'] is None)
+            read = set()
+            for line in stdout.splitlines():
+                cells = [cell.strip() for cell in line.split(',')]
+                gpu = by_bus.get(parse_value('pci_bus_id', cells[0])[0]) if len(cells) == len(wanted) + 1 else None
+                if gpu is None:
+                    continue
+                for (field, fact), raw in zip(wanted, cells[1:]):
+                    gpu[fact] = parse_value(fact, raw)[0]
+                read.add(gpu['pci_bus_id'])
+            if read == set(by_bus):
+                for field, dummy in wanted:
+                    missing.pop(field)
+            else:
+                reason = describe_failure(rc, stdout, stderr) if rc else 'it printed no line for some GPUs'
+                for field, dummy in wanted:
+                    missing[field] = '--query-remapped-rows: %s' % reason
+        if not missing:
+            return []
+        facts = ', '.join(fact for field, fact in HEALTH_FIELDS if field in missing)
+        reasons = sorted(set(missing.values()))
+        return ['nvidia-smi cannot report %s on this driver (%s); %s null' % (
+            facts, '; '.join(reasons)[:500], 'it is' if len(missing) == 1 else 'they are')]
+
+    def _read_apps(self, indexes, timeout):
+        rc, stdout, stderr = self._run_each(
+            ['--query-compute-apps=' + ','.join(APP_FIELDS), '--format=csv,noheader,nounits'], indexes, timeout)
         apps, warnings = parse_apps_csv(stdout)
         if rc != 0 and not apps:
             warnings.append('process list unavailable: ' + describe_failure(rc, stdout, stderr))
         return apps, warnings
-
-
-def _accepted_fields(fields, said):
-    """fields less the optional ones nvidia-smi refused: memory.reserved when it names that
-    field, the health fields otherwise, and then every optional field."""
-    for field, fact in RESERVED_FIELDS:
-        if '"%s"' % field in said and (field, fact) in fields:
-            return [pair for pair in fields if pair not in RESERVED_FIELDS]
-    if any(pair in fields for pair in HEALTH_FIELDS):
-        return [pair for pair in fields if pair not in HEALTH_FIELDS]
-    return list(GPU_FIELDS)
 
 
 def _attach_processes(gpus, apps):

@@ -49,7 +49,8 @@ options:
     default: 10
   kernel_log:
     description:
-      - "A file to read the kernel's C(NVRM: Xid) lines from, such as C(/var/log/kern.log)."
+      - "A file to read the kernel's C(NVRM:) lines (Xid errors, GPUs fallen off the bus) from,
+        such as C(/var/log/kern.log)."
       - When not set, the module runs C(journalctl -k) (this boot only), and C(dmesg) when
         that gives nothing. Reading either may need privilege escalation; when no kernel
         log can be read, RV(ansible_facts.nvidia_gpus[].health.xid_events) is null and the
@@ -101,7 +102,10 @@ ansible_facts:
       elements: dict
       contains:
         index:
-          description: The GPU's index as nvidia-smi numbers it.
+          description:
+            - The GPU's index as nvidia-smi numbers it.
+            - Null only for a lost GPU that nvidia-smi names by its bus id but does not answer
+              for under any index (see RV(ansible_facts.nvidia_gpus[].error)).
           type: int
           sample: 0
         uuid:
@@ -185,7 +189,10 @@ ansible_facts:
               elements: dict
               contains:
                 code:
-                  description: The Xid number.
+                  description:
+                    - The Xid number.
+                    - "Null for the driver's message that a GPU has fallen off the bus when it
+                      carries no Xid (C(NVRM: The NVIDIA GPU 0000:b3:00.0 ... fallen off the bus))."
                   type: int
                   sample: 79
                 time:
@@ -196,7 +203,9 @@ ansible_facts:
                   type: str
                   sample: "2025-03-05T12:34:56+0000"
                 text:
-                  description: The rest of the line after the Xid number.
+                  description:
+                    - The rest of the line after the Xid number; the whole message, joined into
+                      one line, when it carries no Xid.
                   type: str
                   sample: "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
             remapped_rows_pending:

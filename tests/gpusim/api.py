@@ -18,7 +18,7 @@ main({root!r})
 """
 
 FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
-               "remap", "retired", "xid")
+               "remap", "retired", "xid", "fallen")
 
 HUNG_JOB_RANK_MIB = 76113
 
@@ -186,12 +186,18 @@ class Host:
     # -- faults --------------------------------------------------------------------------
     def fault(self, kind, value=True, gpu=None, message="unknown", seconds=None,
               field=None, mib=None, pending=None, failure=None, correctable=None,
-              uncorrectable=None, code=None, text=None, when=None):
-        """Inject a fault. kind: lost (gpu, message), hang (seconds), na (field, gpu, value),
+              uncorrectable=None, code=None, text=None, when=None, in_place=False,
+              gpu_instance=None, form="probe"):
+        """Inject a fault. kind: lost (gpu, message; in_place=True: the old variant, where the
+        error line stands in the GPU's place and the others are listed, for every lost GPU),
+        hang (seconds), na (field, gpu, value),
         stuck (gpu, mib), driver-not-loaded|no-devices|mismatch (value on/off), clear,
         remap (gpu, pending, failure, correctable, uncorrectable: row-remapper state),
         retired (gpu, value: retired pages pending, on GPUs that retire pages),
-        xid (gpu, code, text, when: an Xid line in the kernel log)."""
+        xid (gpu, code, text, when, gpu_instance: an Xid line in the kernel log; with
+        gpu_instance, the MIG form "Xid (PCI:0000:01:00 GPU-I:05): ..."),
+        fallen (gpu, when, form: the driver's "fallen off the bus" message without an Xid;
+        form "probe" is its three-line form, "line" its one-line form)."""
         kind = kind.replace("_", "-")
         if kind not in FAULT_KINDS:
             raise ValueError("unknown fault %r (known: %s)" % (kind, ", ".join(FAULT_KINDS)))
@@ -204,6 +210,8 @@ class Host:
             if message not in ("unknown", "lost"):
                 raise ValueError("message must be unknown or lost")
             faults["lost"][str(int(gpu))] = message
+            if in_place:
+                faults["lost_style"] = "in-place"
         elif kind == "hang":
             faults["hang_s"] = float(seconds if seconds is not None else value)
         elif kind == "na":
@@ -227,25 +235,46 @@ class Host:
         elif kind == "retired":
             faults.setdefault("retired_pending", {})[str(int(gpu))] = _onoff(value)
         elif kind == "xid":
-            self._log_xid(state, int(gpu), int(code), text, when)
+            self._log_xid(state, int(gpu), int(code), text, when, gpu_instance)
+            return
+        elif kind == "fallen":
+            self._log_fallen(state, int(gpu), when, form)
             return
         else:
             faults[kind.replace("-", "_")] = _onoff(value)
         write_json(self.paths.state, state)
 
-    def _log_xid(self, state, gpu, code, text, when):
-        import time
-
+    def _log_xid(self, state, gpu, code, text, when, gpu_instance=None):
         from gpusim import messages as M
 
         bus = [g for g in state["gpus"] if g["index"] == gpu][0]["pci_bus_id"]
-        when = time.time() if when is None else when
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(when))
         # The driver prints the 4-digit domain and no function: PCI:0000:18:00
-        line = M.XID_LINE.format(time=stamp, bus=bus[4:-2].lower(), code=code,
+        where = bus[4:-2].lower()
+        if gpu_instance is not None:
+            where += " GPU-I:%02d" % int(gpu_instance)
+        line = M.XID_LINE.format(time=self._stamp(when), bus=where, code=code,
                                  text=text if text is not None else M.XID_TEXTS.get(code, M.XID_TEXT_OTHER))
         with open(self.paths.kernel_log, "a") as f:
             f.write(line + "\n")
+
+    def _log_fallen(self, state, gpu, when, form):
+        from gpusim import messages as M
+
+        if form not in ("probe", "line"):
+            raise ValueError("form must be probe or line")
+        bus = [g for g in state["gpus"] if g["index"] == gpu][0]["pci_bus_id"][4:].lower()
+        stamp = self._stamp(when)
+        lines = M.FALLEN_PROBE if form == "probe" else M.FALLEN_LINE
+        with open(self.paths.kernel_log, "a") as f:
+            for line in lines:
+                f.write(M.KERNEL_LINE.format(time=stamp, text=line.format(bus=bus)) + "\n")
+
+    @staticmethod
+    def _stamp(when):
+        import time
+
+        when = time.time() if when is None else when
+        return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(when))
 
     # -- conveniences for tests ----------------------------------------------------------
     def smi(self, *args, timeout=30):

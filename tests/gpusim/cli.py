@@ -52,6 +52,8 @@ def _parser():
     f = fs.add_parser("lost")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("--message", choices=("unknown", "lost"), default="unknown")
+    f.add_argument("--in-place", action="store_true",
+                   help="old variant: the error line in the GPU's place, the other GPUs listed")
     f = fs.add_parser("hang")
     f.add_argument("--seconds", type=float, required=True)
     f = fs.add_parser("na")
@@ -78,6 +80,10 @@ def _parser():
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("--code", type=int, required=True)
     f.add_argument("--text", default=None)
+    f.add_argument("--gpu-instance", type=int, default=None, help="MIG GPU instance the driver names")
+    f = fs.add_parser("fallen", help="log that a GPU has fallen off the bus, without an Xid")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("--form", choices=("probe", "line"), default="probe")
 
     c = cmd("scenario", help="start a ready-made situation")
     c.add_argument("name", choices=("hung-job",))
@@ -115,7 +121,7 @@ def main(argv=None):
         elif args.cmd == "fault":
             k = args.kind
             if k == "lost":
-                host.fault(k, gpu=args.gpu, message=args.message)
+                host.fault(k, gpu=args.gpu, message=args.message, in_place=args.in_place)
             elif k == "hang":
                 host.fault(k, seconds=args.seconds)
             elif k == "na":
@@ -130,7 +136,9 @@ def main(argv=None):
             elif k == "retired":
                 host.fault(k, gpu=args.gpu, value=args.value)
             elif k == "xid":
-                host.fault(k, gpu=args.gpu, code=args.code, text=args.text)
+                host.fault(k, gpu=args.gpu, code=args.code, text=args.text, gpu_instance=args.gpu_instance)
+            elif k == "fallen":
+                host.fault(k, gpu=args.gpu, form=args.form)
             else:
                 host.fault(k, value=args.value)
         elif args.cmd == "scenario":

@@ -29,6 +29,8 @@ HANDLE_GPU_LOST = (
     "Unable to determine the device handle for GPU{bus}: GPU is lost.  "
     "Reboot the system to recover this GPU"
 )
+# nvidia-smi -L: "for gpu" (lower case), smi_errors/E09 and the binaries' strings.
+HANDLE_UNKNOWN_ERROR_L = "Unable to determine the device handle for gpu {bus}: Unknown Error"
 
 INVALID_FIELD = 'Field "{field}" is not a valid field to query.\n'
 INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
@@ -56,6 +58,15 @@ NA_VALUES = ("[N/A]", "[Not Supported]", "[Insufficient Permissions]", "[Unknown
 # Kernel log lines, as `journalctl -k -o short-iso` prints them. The Xid texts follow real
 # reports (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors; published dmesg output).
 XID_LINE = "{time} gpusim kernel: NVRM: Xid (PCI:{bus}): {code}, {text}"
+KERNEL_LINE = "{time} gpusim kernel: {text}"
+# A GPU that falls off the bus while the driver probes it: no Xid, three lines
+# (kernel_xid/K06 NVIDIA/NVSentinel#155, K07), {bus} as 0000:b3:00.0; and the one-line form (K09).
+FALLEN_PROBE = (
+    "NVRM: The NVIDIA GPU {bus}",
+    "NVRM: (PCI ID: 10de:2335) installed in this system has",
+    "NVRM: fallen off the bus and is not responding to commands.",
+)
+FALLEN_LINE = ("NVRM: GPU {bus}: GPU has fallen off the bus.",)
 XID_TEXTS = {
     13: "pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
     31: ("pid=4242, name=python3, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS "

@@ -138,21 +138,68 @@ def test_summary_table(gpuhost):
 
 # ---------------------------------------------------------------- faults
 
-def test_fault_lost_gpu(gpuhost):
+def test_fault_lost_gpu_prints_only_its_error_line(gpuhost):
+    # As public reports show it (smi_errors/E05-E08; E06 is the whole output of a 4-GPU host).
     gpuhost.fault("lost", gpu=3)
     rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
     assert rc == M.EXIT_OTHER == 255
-    assert lines[3] == "Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error"
-    assert lines[2] == "2, 1" and lines[4] == "4, 1" and len(lines) == 8
+    assert lines == ["Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error"]
+    rc, lines = csv(gpuhost, "--query-compute-apps=pid,used_memory", "--format=csv,noheader")
+    assert lines == ["Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error"]
+    rc, lines = csv(gpuhost, "-L")
+    assert lines == ["Unable to determine the device handle for gpu 0000:5D:00.0: Unknown Error"]
     gpuhost.fault("lost", gpu=3, message="lost")
     rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
     assert rc == 15
-    assert lines[3] == ("Unable to determine the device handle for GPU0000:5D:00.0: GPU is lost.  "
-                        "Reboot the system to recover this GPU")
-    rc, lines = csv(gpuhost, "--query-gpu=index", "--format=csv,noheader", "-i", "0")
-    assert rc == 0 and lines == ["0"]
+    assert lines == ["Unable to determine the device handle for GPU0000:5D:00.0: GPU is lost.  "
+                     "Reboot the system to recover this GPU"]
+    # The healthy GPUs answer to -i; the lost one answers with its error line.
+    rc, lines = csv(gpuhost, "--query-gpu=index", "--format=csv,noheader", "-i", "4")
+    assert rc == 0 and lines == ["4"]
+    rc, lines = csv(gpuhost, "--query-gpu=index", "--format=csv,noheader", "-i", "3")
+    assert rc == 15 and lines[0].startswith("Unable to determine the device handle for GPU0000:5D:00.0")
+    rc, lines = csv(gpuhost, "--query-gpu=index", "--format=csv,noheader", "-i", "8")
+    assert rc == 6 and lines == ["No devices were found"]
     gpuhost.fault("clear")
     assert csv(gpuhost, "--query-gpu=index", "--format=csv,noheader")[0] == 0
+
+
+def test_fault_lost_gpu_in_place_variant(gpuhost):
+    gpuhost.fault("lost", gpu=3, in_place=True)
+    rc, lines = csv(gpuhost, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
+    assert rc == 255
+    assert lines[3] == "Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error"
+    assert lines[2] == "2, 1" and lines[4] == "4, 1" and len(lines) == 8
+
+
+@pytest.mark.parametrize("driver, accepted", [("535.261.03", False), ("550.163.01", False), ("590.48.01", True)])
+def test_remapped_rows_in_query_gpu_by_driver_version(gpuhost_factory, driver, accepted):
+    host = gpuhost_factory(gpus=2, driver_version=driver)
+    host.fault("remap", gpu=1, pending=True)
+    r = host.smi("--query-gpu=index,remapped_rows.pending", "--format=csv,noheader")
+    if accepted:
+        assert (r.returncode, r.stdout.splitlines()) == (0, ["0, No", "1, Yes"])
+    else:
+        assert r.returncode == 2
+        assert r.stdout == 'Field "remapped_rows.pending" is not a valid field to query.\n'
+    r = host.smi("--query-remapped-rows=gpu_bus_id,remapped_rows.pending,remapped_rows.failure",
+                 "--format=csv,noheader")
+    assert (r.returncode, r.stdout.splitlines()) == (0, ["00000000:18:00.0, 0, 0", "00000000:2A:00.0, 1, 0"])
+
+
+def test_kernel_log_mig_xid_and_fallen_off_the_bus(gpuhost):
+    gpuhost.fault("xid", gpu=0, code=94, gpu_instance=5)
+    gpuhost.fault("fallen", gpu=1)
+    gpuhost.fault("fallen", gpu=2, form="line")
+    with open(gpuhost.kernel_log) as f:
+        lines = [line.split(" kernel: ", 1)[1] for line in f.read().splitlines()]
+    assert lines == [
+        "NVRM: Xid (PCI:0000:18:00 GPU-I:05): 94, pid=4242, name=python3, Contained: SM (0x1). RST: No, D-RST: No",
+        "NVRM: The NVIDIA GPU 0000:2a:00.0",
+        "NVRM: (PCI ID: 10de:2335) installed in this system has",
+        "NVRM: fallen off the bus and is not responding to commands.",
+        "NVRM: GPU 0000:3a:00.0: GPU has fallen off the bus.",
+    ]
 
 
 @pytest.mark.parametrize("value", M.NA_VALUES)

@@ -13,7 +13,9 @@ import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import (
     bus_key,
+    fallen_off_bus,
     health_facts,
+    parse_fallen_off_bus,
     parse_xid_events,
     read_xid_events,
     recovery_action,
@@ -46,8 +48,12 @@ def test_bus_key_matches_every_spelling():
 @pytest.mark.parametrize('codes, expected', [
     ([], 'none'),
     ([13], 'restart_app'),
-    ([31, 43, 45], 'restart_app'),
-    ([13, 48], 'reset_gpu'),
+    ([31, 43], 'restart_app'),
+    ([43], 'none'),
+    ([13, 46], 'reset_gpu'),
+    ([48], 'inspect'),
+    ([45], 'inspect'),
+    ([151], 'reboot'),
     ([94], 'restart_app'),
     ([95], 'reset_gpu'),
     ([13, 79], 'reboot'),
@@ -124,3 +130,37 @@ def test_unreadable_kernel_log_is_unknown_with_a_warning(tmp_path):
     events, warnings = read_xid_events(None, 0.5, commands=([empty], [denied], [hung], [str(tmp_path / 'none')]))
     assert events is None
     assert 'Operation not permitted' in warnings[0] and 'did not finish within 0.5 s' in warnings[0]
+
+
+def test_mig_xids_name_the_gpu_and_compute_instance():
+    events = parse_xid_events([
+        'NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No',
+        'NVRM: Xid (PCI:0000:01:00 GPU-I:02 GPU-CI:01): 31, pid=7195, Ch 00000008, MMU Fault',
+    ])
+    assert [(e['bus'], e['code'], e['gpu_instance']) for e in events] == [((0, 1, 0), 94, 5), ((0, 1, 0), 31, 2)]
+
+
+def test_fallen_off_the_bus_needs_the_words_within_the_message():
+    # "The NVIDIA GPU ..." also starts messages that are not about a GPU falling off the bus.
+    lines = ['NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1db6)',
+             'NVRM: installed in this system is not supported by the',
+             'NVRM: NVIDIA 550.127.05 driver release.',
+             'NVRM: fallen off the bus and is not responding to commands.']
+    assert parse_xid_events(lines) == []
+    assert parse_fallen_off_bus(lines) == {}
+
+
+def test_gpusim_kernel_log_mig_and_fallen_lines(gpuhost):
+    gpuhost.fault('xid', gpu=0, code=94, gpu_instance=3)
+    gpuhost.fault('fallen', gpu=1)
+    gpuhost.fault('fallen', gpu=2, form='line')
+    events, warnings = read_xid_events(gpuhost.kernel_log)
+    assert warnings == []
+    assert [(e['bus'], e['code'], e['gpu_instance']) for e in events] == [
+        ((0, 0x18, 0), 94, 3), ((0, 0x2a, 0), None, None), ((0, 0x3a, 0), None, None)]
+    assert fallen_off_bus(events) == {
+        (0, 0x2a, 0): 'The NVIDIA GPU 0000:2a:00.0 (PCI ID: 10de:2335) installed in this system has fallen off '
+                      'the bus and is not responding to commands.',
+        (0, 0x3a, 0): 'GPU 0000:3a:00.0: GPU has fallen off the bus.'}
+    assert [health_facts({'pci_bus_id': bus}, events)['recovery_action']
+            for bus in ('00000000:18:00.0', '00000000:2A:00.0', '00000000:3A:00.0')] == ['restart_app', 'reboot', 'reboot']

@@ -45,7 +45,9 @@ def test_parses_every_field_with_types():
         'pci_bus_id': '00000000:18:00.0', 'memory_total_mib': 143771, 'memory_used_mib': 76113,
         'memory_free_mib': 67658, 'utilization_gpu_pct': 0, 'temperature_c': 34,
         'persistence_mode': True, 'compute_mode': 'Default', 'driver_version': '550.127.05',
-        'memory_reserved_mib': None, 'error': None,
+        'memory_reserved_mib': None,
+        'remapped_rows_pending': None, 'remapped_rows_failure': None, 'retired_pages_pending': None,
+        'error': None,
     }]
 
 
@@ -55,7 +57,7 @@ def test_parses_memory_reserved_after_the_health_fields():
     assert gpus[0]['remapped_rows_pending'] is False and gpus[0]['retired_pages_pending'] is None
     fields = _smi.GPU_FIELDS + _smi.RESERVED_FIELDS
     gpus, warnings = parse_gpu_csv(gpu_line(0) + ', 515\n', fields)
-    assert gpus[0]['memory_reserved_mib'] == 515 and 'remapped_rows_pending' not in gpus[0]
+    assert gpus[0]['memory_reserved_mib'] == 515 and gpus[0]['remapped_rows_pending'] is None
 
 
 @pytest.mark.parametrize('marker', ['[N/A]', '[Not Supported]', '[Insufficient Permissions]',
@@ -84,15 +86,18 @@ def test_units_are_tolerated_when_nounits_is_ignored():
     'Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error',
     'Unable to determine the device handle for GPU 0000:5D:00.0: GPU is lost.  Reboot the system to recover this GPU',
 ])
-def test_lost_gpu_line_keeps_its_position_and_bus_id(error_line):
+def test_lost_gpu_line_keeps_its_bus_id_and_no_index_by_position(error_line):
+    # Where a real driver prints only the error line, its position says nothing about its index.
     text = '\n'.join([gpu_line(0), gpu_line(1), gpu_line(2), error_line, gpu_line(4)]) + '\n'
     gpus, dummy = parse_gpu_csv(text)
-    assert [gpu['index'] for gpu in gpus] == [0, 1, 2, 3, 4]
+    assert [gpu['index'] for gpu in gpus] == [0, 1, 2, None, 4]
     lost = gpus[3]
     assert lost['error'] == error_line
     assert lost['pci_bus_id'] == '00000000:5D:00.0'
     assert lost['memory_used_mib'] is None
-    assert all(gpu['error'] is None for gpu in gpus if gpu['index'] != 3)
+    assert all(gpu['error'] is None for gpu in gpus if gpu is not lost)
+    only, dummy = parse_gpu_csv(error_line + '\n')
+    assert [(gpu['index'], gpu['pci_bus_id']) for gpu in only] == [(None, '00000000:5D:00.0')]
 
 
 def test_garbage_value_is_none_with_a_warning():
@@ -157,7 +162,7 @@ def test_gpu_parser_raises_only_its_own_error(text):
     except SmiParseError:
         return
     for gpu in gpus:
-        assert isinstance(gpu['index'], int)
+        assert isinstance(gpu['index'], int) or (gpu['index'] is None and gpu['error'])
         for value in gpu.values():
             assert value is None or isinstance(value, (str, int, bool))
             assert not (isinstance(value, str) and value.startswith('[N/A'))
@@ -352,6 +357,7 @@ REFUSING = """for arg in "$@"; do case "$arg" in --query-gpu=*)
   case "$arg" in
     *remapped_rows*memory.reserved*) echo "%s, No, No, [N/A], 515";;
     *remapped_rows*) echo "%s, No, No, [N/A]";;
+    *retired_pages*memory.reserved*) echo "%s, [N/A], 515";;
     *memory.reserved*) echo "%s, 515";;
     *) echo "%s";;
   esac; exit 0;; esac; done"""
@@ -360,7 +366,7 @@ REFUSING = """for arg in "$@"; do case "$arg" in --query-gpu=*)
 def refusing_smi(tmp_path, refused):
     line = gpu_line(0, used=1)
     log = tmp_path / 'queries'
-    script = write_script(tmp_path, REFUSING % (' '.join(refused) or 'none-refused', log, line, line, line, line))
+    script = write_script(tmp_path, REFUSING % (' '.join(refused) or 'none-refused', log, line, line, line, line, line))
     return SmiReader(SmiRunner(script)), log
 
 
@@ -386,8 +392,106 @@ def test_reader_keeps_memory_reserved_when_the_health_fields_are_refused(tmp_pat
     reader, log = refusing_smi(tmp_path, ['remapped_rows.pending'])
     snapshot = reader.read()
     assert snapshot.gpus[0]['memory_reserved_mib'] == 515 and snapshot.gpus[0].get('remapped_rows_pending') is None
-    assert snapshot.warnings == []
+    assert _smi.RESERVED_WARNING not in snapshot.warnings
     reader, log = refusing_smi(tmp_path, ['remapped_rows.pending', 'memory.reserved'])
     snapshot = reader.read()
     assert snapshot.gpus[0]['memory_reserved_mib'] is None and snapshot.gpus[0]['memory_used_mib'] == 1
-    assert snapshot.warnings == [_smi.RESERVED_WARNING]
+    assert _smi.RESERVED_WARNING in snapshot.warnings
+
+
+# A lost GPU, as real drivers print it: the full query prints only its error line.
+
+def read_host(host):
+    return SmiReader(SmiRunner(host.smi_path)).read()
+
+
+@pytest.mark.parametrize('message, error', [
+    ('unknown', 'Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error'),
+    ('lost', 'Unable to determine the device handle for GPU0000:5D:00.0: GPU is lost.  Reboot the system to recover this GPU'),
+])
+def test_a_lost_gpu_never_hides_or_renames_the_others(gpuhost, message, error):
+    job = gpuhost.hold(gpus=[5], mib=4096, name='python3')
+    gpuhost.fault('lost', gpu=3, message=message)
+    snapshot = read_host(gpuhost)
+    assert [(gpu['index'], gpu['pci_bus_id'], gpu['error']) for gpu in snapshot.gpus] == [
+        (i, '00000000:%s:00.0' % BUSES[i], error if i == 3 else None) for i in range(8)]
+    lost = snapshot.gpus[3]
+    assert lost['memory_used_mib'] is None and lost['uuid'] is None and lost['processes'] == []
+    # The healthy GPUs are read in full, processes included.
+    assert snapshot.gpus[5]['memory_used_mib'] == 1 + 4096  # the idle reading and the job
+    assert snapshot.gpus[5]['processes'] == [{'pid': job['pid'], 'name': 'python3', 'used_memory_mib': 4096}]
+    assert snapshot.driver_version == '550.127.05'
+    assert snapshot.warnings[0].startswith('nvidia-smi could not read every GPU (%s)' % error)
+
+
+def test_two_lost_gpus_and_the_old_in_place_variant(gpuhost):
+    gpuhost.fault('lost', gpu=0, message='lost')
+    gpuhost.fault('lost', gpu=7, in_place=True)
+    snapshot = read_host(gpuhost)
+    assert [gpu['index'] for gpu in snapshot.gpus] == list(range(8))
+    assert [gpu['index'] for gpu in snapshot.gpus if gpu['error']] == [0, 7]
+    assert snapshot.gpus[0]['error'].endswith('GPU is lost.  Reboot the system to recover this GPU')
+    assert snapshot.gpus[7]['pci_bus_id'] == '00000000:DB:00.0'
+
+
+def test_a_lost_gpu_that_does_not_answer_to_its_index_keeps_its_bus_id(tmp_path):
+    # Only the error line, even to -i: the GPU keeps the bus id its message names, index None.
+    line = 'Unable to determine the device handle for GPU 000:BA:80.0: Unknown Error'
+    script = write_script(tmp_path, '''
+case "$*" in
+  *--query-gpu*-i*|-i*--query-gpu*) ;;
+esac
+case "$1" in
+  -i) if [ "$2" = 0 ]; then echo "%s"; exit 0; fi; echo "No devices were found"; exit 6;;
+  --query-gpu=*) echo "%s"; exit 255;;
+  *) exit 0;;
+esac''' % (gpu_line(0), line))
+    snapshot = SmiReader(SmiRunner(script)).read()
+    assert [(gpu['index'], gpu['pci_bus_id'], gpu['error']) for gpu in snapshot.gpus] == [
+        (0, '00000000:18:00.0', None), (None, '00000000:BA:80.0', line)]
+
+
+@pytest.mark.parametrize('driver', ['535.261.03', '550.163.01', '590.48.01'])
+def test_remapped_rows_are_read_on_every_driver(gpuhost_factory, driver):
+    host = gpuhost_factory(gpus=4, driver_version=driver)
+    host.fault('remap', gpu=1, pending=True)
+    host.fault('remap', gpu=2, failure=True)
+    snapshot = read_host(host)
+    assert [(gpu['remapped_rows_pending'], gpu['remapped_rows_failure']) for gpu in snapshot.gpus] == [
+        (False, False), (True, False), (False, True), (False, False)]
+    assert snapshot.warnings == []
+
+
+def test_a_health_field_the_driver_refuses_is_null_with_one_warning(tmp_path):
+    # A driver that knows none of the health fields, in --query-gpu or --query-remapped-rows.
+    script = write_script(tmp_path, '''
+case "$1" in
+  --query-gpu=*remapped_rows.pending*) echo 'Field "remapped_rows.pending" is not a valid field to query.'; echo; exit 2;;
+  --query-gpu=*remapped_rows.failure*) echo 'Field "remapped_rows.failure" is not a valid field to query.'; echo; exit 2;;
+  --query-gpu=*retired_pages*) echo 'Field "retired_pages.pending" is not a valid field to query.'; echo; exit 2;;
+  --query-gpu=*) echo "%s"; exit 0;;
+  --query-remapped-rows=*) echo 'Invalid combination of input arguments.'; exit 2;;
+  *) exit 0;;
+esac''' % gpu_line(0))
+    snapshot = SmiReader(SmiRunner(script)).read()
+    gpu = snapshot.gpus[0]
+    assert (gpu['remapped_rows_pending'], gpu['remapped_rows_failure'], gpu['retired_pages_pending']) == (None, None, None)
+    assert len(snapshot.warnings) == 1
+    warning = snapshot.warnings[0]
+    assert warning.startswith('nvidia-smi cannot report remapped_rows_pending, remapped_rows_failure, '
+                              'retired_pages_pending on this driver (')
+    assert 'Field "retired_pages.pending" is not a valid field to query.' in warning
+    assert '--query-remapped-rows: nvidia-smi exited with 2' in warning and warning.endswith('they are null')
+
+
+def test_refused_health_fields_are_asked_for_once_per_reader(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=2, driver_version='535.261.03')
+    calls = tmp_path / 'calls'
+    script = write_script(tmp_path, 'echo "$1" >> %s; exec %s "$@"' % (calls, host.smi_path), name='nvidia-smi')
+    reader = SmiReader(SmiRunner(script))
+    first, second = reader.read(), reader.read()
+    assert [gpu['remapped_rows_pending'] for gpu in first.gpus + second.gpus] == [False] * 4
+    asked = [line.split('=')[0] + ('+remap' if line.startswith('--query-gpu=') and 'remapped_rows' in line else '')
+             for line in calls.read_text().splitlines()]
+    assert asked == ['--query-gpu+remap', '--query-gpu', '--query-remapped-rows', '--query-compute-apps',
+                     '--query-gpu', '--query-remapped-rows', '--query-compute-apps']

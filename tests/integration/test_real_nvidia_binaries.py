@@ -1,0 +1,232 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Both readers against NVIDIA's real nvidia-smi and libnvidia-ml.so.1, from Debian's non-free
+component (bookworm: 535, trixie: 550), on a host with no NVIDIA kernel driver: they must give
+the collection's clear "driver not loaded" and "library not found" errors.
+
+Nothing is installed: apt runs with a private configuration (its own sources list naming
+non-free, its own state and cache directories) to download the two packages, and dpkg -x
+unpacks them under a cache directory keyed by suite and version, so reruns need one
+`apt-get update` at most. The mirror is the one this host's own apt sources name.
+
+Skipped, with the reason, when not root, without apt or a Debian mirror in the sources, or when
+the mirror cannot be reached; under CI (CI set in the environment) those are failures instead.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import ctypes.util
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader, SmiRunner
+
+SUITES = {'bookworm': '535.', 'trixie': '550.'}
+PACKAGES = ('nvidia-smi', 'libnvidia-ml1')
+KEYRING = '/usr/share/keyrings/debian-archive-keyring.gpg'
+CACHE = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'),
+                     'gpuops-nvidia', 'real-nvidia')
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def unavailable(reason):
+    if os.environ.get('CI'):
+        pytest.fail('real NVIDIA binaries are needed in CI: %s' % reason)
+    pytest.skip(reason)
+
+
+def debian_mirror(etc='/etc/apt'):
+    """(uri, signed_by) of the first Debian archive this host's apt sources name, or None."""
+    files = sorted(glob.glob(os.path.join(etc, 'sources.list.d', '*.sources')))
+    files += sorted(glob.glob(os.path.join(etc, 'sources.list.d', '*.list')))
+    files.append(os.path.join(etc, 'sources.list'))
+    for path in files:
+        try:
+            with open(path) as f:
+                text = f.read()
+        except (IOError, OSError):
+            continue
+        if path.endswith('.sources'):
+            for stanza in re.split(r'\n\s*\n', text):
+                fields = dict((key.lower(), value.strip()) for key, value in
+                              re.findall(r'^([A-Za-z-]+):[ \t]*(.*)$', stanza, re.M))
+                suites = fields.get('suites', '').split()
+                if fields.get('enabled', 'yes') != 'no' and 'deb' in fields.get('types', '').split() and \
+                        any(suite in SUITES or suite.split('-')[0] in SUITES for suite in suites) and \
+                        not any(suite.endswith('-security') for suite in suites):
+                    return fields['uris'].split()[0], fields.get('signed-by')
+        else:
+            for line in text.splitlines():
+                match = re.match(r'^\s*deb\s+(?:\[(?P<opts>[^\]]*)\]\s+)?(?P<uri>\S+)\s+(?P<suite>\S+)', line)
+                if match and match.group('suite') in SUITES:
+                    signed = re.search(r'signed-by=(\S+)', match.group('opts') or '')
+                    return match.group('uri'), signed.group(1) if signed else None
+    return None
+
+
+class PrivateApt:
+    """apt-get and apt-cache with their own sources list, state and cache, for one suite."""
+
+    def __init__(self, directory, uri, suite, signed_by):
+        self.directory = directory
+        for sub in ('etc/sources.list.d', 'state/lists/partial', 'cache/archives/partial'):
+            os.makedirs(os.path.join(directory, sub), exist_ok=True)
+        with open(os.path.join(directory, 'etc', 'sources.list'), 'w') as f:
+            f.write('deb [signed-by=%s] %s %s non-free\n' % (signed_by, uri, suite))
+        open(os.path.join(directory, 'state', 'status'), 'a').close()
+        self.options = []
+        for key, value in (('Dir::Etc::sourcelist', 'etc/sources.list'), ('Dir::Etc::sourceparts', 'etc/sources.list.d'),
+                           ('Dir::State', 'state'), ('Dir::State::status', 'state/status'), ('Dir::Cache', 'cache')):
+            self.options += ['-o', '%s=%s' % (key, os.path.join(directory, value))]
+        self.options += ['-o', 'APT::Sandbox::User=root', '-o', 'Acquire::Languages=none',
+                         '-o', 'Acquire::http::Timeout=20', '-o', 'Acquire::Retries=1']
+
+    def run(self, tool, *args, **kwargs):
+        return subprocess.run([tool, '-q'] + self.options + list(args), capture_output=True, text=True,
+                              timeout=120, check=False, **kwargs)
+
+    def candidate(self, package):
+        proc = self.run('apt-cache', 'show', '--no-all-versions', package)
+        match = re.search(r'^Version: (\S+)', proc.stdout, re.M)
+        return match.group(1) if match else None
+
+
+def fetch(suite):
+    """{'version', 'smi', 'lib_dir'}: the suite's nvidia-smi and libnvidia-ml.so.1, unpacked."""
+    if os.geteuid() != 0:
+        unavailable('fetching the real NVIDIA packages with a private apt configuration needs root')
+    if not (shutil.which('apt-get') and shutil.which('apt-cache') and shutil.which('dpkg')):
+        unavailable('apt-get, apt-cache or dpkg is not installed')
+    mirror = debian_mirror()
+    if mirror is None:
+        unavailable('no Debian archive in /etc/apt/sources.list(.d): nowhere to fetch nvidia-smi from')
+    uri, signed_by = mirror
+    signed_by = signed_by or KEYRING
+    apt = PrivateApt(os.path.join(CACHE, suite, 'apt'), uri, suite, signed_by)
+    update = apt.run('apt-get', 'update')
+    versions = dict((package, apt.candidate(package)) for package in PACKAGES)
+    if not all(versions.values()):
+        cached = sorted(glob.glob(os.path.join(CACHE, suite, SUITES[suite] + '*', 'done')))
+        if cached:
+            # Offline: the last version unpacked will do.
+            return _unpacked(os.path.dirname(cached[-1]))
+        unavailable('apt-get update against %s %s non-free failed: %s' % (
+            uri, suite, (update.stderr.strip() or update.stdout.strip())[-300:]))
+    version = versions['nvidia-smi']
+    target = os.path.join(CACHE, suite, version)
+    if not os.path.exists(os.path.join(target, 'done')):
+        work = tempfile.mkdtemp(dir=os.path.join(CACHE, suite))
+        try:
+            proc = apt.run('apt-get', 'download', *['%s=%s' % item for item in sorted(versions.items())], cwd=work)
+            debs = glob.glob(os.path.join(work, '*.deb'))
+            if proc.returncode != 0 or len(debs) != len(PACKAGES):
+                unavailable('apt-get download failed: %s' % proc.stderr.strip()[-300:])
+            for deb in debs:
+                subprocess.run(['dpkg', '-x', deb, os.path.join(work, 'root')], check=True, timeout=60)
+            with open(os.path.join(work, 'done'), 'w') as f:
+                json.dump(versions, f)
+            shutil.rmtree(target, ignore_errors=True)
+            os.rename(work, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return _unpacked(target)
+
+
+def _unpacked(target):
+    found = {}
+    for directory, dummy, names in os.walk(os.path.join(target, 'root')):
+        for name in names:
+            if name == 'nvidia-smi' and os.access(os.path.join(directory, name), os.X_OK):
+                found['smi'] = os.path.join(directory, name)
+            elif name == 'libnvidia-ml.so.1':
+                found['lib_dir'] = directory
+    assert set(found) == {'smi', 'lib_dir'}, 'the packages did not hold nvidia-smi and libnvidia-ml.so.1: %s' % found
+    with open(os.path.join(target, 'done')) as f:
+        found['version'] = json.load(f)['nvidia-smi']
+    return found
+
+
+@pytest.fixture(scope='module', params=sorted(SUITES))
+def real_nvidia(request):
+    return dict(fetch(request.param), suite=request.param)
+
+
+def test_the_mirror_comes_from_the_hosts_sources(tmp_path):
+    (tmp_path / 'sources.list.d').mkdir()
+    (tmp_path / 'sources.list.d' / 'debian.sources').write_text(
+        'Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\nComponents: main\n\n'
+        'Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n'
+        'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n')
+    (tmp_path / 'sources.list.d' / 'other.list.disabled').write_text('deb http://elsewhere.example/ bookworm main\n')
+    assert debian_mirror(str(tmp_path)) == ('http://mirror.example/debian', '/usr/share/keyrings/debian-archive-keyring.gpg')
+    (tmp_path / 'sources.list.d' / 'debian.sources').unlink()
+    (tmp_path / 'sources.list').write_text('# old style\ndeb [arch=amd64] http://old.example/debian trixie main\n')
+    assert debian_mirror(str(tmp_path)) == ('http://old.example/debian', None)
+
+
+def test_nvidia_smi_reader_says_the_driver_is_not_loaded(real_nvidia, monkeypatch):
+    assert real_nvidia['version'].startswith(SUITES[real_nvidia['suite']])
+    monkeypatch.setenv('LD_LIBRARY_PATH', real_nvidia['lib_dir'])
+    with pytest.raises(GpuopsError) as info:
+        SmiReader(SmiRunner(real_nvidia['smi'])).read()
+    assert str(info.value).startswith(
+        "nvidia-smi exited with 9 (the NVIDIA driver is not loaded): NVIDIA-SMI has failed because it "
+        "couldn't communicate with the NVIDIA driver.")
+
+
+def test_nvidia_smi_reader_says_the_library_is_missing(real_nvidia, monkeypatch):
+    if ctypes.util.find_library('nvidia-ml'):
+        pytest.skip('this host has a libnvidia-ml of its own')
+    monkeypatch.delenv('LD_LIBRARY_PATH', raising=False)
+    with pytest.raises(GpuopsError) as info:
+        SmiReader(SmiRunner(real_nvidia['smi'])).read()
+    assert str(info.value).startswith(
+        "nvidia-smi exited with 12 (the NVML shared library could not be found or loaded): NVIDIA-SMI "
+        "couldn't find libnvidia-ml.so library in your system.")
+
+
+NVML_PROBE = '''
+import sys
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._nvml import NvmlReader
+try:
+    NvmlReader(10.0).open()
+except GpuopsError as exc:
+    print(exc)
+    sys.exit(0)
+print('NVML opened')
+sys.exit(1)
+'''
+
+
+@pytest.mark.parametrize('with_library, expected', [
+    (True, 'NVML could not be initialised (error 9, the NVIDIA driver is not loaded): Driver Not Loaded'),
+    (False, 'NVML could not be initialised (error 12, the NVML shared library could not be found or loaded)'),
+])
+def test_nvml_reader_through_nvidia_ml_py(real_nvidia, with_library, expected):
+    pytest.importorskip('pynvml')
+    if not with_library and ctypes.util.find_library('nvidia-ml'):
+        pytest.skip('this host has a libnvidia-ml of its own')
+    env = dict(os.environ)
+    env.pop('LD_LIBRARY_PATH', None)
+    if with_library:
+        env['LD_LIBRARY_PATH'] = real_nvidia['lib_dir']
+    collections = os.path.join(REPO, '.build', 'collections')
+    env['PYTHONPATH'] = collections + os.pathsep + env.get('PYTHONPATH', '')
+    proc = subprocess.run([sys.executable, '-c', NVML_PROBE], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().startswith(expected)
