@@ -260,6 +260,9 @@ class NvmlReader(GpuReader):
             gpu['remapped_rows_failure'] = bool(remapped[3])
         retired = self._field(lambda: nv.nvmlDeviceGetRetiredPagesPendingStatus(handle))
         gpu['retired_pages_pending'] = None if retired is None else bool(retired)
+        if hasattr(nv, 'nvmlDeviceGetMinorNumber'):
+            # Checked against the driver's /proc entry by _host.apply_host, which sets minor_number.
+            gpu['nvml_minor_number'] = self._field(lambda: int(nv.nvmlDeviceGetMinorNumber(handle)))
 
     def _field(self, call):
         """One query: its value, None when the driver does not report it, or _GpuUnreadable."""

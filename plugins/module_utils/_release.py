@@ -43,6 +43,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     find_holders,
     load_holder,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     ProcessRef,
     Signaller,
@@ -92,7 +93,8 @@ class ReleaseOptions:
     """Validated options of a release."""
 
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
-                 wait=True, timeout=60.0, memory_threshold_mib=0, lock_file=None, facts_after=False):
+                 wait=True, timeout=60.0, memory_threshold_mib=0, lock_file=None, facts_after=False,
+                 host_root='/'):
         problem = check_non_negative(
             dict(grace_period=grace_period, timeout=timeout, memory_threshold_mib=memory_threshold_mib),
             ['grace_period', 'timeout', 'memory_threshold_mib'])
@@ -111,7 +113,9 @@ class ReleaseOptions:
             if bad:
                 raise GpuopsError('gpus: GPU indexes are zero or more, got %s' % bad[0])
             gpus = sorted(set(gpus))
-        self.devices = list(devices)
+        # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
+        self.devices = device_patterns(devices, host_root)
+        self.host_root = host_root
         self.gpus = gpus
         self.signals = [parse_signal(name) for name in signals]
         self.grace_period = grace_period
@@ -127,7 +131,7 @@ class ReleaseOptions:
         return cls(params['devices'], params.get('gpus'), params['signals'], params['grace_period'],
                    list(params['protect']) + list(params.get('extra_protect') or []),
                    params['wait'], params['timeout'], params['memory_threshold_mib'],
-                   params.get('lock_file'), params.get('facts_after', False))
+                   params.get('lock_file'), params.get('facts_after', False), params.get('host_root') or '/')
 
 
 def default_lock_file():
@@ -405,10 +409,9 @@ class Release:
             result.elapsed_s = round(self.clock() - started, 3)
             result.warnings = self.warnings
             return result
-        for path in self.paths:
-            match = GPU_NODE_RE.match(os.path.basename(path))
-            if match:
-                self.gpu_nodes[int(match.group(1))] = path
+        self.gpu_nodes, problem = gpu_nodes(self.paths, self.options.host_root)
+        if problem and self.options.gpus is not None:
+            self._warn(problem)
         if self.options.gpus is not None:
             missing = [index for index in self.options.gpus if index not in self.gpu_nodes]
             if missing:
