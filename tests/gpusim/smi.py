@@ -317,7 +317,8 @@ class Smi:
                 continue
             end = time.monotonic() + 2.0
             while time.monotonic() < end:
-                held = set(i for i in want if minor_of(self.state, i) in _held_gpu_devs(rec["pid"], self.paths))
+                nodes = _held_gpu_devs(rec["pid"], self.paths)
+                held = set(i for i in want if minor_of(self.state, i) in nodes)
                 if all((i in held) == want[i] for i in rec["gpus_open"] if i in want):
                     break
                 time.sleep(0.005)
