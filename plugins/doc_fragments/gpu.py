@@ -39,9 +39,9 @@ options:
         read under it to tell each GPU's minor number (the N of C(/dev/nvidiaN)) and the GPUs
         the host has but the driver or O(backend) does not list.
       - O(devices) globs are resolved under it. Processes are always looked up in the real C(/proc).
-      - Without C(/sys) or C(/proc/driver) under it the module works as before it read them: minor
-        numbers are unknown, C(/dev/nvidiaN) is taken to be the GPU of index N (with a warning where
-        that matters) and no GPU is found missing.
+      - Without C(/sys) or C(/proc/driver) under it, minor numbers are unknown, C(/dev/nvidiaN) is
+        taken to be the GPU of index N (with a warning where that matters) and no GPU is found
+        missing, as before these were read.
     type: path
     default: /
   expected_gpus:
