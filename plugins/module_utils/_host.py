@@ -74,9 +74,10 @@ def _hex(text):
 
 
 def read_pci(host_root='/'):
-    """{bus_key: {'bus_id', 'pci_id'}} of the NVIDIA GPUs on the PCI bus, or None when the PCI
-    bus cannot be read (no /sys). Virtual functions (SR-IOV) are left out: they are not GPUs of
-    their own to the host's driver."""
+    """{bus_key: {'bus_id', 'pci_id', 'driver'}} of the NVIDIA GPUs on the PCI bus, or None when
+    the PCI bus cannot be read (no /sys). driver: the name of the kernel driver bound to the GPU
+    (nvidia, vfio-pci, ...), None when none is (its probe failed). Virtual functions (SR-IOV)
+    are left out: they are not GPUs of their own to the host's driver."""
     base = under_root(PCI_DEVICES, host_root)
     try:
         names = os.listdir(base)
@@ -94,9 +95,14 @@ def read_pci(host_root='/'):
         if key is None:
             continue
         device_id = _hex(_read_text(os.path.join(device, 'device')))
+        try:
+            driver = os.path.basename(os.readlink(os.path.join(device, 'driver')))
+        except OSError:
+            driver = None
         gpus[key] = {
             'bus_id': normalize_bus_id(name),
             'pci_id': '10de:%04x' % device_id if device_id is not None else None,
+            'driver': driver,
         }
     return gpus
 
@@ -261,8 +267,12 @@ def _missing(snapshot, view, reader_name):
                 continue  # the reader lists a GPU it could not name: this one, most likely
             error = ('attached by the NVIDIA driver (minor number %s) but absent from %s'
                      % (info['minor'], reader_name))
+        elif pci['driver'] is not None:
+            # Bound to a driver but not shown here: a GPU that a container does not expose (its
+            # /proc/driver/nvidia/gpus lists only its own), or one given to vfio-pci for a VM.
+            continue
         else:
-            error = ('on the PCI bus (PCI ID %s) but not attached by the NVIDIA driver: absent from %s and '
+            error = ('on the PCI bus (PCI ID %s) but no driver is bound to it: absent from %s and '
                      'from %s; a GPU that fell off the bus at boot looks like this (see the kernel log)'
                      % (pci['pci_id'] or '10de', reader_name, under_root(DRIVER_GPUS, view.host_root)))
         missing.append(_lost_entry(pci['bus_id'], info or {}, error))

@@ -143,12 +143,17 @@ class Host:
         shutil.rmtree(os.path.join(p.root, "proc"), ignore_errors=True)
         devices = [(_sysfs_bus(g["pci_bus_id"]), "0x10de", GPU_PCI_DEVICE, GPU_PCI_CLASS)
                    for g in state["gpus"] + state["fallen"]]
+        bound = set(_sysfs_bus(g["pci_bus_id"]) for g in state["gpus"])
+        os.makedirs(os.path.join(p.root, "sys", "bus", "pci", "drivers", "nvidia"))
         for bus, vendor, device, klass in devices + list(OTHER_PCI_DEVICES):
             d = os.path.join(p.pci_devices, bus)
             os.makedirs(d)
             for name, value in (("vendor", vendor), ("device", device), ("class", klass)):
                 with open(os.path.join(d, name), "w") as f:
                     f.write(value + "\n")
+            if bus in bound:
+                # The driver core binds a device only once its probe has succeeded.
+                os.symlink("../../drivers/nvidia", os.path.join(d, "driver"))
         from gpusim import messages as M
 
         for g in state["gpus"]:

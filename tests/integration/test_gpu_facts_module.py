@@ -149,7 +149,7 @@ def test_gpu_that_fell_off_the_bus_at_boot_is_lost(gpuhost_factory):
     assert [gpu['state'] for gpu in gpus] == ['free'] * 7 + ['lost']
     lost = gpus[7]
     assert lost['pci_bus_id'] == '00000000:5D:00.0' and gpus[3]['pci_bus_id'] == '00000000:9A:00.0'
-    assert 'on the PCI bus (PCI ID 10de:2335) but not attached by the NVIDIA driver' in lost['error']
+    assert 'on the PCI bus (PCI ID 10de:2335) but no driver is bound to it' in lost['error']
     assert lost['health']['recovery_action'] == 'inspect'
     assert 'GPU 00000000:5D:00.0 is lost' in result['warning_text']
 

@@ -95,5 +95,5 @@ def test_expected_gpus_fails_before_anything_is_signalled(gpuhost_factory, tmp_p
         lock_file=str(tmp_path / 'release.lock')))
     assert result['failed'] is True
     assert result['msg'].startswith('expected_gpus: 8 GPUs expected, 7 seen (00000000:18:00.0, ')
-    assert 'lost: 00000000:5D:00.0 (on the PCI bus (PCI ID 10de:2335) but not attached by the NVIDIA driver' in result['msg']
+    assert 'lost: 00000000:5D:00.0 (on the PCI bus (PCI ID 10de:2335) but no driver is bound to it' in result['msg']
     assert alive(job)

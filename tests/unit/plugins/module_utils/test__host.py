@@ -55,12 +55,14 @@ def write(path, text):
         handle.write(text)
 
 
-def pci_device(root, bus, vendor='0x10de', device='0x2330', klass='0x030200', physfn=False):
+def pci_device(root, bus, vendor='0x10de', device='0x2330', klass='0x030200', physfn=False, driver=None):
     base = os.path.join(str(root), 'sys/bus/pci/devices', bus)
     for name, value in (('vendor', vendor), ('device', device), ('class', klass)):
         write(os.path.join(base, name), value + '\n')
     if physfn:
         os.symlink('../0000:18:00.0', os.path.join(base, 'physfn'))
+    if driver:
+        os.symlink('../../../bus/pci/drivers/' + driver, os.path.join(base, 'driver'))
 
 
 def driver_gpu(root, bus, minor, excluded='No'):
@@ -72,8 +74,9 @@ def driver_gpu(root, bus, minor, excluded='No'):
 def host(tmp_path):
     """Four H100s on the bus (18, 2a, 3a, 5d); the driver attached three, numbered in another
     order than the bus; 5d fell off the bus at boot. Plus an NVSwitch, a host bridge and a VF."""
-    for bus in ('18', '2a', '3a', '5d'):
-        pci_device(tmp_path, '0000:%s:00.0' % bus)
+    for bus in ('18', '2a', '3a'):
+        pci_device(tmp_path, '0000:%s:00.0' % bus, driver='nvidia')
+    pci_device(tmp_path, '0000:5d:00.0')                                        # probe failed: unbound
     pci_device(tmp_path, '0000:05:00.0', device='0x22a3', klass='0x068000')     # NVSwitch
     pci_device(tmp_path, '0000:00:00.0', vendor='0x8086', klass='0x060000')     # host bridge
     pci_device(tmp_path, '0000:18:00.4', klass='0x030200', physfn=True)         # SR-IOV VF
@@ -91,6 +94,7 @@ def test_pci_bus_lists_nvidia_display_devices_only(host):
     assert sorted(info['bus_id'] for info in pci.values()) == [
         '00000000:18:00.0', '00000000:2A:00.0', '00000000:3A:00.0', '00000000:5D:00.0']
     assert set(info['pci_id'] for info in pci.values()) == set(['10de:2330'])
+    assert sorted((info['driver'] or '-') for info in pci.values()) == ['-', 'nvidia', 'nvidia', 'nvidia']
 
 
 def test_information_file_in_the_drivers_format():
@@ -140,9 +144,19 @@ def test_snapshot_gains_minor_numbers_and_the_gpu_missing_from_the_reader(host):
     assert not any('nvml_minor_number' in g for g in snapshot.gpus)
     [lost] = snapshot.missing
     assert lost['index'] is None and lost['pci_bus_id'] == '00000000:5D:00.0' and lost['minor_number'] is None
-    assert 'on the PCI bus (PCI ID 10de:2330) but not attached by the NVIDIA driver' in lost['error']
+    assert 'on the PCI bus (PCI ID 10de:2330) but no driver is bound to it' in lost['error']
     assert 'absent from nvidia-smi' in lost['error']
     assert snapshot.warnings == ['GPU 00000000:5D:00.0 is lost: ' + lost['error']]
+
+
+def test_gpus_bound_to_a_driver_but_not_shown_here_are_not_lost(host):
+    # A container sees the host's whole PCI bus but only its own GPUs in /proc/driver/nvidia/gpus
+    # and nvidia-smi; a GPU given to a VM is bound to vfio-pci.
+    pci_device(host, '0000:9a:00.0', driver='nvidia')
+    pci_device(host, '0000:ab:00.0', driver='vfio-pci')
+    snapshot = Snapshot([gpu(0, '18'), gpu(1, '2a'), gpu(2, '3a')], None)
+    apply_host(snapshot, read_host(str(host)))
+    assert [g['pci_bus_id'] for g in snapshot.missing] == ['00000000:5D:00.0']
 
 
 def test_nvml_minor_number_is_checked_against_the_driver(host):
