@@ -181,7 +181,7 @@ def gpu_nodes(paths, host_root='/', view=None):
         match = GPU_NODE_RE.match(os.path.basename(path))
         if match:
             by_minor[int(match.group(1))] = path
-    view = view or read_host(host_root)
+    view = view or HostView(None, read_driver(host_root), host_root)
     if view.driver is None:
         return by_minor, ('gpus: %s cannot be read, so /dev/nvidiaN is taken to be the GPU of index N; '
                           'on hosts where minor numbers and indexes differ that is another GPU (set '
