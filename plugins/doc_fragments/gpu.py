@@ -30,6 +30,27 @@ options:
       - The nvidia-smi executable, as a command name looked up on E(PATH) or as a path.
     type: str
     default: nvidia-smi
+  host_root:
+    description:
+      - Where the host's C(/dev), C(/sys) and C(/proc/driver) are found. Meant for testing (a
+        simulated host under a directory) and for containers where the host's directories are
+        mounted under a prefix (for example C(/host)).
+      - The PCI bus (C(/sys/bus/pci/devices)) and the driver's C(/proc/driver/nvidia/gpus) are
+        read under it to tell each GPU's minor number (the N of C(/dev/nvidiaN)) and the GPUs
+        the host has but the driver or O(backend) does not list.
+      - O(devices) globs are resolved under it. Processes are always looked up in the real C(/proc).
+      - Without C(/sys) or C(/proc/driver) under it, minor numbers are unknown, C(/dev/nvidiaN) is
+        taken to be the GPU of index N (with a warning where that matters) and no GPU is found
+        missing, as before these were read.
+    type: path
+    default: /
+  expected_gpus:
+    description:
+      - The number of GPUs this host should have. The task fails, before anything else is done,
+        when fewer can be read, and the message names the GPUs seen and the lost ones with why.
+      - Lost GPUs (unreadable, or on the PCI bus but not listed by the driver) do not count.
+      - Not set, nothing is checked.
+    type: int
 requirements:
   - nvidia-smi (from the NVIDIA driver) for O(backend=nvidia-smi).
   - nvidia-ml-py (the C(pynvml) module) and the driver's C(libnvidia-ml.so.1) for O(backend=nvml).

@@ -18,7 +18,8 @@ description:
     named, and only the device holders that block them, the same way
     M(gpuops.nvidia.nvidia_device_release) scopes a release with its O(gpuops.nvidia.nvidia_device_release#module:gpus)
     option.
-  - A holder blocks a GPU when it holds the GPU's C(nvidiaN) device node or when the driver
+  - A holder blocks a GPU when it holds the GPU's C(nvidiaN) device node (N is the GPU's
+    C(minor_number), or its index when the minor number is unknown) or when the driver
     reports it as a process on that GPU. Processes that hold only the shared nodes
     (C(nvidiactl), C(nvidia-uvm)) are dropped, since every CUDA process holds those.
   - Every other key of the facts is kept as it is.
@@ -83,7 +84,7 @@ def gpu_scope(facts, gpus=None):
     except (TypeError, ValueError):
         raise AnsibleFilterError('gpu_scope: gpus must be a list of GPU indexes, got %r' % (list(gpus),))
     all_gpus = list(facts.get('nvidia_gpus') or [])
-    known = set(gpu.get('index') for gpu in all_gpus)
+    known = set(gpu.get('index') for gpu in all_gpus if gpu.get('index') is not None)
     unknown = sorted(wanted - known)
     if unknown:
         raise AnsibleFilterError('gpu_scope: no GPU %s on this host (it has %s)' % (
@@ -91,6 +92,8 @@ def gpu_scope(facts, gpus=None):
             ', '.join(str(index) for index in sorted(known)) or 'none'))
     kept = [gpu for gpu in all_gpus if gpu.get('index') in wanted]
     pids = set(process.get('pid') for gpu in kept for process in gpu.get('processes') or [])
+    # The node of a GPU is the one of its minor number, which need not be its index.
+    wanted = set(gpu['index'] if gpu.get('minor_number') is None else gpu['minor_number'] for gpu in kept)
     holders = []
     for holder in facts.get('nvidia_device_holders') or []:
         nodes = set()

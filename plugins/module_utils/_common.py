@@ -66,6 +66,8 @@ def reader_argument_spec():
     return dict(
         backend=dict(type='str', default='auto', choices=['auto', 'nvml', 'nvidia-smi']),
         nvidia_smi_path=dict(type='str', default='nvidia-smi'),
+        host_root=dict(type='path', default='/'),
+        expected_gpus=dict(type='int'),
     )
 
 

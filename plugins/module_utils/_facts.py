@@ -15,9 +15,10 @@ __metaclass__ = type
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import health_facts, read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, mark_fallen
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 
-GPU_KEYS = ('index', 'uuid', 'name', 'pci_bus_id', 'memory_total_mib', 'memory_used_mib',
+GPU_KEYS = ('index', 'uuid', 'name', 'pci_bus_id', 'minor_number', 'memory_total_mib', 'memory_used_mib',
             'memory_free_mib', 'memory_reserved_mib', 'utilization_gpu_pct', 'temperature_c', 'persistence_mode',
             'compute_mode', 'processes', 'health', 'state', 'error')
 
@@ -26,14 +27,21 @@ def gpu_facts(snapshot, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, xid_e
     """The nvidia_gpus list: one dict per GPU with every documented key, state included.
 
     xid_events: the host's Xid events (see _health.read_xid_events), or None when unknown.
+    The GPUs the reader does not list but the host has (snapshot.missing, lost, index null)
+    come last, in PCI bus order.
     """
     gpus = []
     for gpu in snapshot.gpus:
-        gpu = dict(gpu, state=gpu_state(gpu, memory_threshold_mib), health=health_facts(gpu, xid_events))
-        gpu.setdefault('processes', [])
-        gpus.append(dict((key, gpu.get(key)) for key in GPU_KEYS))
+        gpus.append(_gpu_fact(gpu, memory_threshold_mib, xid_events))
     # A lost GPU that could not be placed has no index: it comes last.
-    return sorted(gpus, key=lambda gpu: (gpu['index'] is None, gpu['index'] or 0))
+    gpus.sort(key=lambda gpu: (gpu['index'] is None, gpu['index'] or 0))
+    return gpus + [_gpu_fact(gpu, memory_threshold_mib, xid_events) for gpu in getattr(snapshot, 'missing', [])]
+
+
+def _gpu_fact(gpu, memory_threshold_mib, xid_events):
+    gpu = dict(gpu, state=gpu_state(gpu, memory_threshold_mib), health=health_facts(gpu, xid_events))
+    gpu.setdefault('processes', [])
+    return dict((key, gpu.get(key)) for key in GPU_KEYS)
 
 
 def holder_facts(device_patterns, protect):
@@ -51,11 +59,15 @@ def holder_facts(device_patterns, protect):
 
 
 def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, timeout=None,
-                 kernel_log=None, holder_warnings=True):
+                 kernel_log=None, holder_warnings=True, fallen=None, expected_gpus=None):
     """Return (ansible_facts, warnings). kernel_log: a file to read Xid errors from instead of
     journalctl -k or dmesg. holder_warnings: False leaves out the warnings about unmatched
-    globs and uninspectable processes, for callers that give their own."""
+    globs and uninspectable processes, for callers that give their own. fallen: bus ids the
+    kernel log says have fallen off the bus (their GPUs are lost). expected_gpus: raise
+    GpuopsError when fewer GPUs can be read."""
     snapshot = reader.read(timeout=timeout)
+    mark_fallen(snapshot.gpus + snapshot.missing, fallen)
+    check_expected_gpus(snapshot.gpus + snapshot.missing, expected_gpus)
     holders, warnings = holder_facts(device_patterns, protect)
     if not holder_warnings:
         warnings = []
@@ -63,7 +75,7 @@ def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_
     warnings = warnings + log_warnings
     facts = {
         'nvidia_gpus': gpu_facts(snapshot, memory_threshold_mib, xid_events),
-        'nvidia_gpu_count': len(snapshot.gpus),
+        'nvidia_gpu_count': len(snapshot.gpus) + len(snapshot.missing),
         'nvidia_driver_version': snapshot.driver_version,
         'nvidia_gpu_backend': reader.backend,
         'nvidia_device_holders': holders,

@@ -286,6 +286,9 @@ class NvmlReader(GpuReader):
             gpu['remapped_rows_failure'] = bool(remapped[3])
         retired = self._field(lambda: nv.nvmlDeviceGetRetiredPagesPendingStatus(handle))
         gpu['retired_pages_pending'] = None if retired is None else bool(retired)
+        if hasattr(nv, 'nvmlDeviceGetMinorNumber'):
+            # Checked against the driver's /proc entry by _host.apply_host, which sets minor_number.
+            gpu['nvml_minor_number'] = self._field(lambda: int(nv.nvmlDeviceGetMinorNumber(handle)))
 
     def _read_memory(self, handle, gpu):
         """Memory as nvidia-smi shows it: v2 `used` is allocated memory, `reserved` beside it.

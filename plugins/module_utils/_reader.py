@@ -25,12 +25,15 @@ class Snapshot:
     memory_reserved_mib (reserved by the driver), utilization_gpu_pct, temperature_c,
     persistence_mode, compute_mode, processes (pid, name, used_memory_mib), error.
     A value the driver does not report is None.
+    missing: GPUs the host has (on its PCI bus) that the reader does not list, as lost GPU
+    dicts with index None (see _host.HostReader); empty unless the host was read.
     """
 
     def __init__(self, gpus, driver_version, warnings=None):
         self.gpus = gpus
         self.driver_version = driver_version
         self.warnings = list(warnings or [])
+        self.missing = []
 
 
 class GpuReader:

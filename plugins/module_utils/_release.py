@@ -44,6 +44,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     load_holder,
     read_process,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     NotPermittedError,
@@ -78,7 +79,6 @@ FINAL_EXIT_S = 0.2
 # Rescans of the frozen set before the final KILL: each finds processes forked before SIGSTOP landed.
 FREEZE_RESCANS = 5
 
-GPU_NODE_RE = re.compile(r'^nvidia([0-9]+)$')
 REGEX_HINT_RE = re.compile(r'\.[*+]|[\\^$+(){}|]')
 REASONS = ('uninterruptible', 'zombie', 'respawned', 'ignored_signals', 'not_permitted')
 
@@ -110,7 +110,7 @@ class ReleaseOptions:
 
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
                  wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
-                 facts_after=False, settle_time=DEFAULT_SETTLE_S):
+                 facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/'):
         for problem in (check_seconds('timeout', timeout, positive=True),
                         check_seconds('grace_period', grace_period),
                         check_seconds('settle_time', settle_time)):
@@ -138,7 +138,9 @@ class ReleaseOptions:
             if bad:
                 raise GpuopsError('gpus: GPU indexes are zero or more, got %s' % bad[0])
             gpus = sorted(set(gpus))
-        self.devices = list(devices)
+        # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
+        self.devices = device_patterns(devices, host_root)
+        self.host_root = host_root
         self.gpus = gpus
         self.signals = parsed
         self.grace_period = grace_period
@@ -159,7 +161,7 @@ class ReleaseOptions:
                    list(params['protect']) + list(params.get('extra_protect') or []),
                    params['wait'], params['timeout'], params['memory_threshold_mib'],
                    params.get('lock_file'), params.get('facts_after', False),
-                   params.get('settle_time', DEFAULT_SETTLE_S))
+                   params.get('settle_time', DEFAULT_SETTLE_S), params.get('host_root') or '/')
 
 
 class Target:
@@ -300,7 +302,8 @@ class Release:
         gpus = snapshot.gpus if snapshot is not None else []
         if self.options.gpus is not None:
             gpus = [gpu for gpu in gpus if gpu.get('index') in self.options.gpus]
-        return sorted(gpus, key=lambda gpu: gpu.get('index'))
+        # A lost GPU that could not be placed has no index: it comes last.
+        return sorted(gpus, key=lambda gpu: (gpu.get('index') is None, gpu.get('index') or 0))
 
     def _discover(self, snapshot):
         holders, unreadable = find_holders(self.paths, self.options.protect, self.proc)
@@ -551,10 +554,9 @@ class Release:
         self.signal_deadline = self.deadline - min(READ_MIN_S, self.options.timeout / 4)
         result = ReleaseResult()
         self.paths = self._resolve_devices()
-        for path in self.paths:
-            match = GPU_NODE_RE.match(os.path.basename(path))
-            if match:
-                self.gpu_nodes[int(match.group(1))] = path
+        self.gpu_nodes, problem = gpu_nodes(self.paths, self.options.host_root)
+        if problem and self.options.gpus is not None:
+            self._warn(problem)
         if self.options.gpus is not None:
             missing = [index for index in self.options.gpus if index not in self.gpu_nodes]
             if missing:

@@ -52,6 +52,8 @@ options:
       - Release only these GPUs (indexes as nvidia-smi numbers them). The holders of their
         C(nvidiaN) device nodes among the nodes matching O(devices), and the processes the
         driver reports on them, are stopped.
+      - A GPU's node is the one of its minor number, which the driver gives in
+        C(/proc/driver/nvidia/gpus) and which need not equal its index.
       - Processes that hold only shared nodes (C(nvidiactl), C(nvidia-uvm)) are then left
         alone, since every CUDA process on the host holds those.
       - By default every holder of every matching node is stopped and every GPU is checked.
@@ -354,6 +356,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import MissingLibraryError, select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader, read_expected_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release import (
     ReleaseOptions,
     release,
@@ -367,7 +370,10 @@ def main():
     try:
         options = ReleaseOptions.from_params(params)
         reader, warnings = select_reader(params['backend'], params['nvidia_smi_path'], params['timeout'])
+        reader = HostReader(reader, params['host_root'])
         try:
+            # Before anything is signalled: a host short of GPUs fails as it is.
+            read_expected_gpus(reader, params['expected_gpus'], params['timeout'])
             result = release(reader, options, check_mode=module.check_mode)
         finally:
             reader.close()

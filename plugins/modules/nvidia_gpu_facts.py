@@ -96,7 +96,11 @@ ansible_facts:
   type: dict
   contains:
     nvidia_gpus:
-      description: One entry per GPU, sorted by index.
+      description:
+        - One entry per GPU, sorted by index, then the GPUs the host has on its PCI bus that
+          the driver or O(backend) does not list (a GPU that fell off the bus at boot), with
+          RV(ansible_facts.nvidia_gpus[].index) null, RV(ansible_facts.nvidia_gpus[].state=lost) and the reason in
+          RV(ansible_facts.nvidia_gpus[].error), in PCI bus order.
       returned: success
       type: list
       elements: dict
@@ -104,8 +108,9 @@ ansible_facts:
         index:
           description:
             - The GPU's index as nvidia-smi numbers it.
-            - Null only for a lost GPU that nvidia-smi names by its bus id but does not answer
-              for under any index (see RV(ansible_facts.nvidia_gpus[].error)).
+            - Null for a GPU on the PCI bus that the driver does not list (see
+              RV(ansible_facts.nvidia_gpus[].error)), and for a lost GPU that nvidia-smi names
+              by its bus id but does not answer for under any index.
           type: int
           sample: 0
         uuid:
@@ -120,6 +125,13 @@ ansible_facts:
           description: The PCI bus id, in nvidia-smi's C(00000000:18:00.0) form.
           type: str
           sample: "00000000:18:00.0"
+        minor_number:
+          description:
+            - The driver's minor number of the GPU, the N of its C(/dev/nvidiaN) device node, from
+              C(/proc/driver/nvidia/gpus) under O(host_root) (or NVML when that cannot be read).
+            - It need not equal RV(ansible_facts.nvidia_gpus[].index). Null when unknown.
+          type: int
+          sample: 0
         memory_total_mib:
           description: Total memory in MiB.
           type: int
@@ -258,6 +270,7 @@ ansible_facts:
           uuid: GPU-5c7f3c52-1f05-0d3c-1f4b-3f2a6c0e9b11
           name: NVIDIA H200
           pci_bus_id: "00000000:18:00.0"
+          minor_number: 0
           memory_total_mib: 143771
           memory_used_mib: 76113
           memory_free_mib: 67143
@@ -279,7 +292,7 @@ ansible_facts:
           state: idle_holding
           error: null
     nvidia_gpu_count:
-      description: Number of GPUs found.
+      description: Number of GPUs found, the lost ones included.
       returned: success
       type: int
       sample: 8
@@ -339,6 +352,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     reader_argument_spec,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader, device_patterns
 
 
 def main():
@@ -354,15 +368,17 @@ def main():
 
     if params['timeout'] <= 0:
         module.fail_json(msg='timeout must be greater than zero, got %s' % params['timeout'])
-    problem = check_non_negative(params, ['memory_threshold_mib'])
+    problem = check_non_negative(params, ['memory_threshold_mib', 'expected_gpus'])
     if problem:
         module.fail_json(msg=problem)
     try:
         reader, warnings = select_reader(params['backend'], params['nvidia_smi_path'], params['timeout'])
+        reader = HostReader(reader, params['host_root'])
         try:
             facts, read_warnings = gather_facts(
-                reader, params['devices'], params['protect'] + params['extra_protect'],
-                params['memory_threshold_mib'], params['timeout'], params['kernel_log'])
+                reader, device_patterns(params['devices'], params['host_root']),
+                params['protect'] + params['extra_protect'], params['memory_threshold_mib'],
+                params['timeout'], params['kernel_log'], expected_gpus=params['expected_gpus'])
         finally:
             reader.close()
     except MissingLibraryError as exc:

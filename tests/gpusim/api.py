@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 from gpusim import hold as _hold
-from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, Paths, build_state, empty_faults,
-                          is_alive, load_records, load_state, write_json)
+from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, Paths,
+                          build_state, empty_faults, is_alive, load_records, load_state, minor_of, write_json)
 
 SMI_SCRIPT = """\
 #!{python} -S
@@ -21,6 +21,11 @@ FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices",
                "remap", "retired", "xid", "fallen")
 
 HUNG_JOB_RANK_MIB = 76113
+
+
+def _sysfs_bus(pci_bus_id):
+    """00000000:18:00.0 -> 0000:18:00.0, the kernel's spelling (sysfs, /proc/driver/nvidia)."""
+    return pci_bus_id[4:].lower()
 
 
 def _onoff(value):
@@ -54,7 +59,8 @@ class Host:
         return os.path.join(self.paths.dev, "nvidia*")
 
     def dev_path(self, index):
-        return self.paths.gpu_dev(index)
+        """The device node of GPU `index`: /dev/nvidiaN with N its minor number."""
+        return self.paths.gpu_dev(minor_of(load_state(self.paths), index))
 
     @property
     def kernel_log(self):
@@ -96,29 +102,36 @@ class Host:
              driver_version=DEFAULTS["driver_version"], cuda_version=DEFAULTS["cuda_version"],
              release_delay=DEFAULTS["release_delay"], persistence_mode=DEFAULTS["persistence_mode"],
              seed=DEFAULTS["seed"], idle_used_mib=DEFAULTS["idle_used_mib"],
-             reserved_mib=DEFAULTS["reserved_mib"]):
+             reserved_mib=DEFAULTS["reserved_mib"], minors=DEFAULTS["minors"], fallen=DEFAULTS["fallen"]):
+        """gpus: GPUs on the PCI bus; fallen: bus positions of those that fell off the bus at
+        boot (not attached, absent from nvidia-smi); minors: minor number per index."""
         p = self.paths
         if isinstance(persistence_mode, bool):
             persistence_mode = "on" if persistence_mode else "off"
         state = build_state(gpus=gpus, name=name, memory_total_mib=memory_total_mib,
                             driver_version=driver_version, cuda_version=cuda_version,
                             release_delay=release_delay, persistence_mode=persistence_mode,
-                            seed=seed, idle_used_mib=idle_used_mib, reserved_mib=reserved_mib)
+                            seed=seed, idle_used_mib=idle_used_mib, reserved_mib=reserved_mib,
+                            minors=minors, fallen=fallen)
         for d in (p.dev, p.bin, p.lib, p.procs, p.tracked):
             os.makedirs(d, exist_ok=True)
-        names = ["nvidiactl", "nvidia-uvm"] + ["nvidia%d" % i for i in range(int(gpus))]
-        for n in names:
+        nodes = ["nvidia%d" % g["minor"] for g in state["gpus"]]
+        for n in ["nvidiactl", "nvidia-uvm"] + nodes:
             path = os.path.join(p.dev, n)
             if not os.path.isfile(path) or os.path.getsize(path) != DEV_FILE_SIZE:
                 with open(path, "wb") as f:
                     f.write(b"\0" * DEV_FILE_SIZE)
-        # Device nodes of a previous, larger init must not linger.
+        # Device nodes of a previous init must not linger.
         for n in os.listdir(p.dev):
-            if n.startswith("nvidia") and n[6:].isdigit() and int(n[6:]) >= int(gpus):
+            if n.startswith("nvidia") and n[6:].isdigit() and n not in nodes:
                 os.unlink(os.path.join(p.dev, n))
         _hold.write_holder_script(os.path.join(p.lib, "holder.py"))
-        # A fresh boot: an empty kernel log.
-        open(p.kernel_log, "w").close()
+        # A fresh boot: an empty kernel log, but for the probe of the GPUs that fell off the bus.
+        with open(p.kernel_log, "w") as f:
+            for g in state["fallen"]:
+                f.write(self._fallen_lines(g["pci_bus_id"]))
+        if p.root != "/":
+            self._write_host_tree(state)
         tmp = p.smi + ".tmp"
         with open(tmp, "w") as f:
             f.write(SMI_SCRIPT.format(python=sys.executable, parent=_hold.PKG_PARENT, root=p.root))
@@ -126,6 +139,46 @@ class Host:
         os.replace(tmp, p.smi)
         write_json(p.state, state)
         return self
+
+    def _write_host_tree(self, state):
+        """ROOT/sys/bus/pci/devices/<bus id>/{vendor,device,class} for every GPU on the bus and two
+        devices that are not GPUs, and ROOT/proc/driver/nvidia/gpus/<bus id>/information for each
+        GPU the driver attached (not the fallen ones)."""
+        p = self.paths
+        shutil.rmtree(os.path.join(p.root, "sys"), ignore_errors=True)
+        shutil.rmtree(os.path.join(p.root, "proc"), ignore_errors=True)
+        devices = [(_sysfs_bus(g["pci_bus_id"]), "0x10de", GPU_PCI_DEVICE, GPU_PCI_CLASS)
+                   for g in state["gpus"] + state["fallen"]]
+        bound = set(_sysfs_bus(g["pci_bus_id"]) for g in state["gpus"])
+        os.makedirs(os.path.join(p.root, "sys", "bus", "pci", "drivers", "nvidia"))
+        for bus, vendor, device, klass in devices + list(OTHER_PCI_DEVICES):
+            d = os.path.join(p.pci_devices, bus)
+            os.makedirs(d)
+            for name, value in (("vendor", vendor), ("device", device), ("class", klass)):
+                with open(os.path.join(d, name), "w") as f:
+                    f.write(value + "\n")
+            if bus in bound:
+                # The driver core binds a device only once its probe has succeeded.
+                os.symlink("../../drivers/nvidia", os.path.join(d, "driver"))
+        from gpusim import messages as M
+
+        for g in state["gpus"]:
+            bus = _sysfs_bus(g["pci_bus_id"])
+            d = os.path.join(p.driver_gpus, bus)
+            os.makedirs(d)
+            with open(os.path.join(d, "information"), "w") as f:
+                f.write(M.GPU_INFORMATION.format(model=g["name"], uuid=g["uuid"], bus=bus, minor=g["minor"]))
+
+    @staticmethod
+    def _fallen_lines(pci_bus_id):
+        import time
+
+        from gpusim import messages as M
+
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        bus, pci_id = _sysfs_bus(pci_bus_id), "10de:" + GPU_PCI_DEVICE[2:]
+        return "".join(M.KERNEL_LINE.format(time=stamp, text=text.format(bus=bus, pci_id=pci_id)) + "\n"
+                       for text in M.FALLEN_OFF_BUS_AT_BOOT)
 
     # -- workloads -----------------------------------------------------------------------
     def hold(self, gpus="all", mib=0, util=0, name=None, ignore_term=False, children=0,

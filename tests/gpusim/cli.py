@@ -30,6 +30,10 @@ def _parser():
                    help="memory.used of an idle GPU (real H100/H200: 1)")
     c.add_argument("--reserved-mib", type=int, default=DEFAULTS["reserved_mib"],
                    help="memory the driver reserves per GPU (memory.reserved; inside NVML v1 used)")
+    c.add_argument("--minors", default=None, metavar="M0,M1,...",
+                   help="the driver's minor number of each GPU it attaches, in index order (default: the index)")
+    c.add_argument("--fallen", default="", metavar="P0,P1,...",
+                   help="bus positions (0-based) of GPUs that fell off the bus at boot")
 
     c = cmd("hold", help="start a detached process holding GPUs")
     c.add_argument("--gpus", required=True, help="0,1 or all (allocation)")
@@ -99,6 +103,13 @@ def _parser():
     return p
 
 
+def _ints(text):
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError("expected a comma-separated list of numbers, got %r" % text)
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     from gpusim.api import Host
@@ -109,7 +120,8 @@ def main(argv=None):
             host.init(gpus=args.gpus, name=args.name, memory_total_mib=args.memory_total_mib,
                       driver_version=args.driver_version, cuda_version=args.cuda_version,
                       release_delay=args.release_delay, persistence_mode=args.persistence_mode,
-                      seed=args.seed, idle_used_mib=args.idle_used_mib, reserved_mib=args.reserved_mib)
+                      seed=args.seed, idle_used_mib=args.idle_used_mib, reserved_mib=args.reserved_mib,
+                      minors=_ints(args.minors) if args.minors else None, fallen=_ints(args.fallen))
             print(json.dumps({"root": host.root, "smi": host.smi_path, "gpus": args.gpus}))
         elif args.cmd == "hold":
             info = host.hold(gpus=args.gpus, mib=args.mib, util=args.util, name=args.name,

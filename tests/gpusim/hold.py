@@ -149,6 +149,8 @@ def start_hold(paths, gpus, mib, util=0, name=None, ignore_term=False, children=
     open_gpus = gpus if open_gpus is None else _gpu_list(open_gpus, all_gpus)
     cfg = {
         "root": paths.root, "gpus": gpus, "open": sorted(set(open_gpus) | set(gpus)), "mib": int(mib), "util": int(util),
+        # GPU index -> the minor number of its device node.
+        "minors": dict((str(g["index"]), g.get("minor", g["index"])) for g in state["gpus"]),
         "name": name, "ignore_term": bool(ignore_term), "children": int(children),
         "respawn": int(respawn), "respawn_delay": float(respawn_delay),
         "map": bool(map), "leak": bool(leak),
@@ -307,7 +309,7 @@ def _persistence_sync(paths, gpu_fds):
             os.close(gpu_fds[i])
             gpu_fds[i] = None
         elif g["persistence_mode"] == "Enabled" and gpu_fds[i] is None:
-            gpu_fds[i] = os.open(paths.gpu_dev(i), os.O_RDWR)
+            gpu_fds[i] = os.open(paths.gpu_dev(g.get("minor", i)), os.O_RDWR)
 
 
 def holder_main():
@@ -322,7 +324,7 @@ def holder_main():
     set_comm(cfg["name"] or os.path.basename(cfg["argv"][0]))
     keep = []
     gpu_fds = {}
-    files = [(None, paths.ctl_dev), (None, paths.uvm_dev)] + [(i, paths.gpu_dev(i)) for i in cfg["open"]]
+    files = [(None, paths.ctl_dev), (None, paths.uvm_dev)] + [(i, paths.gpu_dev(cfg["minors"][str(i)])) for i in cfg["open"]]
     for i, p in files:
         fd = os.open(p, os.O_RDWR)
         if cfg["map"]:

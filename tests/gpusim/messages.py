@@ -83,3 +83,33 @@ XID_TEXTS = {
     154: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
 }
 XID_TEXT_OTHER = "pid='<unknown>', name=<unknown>, Ch 00000008"
+
+# Any other kernel log line, in the same form.
+KERNEL_LINE = "{time} gpusim kernel: {text}"
+# A GPU whose probe finds it gone at boot: no Xid, the device is not attached (no minor number,
+# no /proc/driver/nvidia/gpus entry). Real syslog: shared/real-samples/kernel_xid/K07 (H100,
+# 525.125.06); the same three NVRM lines in dmesg: K06 (NVIDIA/NVSentinel#155, 570.158.01).
+FALLEN_OFF_BUS_AT_BOOT = (
+    "NVRM: The NVIDIA GPU {bus}",
+    "NVRM: (PCI ID: {pci_id}) installed in this system has",
+    "NVRM: fallen off the bus and is not responding to commands.",
+    "nvidia: probe of {bus} failed with error -1",
+    "NVRM: The NVIDIA probe routine failed for 1 device(s).",
+)
+
+# /proc/driver/nvidia/gpus/<bus id>/information, as the driver writes it
+# (NVIDIA/open-gpu-kernel-modules kernel-open/nvidia/nv-procfs.c, nv_procfs_read_gpu_info:
+# "Model: \t\t %s", ..., "Device Minor: \t %u", "GPU Excluded:\t %s"). IRQ, Video BIOS and the
+# DMA values are plausible constants, not taken from a real H200.
+GPU_INFORMATION = (
+    "Model: \t\t {model}\n"
+    "IRQ:   \t\t 0\n"
+    "GPU UUID: \t {uuid}\n"
+    "Video BIOS: \t 96.00.99.00.01\n"
+    "Bus Type: \t PCIe\n"
+    "DMA Size: \t 52 bits\n"
+    "DMA Mask: \t 0xfffffffffffff\n"
+    "Bus Location: \t {bus}\n"
+    "Device Minor: \t {minor}\n"
+    "GPU Excluded:\t No\n"
+)

@@ -9,7 +9,7 @@ import time
 
 from gpusim import messages as M
 from gpusim.state import (Paths, gpu_free, gpu_reserved, gpu_usage, holders_of, load_records, load_state,
-                          write_json)
+                          minor_of, write_json)
 
 # canonical field -> (header unit or None, aliases)
 GPU_FIELDS = {
@@ -214,8 +214,10 @@ class Smi:
             return "0x" + g["pci_bus_id"][12:14]
         if field == "pci.device_id":
             return "0x233510DE"
-        if field in ("index", "minor_number"):
+        if field == "index":
             return str(idx)
+        if field == "minor_number":
+            return str(g.get("minor", idx))
         if field == "persistence_mode":
             return g["persistence_mode"]
         if field == "compute_mode":
@@ -382,7 +384,8 @@ class Smi:
                 continue
             end = time.monotonic() + 2.0
             while time.monotonic() < end:
-                held = _held_gpu_devs(rec["pid"], self.paths)
+                nodes = _held_gpu_devs(rec["pid"], self.paths)
+                held = set(i for i in want if minor_of(self.state, i) in nodes)
                 if all((i in held) == want[i] for i in rec["gpus_open"] if i in want):
                     break
                 time.sleep(0.005)
@@ -395,7 +398,7 @@ class Smi:
                 self.w(self.lost_line(g))
                 continue
             idx = g["index"]
-            dev = self.paths.gpu_dev(idx)
+            dev = self.paths.gpu_dev(g.get("minor", idx))
             in_use = (g["persistence_mode"] == "Enabled"
                       or any(idx in rec["gpus"] and int(rec.get("mib", 0)) > 0 for rec in live)
                       or holders_of({dev}, exclude=(os.getpid(),)))
@@ -501,7 +504,7 @@ class Smi:
             i = g["index"]
             w("GPU %s" % g["pci_bus_id"])
             for k, v in (("Product Name", g["name"]), ("Persistence Mode", g["persistence_mode"]),
-                         ("GPU UUID", g["uuid"]), ("Minor Number", i)):
+                         ("GPU UUID", g["uuid"]), ("Minor Number", g.get("minor", i))):
                 w("    %-38s: %s" % (k, v))
             w("    FB Memory Usage")
             for k, v in (("Total", g["memory_total_mib"]), ("Reserved", gpu_reserved(g)), ("Used", used[i]),

@@ -29,7 +29,19 @@ DEFAULTS = {
     # so 515 reserved + the 1 MiB idle reading. The H200's own figure is not in the samples: a
     # guess of the right size.
     "reserved_mib": 515,
+    "minors": None,
+    "fallen": (),
 }
+
+# PCI identity of the simulated GPUs (H200 SXM: 10de:2335, a 3D controller) and of two PCI
+# devices that are not GPUs, so that readers of the bus have something to leave out: the
+# host bridge, and an NVSwitch (NVIDIA's vendor id, class 0x0680 "other bridge").
+GPU_PCI_DEVICE = "0x2335"
+GPU_PCI_CLASS = "0x030200"
+OTHER_PCI_DEVICES = (
+    ("0000:00:00.0", "0x8086", "0x09a2", "0x060000"),
+    ("0000:05:00.0", "0x10de", "0x22a3", "0x068000"),
+)
 
 DEV_FILE_SIZE = 4096
 
@@ -55,9 +67,14 @@ class Paths:
         self.nvml_dir = os.path.join(self.lib, "lib") if self.root == "/" else os.path.join(self.root, "lib")
         # The simulated kernel log (`gpusim fault xid`), in journalctl -k -o short-iso form.
         self.kernel_log = os.path.join(self.lib, "kern.log")
+        # The PCI bus and the driver's per-GPU entries. With ROOT "/" these are the kernel's own
+        # /sys and /proc, which gpusim does not write.
+        self.pci_devices = os.path.join(self.root, "sys", "bus", "pci", "devices")
+        self.driver_gpus = os.path.join(self.root, "proc", "driver", "nvidia", "gpus")
 
-    def gpu_dev(self, index):
-        return os.path.join(self.dev, "nvidia%d" % index)
+    def gpu_dev(self, minor):
+        """The device node of minor number `minor` (see minor_of for a GPU's)."""
+        return os.path.join(self.dev, "nvidia%d" % minor)
 
     @property
     def ctl_dev(self):
@@ -197,21 +214,48 @@ def bus_id(index):
     return "00000000:%02X:00.0" % ((0x0E + 0x11 * (index - len(HGX_BUS_IDS))) % 0x100)
 
 
+def minor_of(state, index):
+    """The driver's minor number of GPU `index` (its /dev/nvidiaN)."""
+    for g in state["gpus"]:
+        if g["index"] == index:
+            return g.get("minor", index)
+    raise ValueError("no GPU %s on this host" % index)
+
+
+def _minors(minors, count):
+    if minors is None:
+        return list(range(count))
+    minors = [int(m) for m in minors]
+    if len(minors) != count or len(set(minors)) != count or any(m < 0 or m > 254 for m in minors):
+        raise ValueError("minors: give %d distinct minor numbers from 0 to 254, one per GPU the driver "
+                         "attaches, in index order; got %s" % (count, minors))
+    return minors
+
+
 def build_state(gpus=8, name="NVIDIA H200", memory_total_mib=143771,
                 driver_version="550.127.05", cuda_version="12.4", release_delay=0.0,
-                persistence_mode="on", seed=0, idle_used_mib=1, reserved_mib=515):
+                persistence_mode="on", seed=0, idle_used_mib=1, reserved_mib=515, minors=None, fallen=()):
+    """gpus: GPUs on the PCI bus. fallen: positions (0-based, in bus order) of those that fell off
+    the bus at boot: the driver never attached them, so nvidia-smi numbers the others 0..N-1 in
+    bus order. minors: the driver's minor number of each attached GPU, in index order."""
     import random
 
     rng = random.Random(seed)
     pm = "Enabled" if persistence_mode in ("on", "1", "Enabled", True) else "Disabled"
+    fallen = sorted(set(int(p) for p in fallen or ()))
+    if any(p < 0 or p >= int(gpus) for p in fallen):
+        raise ValueError("fallen: positions are 0 to %d, got %s" % (int(gpus) - 1, fallen))
+    slots = [p for p in range(int(gpus)) if p not in fallen]
+    minors = _minors(minors, len(slots))
     gpu_list = []
-    for i in range(int(gpus)):
+    for i, slot in enumerate(slots):
         gpu_list.append({
             "index": i,
+            "minor": minors[i],
             "uuid": make_uuid(rng),
             "serial": "%013d" % rng.randrange(10 ** 12, 10 ** 13),
             "name": name,
-            "pci_bus_id": bus_id(i),
+            "pci_bus_id": bus_id(slot),
             "memory_total_mib": int(memory_total_mib),
             "persistence_mode": pm,
             "compute_mode": "Default",
@@ -226,6 +270,8 @@ def build_state(gpus=8, name="NVIDIA H200", memory_total_mib=143771,
         "cuda_version": cuda_version,
         "release_delay_s": float(release_delay),
         "faults": empty_faults(),
+        # On the PCI bus, never attached by the driver.
+        "fallen": [{"pci_bus_id": bus_id(p), "name": name} for p in fallen],
     }
 
 
@@ -385,6 +431,7 @@ def _flat_state(state):
             g["pci_bus_id"], g["uuid"], _one_line(g["name"])))
     for g in state.get("gpus", []):
         lines.append("mem %d %d %d" % (g["index"], int(g.get("idle_used_mib", 0)), gpu_reserved(g)))
+        lines.append("minor %d %d" % (g["index"], g.get("minor", g["index"])))
     for na in faults.get("na", []):
         field = NA_ALIASES.get(na["field"], na["field"])
         gpu = -1 if na.get("gpu") is None else int(na["gpu"])

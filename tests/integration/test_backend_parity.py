@@ -272,3 +272,21 @@ def test_module_auto_falls_back_when_nvml_cannot_start(nvmlhost):
     assert result['failed'] and 'nvidia-smi exited with 18' in result['msg']
     result = run_module(nvmlhost, backend='nvml')
     assert result['failed'] and 'NVML could not be initialised (error 18' in result['msg']
+
+
+def test_nvml_gives_the_drivers_minor_numbers_and_misses_the_fallen_gpu(gpuhost_factory):
+    host = gpuhost_factory(fallen=[0], minors=[3, 0, 6, 1, 5, 2, 4])
+    host.install_nvml()
+    for backend in ('nvml', 'nvidia-smi'):
+        result = run_module(host, backend=backend, host_root=host.root)
+        facts = result['ansible_facts']
+        assert facts['nvidia_gpu_backend'] == backend
+        assert [g['minor_number'] for g in facts['nvidia_gpus']] == [3, 0, 6, 1, 5, 2, 4, None]
+        assert [g['pci_bus_id'] for g in facts['nvidia_gpus']][6:] == ['00000000:DB:00.0', '00000000:18:00.0']
+        assert facts['nvidia_gpus'][7]['state'] == 'lost' and facts['nvidia_gpu_count'] == 8
+    # The library's own answer: nvmlDeviceGetMinorNumber.
+    probe = ('import pynvml; pynvml.nvmlInit(); print([pynvml.nvmlDeviceGetMinorNumber('
+             'pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())])')
+    proc = subprocess.run([sys.executable, '-c', probe], env=host.env(nvml=True), capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.stdout.strip() == '[3, 0, 6, 1, 5, 2, 4]', proc.stderr

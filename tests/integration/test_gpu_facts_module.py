@@ -134,3 +134,35 @@ def test_bad_options_fail_clearly(gpuhost, options, message):
     assert result['failed'] is True
     assert message in result['msg']
     assert 'Traceback' not in proc.stdout
+
+
+def test_gpu_that_fell_off_the_bus_at_boot_is_lost(gpuhost_factory):
+    # Eight GPUs on the PCI bus; the one at 5D fell off at boot: the driver never attached it,
+    # nvidia-smi lists seven, numbered 0-6 in bus order, and the kernel log has no Xid for it.
+    host = gpuhost_factory(fallen=[3], minors=[6, 5, 4, 3, 2, 1, 0])
+    result, proc = run_facts(host, host_root=host.root, kernel_log=host.kernel_log)
+    assert proc.returncode == 0, proc.stdout
+    facts = result['ansible_facts']
+    gpus = facts['nvidia_gpus']
+    assert facts['nvidia_gpu_count'] == 8
+    assert [gpu['index'] for gpu in gpus] == [0, 1, 2, 3, 4, 5, 6, None]
+    assert [gpu['minor_number'] for gpu in gpus] == [6, 5, 4, 3, 2, 1, 0, None]
+    assert [gpu['state'] for gpu in gpus] == ['free'] * 7 + ['lost']
+    lost = gpus[7]
+    assert lost['pci_bus_id'] == '00000000:5D:00.0' and gpus[3]['pci_bus_id'] == '00000000:9A:00.0'
+    assert 'on the PCI bus (PCI ID 10de:2335) but no driver is bound to it' in lost['error']
+    assert lost['health']['recovery_action'] == 'inspect'
+    assert 'GPU 00000000:5D:00.0 is lost' in result['warning_text']
+
+
+def test_expected_gpus_fails_naming_the_gpus_seen(gpuhost_factory):
+    host = gpuhost_factory(fallen=[3])
+    result, proc = run_facts(host, host_root=host.root, expected_gpus=7)
+    assert proc.returncode == 0, proc.stdout
+    result, proc = run_facts(host, host_root=host.root, expected_gpus=8)
+    assert result['failed'] is True
+    assert result['msg'].startswith('expected_gpus: 8 GPUs expected, 7 seen (00000000:18:00.0, 00000000:2A:00.0, ')
+    assert '; lost: 00000000:5D:00.0 (on the PCI bus' in result['msg']
+    # Without the PCI bus (a container without /sys) the shortfall is still caught.
+    result, proc = run_facts(host, expected_gpus=8)
+    assert result['failed'] is True and result['msg'].startswith('expected_gpus: 8 GPUs expected, 7 seen')

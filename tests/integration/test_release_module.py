@@ -67,3 +67,34 @@ def test_module_documentation_renders():
     assert 'grace_period' in proc.stdout and 'orphaned_gpus' in proc.stdout
     assert 'protect' in proc.stdout and 'nvidia_smi_path' in proc.stdout
     assert 'WARNING' not in proc.stderr, proc.stderr
+
+
+def test_gpus_scope_follows_minor_numbers_not_indexes(gpuhost_factory, tmp_path):
+    # The driver numbered the GPUs in another order than the bus: GPU 0 is /dev/nvidia1 and
+    # GPU 1 is /dev/nvidia0. The default devices glob is resolved under host_root.
+    host = gpuhost_factory(minors=[1, 0, 2, 3, 4, 5, 6, 7])
+    on_gpu0 = host.hold(gpus=[0], mib=4096, name='job-a')['pid']
+    on_gpu1 = host.hold(gpus=[1], mib=4096, name='job-b')['pid']
+    assert host.dev_path(0).endswith('/dev/nvidia1')
+    result, proc = run_module('nvidia_device_release', dict(
+        nvidia_smi_path=host.smi_path, host_root=host.root, gpus=[0], grace_period=1,
+        lock_file=str(tmp_path / 'release.lock')))
+    assert proc.returncode == 0, proc.stdout
+    assert [entry['pid'] for entry in result['signalled']] == [on_gpu0]
+    assert result['signalled'][0]['devices'] == sorted([host.dev_path(0), host.root + '/dev/nvidia-uvm',
+                                                        host.root + '/dev/nvidiactl'])
+    assert alive(on_gpu1) and not alive(on_gpu0)
+    assert result['gpus_after'] == [{'index': 0, 'memory_used_mib': 0}]
+    assert 'cannot be read' not in result['warning_text']
+
+
+def test_expected_gpus_fails_before_anything_is_signalled(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(fallen=[3])
+    job = host.hold(gpus=[0], mib=4096)['pid']
+    result, proc = run_module('nvidia_device_release', dict(
+        nvidia_smi_path=host.smi_path, host_root=host.root, expected_gpus=8,
+        lock_file=str(tmp_path / 'release.lock')))
+    assert result['failed'] is True
+    assert result['msg'].startswith('expected_gpus: 8 GPUs expected, 7 seen (00000000:18:00.0, ')
+    assert 'lost: 00000000:5D:00.0 (on the PCI bus (PCI ID 10de:2335) but no driver is bound to it' in result['msg']
+    assert alive(job)

@@ -507,3 +507,26 @@ def test_bad_clean_query_fails_the_host_naming_the_setting(gpuhost_factory, tmp_
     assert 'gpu_reset_clean_query must give true or false, it gave 2' in run.line('number')[0]
     # judged before the release: nothing was signalled
     assert alive(job) and run.reports['number']['signalled'] == []
+
+
+def test_expected_gpus_and_host_root_reach_the_modules(gpuhost_factory, tmp_path):
+    short = gpuhost_factory('short', gpus=4, fallen=[2])
+    job = short.hold(gpus=[0], mib=1024)['pid']
+    renumbered = gpuhost_factory('renumbered', gpus=2, minors=[1, 0])
+    mine = renumbered.hold(gpus=[0], mib=1000)['pid']
+    other = renumbered.hold(gpus=[1], mib=2000)['pid']
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {
+        'short': host_vars(short, tmp_path, 'short', gpu_reset_host_root=short.root, gpu_reset_expected_gpus=4,
+                           gpu_reset_devices=['/dev/nvidia*']),
+        'renumbered': host_vars(renumbered, tmp_path, 'renumbered', gpu_reset_host_root=renumbered.root,
+                                gpu_reset_gpus=[0], gpu_reset_devices=['/dev/nvidia*']),
+    }}}))
+    run = playbook(inventory, tmp_path / 'reports')
+    assert run.rc == 2, run.out
+    line = run.line('short')[0]
+    assert line.startswith('FAILED') and 'expected_gpus: 4 GPUs expected, 3 seen' in line, line
+    assert '00000000:5D:00.0' in run.reports['short']['reason']
+    assert alive(job) and run.reports['short']['signalled'] == []
+    assert run.line('renumbered')[0].startswith('released'), run.summary
+    assert not alive(mine) and alive(other)

@@ -57,6 +57,7 @@ typedef int nvmlReturn_t;
 
 typedef struct {
     int index;
+    int has_minor, minor;     /* the driver's minor number ("minor" lines); else the index */
     long long total_mib;
     int persistence;
     int compute_mode;
@@ -225,6 +226,14 @@ static int load_state(sim_state *st)
                     }
                 }
             }
+        } else if (strncmp(line, "minor ", 6) == 0) {
+            int index, minor;
+            if (sscanf(line, "minor %d %d", &index, &minor) == 2)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index) {
+                        st->gpus[i].has_minor = 1;
+                        st->gpus[i].minor = minor;
+                    }
         } else if (strncmp(line, "na ", 3) == 0 && st->nna < MAX_NA) {
             sim_na *n = &st->na[st->nna];
             if (sscanf(line, "na %63s %d %d", n->field, &n->gpu, &n->code) == 3) st->nna++;
@@ -593,6 +602,16 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned *index)
     DEVICE(dev, 1);
     if (!index) RETURN(NVML_ERROR_INVALID_ARGUMENT);
     *index = (unsigned)g->index;
+    RETURN(NVML_SUCCESS);
+}
+
+/* The minor number comes from the kernel driver's own record of the device, so it is taken to
+   answer for a lost GPU too (a guess: no public report of this call on a lost GPU was found). */
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned *minor)
+{
+    DEVICE(dev, 1);
+    if (!minor) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *minor = (unsigned)(g->has_minor ? g->minor : g->index);
     RETURN(NVML_SUCCESS);
 }
 

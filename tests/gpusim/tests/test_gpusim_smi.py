@@ -286,3 +286,27 @@ def test_cli_smi_and_missing_host(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpusim", "smi", "--root", str(tmp_path), "--", "-L"],
                        capture_output=True, text=True, env=env, check=False)
     assert r.returncode == 9                        # nothing initialised: no driver
+
+
+def test_minors_and_a_gpu_that_fell_off_the_bus(gpuhost_factory):
+    host = gpuhost_factory(gpus=4, fallen=[1], minors=[2, 0, 1])
+    root = host.root
+    out = host.smi("--query-gpu=index,pci.bus_id,minor_number", "--format=csv,noheader").stdout.splitlines()
+    assert out == ["0, 00000000:18:00.0, 2", "1, 00000000:3A:00.0, 0", "2, 00000000:5D:00.0, 1"]
+    assert sorted(n for n in os.listdir(os.path.join(root, "dev")) if n[6:].isdigit()) == ["nvidia0", "nvidia1", "nvidia2"]
+    assert host.dev_path(0) == os.path.join(root, "dev", "nvidia2")
+    pci = os.path.join(root, "sys", "bus", "pci", "devices")
+    gpus = [n for n in sorted(os.listdir(pci)) if open(os.path.join(pci, n, "class")).read() == "0x030200\n"]
+    assert gpus == ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0"]
+    assert open(os.path.join(pci, "0000:2a:00.0", "vendor")).read() == "0x10de\n"
+    driver = os.path.join(root, "proc", "driver", "nvidia", "gpus")
+    assert sorted(os.listdir(driver)) == ["0000:18:00.0", "0000:3a:00.0", "0000:5d:00.0"]
+    info = open(os.path.join(driver, "0000:3a:00.0", "information")).read()
+    assert "Bus Location: \t 0000:3a:00.0\nDevice Minor: \t 0\n" in info
+    log = open(host.kernel_log).read()
+    assert "NVRM: The NVIDIA GPU 0000:2a:00.0\n" in log and "probe of 0000:2a:00.0 failed with error -1" in log
+    assert "Xid" not in log
+    rec = host.hold(gpus=[0], mib=64)
+    assert host.dev_path(0) in {os.readlink("/proc/%d/fd/%s" % (rec["pid"], fd)) for fd in os.listdir("/proc/%d/fd" % rec["pid"])}
+    with pytest.raises(ValueError, match="minors"):
+        host.init(gpus=2, minors=[0, 0])

@@ -73,3 +73,16 @@ def test_input_must_be_facts():
 
 def test_registered_under_its_name():
     assert FilterModule().filters()['gpu_scope'] is gpu_scope
+
+
+def test_nodes_are_matched_by_minor_number():
+    # GPU 0 is /dev/nvidia2 and GPU 2 is /dev/nvidia0: the driver numbered them that way.
+    data = facts()
+    minors = {0: 2, 1: 1, 2: 0}
+    for gpu in data['nvidia_gpus']:
+        gpu['minor_number'] = minors[gpu['index']]
+    data['nvidia_gpus'].append({'index': None, 'minor_number': None, 'pci_bus_id': '00000000:5D:00.0',
+                                'processes': [], 'state': 'lost', 'error': 'on the PCI bus but not attached'})
+    assert pids(gpu_scope(data, [2])) == [10, 13, 30]   # by index it would be [13, 30]
+    with pytest.raises(AnsibleFilterError, match=r'no GPU 5 on this host \(it has 0, 1, 2\)'):
+        gpu_scope(data, [5])

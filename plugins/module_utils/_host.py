@@ -1,0 +1,340 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""The host's own view of its NVIDIA GPUs: the PCI bus, the driver's entries, minor numbers.
+
+A GPU has three names: nvidia-smi/NVML's index, its PCI bus id and the driver's minor number
+(the N of /dev/nvidiaN). The PCI bus (``/sys/bus/pci/devices``) says which GPUs the host has;
+``/proc/driver/nvidia/gpus/<bus id>/information`` says which of them the driver attached and
+under which minor number. Every path is read under ``host_root``, so that a simulated host or a
+host's /sys and /proc/driver mounted into a container can be read in place.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import glob
+import os
+import re
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import bus_key
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import normalize_bus_id
+
+PCI_DEVICES = '/sys/bus/pci/devices'
+DRIVER_GPUS = '/proc/driver/nvidia/gpus'
+NVIDIA_VENDOR = 0x10de
+# PCI base class 0x03 (display), subclass 0x00 (VGA compatible) or 0x02 (3D controller): the
+# classes NVIDIA GPUs carry; the audio function (0x0403) and NVSwitches (0x0680) are not GPUs.
+GPU_CLASSES = (0x0300, 0x0302)
+GPU_NODE_RE = re.compile(r'^nvidia([0-9]+)$')
+
+# "NVRM: The NVIDIA GPU 0000:5d:00.0" followed, on the next lines, by "(PCI ID: 10de:2330)
+# installed in this system has" and "fallen off the bus and is not responding to commands.":
+# what the driver logs when a GPU's probe finds it gone (at boot there is no Xid).
+FALLEN_GPU_RE = re.compile(r'NVRM: The NVIDIA GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)')
+FALLEN_TEXT = 'fallen off the bus'
+
+
+def under_root(path, host_root='/'):
+    """path (absolute) as it is found under host_root."""
+    if not host_root or os.path.normpath(host_root) == '/':
+        return path
+    return os.path.join(host_root, path.lstrip('/'))
+
+
+def device_patterns(patterns, host_root='/'):
+    """Device globs resolved under host_root: the glob characters of host_root itself are escaped."""
+    if not host_root or os.path.normpath(host_root) == '/':
+        return list(patterns)
+    root = glob.escape(os.path.normpath(host_root))
+    return [root + pattern if pattern.startswith('/') else pattern for pattern in patterns]
+
+
+def _read_text(path):
+    try:
+        with open(path, 'rb') as handle:
+            return handle.read().decode('utf-8', 'replace')
+    except (IOError, OSError):
+        return None
+
+
+def _hex(text):
+    try:
+        return int(text.strip(), 16)
+    except (AttributeError, ValueError):
+        return None
+
+
+def read_pci(host_root='/'):
+    """{bus_key: {'bus_id', 'pci_id', 'driver'}} of the NVIDIA GPUs on the PCI bus, or None when
+    the PCI bus cannot be read (no /sys). driver: the name of the kernel driver bound to the GPU
+    (nvidia, vfio-pci, ...), None when none is (its probe failed). Virtual functions (SR-IOV)
+    are left out: they are not GPUs of their own to the host's driver."""
+    base = under_root(PCI_DEVICES, host_root)
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    gpus = {}
+    for name in names:
+        device = os.path.join(base, name)
+        if _hex(_read_text(os.path.join(device, 'vendor'))) != NVIDIA_VENDOR:
+            continue
+        klass = _hex(_read_text(os.path.join(device, 'class')))
+        if klass is None or (klass >> 8) not in GPU_CLASSES or os.path.lexists(os.path.join(device, 'physfn')):
+            continue
+        key = bus_key(name)
+        if key is None:
+            continue
+        device_id = _hex(_read_text(os.path.join(device, 'device')))
+        try:
+            driver = os.path.basename(os.readlink(os.path.join(device, 'driver')))
+        except OSError:
+            driver = None
+        gpus[key] = {
+            'bus_id': normalize_bus_id(name),
+            'pci_id': '10de:%04x' % device_id if device_id is not None else None,
+            'driver': driver,
+        }
+    return gpus
+
+
+def parse_information(text):
+    """The fields of a /proc/driver/nvidia/gpus/<bus id>/information file that matter here:
+    minor (int or None), model, uuid, bus_id, excluded (bool)."""
+    fields = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(':')
+        if sep:
+            fields[name.strip()] = value.strip()
+    minor = fields.get('Device Minor')
+    excluded = fields.get('GPU Excluded', fields.get('Blacklisted'))
+    bus = fields.get('Bus Location')
+    return {
+        'minor': int(minor) if minor is not None and minor.isdigit() else None,
+        'model': fields.get('Model') or None,
+        'uuid': fields.get('GPU UUID') or None,
+        'bus_id': normalize_bus_id(bus) if bus and bus_key(bus) else None,
+        'excluded': excluded == 'Yes',
+    }
+
+
+def read_driver(host_root='/'):
+    """{bus_key: information fields + 'bus_id'} of the GPUs the NVIDIA driver attached, or None
+    when the driver's directory cannot be read (no driver loaded, or no /proc/driver)."""
+    base = under_root(DRIVER_GPUS, host_root)
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    gpus = {}
+    for name in names:
+        key = bus_key(name)
+        if key is None:
+            continue
+        info = parse_information(_read_text(os.path.join(base, name, 'information')) or '')
+        info['bus_id'] = info['bus_id'] or normalize_bus_id(name)
+        gpus[key] = info
+    return gpus
+
+
+class HostView:
+    """What the host says about its GPUs. pci and driver: see read_pci and read_driver; each is
+    None when it could not be read."""
+
+    def __init__(self, pci, driver, host_root='/'):
+        self.pci = pci
+        self.driver = driver
+        self.host_root = host_root
+
+    def attached(self):
+        """The driver's GPUs that NVML enumerates (not excluded), in PCI bus order: the order of
+        nvidia-smi's and NVML's indexes."""
+        return [self.driver[key] for key in sorted(self.driver or {}) if not self.driver[key]['excluded']]
+
+    def minor(self, bus_id):
+        info = (self.driver or {}).get(bus_key(bus_id))
+        return info['minor'] if info else None
+
+
+def read_host(host_root='/'):
+    return HostView(read_pci(host_root), read_driver(host_root), host_root)
+
+
+def gpu_nodes(paths, host_root='/', view=None):
+    """({index: device node path}, warning or None) for the GPU nodes among paths.
+
+    The index is nvidia-smi's, the node the one of the GPU's minor number. Without the driver's
+    /proc entries the minor number is taken to be the index, as nothing else tells, and the
+    warning says so.
+    """
+    by_minor = {}
+    for path in paths:
+        match = GPU_NODE_RE.match(os.path.basename(path))
+        if match:
+            by_minor[int(match.group(1))] = path
+    view = view or HostView(None, read_driver(host_root), host_root)
+    if view.driver is None:
+        return by_minor, ('gpus: %s cannot be read, so /dev/nvidiaN is taken to be the GPU of index N; '
+                          'on hosts where minor numbers and indexes differ that is another GPU (set '
+                          'host_root where the host\'s /proc/driver is mounted)' % under_root(DRIVER_GPUS, host_root))
+    nodes = {}
+    for index, info in enumerate(view.attached()):
+        if info['minor'] in by_minor:
+            nodes[index] = by_minor[info['minor']]
+    return nodes, None
+
+
+def parse_fallen_off_bus(lines):
+    """Normalised bus ids of the GPUs that kernel log lines say have fallen off the bus without
+    an Xid (the driver's probe message: "NVRM: The NVIDIA GPU <bus id>" then, on one of the
+    next two lines, "fallen off the bus")."""
+    fallen, pending, left = set(), None, 0
+    for line in lines:
+        match = FALLEN_GPU_RE.search(line)
+        if match:
+            pending, left = match.group(1), 3
+        if pending and FALLEN_TEXT in line:
+            fallen.add(normalize_bus_id(pending))
+            pending = None
+        left -= 1
+        if left <= 0:
+            pending = None
+    return fallen
+
+
+def _lost_entry(bus_id, info, error):
+    return {
+        'index': None, 'uuid': info.get('uuid'), 'name': info.get('model'), 'pci_bus_id': bus_id,
+        'minor_number': info.get('minor'), 'memory_total_mib': None, 'memory_used_mib': None,
+        'memory_free_mib': None, 'utilization_gpu_pct': None, 'temperature_c': None,
+        'persistence_mode': None, 'compute_mode': None, 'processes': [], 'error': error,
+    }
+
+
+def apply_host(snapshot, view, backend='nvidia-smi'):
+    """Add to a Snapshot what the host knows: each GPU's minor_number, and in snapshot.missing
+    the GPUs on the PCI bus that the reader does not list (lost). Warnings go to the snapshot."""
+    reader_name = 'NVML' if backend == 'nvml' else 'nvidia-smi'
+    order = [bus_key(info['bus_id']) for info in view.attached()] if view.driver is not None else None
+    misordered = []
+    for gpu in snapshot.gpus:
+        nvml_minor = gpu.pop('nvml_minor_number', None)
+        minor = view.minor(gpu.get('pci_bus_id'))
+        if minor is not None and nvml_minor is not None and minor != nvml_minor:
+            snapshot.warnings.append(
+                'GPU %s (%s): NVML gives minor number %d, %s says %d; the driver\'s file is used'
+                % (gpu.get('index'), gpu.get('pci_bus_id'), nvml_minor,
+                   under_root(DRIVER_GPUS, view.host_root), minor))
+        gpu['minor_number'] = minor if minor is not None else nvml_minor
+        index, key = gpu.get('index'), bus_key(gpu.get('pci_bus_id'))
+        if order is not None and key is not None and index is not None and key in order and order.index(key) != index:
+            misordered.append('GPU %s is %s' % (index, gpu.get('pci_bus_id')))
+    if misordered:
+        snapshot.warnings.append('%s numbers the GPUs in another order than the PCI bus (%s); gpus: '
+                                 'takes index N to be the N-th GPU on the bus' % (reader_name, ', '.join(misordered)))
+    snapshot.missing = _missing(snapshot, view, reader_name)
+    for gpu in snapshot.missing:
+        snapshot.warnings.append('GPU %s is lost: %s' % (gpu['pci_bus_id'], gpu['error']))
+    return snapshot
+
+
+def _missing(snapshot, view, reader_name):
+    if view.pci is None:
+        return []
+    listed = set(bus_key(gpu.get('pci_bus_id')) for gpu in snapshot.gpus)
+    unnamed = any(bus_key(gpu.get('pci_bus_id')) is None for gpu in snapshot.gpus)
+    missing = []
+    for key in sorted(view.pci):
+        if key in listed:
+            continue
+        pci = view.pci[key]
+        info = (view.driver or {}).get(key)
+        if info is not None and info['excluded']:
+            snapshot.warnings.append('GPU %s is excluded from use by the NVIDIA driver (NVreg_ExcludedGpus) '
+                                     'and not counted' % pci['bus_id'])
+            continue
+        if info is not None:
+            if unnamed:
+                continue  # the reader lists a GPU it could not name: this one, most likely
+            error = ('attached by the NVIDIA driver (minor number %s) but absent from %s'
+                     % (info['minor'], reader_name))
+        elif pci['driver'] is not None:
+            # Bound to a driver but not shown here: a GPU that a container does not expose (its
+            # /proc/driver/nvidia/gpus lists only its own), or one given to vfio-pci for a VM.
+            continue
+        else:
+            error = ('on the PCI bus (PCI ID %s) but no driver is bound to it: absent from %s and '
+                     'from %s; a GPU that fell off the bus at boot looks like this (see the kernel log)'
+                     % (pci['pci_id'] or '10de', reader_name, under_root(DRIVER_GPUS, view.host_root)))
+        missing.append(_lost_entry(pci['bus_id'], info or {}, error))
+    return missing
+
+
+def mark_fallen(gpus, fallen):
+    """Mark as lost the GPUs (dicts with pci_bus_id and error) whose bus id is in fallen, the
+    bus ids the kernel log says have fallen off the bus."""
+    keys = set(bus_key(bus_id) for bus_id in fallen or ())
+    for gpu in gpus:
+        if bus_key(gpu.get('pci_bus_id')) not in keys:
+            continue
+        said = 'the kernel log says this GPU has fallen off the bus'
+        gpu['error'] = '%s; %s' % (gpu['error'], said) if gpu.get('error') else said
+    return gpus
+
+
+def check_expected_gpus(gpus, expected):
+    """Raise GpuopsError when fewer than expected of gpus (dicts with pci_bus_id and error, the
+    lost ones included) can be read."""
+    if expected is None:
+        return
+    if expected < 0:
+        raise GpuopsError('expected_gpus must be zero or more, got %s' % expected)
+    if gpus is None:
+        return
+    seen = [gpu for gpu in gpus if not gpu.get('error')]
+    if len(seen) >= expected:
+        return
+    lost = ['%s (%s)' % (gpu.get('pci_bus_id') or 'GPU %s' % gpu.get('index'), gpu['error'])
+            for gpu in gpus if gpu.get('error')]
+    raise GpuopsError('expected_gpus: %d GPU%s expected, %d seen%s%s' % (
+        expected, '' if expected == 1 else 's', len(seen),
+        ' (%s)' % ', '.join(gpu.get('pci_bus_id') or 'GPU %s' % gpu.get('index') for gpu in seen) if seen else '',
+        '; lost: %s' % '; '.join(lost) if lost else ''))
+
+
+def read_expected_gpus(reader, expected, timeout=None):
+    """With expected set, read the GPUs once and raise GpuopsError when fewer can be read."""
+    if expected is None:
+        return
+    check_expected_gpus(None, expected)
+    snapshot = reader.read(timeout=timeout)
+    check_expected_gpus(snapshot.gpus + snapshot.missing, expected)
+
+
+class HostReader(GpuReader):
+    """A reader that adds the host's view (minor numbers, GPUs missing from the reader) to
+    every snapshot of the reader it wraps."""
+
+    def __init__(self, reader, host_root='/'):
+        self.reader = reader
+        self.host_root = host_root or '/'
+        self.backend = reader.backend
+        self.view = None
+
+    def read(self, timeout=None):
+        snapshot = self.reader.read(timeout=timeout)
+        if self.view is None:
+            self.view = read_host(self.host_root)
+        return apply_host(snapshot, self.view, self.backend)
+
+    def close(self):
+        self.reader.close()
