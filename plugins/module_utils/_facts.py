@@ -13,7 +13,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import health_facts, read_xid_events
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import fallen_off_bus, health_facts, read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, mark_fallen
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
@@ -59,19 +59,18 @@ def holder_facts(device_patterns, protect):
 
 
 def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, timeout=None,
-                 kernel_log=None, holder_warnings=True, fallen=None, expected_gpus=None):
+                 kernel_log=None, holder_warnings=True, expected_gpus=None):
     """Return (ansible_facts, warnings). kernel_log: a file to read Xid errors from instead of
     journalctl -k or dmesg. holder_warnings: False leaves out the warnings about unmatched
-    globs and uninspectable processes, for callers that give their own. fallen: bus ids the
-    kernel log says have fallen off the bus (their GPUs are lost). expected_gpus: raise
-    GpuopsError when fewer GPUs can be read."""
+    globs and uninspectable processes, for callers that give their own. expected_gpus: raise
+    GpuopsError when fewer GPUs can be read. A GPU the kernel log says has fallen off the bus is lost."""
     snapshot = reader.read(timeout=timeout)
-    mark_fallen(snapshot.gpus + snapshot.missing, fallen)
+    xid_events, log_warnings = read_xid_events(kernel_log, 10.0 if timeout is None else timeout)
+    mark_fallen(snapshot.gpus + snapshot.missing, fallen_off_bus(xid_events))
     check_expected_gpus(snapshot.gpus + snapshot.missing, expected_gpus)
     holders, warnings = holder_facts(device_patterns, protect)
     if not holder_warnings:
         warnings = []
-    xid_events, log_warnings = read_xid_events(kernel_log, 10.0 if timeout is None else timeout)
     warnings = warnings + log_warnings
     facts = {
         'nvidia_gpus': gpu_facts(snapshot, memory_threshold_mib, xid_events),

@@ -244,8 +244,9 @@ def recovery_action(xid_events, remapped_rows_pending=None, remapped_rows_failur
     if remapped_rows_failure:
         actions.append('inspect')
     if error:
-        # nvidia-smi's own advice for a lost GPU is to reboot; any other unreadable GPU needs a look.
-        actions.append('reboot' if 'GPU is lost' in error else 'inspect')
+        # nvidia-smi's own advice for a lost GPU is to reboot, as NVIDIA's for one that has fallen
+        # off the bus (Xid 79); any other unreadable GPU needs a look.
+        actions.append('reboot' if 'GPU is lost' in error or FALLEN_TEXT in error else 'inspect')
     return max(actions, key=lambda action: _SEVERITY[action])
 
 

@@ -36,13 +36,6 @@ NVIDIA_VENDOR = 0x10de
 GPU_CLASSES = (0x0300, 0x0302)
 GPU_NODE_RE = re.compile(r'^nvidia([0-9]+)$')
 
-# "NVRM: The NVIDIA GPU 0000:5d:00.0" followed, on the next lines, by "(PCI ID: 10de:2330)
-# installed in this system has" and "fallen off the bus and is not responding to commands.":
-# what the driver logs when a GPU's probe finds it gone (at boot there is no Xid).
-FALLEN_GPU_RE = re.compile(r'NVRM: The NVIDIA GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)')
-FALLEN_TEXT = 'fallen off the bus'
-
-
 def under_root(path, host_root='/'):
     """path (absolute) as it is found under host_root."""
     if not host_root or os.path.normpath(host_root) == '/':
@@ -193,24 +186,6 @@ def gpu_nodes(paths, host_root='/', view=None):
     return nodes, None
 
 
-def parse_fallen_off_bus(lines):
-    """Normalised bus ids of the GPUs that kernel log lines say have fallen off the bus without
-    an Xid (the driver's probe message: "NVRM: The NVIDIA GPU <bus id>" then, on one of the
-    next two lines, "fallen off the bus")."""
-    fallen, pending, left = set(), None, 0
-    for line in lines:
-        match = FALLEN_GPU_RE.search(line)
-        if match:
-            pending, left = match.group(1), 3
-        if pending and FALLEN_TEXT in line:
-            fallen.add(normalize_bus_id(pending))
-            pending = None
-        left -= 1
-        if left <= 0:
-            pending = None
-    return fallen
-
-
 def _lost_entry(bus_id, info, error):
     return {
         'index': None, 'uuid': info.get('uuid'), 'name': info.get('model'), 'pci_bus_id': bus_id,
@@ -280,9 +255,9 @@ def _missing(snapshot, view, reader_name):
 
 
 def mark_fallen(gpus, fallen):
-    """Mark as lost the GPUs (dicts with pci_bus_id and error) whose bus id is in fallen, the
-    bus ids the kernel log says have fallen off the bus."""
-    keys = set(bus_key(bus_id) for bus_id in fallen or ())
+    """Mark as lost the GPUs (dicts with pci_bus_id and error) whose bus key (_health.bus_key)
+    is in fallen: those the kernel log says have fallen off the bus (_health.fallen_off_bus)."""
+    keys = set(fallen or ())
     for gpu in gpus:
         if bus_key(gpu.get('pci_bus_id')) not in keys:
             continue

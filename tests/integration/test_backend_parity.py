@@ -257,7 +257,9 @@ def test_module_uses_nvml_and_times_out_on_a_hung_driver(nvmlhost):
     facts = result['ansible_facts']
     assert facts['nvidia_gpu_backend'] == 'nvml' and facts['nvidia_gpu_count'] == 8
     assert facts['nvidia_gpus'][4]['health']['recovery_action'] == 'reboot'
-    assert [g['state'] for g in facts['nvidia_gpus']] == ['idle_holding'] * 8
+    # Xid 79: "GPU has fallen off the bus"
+    assert [g['state'] for g in facts['nvidia_gpus']] == ['idle_holding'] * 4 + ['lost'] + ['idle_holding'] * 3
+    assert facts['nvidia_gpus'][4]['error'] == 'the kernel log says this GPU has fallen off the bus'
 
     nvmlhost.fault('hang', seconds=60)
     started = time.monotonic()

@@ -14,6 +14,7 @@ import os
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import fallen_off_bus, parse_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import (
     HostReader,
     apply_host,
@@ -21,7 +22,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._host import (
     device_patterns,
     gpu_nodes,
     mark_fallen,
-    parse_fallen_off_bus,
     parse_information,
     read_driver,
     read_host,
@@ -35,12 +35,7 @@ INFORMATION = ("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 312\n"
                "Bus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
                "Bus Location: \t 0000:%s:00.0\nDevice Minor: \t %d\nGPU Excluded:\t %s\n")
 
-# shared/real-samples/kernel_xid/K06 (NVIDIA/NVSentinel#155, dmesg) and K07 (syslog), verbatim.
-K06 = """[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0
-               NVRM: (PCI ID: 10de:26b5) installed in this system has
-               NVRM: fallen off the bus and is not responding to commands.
-[ 1843.439662] NVRM: The NVIDIA probe routine failed for 1 device(s).
-"""
+# shared/real-samples/kernel_xid/K07 (syslog), verbatim.
 K07 = """Jan  3 07:39:45 ubuntu kernel: [17257.355375] NVRM: The NVIDIA GPU 0000:5d:00.0
 Jan  3 07:39:45 ubuntu kernel: [17257.355375] NVRM: (PCI ID: 10de:2330) installed in this system has
 Jan  3 07:39:45 ubuntu kernel: [17257.355375] NVRM: fallen off the bus and is not responding to commands.
@@ -198,15 +193,10 @@ def test_unnamed_unreadable_gpu_is_not_counted_twice(host):
     assert snapshot.missing == []
 
 
-def test_fallen_off_the_bus_lines_in_both_real_forms():
-    assert parse_fallen_off_bus(K06.splitlines()) == set(['00000000:B3:00.0'])
-    assert parse_fallen_off_bus(K07.splitlines()) == set(['00000000:5D:00.0'])
-    assert parse_fallen_off_bus(['NVRM: The NVIDIA GPU 0000:18:00.0', 'a', 'b', 'c', 'fallen off the bus']) == set()
-
-
 def test_gpus_the_kernel_log_says_fell_off_are_lost():
     gpus = [gpu(0, '18'), gpu(1, '5d'), gpu(2, '9a', error='GPU is lost')]
-    mark_fallen(gpus, ['00000000:5D:00.0', '0000:9a:00.0'])
+    mark_fallen(gpus, fallen_off_bus(parse_xid_events(K07.splitlines() + [
+        'NVRM: Xid (PCI:0000:9a:00): 79, pid=0, name=x, GPU has fallen off the bus.'])))
     assert gpus[0]['error'] is None
     assert gpus[1]['error'] == 'the kernel log says this GPU has fallen off the bus'
     assert gpus[2]['error'] == 'GPU is lost; the kernel log says this GPU has fallen off the bus'
