@@ -151,7 +151,9 @@ def test_gpu_that_fell_off_the_bus_at_boot_is_lost(gpuhost_factory):
     lost = gpus[7]
     assert lost['pci_bus_id'] == '00000000:5D:00.0' and gpus[3]['pci_bus_id'] == '00000000:9A:00.0'
     assert 'on the PCI bus (PCI ID 10de:2335) but no driver is bound to it' in lost['error']
-    assert lost['health']['recovery_action'] == 'inspect'
+    # and the kernel log's probe message (as K06/K07) says so: as for Xid 79, a reboot
+    assert lost['error'].endswith('; the kernel log says this GPU has fallen off the bus')
+    assert lost['health']['recovery_action'] == 'reboot'
     assert 'GPU 00000000:5D:00.0 is lost' in result['warning_text']
 
 
