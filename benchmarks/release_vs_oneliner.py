@@ -13,9 +13,11 @@ delay) and each approach frees it in turn:
   module     ansible localhost -c local -m gpuops.nvidia.nvidia_device_release
 
 Reports the median wall time of each, their ratio, whether the protected daemon survived,
-and whether every GPU ended at 0 MiB.
+and whether every GPU ended at 0 MiB. With --compare-with DIR, the module of another checkout
+(an earlier version) runs too, and the time this version adds inside the task (elapsed_s:
+the settle window and the safety checks) is printed.
 
-Usage: python3 benchmarks/release_vs_oneliner.py [--reps 3] [--release-delay 1.0]
+Usage: python3 benchmarks/release_vs_oneliner.py [--reps 3] [--release-delay 1.0] [--compare-with DIR]
 Needs psmisc (fuser) and ansible-core (the repository's .venv is used when present).
 """
 
@@ -44,12 +46,12 @@ def find_ansible():
     return local if os.path.exists(local) else shutil.which('ansible')
 
 
-def collection_env(workdir):
-    """Environment in which ansible imports this checkout as gpuops.nvidia."""
-    tree = os.path.join(workdir, 'collections', 'ansible_collections', 'gpuops')
+def collection_env(workdir, repo=REPO, name='collections'):
+    """Environment in which ansible imports the checkout repo as gpuops.nvidia."""
+    tree = os.path.join(workdir, name, 'ansible_collections', 'gpuops')
     os.makedirs(tree)
-    os.symlink(REPO, os.path.join(tree, 'nvidia'))
-    return dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(workdir, 'collections'),
+    os.symlink(repo, os.path.join(tree, 'nvidia'))
+    return dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(workdir, name),
                 ANSIBLE_NOCOLOR='1', ANSIBLE_PYTHON_INTERPRETER=sys.executable,
                 ANSIBLE_LOCALHOST_WARNING='0', ANSIBLE_INVENTORY_UNPARSED_WARNING='0')
 
@@ -84,6 +86,8 @@ def main():
     parser.add_argument('--reps', type=int, default=3, help='repetitions of each approach (default 3)')
     parser.add_argument('--release-delay', type=float, default=1.0,
                         help="the simulated driver's release delay in seconds (default 1.0)")
+    parser.add_argument('--compare-with', metavar='DIR',
+                        help='a checkout of another version of the collection, whose module runs too')
     opts = parser.parse_args()
     if not shutil.which('fuser'):
         raise SystemExit('fuser (psmisc) is needed for the one-liner')
@@ -92,20 +96,24 @@ def main():
         raise SystemExit('ansible (ansible-core) is needed for the module')
 
     workdir = tempfile.mkdtemp(prefix='gpuops-bench-')
-    env = collection_env(workdir)
+    envs = {'module': collection_env(workdir)}
+    names = ['one-liner', 'module']
+    if opts.compare_with:
+        envs['other'] = collection_env(workdir, os.path.abspath(opts.compare_with), 'other')
+        names.append('other')
     host = Host(os.path.join(workdir, 'host'))
-    rows = {'one-liner': [], 'module': []}
-    module_inside = []
+    rows = dict((name, []) for name in names)
+    inside = dict((name, []) for name in names)
     try:
         for rep in range(opts.reps):
-            for name in ('one-liner', 'module'):
+            for name in names:
                 scenario = host.scenario('hung-job', release_delay=opts.release_delay)
                 daemon = scenario['persistenced']['pid']
                 if name == 'one-liner':
                     took, dummy = run_oneliner(host)
                 else:
-                    took, result = run_module(host, ansible, env, workdir)
-                    module_inside.append(result.get('elapsed_s', float('nan')))
+                    took, result = run_module(host, ansible, envs[name], workdir)
+                    inside[name].append(result.get('elapsed_s', float('nan')))
                 used = host.memory_used()
                 # Idle GPUs read 1 MiB (as real H200s): at or below the default threshold is idle.
                 rows[name].append((took, alive(daemon), all(mib <= IDLE_MAX_MIB for mib in used.values())))
@@ -122,17 +130,22 @@ def main():
           'delay %.1f s), %d repetitions' % (opts.release_delay, opts.reps))
     print('%-34s %9s  %-22s %-15s %s' % ('approach', 'median s', 'runs (s)', 'daemon alive', 'all GPUs 0 MiB'))
     labels = {'one-liner': 'one-liner (sleep; fuser -k; sleep)',
-              'module': 'nvidia_device_release (ansible)'}
+              'module': 'nvidia_device_release (ansible)',
+              'other': 'the same, from --compare-with'}
     medians = {}
-    for name in ('one-liner', 'module'):
+    for name in names:
         times = [row[0] for row in rows[name]]
         medians[name] = statistics.median(times)
         print('%-34s %9.2f  %-22s %-15s %s' % (
             labels[name], medians[name], ' '.join('%.2f' % value for value in times),
             '%d/%d runs' % (sum(row[1] for row in rows[name]), len(times)),
             '%d/%d runs' % (sum(row[2] for row in rows[name]), len(times))))
-    print('module time inside the task (elapsed_s), median: %.2f s' % statistics.median(module_inside))
+    print('module time inside the task (elapsed_s), median: %.2f s' % statistics.median(inside['module']))
     print('ratio one-liner / module: %.1fx' % (medians['one-liner'] / medians['module']))
+    if opts.compare_with:
+        other = statistics.median(inside['other'])
+        print('--compare-with time inside the task (elapsed_s), median: %.2f s' % other)
+        print('this version adds inside the task: %+.2f s' % (statistics.median(inside['module']) - other))
 
 
 if __name__ == '__main__':

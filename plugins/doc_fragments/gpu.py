@@ -88,29 +88,43 @@ options:
 options:
   devices:
     description:
-      - Device node globs. A process that has one of the matching files open or mapped holds
-        the GPUs, as C(fuser -v) would list it.
+      - Device node globs. A process that has one of the matching files open or mapped (by any
+        of its threads) holds the GPUs, as C(fuser -v) would list it.
+      - Every match must be an NVIDIA device node, named like one (C(nvidiaN), C(nvidiactl),
+        C(nvidia-uvm), C(nvidia-uvm-tools), C(nvidia-modeset), C(nvidia-nvlink),
+        C(nvidia-nvswitchN), C(nvidia-caps/nvidia-capN), ...) and, for a character device, with
+        a major number that an NVIDIA driver registered in C(/proc/devices). Anything else, such
+        as C(/dev/null) or C(/dev/*), is refused, naming the path, before anything is read or
+        signalled. A regular file of such a name passes (a simulated host).
       - Directories that match (such as C(/dev/nvidia-caps)) are skipped.
-      - A glob that matches nothing is not an error (a host may have no GPU yet); it gives a
-        warning.
+      - A glob that matches nothing fails M(gpuops.nvidia.nvidia_device_release); for
+        M(gpuops.nvidia.nvidia_gpu_facts) it is a warning (a host may have no GPU yet).
     type: list
     elements: str
     default: ['/dev/nvidia*']
   protect:
     description:
-      - Names of processes that are reported but never signalled, matched against the process
-        name (C(comm), compared on its first 15 characters as the kernel keeps it), the basename of
-        its C(argv[0]) and the basename of its executable.
-      - The default is NVIDIA's own daemons and the X servers; stopping some of these can
-        leave GPUs unusable until a reboot.
+      - Programs whose processes are reported but never signalled, as exact names or shell globs
+        (C(nv-*)), not regular expressions.
+      - A process is protected only when its executable (C(/proc/PID/exe)) has such a name, is
+        owned by root and writable by neither group nor others, and the process runs as root
+        or a system account (below C(UID_MIN) of C(/etc/login.defs)). A process that only
+        calls itself by such a name (its C(comm) or C(argv[0])) is a normal holder, reported
+        with C(impersonates) and a warning.
+      - The default is NVIDIA's own daemons (persistence, fabric manager, DCGM, power, IMEX,
+        NVSM, the Kubernetes device plugin and GPU feature discovery, the MPS control daemon)
+        and the display servers; stopping some of these can leave GPUs unusable until a reboot.
       - Use O(extra_protect) to add names without repeating the defaults.
     type: list
     elements: str
     default: [nvidia-persistenced, nvidia-fabricmanager, nv-fabricmanager, nv-hostengine,
-              dcgm-exporter, nvidia-powerd, nvidia-imex, Xorg, Xwayland]
+              dcgm-exporter, nvidia-powerd, nvidia-imex, nvsm_core, nvidia-device-plugin,
+              gpu-feature-discovery, nvidia-cuda-mps-control, Xorg, Xwayland, gnome-shell]
   extra_protect:
     description:
-      - More process names to protect, added to O(protect).
+      - More program names or shell globs to protect, added to O(protect), with the same checks.
+        An entry that looks like a regular expression (C(python.*)) gives a warning: it would
+        match only a program named exactly that.
     type: list
     elements: str
     default: []

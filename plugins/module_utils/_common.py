@@ -30,7 +30,7 @@ DEFAULT_PROTECT = [
     'nvsm_core',                # NVIDIA System Management, holds every GPU on DGX (sample H01)
     'nvidia-device-plugin',     # Kubernetes device plugin (stopped by mig-parted's hooks, H04)
     'gpu-feature-discovery',    # Kubernetes GPU feature discovery (H04)
-    'nvidia-cuda-mps-control',  # the MPS control daemon: its clients are the jobs, not it
+    'nvidia-cuda-mps-control',  # the MPS control daemon: NVIDIA's MPS guide stops it with `quit`
     'Xorg',
     'Xwayland',
     'gnome-shell',              # the display manager's session on a workstation (H01)

@@ -18,11 +18,19 @@ description:
     (C(SIGTERM), then C(SIGKILL) after a grace period).
   - A process is signalled only while it is still the process that was found (pidfd, or its
     start time re-read from C(/proc) right before the signal), so a recycled PID is never hit.
-  - Children and other processes that hold the devices after a round are signalled in turn.
-    A process that comes back after it was stopped (restarted by a supervisor) is stopped
-    once more at most and then reported in RV(survivors) with reason V(respawned).
+  - Only NVIDIA device nodes are looked at (see O(devices)), and NVIDIA's daemons are
+    recognised by the program they run, not by the name they give themselves (see O(protect)).
+  - A process that starts holding the devices while the ladder runs joins it. A child of a
+    holder, or a process of the same session, cgroup or user that appeared after the holder was
+    first signalled (a job forking on SIGTERM), takes the holder's place on the ladder; when the
+    last signal is C(KILL), the whole set is stopped with C(SIGSTOP) first and then killed, so
+    that no fork outruns it. Other newcomers go through the whole ladder.
+  - A process that started only after its predecessor exited, with the same user, name and
+    command line (restarted by a supervisor), is stopped once more at most and then reported
+    in RV(survivors) with reason V(respawned) and its supervisor.
   - Then waits, polling without fixed sleeps, until no unprotected holder is left and every
-    GPU in scope reports memory used at or below O(memory_threshold_mib).
+    GPU in scope reports memory used at or below O(memory_threshold_mib), and for
+    O(settle_time) after the last holder exited that none comes back.
   - Memory that stays in use with no process left is reported in RV(orphaned_gpus); only a
     GPU reset frees it.
   - Every signal sent is written to the system log with the PID, user and command.
@@ -64,12 +72,19 @@ options:
     description:
       - The signals sent in turn to each holder, waiting up to O(grace_period) after each one
         for the process to exit. Names with or without C(SIG), or numbers.
+      - Only signals that end a process are accepted. C(STOP), C(TSTP), C(TTIN), C(TTOU),
+        C(CONT), C(CHLD), C(URG) and C(WINCH) are refused: they would leave the job, and its GPU
+        memory, frozen or untouched.
+      - The ladder must fit in O(timeout): O(grace_period) times the number of signals less
+        one must be less than O(timeout).
     type: list
     elements: str
     default: [TERM, KILL]
   grace_period:
     description:
       - Seconds to wait after each signal for the holders to exit before the next signal.
+      - Near the end of O(timeout) the waits are shortened so that every holder still gets the
+        rest of its ladder in time.
     type: float
     default: 5
   wait:
@@ -83,11 +98,22 @@ options:
   timeout:
     description:
       - Seconds, counted from the start of the task and including the wait for O(lock_file),
-        until the GPUs must be clean. The signal ladder of a holder already started is always
-        completed. Each read of the GPUs is bounded by the time left (at least one second, so
-        that the final state can be reported).
+        until the GPUs must be clean. It bounds the whole release, grace periods and newcomers
+        included. Signalling stops a little before it (at most one second, a quarter of it
+        when shorter), so that a last read of the GPUs can report the state at the end.
+      - A finite number of seconds, more than 0 and at most 2147483 (what C(poll) accepts).
     type: float
     default: 60
+  settle_time:
+    description:
+      - Seconds, counted from the moment the last holder exited, to watch that no holder comes
+        back before the GPUs count as released. A holder that comes back is stopped or reported
+        as V(respawned).
+      - The default covers a supervisor that restarts the job at once (systemd restarts a unit
+        after C(RestartSec=100ms) by default). The window overlaps the driver's own release of
+        the memory, so it costs nothing when the driver is slower. V(0) turns it off.
+    type: float
+    default: 0.5
   lock_file:
     description:
       - The file locked (C(flock)) while a release runs, so that two releases on one host do
@@ -114,8 +140,12 @@ options:
     type: bool
     default: false
 notes:
-  - When O(devices) matches no device node the module warns and changes nothing; a host may
-    simply have no GPU or driver yet.
+  - A pattern in O(devices) that matches no NVIDIA device node, a typo or a host without the
+    driver, fails the task before anything is signalled: the module never calls GPUs released
+    without reading them.
+  - What waiting cannot fix fails at once, before any signal, instead of waiting out
+    O(timeout) - nvidia-smi missing or not executable, the driver not loaded, the NVML library
+    missing or of another version.
   - When the GPUs are not clean by O(timeout) the task fails with a message that names each
     dirty GPU and why, and still returns every value below.
   - A lost GPU (one the driver cannot read) never becomes clean; once no unprotected holder is
@@ -188,12 +218,23 @@ signalled:
       type: list
       elements: str
     signals_sent:
-      description: The signals sent to it, by name without C(SIG), in order. Empty in check mode.
+      description:
+        - The signals of O(signals) sent to it, by name without C(SIG), in order. Empty in
+          check mode.
+        - The C(SIGSTOP) that freezes the set just before a final C(KILL) is written to the
+          system log but not listed.
       type: list
       elements: str
     exited:
       description: Whether the process had exited by the end of the run.
       type: bool
+    impersonates:
+      description: The protected name (from O(protect)) this process goes by although it is not
+        that daemon, its executable or user failing the checks described under O(protect).
+        Only present for such a process.
+      type: str
+      returned: when the process calls itself by a protected name
+      sample: nvidia-persistenced
   sample:
     - pid: 4242
       user: alice
@@ -203,8 +244,9 @@ signalled:
       signals_sent: [TERM]
       exited: true
 protected:
-  description: Holders left alone because of O(protect), O(extra_protect), or because they are
-    the module's own process or its ancestors.
+  description: Holders left alone because their identity matches O(protect) or O(extra_protect)
+    (verified as described there), or because they are the module's own process or its
+    ancestors.
   returned: always
   type: list
   elements: dict
@@ -268,11 +310,23 @@ survivors:
           the driver; it dies only when the driver lets go.
         - V(zombie) the process has exited but was not reaped.
         - V(respawned) a new process took the place of one that was stopped (same user, name and
-          command line) after it had already come back once, or holders kept appearing after
-          the last round of signals.
+          command line, started after it exited) after it had already come back once, or it
+          appeared too late to be signalled; RV(survivors[].supervisor) says who started it.
         - V(ignored_signals) the process received every signal of O(signals) and still runs.
+        - V(not_permitted) the kernel refused the signals (another user's process, without
+          root); RV(survivors[].uid) is its user id.
       type: str
       sample: ignored_signals
+    supervisor:
+      description: Who started a V(respawned) process - its parent (C(pid), C(name)) and the
+        systemd C(unit) or C(container) id of its cgroup (null when none).
+      type: dict
+      returned: when the reason is V(respawned)
+      sample: {pid: 1, name: systemd, unit: train.service, container: null}
+    uid:
+      description: The user id of a V(not_permitted) process.
+      type: int
+      returned: when the reason is V(not_permitted)
 orphaned_gpus:
   description: Indexes of GPUs in scope whose memory stayed in use with no process left.
     Only a GPU reset frees it. Empty when O(wait=false).

@@ -477,17 +477,19 @@ def test_bad_setting_fails_the_host_clearly(gpuhost_factory, tmp_path):
     assert line.startswith('FAILED') and 'gpu_reset_on_failure' in line and 'fail, drain' in line, line
 
 
-def test_misconfigured_host_fails_before_anything_is_signalled(gpuhost_factory, tmp_path):
+@pytest.mark.parametrize('timeout', [0, 'nan', 'inf', 3000000])
+def test_misconfigured_host_fails_before_anything_is_signalled(gpuhost_factory, tmp_path, timeout):
     host = gpuhost_factory(gpus=1)
     job = host.hold(gpus=[0], mib=1024)['pid']
     inventory = tmp_path / 'inventory.yml'
     inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(
-        host, tmp_path, 'node', gpu_reset_timeout=0, gpu_reset_on_failure='drain',
+        host, tmp_path, 'node', gpu_reset_timeout=timeout, gpu_reset_on_failure='drain',
         gpu_reset_drain_command=['touch', str(tmp_path / 'drained')])}}}))
     run = playbook(inventory, tmp_path / 'reports')
     assert run.rc == 2
     assert run.line('node')[0].startswith('FAILED')
-    assert 'gpu_reset is misconfigured: gpu_reset_timeout must be more than 0 seconds, got 0' in run.line('node')[0]
+    assert ('gpu_reset is misconfigured: gpu_reset_timeout must be more than 0 and at most 2147483 seconds, '
+            'got %s' % timeout) in run.line('node')[0]
     assert 'node: gpu_reset is misconfigured' in run.out
     assert alive(job) and not (tmp_path / 'drained').exists()
     assert run.reports['node']['signalled'] == [] and run.reports['node']['drained'] is False
