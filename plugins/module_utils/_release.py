@@ -639,9 +639,14 @@ class Release:
             if self._enlist(holders, now):
                 delay = POLL_MIN_S
             self._advance(now)
+            if not self.targets and self._clean(snapshot, holders):
+                break  # nothing to release
             if not self.options.wait and not self._ladder_pending(now, holders):
                 break
-            self._pause(self._next_event(self.clock(), delay))
+            wake = self._next_event(self.clock(), delay)
+            if last_exit is not None and self.targets and last_exit + self.options.settle_time > self.clock():
+                wake = min(wake, last_exit + self.options.settle_time)  # the end of the settle window
+            self._pause(wake)
             delay = min(delay * POLL_GROWTH, POLL_MAX_S)
             self._note_exits()
             snapshot, holders = self._observe()
