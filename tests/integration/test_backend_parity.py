@@ -232,15 +232,17 @@ def test_process_name_that_is_not_utf8(nvmlhost):
     assert gpus[0]['processes'][0]['name'] == u'\ufffdjob'
 
 
-def run_module(host, **options):
+def run_module(host, module='nvidia_gpu_facts', **options):
     env = host.env(nvml=True)
     env.update(ANSIBLE_STDOUT_CALLBACK='ansible.builtin.minimal', ANSIBLE_NOCOLOR='1',
                ANSIBLE_PYTHON_INTERPRETER=sys.executable)
-    args = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob], kernel_log=host.kernel_log)
+    args = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob])
+    if module == 'nvidia_gpu_facts':
+        args['kernel_log'] = host.kernel_log
     args.update(options)
     ansible = os.path.join(os.path.dirname(sys.executable), 'ansible')
     proc = subprocess.run([ansible if os.path.exists(ansible) else 'ansible', 'localhost', '-c', 'local', '-i', 'localhost,', '-m',
-                           'gpuops.nvidia.nvidia_gpu_facts', '-a', json.dumps(args)],
+                           'gpuops.nvidia.' + module, '-a', json.dumps(args)],
                           capture_output=True, text=True, env=env, timeout=120, check=False)
     # minimal: "localhost | SUCCESS => {...}" or "localhost | FAILED! => {...}"
     assert ' => ' in proc.stdout, proc.stdout + proc.stderr
@@ -292,3 +294,16 @@ def test_nvml_gives_the_drivers_minor_numbers_and_misses_the_fallen_gpu(gpuhost_
     proc = subprocess.run([sys.executable, '-c', probe], env=host.env(nvml=True), capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.stdout.strip() == '[3, 0, 6, 1, 5, 2, 4]', proc.stderr
+
+
+@pytest.mark.parametrize('backend', ['nvml', 'nvidia-smi'])
+def test_an_idle_host_is_free_and_released_without_a_change(nvmlhost, tmp_path, backend):
+    # gpusim's defaults, as real drivers read: 1 MiB used on every idle GPU, 515 MiB reserved.
+    facts = run_module(nvmlhost, backend=backend)['ansible_facts']
+    assert facts['nvidia_gpu_backend'] == backend
+    assert [(g['memory_used_mib'], g['state']) for g in facts['nvidia_gpus']] == [(1, 'free')] * 8
+    result = run_module(nvmlhost, 'nvidia_device_release', backend=backend, lock_file=str(tmp_path / 'lock'))
+    assert result['failed'] is False and result['changed'] is False and result['released'] is True
+    nvmlhost.hold(gpus=[3], mib=300)
+    facts = run_module(nvmlhost, backend=backend)['ansible_facts']
+    assert [g['state'] for g in facts['nvidia_gpus']] == ['free'] * 3 + ['idle_holding'] + ['free'] * 4
