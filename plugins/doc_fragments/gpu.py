@@ -123,7 +123,7 @@ options:
   extra_protect:
     description:
       - More program names or shell globs to protect, added to O(protect), with the same checks.
-        An entry that looks like a regular expression (C(python.*)) gives a warning: it would
+        An entry that looks like a regular expression (C(python.*)) gives a warning, since it would
         match only a program named exactly that.
     type: list
     elements: str

@@ -73,9 +73,9 @@ options:
       - The signals sent in turn to each holder, waiting up to O(grace_period) after each one
         for the process to exit. Names with or without C(SIG), or numbers.
       - Only signals that end a process are accepted. C(STOP), C(TSTP), C(TTIN), C(TTOU),
-        C(CONT), C(CHLD), C(URG) and C(WINCH) are refused: they would leave the job, and its GPU
+        C(CONT), C(CHLD), C(URG) and C(WINCH) are refused, since they would leave the job, and its GPU
         memory, frozen or untouched.
-      - The ladder must fit in O(timeout): O(grace_period) times the number of signals less
+      - The ladder must fit in O(timeout), so O(grace_period) times the number of signals less
         one must be less than O(timeout).
     type: list
     elements: str
