@@ -141,7 +141,7 @@ options:
     default: false
 notes:
   - A pattern in O(devices) that matches no NVIDIA device node, a typo or a host without the
-    driver, fails the task before anything is signalled: the module never calls GPUs released
+    driver, fails the task before anything is signalled; the module never calls GPUs released
     without reading them.
   - What waiting cannot fix fails at once, before any signal, instead of waiting out
     O(timeout) - nvidia-smi missing or not executable, the driver not loaded, the NVML library
