@@ -13,7 +13,7 @@ delay) and each approach frees it in turn:
   module     ansible localhost -c local -m gpuops.nvidia.nvidia_device_release
 
 Reports the median wall time of each, their ratio, whether the protected daemon survived,
-and whether every GPU ended at 0 MiB. With --compare-with DIR, the module of another checkout
+and whether every GPU ended idle (at most the default threshold). With --compare-with DIR, the module of another checkout
 (an earlier version) runs too, and the time this version adds inside the task (elapsed_s:
 the settle window and the safety checks) is printed.
 
@@ -117,7 +117,7 @@ def main():
                 used = host.memory_used()
                 # Idle GPUs read 1 MiB (as real H200s): at or below the default threshold is idle.
                 rows[name].append((took, alive(daemon), all(mib <= IDLE_MAX_MIB for mib in used.values())))
-                print('rep %d %-9s %6.2f s  daemon alive: %-3s  all GPUs 0 MiB: %s'
+                print('rep %d %-9s %6.2f s  daemon alive: %-3s  all GPUs idle: %s'
                       % (rep + 1, name, took, 'yes' if alive(daemon) else 'no',
                          'yes' if rows[name][-1][2] else 'no (%s)' % used), flush=True)
                 host.stop()
@@ -128,7 +128,7 @@ def main():
     print()
     print('hung-job on a simulated 8-GPU host (8 x 76113 MiB, die on SIGTERM, driver release '
           'delay %.1f s), %d repetitions' % (opts.release_delay, opts.reps))
-    print('%-34s %9s  %-22s %-15s %s' % ('approach', 'median s', 'runs (s)', 'daemon alive', 'all GPUs 0 MiB'))
+    print('%-34s %9s  %-22s %-15s %s' % ('approach', 'median s', 'runs (s)', 'daemon alive', 'all GPUs idle'))
     labels = {'one-liner': 'one-liner (sleep; fuser -k; sleep)',
               'module': 'nvidia_device_release (ansible)',
               'other': 'the same, from --compare-with'}

@@ -101,6 +101,7 @@ def spawn(tmp_path):
                 program = exe if os.path.isabs(exe) else install_program(tmp_path / 'sbin', exe)
                 env = dict(os.environ, PYTHONHOME='%s:%s' % (sys.base_prefix, sys.base_exec_prefix))
             argv = [program, '-c', HOLDER, name, mode] + [str(p) for p in paths]
+
         def as_user():
             os.setgid(user)
             os.setuid(user)

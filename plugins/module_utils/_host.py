@@ -36,6 +36,7 @@ NVIDIA_VENDOR = 0x10de
 GPU_CLASSES = (0x0300, 0x0302)
 GPU_NODE_RE = re.compile(r'^nvidia([0-9]+)$')
 
+
 def under_root(path, host_root='/'):
     """path (absolute) as it is found under host_root."""
     if not host_root or os.path.normpath(host_root) == '/':

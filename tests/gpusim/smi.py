@@ -98,7 +98,7 @@ def parse_args(argv):
 
 def driver_major(state):
     try:
-        return int(str(state.get("driver_version", "0")).split(".")[0])
+        return int(str(state.get("driver_version", "0")).split(".", maxsplit=1)[0])
     except ValueError:
         return 0
 
