@@ -293,12 +293,12 @@ def _load(path):
         return None
 
 
-def checks(run_dir, holder_pid, index=0, threshold=None, smi_path='nvidia-smi', compute_holder=True):
+def checks(run_dir, holder_pid, index=0, threshold=None, smi_path='nvidia-smi', compute_holder=True, backend=None):
     """Judge one backend's run: run_dir holds facts_before.json, release.json and facts_after.json.
 
     Returns [(verdict, name, detail)], verdict PASS, FAIL or SKIP. compute_holder: the holder
     has a CUDA context (a holder that only opens the device files is no compute app, and its
-    GPU may read free before the release).
+    GPU may read free before the release). backend: the facts must say they were read with it.
     """
     threshold = default_threshold() if threshold is None else threshold
     before, release, after = (_load(os.path.join(run_dir, name + '.json'))
@@ -311,6 +311,9 @@ def checks(run_dir, holder_pid, index=0, threshold=None, smi_path='nvidia-smi', 
     gpu = gpu_entry(before, index)
     check('facts before: GPU %d read' % index, bool(before) and not before.get('failed') and gpu is not None,
           'msg: %s' % (before or {}).get('msg') if not gpu else 'state %s, memory used %s MiB' % (gpu['state'], gpu['memory_used_mib']))
+    if backend:
+        read_with = (before or {}).get('ansible_facts', {}).get('nvidia_gpu_backend')
+        check('facts before: read with backend %s' % backend, read_with == backend, 'nvidia_gpu_backend %s' % read_with)
     pids = [proc.get('pid') for proc in (gpu or {}).get('processes') or []]
     check('facts before: GPU %d not free, holder %d listed' % (index, holder_pid),
           gpu is not None and gpu.get('state') != 'free' and holder_pid in pids,
@@ -356,6 +359,7 @@ def main(argv=None):
     p.add_argument('--index', type=int, default=0)
     p.add_argument('--smi', default='nvidia-smi')
     p.add_argument('--label', default='')
+    p.add_argument('--backend')
     p.add_argument('--no-compute-holder', dest='compute_holder', action='store_false')
     args = parser.parse_args(argv)
 
@@ -383,7 +387,8 @@ def main(argv=None):
         print('' if used is None else used)
         return 0 if used is not None else 1
     elif args.cmd == 'check':
-        results = checks(args.run_dir, args.pid, args.index, smi_path=args.smi, compute_holder=args.compute_holder)
+        results = checks(args.run_dir, args.pid, args.index, smi_path=args.smi,
+                         compute_holder=args.compute_holder, backend=args.backend)
         for verdict, name, detail in results:
             print('%s %s%s (%s)' % (verdict, args.label, name, detail))
         return 1 if any(verdict == 'FAIL' for verdict, dummy, dummy in results) else 0
