@@ -22,7 +22,8 @@
 #   TOTAL_TIMEOUT   seconds the whole check may take (default 1200).
 #   GPUOPS_DEVICE_CHECK_SIM=ROOT  test mode: a gpusim host under ROOT (gpusim init done) stands in
 #                   for the GPU: its fake nvidia-smi and libnvidia-ml.so.1, host_root ROOT, and a
-#                   `gpusim hold` in place of the torch holder.
+#                   `gpusim hold` in place of the torch holder (HOLD_MIB=0: one that only opens
+#                   the device files, as without torch).
 #
 # Exit status: 0 when every check passed, 1 on a FAIL, 2 when the check could not run.
 
@@ -117,7 +118,8 @@ else
     if [[ -n $WHEELS ]]; then
         [[ -d $WHEELS ]] || die "WHEELS=$WHEELS is not a directory"
         step "$APY" -m pip install --no-index --find-links "$WHEELS" ansible-core >>"$OUT/venv.log" 2>&1 \
-            || die "pip could not install ansible-core from the wheels in $WHEELS (see $OUT/venv.log): carry wheels for this python ($("$PYTHON" -V 2>&1)) and platform"
+            || die "pip could not install ansible-core from the wheels in $WHEELS (see $OUT/venv.log):" \
+                   "carry wheels for this python ($("$PYTHON" -V 2>&1)) and platform"
     else
         say "no WHEELS given: trying plain pip install ansible-core (needs the network)"
         step "$APY" -m pip install ansible-core >>"$OUT/venv.log" 2>&1 \
@@ -138,7 +140,10 @@ say "GPU 0 idle: memory.used $IDLE_USED MiB (default memory_threshold_mib $THRES
 
 # --- the holder ----------------------------------------------------------------------------------
 COMPUTE_HOLDER=1
-if [[ -z $SIM ]] && ! "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+if [[ -n $SIM && $HOLD_MIB -eq 0 ]]; then
+    COMPUTE_HOLDER=0  # gpusim hold --mib 0 holds the files and is no compute app
+    say "NOTE HOLD_MIB=0: the holder only opens the device files (checks that need a CUDA context are skipped)"
+elif [[ -z $SIM ]] && ! "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     COMPUTE_HOLDER=0
     say "NOTE torch with CUDA is not importable by $PYTHON: the holder only opens the device files (no CUDA context; checks that need one are skipped)"
 fi
@@ -206,10 +211,16 @@ for backend in nvidia-smi nvml; do
         record nvml "$OUT/holder" | tee -a "$OUT/check.log"
         HELD_USED=$(record memory-used --smi "$SMI" --index 0) || HELD_USED=
         if [[ -n $HELD_USED ]]; then
-            say "GPU 0 with the holder: memory.used $HELD_USED MiB; beyond the idle reading and the $HOLD_MIB MiB allocated: $((HELD_USED - IDLE_USED - HOLD_MIB)) MiB (the CUDA context)"
-            printf '{"idle_used_mib": %s, "held_used_mib": %s, "hold_mib": %s, "context_mib": %s, "threshold_mib": %s, "compute_holder": %s}\n' \
-                "$IDLE_USED" "$HELD_USED" "$HOLD_MIB" "$((HELD_USED - IDLE_USED - HOLD_MIB))" "$THRESHOLD" \
-                "$([[ $COMPUTE_HOLDER -eq 1 ]] && echo true || echo false)" >"$OUT/holder/summary.json"
+            context=null
+            if [[ $COMPUTE_HOLDER -eq 1 ]]; then
+                context=$((HELD_USED - IDLE_USED - HOLD_MIB))
+                say "GPU 0 with the holder: memory.used $HELD_USED MiB, of which $context MiB beyond" \
+                    "the idle reading and the $HOLD_MIB MiB allocated (the CUDA context)"
+            else
+                say "GPU 0 with the holder: memory.used $HELD_USED MiB (no CUDA context)"
+            fi
+            printf '{"idle_used_mib": %s, "held_used_mib": %s, "hold_mib": %s, "context_mib": %s, "threshold_mib": %s}\n' \
+                "$IDLE_USED" "$HELD_USED" "$HOLD_MIB" "$context" "$THRESHOLD" >"$OUT/holder/summary.json"
         fi
         FIRST=0
     fi

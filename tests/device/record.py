@@ -14,6 +14,8 @@ Run as a script: ``python3 record.py smi|nvml|host|fields|adhoc|check|memory-use
 
 from __future__ import absolute_import, division, print_function
 
+__metaclass__ = type
+
 import argparse
 import glob
 import json

@@ -208,10 +208,25 @@ def test_check_sh_passes_on_a_gpusim_host(gpuhost_factory, tmp_path):
         assert (out / path).is_file(), path
     summary = json.loads((out / 'holder' / 'summary.json').read_text())
     assert summary == {'idle_used_mib': 1, 'held_used_mib': 2049, 'hold_mib': 2048, 'context_mib': 0,
-                       'threshold_mib': 32, 'compute_holder': True}
+                       'threshold_mib': 32}
     holder_pid = json.loads((out / 'ansible' / 'nvidia-smi' / 'holder.log').read_text())['pid']
     assert (out / 'holder' / 'smi' / 'query_compute_apps.stdout').read_text().startswith('%d, ' % holder_pid)
     assert (out / 'idle' / 'smi' / 'query_compute_apps.stdout').read_text() == ''
+
+
+@needs_cc
+def test_check_sh_skips_the_compute_check_for_a_holder_of_device_files(gpuhost_factory, tmp_path):
+    pytest.importorskip('pynvml')
+    host = gpuhost_factory(gpus=1)
+    proc = run_check(tmp_path, {'GPUOPS_DEVICE_CHECK_SIM': host.root, 'ANSIBLE_PYTHON': sys.executable, 'HOLD_MIB': '0'})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert 'NOTE HOLD_MIB=0: the holder only opens the device files (checks that need a CUDA context are skipped)' in lines
+    assert [line.split(' (')[0] for line in lines if line.startswith('SKIP')] == [
+        'SKIP %s: facts before: GPU 0 not free, holder %d listed' % (backend, json.loads(
+            (tmp_path / 'out' / 'ansible' / backend / 'holder.log').read_text())['pid']) for backend in ('nvidia-smi', 'nvml')]
+    assert json.loads((tmp_path / 'out' / 'holder' / 'summary.json').read_text())['context_mib'] is None
+    assert lines[-1].startswith('PASS all checks')
 
 
 def test_check_sh_says_when_there_is_no_nvidia_smi(tmp_path):
