@@ -204,11 +204,14 @@ def record_host(out_dir, root='/'):
     """What the host says of its NVIDIA GPUs outside nvidia-smi and NVML, under root; return the dict.
 
     Writes host.json (everything), and verbatim copies of each /proc/driver/nvidia/gpus/*/information
-    as proc_gpus/<bus id>.information. /proc/devices, uname and the driver version are the running
-    kernel's (root only moves /dev, /sys and /proc/driver, as the modules' host_root does).
+    as proc_gpus/<bus id>.information. /dev, /sys and /proc/driver (with the driver's version) are
+    read under root, as the modules' host_root does; /proc/devices and uname are the running kernel's.
     """
     os.makedirs(out_dir, exist_ok=True)
-    join = lambda *parts: os.path.join(root, *parts)  # noqa: E731
+
+    def join(*parts):
+        return os.path.join(root, *parts)
+
     out = {'root': root, 'uname': ' '.join(platform.uname()),
            'driver_version': _read(join('proc', 'driver', 'nvidia', 'version')),
            'module_version': _read(join('sys', 'module', 'nvidia', 'version')).strip(),
