@@ -159,7 +159,9 @@ start_holder() {  # start_holder LOGFILE: sets HOLDER_PID once the holder holds 
         return 0
     fi
     if [[ $COMPUTE_HOLDER -eq 1 ]]; then
-        "$PYTHON" -c '
+        # cuda:0 must be nvidia-smi's GPU 0: CUDA numbers the fastest GPU first unless told the bus
+        # order, and CUDA_VISIBLE_DEVICES would renumber them (env execs: $! is the holder).
+        env -u CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER=PCI_BUS_ID "$PYTHON" -c '
 import sys, time, torch
 mib = int(sys.argv[1])
 x = torch.empty(mib * 1024 * 1024, dtype=torch.uint8, device="cuda:0")
@@ -178,7 +180,7 @@ time.sleep(3600)
     HOLDER_PID=$!
     until grep -qx ready "$log" 2>/dev/null; do
         kill -0 "$HOLDER_PID" 2>/dev/null || die "the holder died before it was ready (see $log)"
-        ((waited++ < 120)) || die "the holder was not ready after 60 s (see $log)"
+        ((waited++ < 240)) || die "the holder was not ready after 120 s (see $log)"
         sleep 0.5
     done
 }
