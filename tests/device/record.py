@@ -327,8 +327,8 @@ def checks(run_dir, holder_pid, index=0, threshold=None, smi_path='nvidia-smi', 
     signalled = [entry.get('pid') for entry in release.get('signalled') or []]
     check('release: changed and released', not release.get('failed') and release.get('changed') is True
           and release.get('released') is True,
-          'failed %s, changed %s, released %s, msg %s' % (release.get('failed'), release.get('changed'),
-                                                         release.get('released'), release.get('msg')))
+          'failed %s, changed %s, released %s, msg %s' % (
+              release.get('failed'), release.get('changed'), release.get('released'), release.get('msg')))
     check('release: holder %d signalled' % holder_pid, holder_pid in signalled, 'signalled %s' % signalled)
     check('holder %d gone' % holder_pid, pid_gone(holder_pid), '/proc/%d' % holder_pid)
     gpu = gpu_entry(after, index)
