@@ -66,8 +66,10 @@ def run_oneliner(host):
 
 
 def run_module(host, ansible, env, workdir):
+    # The threshold is given, not left to the default, so that an earlier version (whose default
+    # was 0 MiB) judges the idle reading as this one does.
     args = dict(nvidia_smi_path=host.smi_path, devices=[os.path.join(host.root, 'dev', 'nvidia*')],
-                lock_file=os.path.join(workdir, 'release.lock'))
+                lock_file=os.path.join(workdir, 'release.lock'), memory_threshold_mib=IDLE_MAX_MIB)
     started = time.monotonic()
     proc = subprocess.run([ansible, 'localhost', '-c', 'local', '-i', 'localhost,',
                            '-m', 'gpuops.nvidia.nvidia_device_release', '-a', json.dumps(args)],

@@ -643,10 +643,7 @@ class Release:
                 break  # nothing to release
             if not self.options.wait and not self._ladder_pending(now, holders):
                 break
-            wake = self._next_event(self.clock(), delay)
-            if last_exit is not None and self.targets and last_exit + self.options.settle_time > self.clock():
-                wake = min(wake, last_exit + self.options.settle_time)  # the end of the settle window
-            self._pause(wake)
+            self._pause(self._next_event(self.clock(), delay))
             delay = min(delay * POLL_GROWTH, POLL_MAX_S)
             self._note_exits()
             snapshot, holders = self._observe()
@@ -655,6 +652,7 @@ class Release:
                 last_exit = None
             elif last_exit is None:
                 last_exit = now
+                delay = POLL_MIN_S  # the driver frees the memory from now on: look again soon
             if self.options.wait and self._clean(snapshot, holders) and \
                     (not self.targets or now >= last_exit + self.options.settle_time):
                 break
