@@ -39,9 +39,10 @@ pick_python() {
   return 1
 }
 
-# ensure_venv DIR REQUIREMENTS: create or reuse DIR, install the pinned requirements once.
+# ensure_venv DIR REQUIREMENTS [CONSTRAINTS]: create or reuse DIR, install the pinned
+# requirements once, under CONSTRAINTS (default requirements/constraints.txt).
 ensure_venv() {
-  local venv=$1 requirements=$2 python stamp want
+  local venv=$1 requirements=$2 constraints=${3:-$REPO/requirements/constraints.txt} python stamp want
   python=$(pick_python) || return 1
   if [ ! -x "$venv/bin/python" ]; then
     say "creating virtual environment $venv"
@@ -52,11 +53,11 @@ ensure_venv() {
     fi
   fi
   stamp="$venv/.requirements.sha256"
-  want=$(cat "$requirements" "$REPO/requirements/constraints.txt" | sha256sum | cut -d' ' -f1)
+  want=$(cat "$requirements" "$constraints" | sha256sum | cut -d' ' -f1)
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing $(basename "$requirements") into $venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-      -r "$requirements" -c "$REPO/requirements/constraints.txt" || return 1
+      -r "$requirements" -c "$constraints" || return 1
     echo "$want" >"$stamp"
   fi
   export PATH="$venv/bin:$PATH"
@@ -82,6 +83,7 @@ PY
 )
   cache="$HOME/.ansible/test/cache/get_pip_${version//./_}.py"
   if [ ! -f "$cache" ]; then
+    say "writing ansible-test's offline get-pip stand-in to $cache"
     mkdir -p "$(dirname "$cache")"
     cp "$REPO/tests/sanity/get_pip_offline.py" "$cache"
   fi

@@ -1,65 +1,150 @@
 #!/usr/bin/env bash
-# Runs every test: unit, gpusim, integration, ansible-doc, sanity, lint, changelog, the
-# collection tarball, and the Molecule scenarios in podman containers (as root).
-# Usage: scripts/test.sh [pytest arguments...]
+# The test command. Stages, in the order `all` runs them:
+#   unit         pytest tests/unit tests/gpusim
+#   integration  pytest tests/integration tests/device
+#   sanity       ansible-test sanity
+#   lint         ansible-doc, ansible-lint (production profile), antsibull-changelog lint, the
+#                collection tarball (build, install, no development files), galaxy-importer
+#                (Galaxy's import checks) on the tarball, antsibull-docs lint-collection-docs
+#   molecule     the Molecule scenarios in podman containers (as root)
+# Usage: scripts/test.sh [unit|integration|sanity|lint|molecule|all] [pytest arguments...]
+#        (default all; the pytest arguments go to the unit and integration stages)
+# It installs what is missing (Debian packages, the pinned virtual environments .venv,
+# .venv-sanity, .venv-docs, .venv-molecule, the podman configuration) and says so first.
+# Collections it builds or installs stay under .build in this checkout: nothing lands in
+# ~/.ansible/collections.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
+
+usage() { sed -n '2,15s/^# \{0,1\}//p' "$0"; }
+
+stage=all
+if [ $# -gt 0 ]; then
+  case $1 in
+    unit|integration|sanity|lint|molecule|all) stage=$1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "unknown stage: $1" >&2; usage >&2; exit 2 ;;
+  esac
+fi
 
 ensure_commands fuser:psmisc ps:procps gcc:gcc git:git rsync:rsync shellcheck:shellcheck
 ensure_venv "$REPO/.venv" "$REPO/requirements/test.txt"
 link_collection
 cd "$REPO"
 
-say "pytest"
-python -m pytest -p no:cacheprovider "$@" tests
+stage_unit() {
+  say "pytest: unit and simulator tests"
+  python -m pytest -p no:cacheprovider "$@" tests/unit tests/gpusim
+}
 
-say "ansible-doc"
-for module in plugins/modules/*.py; do
-  name=$(basename "$module" .py)
-  ansible-doc "gpuops.nvidia.$name" >/dev/null
-  echo "gpuops.nvidia.$name renders"
-done
-for filter in plugins/filter/*.py; do
-  ansible-doc -t filter "gpuops.nvidia.$(basename "$filter" .py)" >/dev/null
-  echo "filter gpuops.nvidia.$(basename "$filter" .py) renders"
-done
-ansible-doc -t role gpuops.nvidia.gpu_reset >/dev/null
-echo "role gpuops.nvidia.gpu_reset renders"
+stage_integration() {
+  say "pytest: integration and device-check tests"
+  python -m pytest -p no:cacheprovider "$@" tests/integration tests/device
+}
 
-say "ansible-test sanity"
-# ansible-test wants the collection at .../ansible_collections/gpuops/nvidia, outside any git
-# work tree that would hide untracked files, and runs in an environment of its own.
-ensure_venv "$REPO/.venv-sanity" "$REPO/requirements/sanity.txt"
-offline_get_pip
-SANITY="${TMPDIR:-/tmp}/gpuops-nvidia-sanity/ansible_collections/gpuops/nvidia"
-mkdir -p "$SANITY"
-rsync -a --delete --delete-excluded --exclude=/.git --exclude=/.build --exclude='/.venv*' \
-  --exclude=__pycache__ --exclude=/.pytest_cache --exclude=/.hypothesis --exclude=/tests/output \
-  "$REPO/" "$SANITY/"
-(cd "$SANITY" && "$REPO/.venv-sanity/bin/ansible-test" sanity --requirements --color no \
-  --python "$("$REPO/.venv-sanity/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')")
+stage_sanity() {
+  say "ansible-test sanity"
+  # ansible-test wants the collection at .../ansible_collections/gpuops/nvidia, outside any git
+  # work tree that would hide untracked files, and runs in an environment of its own.
+  ensure_venv "$REPO/.venv-sanity" "$REPO/requirements/sanity.txt"
+  offline_get_pip
+  local sanity="${TMPDIR:-/tmp}/gpuops-nvidia-sanity/ansible_collections/gpuops/nvidia"
+  mkdir -p "$sanity"
+  rsync -a --delete --delete-excluded --exclude=/.git --exclude=/.build --exclude='/.venv*' \
+    --exclude=__pycache__ --exclude=/.pytest_cache --exclude=/.hypothesis --exclude=/tests/output \
+    --exclude=/.ansible "$REPO/" "$sanity/"
+  (cd "$sanity" && "$REPO/.venv-sanity/bin/ansible-test" sanity --requirements --color no \
+    --python "$("$REPO/.venv-sanity/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')")
+}
 
-say "ansible-lint (production profile)"
-ansible-lint --profile production
+stage_lint() (
+  # Ansible's own state (galaxy cache, temporary files, ansible-lint's cache) for these tools
+  # stays in the checkout too.
+  export ANSIBLE_HOME="$BUILD/ansible-home"
+  mkdir -p "$ANSIBLE_HOME"
 
-say "antsibull-changelog lint"
-antsibull-changelog lint
+  say "ansible-doc"
+  for module in plugins/modules/*.py; do
+    name=$(basename "$module" .py)
+    ansible-doc "gpuops.nvidia.$name" >/dev/null
+    echo "gpuops.nvidia.$name renders"
+  done
+  for filter in plugins/filter/*.py; do
+    ansible-doc -t filter "gpuops.nvidia.$(basename "$filter" .py)" >/dev/null
+    echo "filter gpuops.nvidia.$(basename "$filter" .py) renders"
+  done
+  ansible-doc -t role gpuops.nvidia.gpu_reset >/dev/null
+  echo "role gpuops.nvidia.gpu_reset renders"
 
-say "ansible-galaxy collection build and install"
-rm -rf "$BUILD/dist" "$BUILD/installed"
-ansible-galaxy collection build --output-path "$BUILD/dist" "$REPO" >/dev/null
-ansible-galaxy collection install --collections-path "$BUILD/installed" "$BUILD/dist"/gpuops-nvidia-*.tar.gz >/dev/null
-for module in plugins/modules/*.py; do
-  ANSIBLE_COLLECTIONS_PATH="$BUILD/installed" ansible-doc "gpuops.nvidia.$(basename "$module" .py)" >/dev/null
-done
-if tar -tzf "$BUILD/dist"/gpuops-nvidia-*.tar.gz | grep -E '^(tests|scripts|benchmarks|requirements|\.venv)' ; then
-  echo "development files leaked into the collection tarball" >&2
-  exit 1
-fi
-echo "built $(basename "$BUILD/dist"/gpuops-nvidia-*.tar.gz); installs and documents every module"
+  say "ansible-lint (production profile)"
+  # --offline: lint this checkout as ANSIBLE_COLLECTIONS_PATH (.build/collections) has it, rather
+  # than building and installing a copy of the collection into the Ansible home.
+  ansible-lint --offline --project-dir "$REPO" --profile production
 
-say "Molecule scenarios in podman containers"
-"$REPO/scripts/molecule.sh"
+  say "antsibull-changelog lint"
+  antsibull-changelog lint
 
-say "all checks passed"
+  say "ansible-galaxy collection build and install"
+  rm -rf "$BUILD/dist" "$BUILD/installed"
+  ansible-galaxy collection build --output-path "$BUILD/dist" "$REPO" >/dev/null
+  local tarball
+  tarball=$(echo "$BUILD/dist"/gpuops-nvidia-*.tar.gz)
+  ansible-galaxy collection install --collections-path "$BUILD/installed" "$tarball" >/dev/null
+  for module in plugins/modules/*.py; do
+    ANSIBLE_COLLECTIONS_PATH="$BUILD/installed" ansible-doc "gpuops.nvidia.$(basename "$module" .py)" >/dev/null
+  done
+  if tar -tzf "$tarball" | grep -E '^(tests|scripts|benchmarks|requirements|\.venv)' ; then
+    echo "development files leaked into the collection tarball" >&2
+    exit 1
+  fi
+  echo "built $(basename "$tarball"); installs and documents every module"
+
+  # galaxy-importer needs an older attrs than constraints.txt: requirements/docs.txt pins its
+  # whole tree and is its own constraints file.
+  ensure_venv "$REPO/.venv-docs" "$REPO/requirements/docs.txt" "$REPO/requirements/docs.txt"
+
+  say "galaxy-importer (Galaxy's import checks) on $(basename "$tarball")"
+  local importer="$BUILD/importer"
+  rm -rf "$importer"
+  mkdir -p "$importer/tmp" "$importer/ansible-tmp"
+  # It prints every finding (flake8, ansible-doc, ansible-lint, metadata) as a WARNING or
+  # ERROR line and still exits 0; any such line fails the stage.
+  (cd "$importer" && GALAXY_IMPORTER_CONFIG="$REPO/tests/galaxy-importer.cfg" \
+    GALAXY_IMPORTER_TMP_ROOT_DIR="$importer/tmp" GALAXY_IMPORTER_ANSIBLE_LOCAL_TMP="$importer/ansible-tmp" \
+    python -m galaxy_importer.main "$tarball" >"$importer/output.txt" 2>&1) || {
+      cat "$importer/output.txt"; echo "galaxy-importer failed" >&2; exit 1; }
+  if grep -E '^(WARNING|ERROR|CRITICAL|Traceback)' "$importer/output.txt" >&2; then
+    echo "galaxy-importer reported the findings above (full output: $importer/output.txt)" >&2
+    exit 1
+  fi
+  grep -q '^Importer processing completed successfully' "$importer/output.txt" || {
+    cat "$importer/output.txt"; echo "galaxy-importer did not complete" >&2; exit 1; }
+  echo "galaxy-importer: no warnings, no errors"
+
+  say "antsibull-docs lint-collection-docs --plugin-docs"
+  antsibull-docs lint-collection-docs --plugin-docs "$COLLECTIONS/ansible_collections/gpuops/nvidia"
+  echo "antsibull-docs: no findings"
+)
+
+stage_molecule() {
+  say "Molecule scenarios in podman containers"
+  "$REPO/scripts/molecule.sh"
+}
+
+case $stage in
+  unit) stage_unit "$@" ;;
+  integration) stage_integration "$@" ;;
+  sanity) stage_sanity ;;
+  lint) stage_lint ;;
+  molecule) stage_molecule ;;
+  all)
+    stage_unit "$@"
+    stage_integration "$@"
+    stage_sanity
+    stage_lint
+    stage_molecule
+    ;;
+esac
+
+say "$stage: all checks passed"

@@ -16,7 +16,7 @@ author:
 description:
   - Evaluates a JMESPath expression (U(https://jmespath.org)) over the input and returns the
     result.
-  - The role M(gpuops.nvidia.gpu_reset) decides with it whether a host is clean
+  - The role P(gpuops.nvidia.gpu_reset#role) decides with it whether a host is clean
     (C(gpu_reset_clean_query)), over the facts of M(gpuops.nvidia.nvidia_gpu_facts).
   - Runs on the controller only. Managed hosts never need C(jmespath).
   - Before the search the input is turned into plain Python values (dicts, lists, strings,

@@ -51,8 +51,7 @@ USER_DIR = 'gpuops-%d'
 PROC_LOCKS = '/proc/locks'
 PROC = '/proc'
 
-OPEN_FLAGS = (os.O_RDWR | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0)
-              | getattr(os, 'O_NONBLOCK', 0) | getattr(os, 'O_NOCTTY', 0))
+OPEN_FLAGS = (os.O_RDWR | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NONBLOCK', 0) | getattr(os, 'O_NOCTTY', 0))
 PID_CONTENT_RE = re.compile(br'^[0-9]*\s*$')
 HINT = 'set lock_file to a file in a directory only this user can write'
 

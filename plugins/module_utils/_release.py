@@ -353,8 +353,7 @@ class Release:
         return not gpu.get('error') and used is not None and used <= self.options.memory_threshold_mib
 
     def _clean(self, snapshot, holders):
-        return (snapshot is not None and not any(not holder.protected for holder in holders)
-                and all(self._gpu_clean(gpu) for gpu in self._scope(snapshot)))
+        return (snapshot is not None and not any(not holder.protected for holder in holders) and all(self._gpu_clean(gpu) for gpu in self._scope(snapshot)))
 
     def _only_lost_left(self, snapshot, holders):
         """True when waiting cannot help: no holder is left and every dirty GPU is lost."""
@@ -475,7 +474,7 @@ class Release:
         for dummy in range(FREEZE_RESCANS):
             holders = self._discover(None)
             fresh = [holder for holder in holders if not holder.protected and _key(holder) not in self.targets
-                     and _key(holder) not in self.left_alone and self._relative(holder) is not None]
+                     if _key(holder) not in self.left_alone and self._relative(holder) is not None]
             if not fresh:
                 break
             self._enlist(fresh, now)
@@ -722,8 +721,8 @@ class Release:
             result.orphaned_gpus = [
                 gpu.get('index') for gpu in scope
                 if gpu.get('memory_used_mib') is not None and not gpu.get('error')
-                and gpu['memory_used_mib'] > self.options.memory_threshold_mib
-                and not gpu.get('processes') and not any(self._blocks(holder, gpu) for holder in survivors)]
+                if gpu['memory_used_mib'] > self.options.memory_threshold_mib
+                if not gpu.get('processes') and not any(self._blocks(holder, gpu) for holder in survivors)]
             if not result.released:
                 result.failure = self._failure(snapshot, scope, result)
 

@@ -20,9 +20,9 @@ CONF
 )
 
 if [ "$(cat "$DROPIN" 2>/dev/null)" != "$want" ]; then
+  echo "writing podman configuration $DROPIN (runc, cgroupfs, ulimits nofile/nproc 1024)"
   mkdir -p "$(dirname "$DROPIN")"
   printf '%s\n' "$want" >"$DROPIN"
-  echo "wrote $DROPIN"
 fi
 
 runtime=$(podman info --format '{{.Host.OCIRuntime.Name}}' 2>/dev/null || true)
