@@ -191,36 +191,49 @@ def verdict(host, release=None, facts_before=None, facts=None, escalation=None, 
     escalation = plain(escalation)
     before = _facts(facts_before)
     after = _facts(facts)
-    released = release.get('released')
     if error is None:
-        before = gpu_scope(before, gpus) if before is not None else None
-        final = gpu_scope(after, gpus) if after is not None else \
-            gpu_scope(release['facts_after'], gpus) if _facts(release.get('facts_after')) is not None else before
-        clean_before = before is not None and is_clean(before, query, None, threshold)
-        if after is not None or query is not None:
-            clean_after = final is not None and is_clean(final, query, None, threshold)
-        else:
-            clean_after = released is True
-        if query is None and released is True:
-            outcome = 'released' if release.get('changed') else 'clean'
-        elif clean_before:
-            outcome = 'clean'
-        elif check_mode:
-            outcome = 'would_release'
-        elif clean_after:
-            outcome = 'released'
-        else:
-            outcome = 'failed'
+        try:
+            return _judged(host, release, before, after, escalation, gpus, query, threshold, allow_gpu_reset,
+                           check_mode, started, now)
+        except AnsibleFilterError as exc:
+            error = str(exc)
+    return _report(host, 'failed', release, _scoped(before, gpus), _scoped(after, gpus), escalation,
+                   threshold, error, allow_gpu_reset, check_mode, started, now)
+
+
+def _judged(host, release, before, after, escalation, gpus, query, threshold, allow_gpu_reset, check_mode,
+            started, now):
+    """The report of a host that got through: judged by the clean query."""
+    released = release.get('released')
+    before = gpu_scope(before, gpus) if before is not None else None
+    after = gpu_scope(after, gpus) if after is not None else None
+    at_end = _facts(release.get('facts_after'))
+    final = after if after is not None else gpu_scope(at_end, gpus) if at_end is not None else before
+    if query is None and released is True:
+        # The release's own verdict on what it read at its end is the default query already.
+        outcome = 'released' if release.get('changed') else 'clean'
+    elif before is not None and is_clean(before, query, None, threshold):
+        outcome = 'clean'
+    elif check_mode:
+        outcome = 'would_release'
+    elif final is not None and (after is not None or query is not None) and is_clean(final, query, None, threshold):
+        outcome = 'released'
     else:
         outcome = 'failed'
-        before = _scoped(before, gpus)
-        final = _scoped(after, gpus) or _scoped(_facts(release.get('facts_after')), gpus) or before
+    return _report(host, outcome, release, before, after, escalation, threshold, None, allow_gpu_reset,
+                   check_mode, started, now, final=final)
+
+
+def _report(host, outcome, release, before, after, escalation, threshold, error, allow_gpu_reset, check_mode,
+            started, now, final=None):
+    if final is None:
+        final = after if after is not None else _scoped(_facts(release.get('facts_after')), None) or before
     if before is not None:
         gpus_before = _memory(before)
     else:
         gpus_before = release.get('gpus_before') or []
-    if after is not None and final is not None:
-        gpus_after = _memory(final)
+    if after is not None:
+        gpus_after = _memory(after)
     elif 'gpus_after' in release:
         gpus_after = release['gpus_after']
     elif before is not None:
