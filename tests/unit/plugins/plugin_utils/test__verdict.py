@@ -8,10 +8,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import pytest
-from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.nvidia.plugins.filter.gpu_clean import gpu_clean
-from ansible_collections.gpuops.nvidia.plugins.filter.gpu_reset_verdict import FilterModule, gpu_reset_verdict
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _verdict
 
 KEYS = ['host', 'outcome', 'reason', 'check_mode', 'gpus_before', 'gpus_after', 'signalled', 'survivors',
@@ -29,6 +26,7 @@ def holder(pid, gpus, comm='python3', protected=False):
 
 
 def facts(gpus, holders=()):
+    """What nvidia_gpu_facts registers."""
     return {'ansible_facts': dict(nvidia_gpus=list(gpus), nvidia_device_holders=list(holders))}
 
 
@@ -145,18 +143,6 @@ def test_error_fails_the_host_with_it_first():
     assert report['reason'] == 'gpu_reset is misconfigured: gpu_reset_signals must name at least one signal'
 
 
-def test_query_must_give_a_boolean():
-    with pytest.raises(AnsibleFilterError, match='must give true or false, it gave 2 for these GPUs'):
-        gpu_clean(facts([gpu(0), gpu(1)]), query='length(nvidia_gpus)')
-
-
-def test_default_clean_test_uses_the_threshold():
-    assert gpu_clean(facts([gpu(0, 32)])) is True
-    assert gpu_clean(facts([gpu(0, 33)])) is False
-    assert gpu_clean(facts([gpu(0, 33)]), memory_threshold_mib=40) is True
-    assert gpu_clean(facts([gpu(0), gpu(1, 999, 'busy')]), gpus=[0]) is True
-
-
 @pytest.mark.parametrize('settings, problem', [
     (dict(timeout=0), 'gpu_reset_timeout must be more than 0 and at most 2147483 seconds, got 0'),
     (dict(timeout='nan'), 'gpu_reset_timeout must be more than 0 and at most 2147483 seconds, got nan'),
@@ -175,8 +161,3 @@ def test_settings_problems(settings, problem):
     assert _verdict.problems(good) == []
     found = _verdict.problems(dict(good, **settings))
     assert len(found) == 1 and problem in found[0]
-
-
-def test_filters_registered():
-    assert FilterModule().filters()['gpu_reset_verdict'] is gpu_reset_verdict
-    assert gpu_reset_verdict(None, 'n1', error='x')['outcome'] == 'failed'
