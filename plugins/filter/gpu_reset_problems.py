@@ -10,7 +10,7 @@ __metaclass__ = type
 DOCUMENTATION = r'''
 name: gpu_reset_problems
 short_description: What is wrong with the settings of the gpu_reset role
-version_added: 0.2.0
+version_added: 0.1.0
 author:
   - gpuops maintainers
 description:

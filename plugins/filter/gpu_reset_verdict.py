@@ -10,7 +10,7 @@ __metaclass__ = type
 DOCUMENTATION = r'''
 name: gpu_reset_verdict
 short_description: The per-host report of the gpu_reset role
-version_added: 0.2.0
+version_added: 0.1.0
 author:
   - gpuops maintainers
 description:
