@@ -611,3 +611,18 @@ def test_drain_command_is_bounded_by_the_drain_timeout(gpuhost_factory, tmp_path
     assert report['outcome'] == 'failed' and report['drained'] is False
     assert report['reason'].startswith('GPU 1 lost or unreadable')
     assert 'the drain command failed' in report['reason'], report['reason']
+
+
+def test_unwritable_textfile_dir_fails_the_host(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    blocker = tmp_path / 'not-a-directory'
+    blocker.write_text('')
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(
+        host, tmp_path, 'node', gpu_reset_textfile_dir=str(blocker / 'textfile'))}}}))
+    run = playbook(inventory, tmp_path / 'reports')
+    assert run.rc == 2, run.out
+    report = run.reports['node']
+    assert report['outcome'] == 'failed' and report['gpus_after'] == [{'index': 0, 'memory_used_mib': 1}]
+    assert report['reason'].startswith('write node_exporter metrics: '), report['reason']
+    assert run.line('node')[0].startswith('FAILED')
