@@ -67,9 +67,9 @@ _value:
   type: raw
 '''
 
-from collections.abc import Mapping, Sequence
-
 from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _jmespath
 
 try:
     import jmespath
@@ -77,38 +77,12 @@ except ImportError:
     jmespath = None
 
 
-def _plain(value):
-    """A copy of value made of the builtin types only (templated values subclass them)."""
-    if value is None or type(value) in (bool, int, float, str):
-        return value
-    if isinstance(value, Mapping):
-        return dict((_plain(key), _plain(item)) for key, item in value.items())
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, bytes):
-        return value.decode('utf-8', 'replace')
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, (Sequence, set, frozenset)):
-        return [_plain(item) for item in value]
-    raise AnsibleFilterError('json_query: cannot search a value of type %s' % type(value).__name__)
-
-
 def json_query(data, expr):
     """Evaluate the JMESPath expression expr over data."""
     if jmespath is None:
         raise AnsibleFilterError(
             'json_query needs the jmespath Python library on the controller (pip install jmespath)')
-    if not isinstance(expr, str):
-        raise AnsibleFilterError('json_query: the expression must be a string, got %s' % type(expr).__name__)
-    try:
-        return jmespath.search(str(expr), _plain(data))
-    except jmespath.exceptions.ParseError as exc:
-        raise AnsibleFilterError('json_query: invalid JMESPath expression %r: %s' % (str(expr), exc))
-    except jmespath.exceptions.JMESPathError as exc:
-        raise AnsibleFilterError('json_query: %r failed: %s' % (str(expr), exc))
+    return _jmespath.search(data, expr, library=jmespath)
 
 
 class FilterModule(object):

@@ -532,3 +532,97 @@ def test_expected_gpus_and_host_root_reach_the_modules(gpuhost_factory, tmp_path
     assert alive(job) and run.reports['short']['signalled'] == []
     assert run.line('renumbered')[0].startswith('released'), run.summary
     assert not alive(mine) and alive(other)
+
+
+def collection_with_finishing_task(tmp_path, task):
+    """A copy of the collection whose role has task added at the end of its finishing section
+    (the always of tasks/main.yml, before the final check); returns its collections path."""
+    root = tmp_path / 'collections' / 'ansible_collections' / 'gpuops' / 'nvidia'
+    root.mkdir(parents=True)
+    for name in os.listdir(REPO):
+        if name not in ('roles', '.build', '.git'):
+            os.symlink(os.path.join(REPO, name), str(root / name))
+    role = root / 'roles' / 'gpu_reset'
+    for directory in ('defaults', 'meta', 'tasks', 'templates', 'vars'):
+        (role / directory).mkdir(parents=True)
+        for name in os.listdir(os.path.join(REPO, 'roles', 'gpu_reset', directory)):
+            os.symlink(os.path.join(REPO, 'roles', 'gpu_reset', directory, name), str(role / directory / name))
+    with open(os.path.join(REPO, 'roles', 'gpu_reset', 'tasks', 'main.yml')) as f:
+        tasks = yaml.safe_load(f)
+    finishing = tasks[-1]['always']
+    assert finishing[-1]['name'] == 'Check that the GPUs are clean'
+    finishing.insert(len(finishing) - 1, task)
+    (role / 'tasks' / 'main.yml').unlink()
+    (role / 'tasks' / 'main.yml').write_text(yaml.safe_dump(tasks, sort_keys=False))
+    return str(tmp_path / 'collections')
+
+
+def test_every_host_reaches_the_finishing_section(gpuhost_factory, tmp_path):
+    hosts = dict(clean=gpuhost_factory('clean', gpus=1), held=gpuhost_factory('held', gpus=2),
+                 lost=gpuhost_factory('lost', gpus=2), bad=gpuhost_factory('bad', gpus=1))
+    hosts['held'].hold(gpus=[1], mib=1024)
+    hosts['lost'].fault('lost', gpu=1)
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': dict(
+        (name, host_vars(host, tmp_path, name, **({'gpu_reset_signals': []} if name == 'bad' else {})))
+        for name, host in hosts.items())}}))
+    collections = collection_with_finishing_task(tmp_path, {
+        'name': 'Appended to the finishing section',
+        'ansible.builtin.debug': {'msg': 'finished {{ inventory_hostname }} {{ gpu_reset_result.outcome }}'}})
+    env = ansible_env()
+    env['ANSIBLE_COLLECTIONS_PATH'] = collections
+    command = [os.path.join(BIN, 'ansible-playbook'), '-i', str(inventory),
+               os.path.join(collections, 'ansible_collections', 'gpuops', 'nvidia', 'playbooks', 'reset_gpus.yml'),
+               '-e', 'gpu_reset_report_dir=%s' % (tmp_path / 'reports')]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+    run = Run(proc, str(tmp_path / 'reports'))
+    assert run.rc == 2, run.out
+    finished = sorted(re.findall(r'"msg": "finished (\S+ \S+)"', proc.stdout))
+    assert finished == ['bad failed', 'clean clean', 'held released', 'lost failed'], run.out
+    assert run.tasks['bad'].count('Appended to the finishing section') == 1
+
+
+def test_unwritable_report_dir_fails_the_host(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    job = host.hold(gpus=[0], mib=1024)['pid']
+    blocker = tmp_path / 'not-a-directory'
+    blocker.write_text('')
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(host, tmp_path, 'node')}}}))
+    run = playbook(inventory, blocker / 'reports')
+    assert run.rc == 2, run.out
+    assert not alive(job)
+    line = run.line('node')[0]
+    assert line.startswith('FAILED') and 'create the report directory on the controller' in line, line
+
+
+def test_drain_command_is_bounded_by_the_drain_timeout(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=2)
+    host.fault('lost', gpu=1)
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(
+        host, tmp_path, 'node', gpu_reset_on_failure='drain', gpu_reset_drain_command=['sleep', '60'],
+        gpu_reset_drain_timeout=2)}}}))
+    started = time.monotonic()
+    run = playbook(inventory, tmp_path / 'reports')
+    assert time.monotonic() - started < 50
+    assert run.rc == 2, run.out
+    report = run.reports['node']
+    assert report['outcome'] == 'failed' and report['drained'] is False
+    assert report['reason'].startswith('GPU 1 lost or unreadable')
+    assert 'the drain command failed' in report['reason'], report['reason']
+
+
+def test_unwritable_textfile_dir_fails_the_host(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    blocker = tmp_path / 'not-a-directory'
+    blocker.write_text('')
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(
+        host, tmp_path, 'node', gpu_reset_textfile_dir=str(blocker / 'textfile'))}}}))
+    run = playbook(inventory, tmp_path / 'reports')
+    assert run.rc == 2, run.out
+    report = run.reports['node']
+    assert report['outcome'] == 'failed' and report['gpus_after'] == [{'index': 0, 'memory_used_mib': 1}]
+    assert report['reason'].startswith('write node_exporter metrics: '), report['reason']
+    assert run.line('node')[0].startswith('FAILED')

@@ -12,9 +12,10 @@ from ansible.errors import AnsibleFilterError
 from ansible.template import trust_as_template
 
 from ansible_collections.gpuops.nvidia.plugins.filter import json_query as plugin
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import clean_query
 
-DEFAULT_QUERY = ("length(nvidia_gpus[?error != null || memory_used_mib == null || memory_used_mib > `16`]) == `0`"
-                 " && length(nvidia_device_holders[?!protected]) == `0`")
+# The clean query the role ships (gpu_reset_clean_query null), at a threshold of 16 MiB.
+DEFAULT_QUERY = clean_query(None, 16)
 
 
 def facts(gpus, holders=()):

@@ -1,0 +1,55 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+name: gpu_reset_problems
+short_description: What is wrong with the settings of the gpu_reset role
+version_added: 0.1.0
+author:
+  - gpuops maintainers
+description:
+  - The checks of the role M(gpuops.nvidia.gpu_reset) that its argument specs cannot express
+    (ranges, lists that must not be empty, settings that depend on each other).
+options:
+  _input:
+    description:
+      - The role's settings without the C(gpu_reset_) prefix, C(timeout), C(grace_period),
+        C(memory_threshold_mib), C(signals), C(devices), C(gpus), C(clean_query),
+        C(on_failure) and C(drain_command).
+    type: dict
+    required: true
+'''
+
+EXAMPLES = r'''
+- name: Check the settings
+  ansible.builtin.assert:
+    that: problems | length == 0
+    fail_msg: "{{ problems | join('; ') }}"
+  vars:
+    problems: "{{ {'timeout': 0, 'signals': ['TERM']} | gpuops.nvidia.gpu_reset_problems }}"
+'''
+
+RETURN = r'''
+_value:
+  description: One text per problem, naming the variable; empty when there is none.
+  type: list
+  elements: str
+'''
+
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import problems
+
+
+def gpu_reset_problems(settings):
+    return problems(settings)
+
+
+class FilterModule(object):
+
+    def filters(self):
+        return {'gpu_reset_problems': gpu_reset_problems}

@@ -1,0 +1,59 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This plugin_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""JMESPath on the controller: the json_query filter and the gpu_reset verdict use this."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from collections.abc import Mapping, Sequence
+
+from ansible.errors import AnsibleFilterError
+
+try:
+    import jmespath
+except ImportError:
+    jmespath = None
+
+
+def plain(value):
+    """A copy of value made of the builtin types only (templated values subclass them)."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, Mapping):
+        return dict((plain(key), plain(item)) for key, item in value.items())
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.decode('utf-8', 'replace')
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, (Sequence, set, frozenset)):
+        return [plain(item) for item in value]
+    raise AnsibleFilterError('json_query: cannot search a value of type %s' % type(value).__name__)
+
+
+def search(data, expr, library=None):
+    """Evaluate the JMESPath expression expr over data; errors are AnsibleFilterError."""
+    library = library or jmespath
+    if library is None:
+        raise AnsibleFilterError(
+            'json_query needs the jmespath Python library on the controller (pip install jmespath)')
+    if not isinstance(expr, str):
+        raise AnsibleFilterError('json_query: the expression must be a string, got %s' % type(expr).__name__)
+    try:
+        return library.search(str(expr), plain(data))
+    except library.exceptions.ParseError as exc:
+        raise AnsibleFilterError('json_query: invalid JMESPath expression %r: %s' % (str(expr), exc))
+    except library.exceptions.JMESPathError as exc:
+        raise AnsibleFilterError('json_query: %r failed: %s' % (str(expr), exc))

@@ -1,0 +1,264 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This plugin_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""The gpu_reset role's verdict, on the controller: is a host clean, and its per-host report.
+
+The role passes what its tasks registered (the release, the GPUs read before and after, the
+escalation, an error) and gets the whole report back; the reason a host is not clean is
+written here and nowhere else."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import time
+
+from collections.abc import Mapping
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpuops.nvidia.plugins.filter.gpu_scope import gpu_scope
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
+
+OUTCOMES = ('clean', 'released', 'would_release', 'failed')
+
+# The release module's own test of clean: every GPU in scope readable and at or below the
+# threshold, no holder that is not protected.
+CLEAN_QUERY = ('length(nvidia_gpus[?error != null || memory_used_mib == null || memory_used_mib > `%d`]) == `0`'
+               ' && length(nvidia_device_holders[?!protected]) == `0`')
+
+MAX_SECONDS = 2147483
+
+
+def clean_query(query=None, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB):
+    """The query that decides clean: the user's own, or the release module's test."""
+    if query is not None:
+        return str(query)
+    return CLEAN_QUERY % int(memory_threshold_mib)
+
+
+def is_clean(facts, query=None, gpus=None, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB):
+    """Whether facts (of nvidia_gpu_facts, narrowed to gpus) pass the clean query."""
+    verdict = search(gpu_scope(facts, gpus), clean_query(query, memory_threshold_mib))
+    if not isinstance(verdict, bool):
+        raise AnsibleFilterError('gpu_reset_clean_query must give true or false, it gave %s for these GPUs'
+                                 % json.dumps(verdict))
+    return verdict
+
+
+def _number(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def problems(settings):
+    """What is wrong with the role's settings that its argument specs cannot tell (a list of texts).
+
+    settings: the gpu_reset_* variables, without the prefix (timeout, grace_period, ...)."""
+    found = []
+    timeout = _number(settings.get('timeout'))
+    if timeout is None or not 0 < timeout <= MAX_SECONDS:
+        found.append('gpu_reset_timeout must be more than 0 and at most %d seconds, got %s'
+                     % (MAX_SECONDS, settings.get('timeout')))
+    grace = _number(settings.get('grace_period'))
+    if grace is None or not 0 <= grace <= MAX_SECONDS:
+        found.append('gpu_reset_grace_period must be 0 to %d seconds, got %s' % (MAX_SECONDS, settings.get('grace_period')))
+    threshold = settings.get('memory_threshold_mib')
+    if threshold is not None and int(threshold) < 0:
+        found.append('gpu_reset_memory_threshold_mib must be 0 or more, got %s' % threshold)
+    if not settings.get('signals'):
+        found.append('gpu_reset_signals must name at least one signal')
+    if not settings.get('devices'):
+        found.append('gpu_reset_devices must name at least one device node glob')
+    gpus = settings.get('gpus')
+    if gpus is not None and (not gpus or min(gpus) < 0):
+        found.append('gpu_reset_gpus must list GPU indexes (0 or more), or be null for every GPU, got %s' % list(gpus))
+    query = settings.get('clean_query')
+    if query is not None and not str(query).strip():
+        found.append('gpu_reset_clean_query must be a JMESPath expression or null, it is empty')
+    if settings.get('on_failure') == 'drain' and not settings.get('drain_command'):
+        found.append('gpu_reset_on_failure is drain but gpu_reset_drain_command is empty')
+    return found
+
+
+def _facts(result):
+    """The facts in a registered result of nvidia_gpu_facts, or None when it has none."""
+    if isinstance(result, Mapping):
+        if isinstance(result.get('ansible_facts'), Mapping):
+            return result['ansible_facts']
+        if 'nvidia_gpus' in result:
+            return result
+    return None
+
+
+def _scoped(facts, gpus):
+    """facts narrowed to gpus, or as they are when that is not possible (the error is reported already)."""
+    if facts is None:
+        return None
+    try:
+        return gpu_scope(facts, gpus)
+    except AnsibleFilterError:
+        return facts
+
+
+def _memory(facts):
+    return [{'index': gpu.get('index'), 'memory_used_mib': gpu.get('memory_used_mib')}
+            for gpu in facts.get('nvidia_gpus') or []]
+
+
+def _escalation(escalation):
+    """(attempted, ok, output) of an escalation, the role's or the release module's."""
+    if not isinstance(escalation, Mapping) or escalation.get('attempted') is False:
+        return False, None, ''
+    if 'ok' in escalation:
+        return True, bool(escalation['ok']), escalation.get('message') or ''
+    return True, bool(escalation.get('reset_ok')), escalation.get('output') or ''
+
+
+def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False, signalled=(),
+           escalation=None, allow_gpu_reset=False):
+    """Why a host is not clean: each dirty GPU and each stray holder, '; '-joined."""
+    lines = []
+    if error:
+        lines.extend(str(error).splitlines())
+    if check_mode and not error:
+        text = 'check mode: would signal %d process(es)' % len(signalled)
+        if signalled:
+            text += ': ' + ', '.join('pid %s (%s)' % (p.get('pid'), p.get('comm')) for p in signalled)
+        lines.append(text)
+    attempted, reset_ok, output = _escalation(escalation)
+    count = 0
+    final = final or {}
+    for gpu in final.get('nvidia_gpus') or []:
+        index = gpu.get('index')
+        used = gpu.get('memory_used_mib')
+        held = [s for s in survivors if index in (s.get('gpus') or [])]
+        held_pids = [s.get('pid') for s in held]
+        reported = [p for p in gpu.get('processes') or [] if p.get('pid') not in held_pids]
+        over = used is not None and used > memory_threshold_mib
+        if gpu.get('error') or used is None or over or held or reported:
+            count += 1
+        if gpu.get('error'):
+            lines.append('GPU %s lost or unreadable (%s)' % (gpu.get('pci_bus_id') if index is None else index, gpu['error']))
+        elif used is None:
+            lines.append('GPU %s: memory used not reported' % index)
+        elif over and gpu.get('state') == 'orphaned_memory' and not held:
+            text = 'GPU %s: %s MiB held with no process left (orphaned memory; only a GPU reset frees it' % (index, used)
+            if attempted and not reset_ok:
+                text += ', and the reset failed: ' + ' '.join(str(output).split())
+            elif not allow_gpu_reset:
+                text += ', set gpu_reset_allow_gpu_reset to allow it'
+            lines.append(text + ')')
+        elif over or held or reported:
+            why = ['pid %s (%s, %s)' % (s.get('pid'), s.get('comm'), s.get('reason')) for s in held]
+            why += ['pid %s (%s)' % (p.get('pid'), p.get('name')) for p in reported]
+            lines.append('GPU %s: %s MiB used%s' % (index, used, ', held by ' + ', '.join(why) if why else ''))
+    blocking = set(s.get('pid') for s in survivors if s.get('gpus'))
+    for holder in final.get('nvidia_device_holders') or []:
+        if not holder.get('protected') and holder.get('pid') not in blocking:
+            count += 1
+            lines.append('pid %s (%s, user %s) still holds %s' % (
+                holder.get('pid'), holder.get('comm'), holder.get('user'), ', '.join(holder.get('devices') or [])))
+    if not check_mode and not error and count == 0:
+        lines.append('the GPUs do not pass gpu_reset_clean_query')
+    return '; '.join(line.strip() for line in lines if line.strip())
+
+
+def verdict(host, release=None, facts_before=None, facts=None, escalation=None, error=None, gpus=None,
+            query=None, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, allow_gpu_reset=False,
+            check_mode=False, started=None, now=None):
+    """The per-host report of the gpu_reset role.
+
+    release: the registered result of nvidia_device_release (None when it did not run).
+    facts_before: nvidia_gpu_facts read before the release (with a clean query of the user's own).
+    facts: nvidia_gpu_facts read after the release (waiting for clean, or after a GPU reset).
+    escalation: the role's GPU reset, when it ran (else the release's own, when it reports one).
+    error: why the role could not finish (a misconfiguration, a module that failed).
+    query: gpu_reset_clean_query (None: the release module's own test)."""
+    release = plain(release) if isinstance(release, Mapping) else {}
+    threshold = int(memory_threshold_mib)
+    if escalation is None:
+        escalation = release.get('escalation')
+    escalation = plain(escalation)
+    before = _facts(facts_before)
+    after = _facts(facts)
+    if error is None:
+        try:
+            return _judged(host, release, before, after, escalation, gpus, query, threshold, allow_gpu_reset,
+                           check_mode, started, now)
+        except AnsibleFilterError as exc:
+            error = str(exc)
+    return _report(host, 'failed', release, _scoped(before, gpus), _scoped(after, gpus), escalation,
+                   threshold, error, allow_gpu_reset, check_mode, started, now)
+
+
+def _judged(host, release, before, after, escalation, gpus, query, threshold, allow_gpu_reset, check_mode,
+            started, now):
+    """The report of a host that got through: judged by the clean query."""
+    released = release.get('released')
+    before = gpu_scope(before, gpus) if before is not None else None
+    after = gpu_scope(after, gpus) if after is not None else None
+    at_end = _facts(release.get('facts_after'))
+    final = after if after is not None else gpu_scope(at_end, gpus) if at_end is not None else before
+    if query is None and released is True:
+        # The release's own verdict on what it read at its end is the default query already.
+        outcome = 'released' if release.get('changed') else 'clean'
+    elif before is not None and is_clean(before, query, None, threshold):
+        outcome = 'clean'
+    elif check_mode:
+        outcome = 'would_release'
+    elif final is not None and (after is not None or query is not None) and is_clean(final, query, None, threshold):
+        outcome = 'released'
+    else:
+        outcome = 'failed'
+    return _report(host, outcome, release, before, after, escalation, threshold, None, allow_gpu_reset,
+                   check_mode, started, now, final=final)
+
+
+def _report(host, outcome, release, before, after, escalation, threshold, error, allow_gpu_reset, check_mode,
+            started, now, final=None):
+    if final is None:
+        final = after if after is not None else _scoped(_facts(release.get('facts_after')), None) or before
+    if before is not None:
+        gpus_before = _memory(before)
+    else:
+        gpus_before = release.get('gpus_before') or []
+    if after is not None:
+        gpus_after = _memory(after)
+    elif 'gpus_after' in release:
+        gpus_after = release['gpus_after']
+    elif before is not None:
+        gpus_after = _memory(before)
+    else:
+        gpus_after = []
+    signalled = release.get('signalled') or []
+    survivors = release.get('survivors') or []
+    text = None
+    if outcome in ('failed', 'would_release'):
+        text = reason(final, survivors, threshold, error=error, check_mode=check_mode, signalled=signalled,
+                      escalation=escalation, allow_gpu_reset=allow_gpu_reset)
+    now = time.time() if now is None else float(now)
+    return {
+        'host': str(host),
+        'outcome': outcome,
+        'reason': text,
+        'check_mode': bool(check_mode),
+        'gpus_before': gpus_before,
+        'gpus_after': gpus_after,
+        'signalled': signalled,
+        'survivors': survivors,
+        'orphaned_gpus': release.get('orphaned_gpus') or [],
+        'escalation': escalation or None,
+        'release_s': release.get('elapsed_s'),
+        'duration_s': round(now - float(started), 3) if started is not None else None,
+        'drained': False,
+    }

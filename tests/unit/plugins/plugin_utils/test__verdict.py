@@ -1,0 +1,163 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _verdict
+
+KEYS = ['host', 'outcome', 'reason', 'check_mode', 'gpus_before', 'gpus_after', 'signalled', 'survivors',
+        'orphaned_gpus', 'escalation', 'release_s', 'duration_s', 'drained']
+
+
+def gpu(index, used=1, state='free', error=None, processes=()):
+    return dict(index=index, memory_used_mib=used, state=state, error=error, processes=list(processes),
+                minor_number=index, pci_bus_id='00000000:%02X:00.0' % (0x10 + index))
+
+
+def holder(pid, gpus, comm='python3', protected=False):
+    return dict(pid=pid, comm=comm, user='alice', protected=protected,
+                devices=['/dev/nvidia%d' % index for index in gpus] + ['/dev/nvidiactl'])
+
+
+def facts(gpus, holders=()):
+    """What nvidia_gpu_facts registers."""
+    return {'ansible_facts': dict(nvidia_gpus=list(gpus), nvidia_device_holders=list(holders))}
+
+
+def memory(*used):
+    return [{'index': index, 'memory_used_mib': mib} for index, mib in enumerate(used)]
+
+
+def release(released, changed=False, before=(1, 1), after=(1, 1), **extra):
+    result = dict(released=released, changed=changed, gpus_before=memory(*before), gpus_after=memory(*after),
+                  signalled=[], survivors=[], orphaned_gpus=[], elapsed_s=0.5)
+    result.update(extra)
+    return result
+
+
+def test_clean_host_is_clean_without_a_reason():
+    report = _verdict.verdict('n1', release=release(True), started=100.0, now=100.25)
+    assert list(report) == KEYS
+    assert report['outcome'] == 'clean' and report['reason'] is None
+    assert report['gpus_before'] == report['gpus_after'] == memory(1, 1)
+    assert report['duration_s'] == 0.25 and report['release_s'] == 0.5 and report['escalation'] is None
+
+
+def test_release_that_signalled_is_released():
+    signalled = [dict(pid=7, comm='python3', signals_sent=['TERM'], exited=True)]
+    report = _verdict.verdict('n1', release=release(True, changed=True, before=(4000, 1), signalled=signalled))
+    assert report['outcome'] == 'released' and report['signalled'] == signalled
+    assert report['gpus_before'] == memory(4000, 1)
+
+
+def test_survivor_is_named_with_its_gpu_and_why():
+    survivor = dict(holder(9, [1]), reason='uninterruptible', gpus=[1], signals_sent=['TERM', 'KILL'])
+    report = _verdict.verdict('n1', release=release(False, changed=True, survivors=[survivor]),
+                              facts=facts([gpu(0), gpu(1, 2049, 'busy')], [holder(9, [1])]))
+    assert report['outcome'] == 'failed'
+    assert report['reason'] == 'GPU 1: 2049 MiB used, held by pid 9 (python3, uninterruptible)'
+    assert report['gpus_after'] == memory(1, 2049)
+
+
+def test_orphaned_memory_names_the_setting_or_the_failed_reset():
+    read = facts([gpu(0), gpu(1, 513, 'orphaned_memory')])
+    report = _verdict.verdict('n1', release=release(False, orphaned_gpus=[1]), facts=read)
+    assert report['reason'] == ('GPU 1: 513 MiB held with no process left (orphaned memory; only a GPU reset '
+                                'frees it, set gpu_reset_allow_gpu_reset to allow it)')
+    escalation = dict(gpus=[1], reset_ok=False, output='GPU 00000000:11:00.0\n could not be reset')
+    report = _verdict.verdict('n1', release=release(False, orphaned_gpus=[1]), facts=read, escalation=escalation,
+                              allow_gpu_reset=True)
+    assert report['reason'].endswith('and the reset failed: GPU 00000000:11:00.0 could not be reset)')
+    assert report['escalation'] == escalation
+
+
+def test_release_module_escalation_is_reported_and_judged():
+    escalation = dict(attempted=True, gpus=[1], ok=True, message='GPU reset')
+    report = _verdict.verdict('n1', release=release(True, orphaned_gpus=[1], escalation=escalation))
+    assert report['escalation'] == escalation and report['outcome'] == 'clean'
+    failed = dict(attempted=True, gpus=[1], ok=False, message='refused')
+    report = _verdict.verdict('n1', release=release(False, orphaned_gpus=[1], escalation=failed),
+                              facts=facts([gpu(0), gpu(1, 513, 'orphaned_memory')]), allow_gpu_reset=True)
+    assert 'the reset failed: refused' in report['reason']
+
+
+def test_reset_that_frees_orphaned_memory_is_a_release():
+    report = _verdict.verdict('n1', release=release(False, orphaned_gpus=[1]), facts=facts([gpu(0), gpu(1)]),
+                              escalation=dict(gpus=[1], reset_ok=True, output='ok'))
+    assert report['outcome'] == 'released' and report['gpus_after'] == memory(1, 1)
+
+
+def test_lost_gpu_and_stray_holder():
+    lost = dict(gpu(2, None, 'lost', error='Unable to determine the device handle'), index=None)
+    read = facts([gpu(0), lost], [holder(5, [0])])
+    report = _verdict.verdict('n1', release=release(False), facts=read)
+    assert report['reason'] == ('GPU 00000000:12:00.0 lost or unreadable (Unable to determine the device handle); '
+                                'pid 5 (python3, user alice) still holds /dev/nvidia0, /dev/nvidiactl')
+
+
+def test_query_of_the_users_own_judges_before_and_after():
+    query = "length(nvidia_device_holders[?!protected && comm != 'sidecar']) == `0`"
+    before = facts([gpu(0, 900, 'busy')], [holder(3, [0], comm='sidecar')])
+    report = _verdict.verdict('n1', facts_before=before, query=query)
+    assert report['outcome'] == 'clean' and report['gpus_before'] == report['gpus_after'] == memory(900)
+    dirty = facts([gpu(0, 900, 'busy')], [holder(4, [0])])
+    after = release(True, changed=True, facts_after=facts([gpu(0)])['ansible_facts'])
+    report = _verdict.verdict('n1', release=after, facts_before=dirty, query=query)
+    assert report['outcome'] == 'released' and report['gpus_before'] == memory(900)
+    report = _verdict.verdict('n1', release=dict(after, facts_after=dirty['ansible_facts']), facts_before=dirty,
+                              query=query)
+    assert report['outcome'] == 'failed'
+    assert report['reason'] == ('GPU 0: 900 MiB used; '
+                                'pid 4 (python3, user alice) still holds /dev/nvidia0, /dev/nvidiactl')
+
+
+def test_query_that_passes_clean_gpus_the_reason_says_so():
+    report = _verdict.verdict('n1', release=release(True), facts_before=facts([gpu(0)]), query='`false`')
+    assert report['outcome'] == 'failed' and report['reason'] == 'the GPUs do not pass gpu_reset_clean_query'
+
+
+def test_check_mode_would_release_and_names_the_processes():
+    signalled = [dict(pid=7, comm='python3', signals_sent=[], exited=False)]
+    dirty = facts([gpu(0, 4000, 'busy')], [holder(7, [0])])['ansible_facts']
+    report = _verdict.verdict('n1', release=release(False, changed=True, signalled=signalled, facts_after=dirty),
+                              check_mode=True)
+    assert report['outcome'] == 'would_release' and report['check_mode'] is True
+    assert report['reason'].startswith('check mode: would signal 1 process(es): pid 7 (python3); GPU 0: 4000 MiB used')
+
+
+def test_scope_narrows_the_judgement():
+    read = facts([gpu(0), gpu(1, 5000, 'busy')], [holder(8, [1])])
+    report = _verdict.verdict('n1', release=release(False), facts=read, gpus=[0])
+    assert report['outcome'] == 'released' and report['gpus_after'] == memory(1)
+
+
+def test_error_fails_the_host_with_it_first():
+    report = _verdict.verdict('n1', error='gpu_reset is misconfigured: gpu_reset_signals must name at least one signal')
+    assert report['outcome'] == 'failed' and report['signalled'] == [] and report['gpus_before'] == []
+    assert report['reason'] == 'gpu_reset is misconfigured: gpu_reset_signals must name at least one signal'
+
+
+@pytest.mark.parametrize('settings, problem', [
+    (dict(timeout=0), 'gpu_reset_timeout must be more than 0 and at most 2147483 seconds, got 0'),
+    (dict(timeout='nan'), 'gpu_reset_timeout must be more than 0 and at most 2147483 seconds, got nan'),
+    (dict(timeout=float('inf')), 'got inf'),
+    (dict(grace_period=-1), 'gpu_reset_grace_period must be 0 to 2147483 seconds, got -1'),
+    (dict(memory_threshold_mib=-1), 'gpu_reset_memory_threshold_mib must be 0 or more'),
+    (dict(signals=[]), 'gpu_reset_signals must name at least one signal'),
+    (dict(devices=[]), 'gpu_reset_devices must name at least one device node glob'),
+    (dict(gpus=[]), 'gpu_reset_gpus must list GPU indexes'),
+    (dict(clean_query='  '), 'gpu_reset_clean_query must be a JMESPath expression or null, it is empty'),
+    (dict(on_failure='drain', drain_command=[]), 'gpu_reset_drain_command is empty'),
+])
+def test_settings_problems(settings, problem):
+    good = dict(timeout=60, grace_period=5, memory_threshold_mib=32, signals=['TERM'], devices=['/dev/nvidia*'],
+                gpus=None, clean_query=None, on_failure='fail', drain_command=['true'])
+    assert _verdict.problems(good) == []
+    found = _verdict.problems(dict(good, **settings))
+    assert len(found) == 1 and problem in found[0]
