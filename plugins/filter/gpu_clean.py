@@ -17,7 +17,7 @@ description:
   - Takes the facts returned by M(gpuops.nvidia.nvidia_gpu_facts), narrows them to O(gpus)
     like P(gpuops.nvidia.gpu_scope#filter), and evaluates a JMESPath clean query over them
     with the code of P(gpuops.nvidia.json_query#filter).
-  - Without O(query), the test is the one of M(gpuops.nvidia.nvidia_device_release): every GPU
+  - Without O(query), the test is the one of M(gpuops.nvidia.nvidia_device_release), so every GPU
     in scope readable and at or below O(memory_threshold_mib), and no holder that is not
     protected.
   - Runs on the controller only.
