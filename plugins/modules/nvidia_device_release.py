@@ -153,7 +153,7 @@ options:
         them, provided they are GPUs in scope left with orphaned memory themselves. A refusal
         is reported in nvidia-smi's own words and fails the task.
       - The reset always runs through nvidia-smi (O(nvidia_smi_path)), whatever O(backend)
-        reads the GPUs, and needs root. It fits in O(timeout): waiting for the driver to free
+        reads the GPUs, and needs root. It fits in O(timeout); waiting for the driver to free
         memory that no process holds ends a third of O(timeout) early (at least one second)
         to leave that time to the reset. Restoring persistence mode is allowed a few seconds
         more.
