@@ -698,7 +698,8 @@ class Release:
                 or any(not holder.protected for holder in holders):
             return False
         dirty = [gpu for gpu in self._scope(snapshot) if not self._gpu_clean(gpu)]
-        return bool(dirty) and not any(gpu.get('error') or gpu.get('processes') for gpu in dirty)
+        # Lost GPUs no reset here can help are left as they are; the others must hold no process.
+        return any(not gpu.get('error') for gpu in dirty) and not any(gpu.get('processes') for gpu in dirty)
 
     def _escalate(self, result, snapshot):
         """With reset_orphaned: reset the GPUs left with orphaned memory, then read everything again."""
