@@ -52,6 +52,28 @@ MAX_SECONDS = 2147483
 DEFAULT_MEMORY_THRESHOLD_MIB = 32
 
 
+# From the nvidia-smi man page, "RETURN VALUE". NVML's error codes share the numbers.
+EXIT_CODES = {
+    2: 'invalid argument or flag',
+    3: 'the requested operation is not available on the target device',
+    4: 'insufficient permissions',
+    6: 'the query was unsuccessful',
+    8: 'external power cables are not attached',
+    9: 'the NVIDIA driver is not loaded',
+    10: 'the NVIDIA kernel driver detected an interrupt issue with a GPU',
+    12: 'the NVML shared library could not be found or loaded',
+    13: 'the local NVML version does not implement this function',
+    14: 'the infoROM is corrupted',
+    15: 'a GPU has fallen off the bus or has otherwise become inaccessible',
+    18: 'the driver and the NVML library versions do not match (reload the driver or reboot)',
+    255: 'internal driver error',
+}
+
+# What the driver prints in place of a process name it cannot read (real-samples
+# smi_compute_apps/A02): the name is null.
+UNREPORTED_PROCESS_NAMES = frozenset(['[Not Found]', '[Insufficient Permissions]', '[N/A]', '[Unknown Error]'])
+
+
 class GpuopsError(Exception):
     """An error with a message meant for the operator; modules turn it into fail_json."""
 

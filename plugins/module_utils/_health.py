@@ -12,10 +12,10 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import os
 import re
-import signal
-import subprocess
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
 
 # NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
 # Some drivers print the function (.0) or leave out "PCI:". With MIG, the driver names the GPU
@@ -170,27 +170,18 @@ def parse_fallen_off_bus(lines):
 
 
 def _run(argv, timeout):
-    env = dict(os.environ, LC_ALL='C', LANG='C', SYSTEMD_PAGER='', SYSTEMD_COLORS='0')
+    """(lines, None) of what argv printed, or (None, why not)."""
+    runner = Runner(argv[0], timeout, env=dict(SYSTEMD_PAGER='', SYSTEMD_COLORS='0'))
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, close_fds=True,
-                                start_new_session=True)
-    except OSError as exc:
-        return None, '%s: %s' % (argv[0], exc.strerror or exc)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.communicate()
+        rc, stdout, stderr = runner.run(argv[1:])
+    except CommandTimeout:
         return None, '%s did not finish within %s s' % (argv[0], timeout)
-    text = stdout.decode('utf-8', 'replace')
-    if proc.returncode != 0 or not text.strip():
-        said = stderr.decode('utf-8', 'replace').strip().splitlines()
-        return None, '%s exited with %d%s' % (argv[0], proc.returncode, (': ' + said[0]) if said else '')
-    return text.splitlines(), None
+    except GpuopsError as exc:
+        return None, str(exc)
+    if rc != 0 or not stdout.strip():
+        said = stderr.strip().splitlines()
+        return None, '%s exited with %d%s' % (argv[0], rc, (': ' + said[0]) if said else '')
+    return stdout.splitlines(), None
 
 
 def read_xid_events(kernel_log=None, timeout=10.0, commands=KERNEL_LOG_COMMANDS):

@@ -25,8 +25,8 @@ import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import bus_key
+from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import normalize_bus_id
 
 PCI_DEVICES = '/sys/bus/pci/devices'
 DRIVER_GPUS = '/proc/driver/nvidia/gpus'

@@ -21,9 +21,9 @@ import os
 import threading
 import traceback
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import EXIT_CODES, UNREPORTED_PROCESS_NAMES, GpuopsError, PermanentReadError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader, Snapshot
-from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import EXIT_CODES, UNREPORTED_PROCESS_NAMES, normalize_bus_id
 
 try:
     import pynvml

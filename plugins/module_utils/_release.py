@@ -46,12 +46,14 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     NotPermittedError,
     ProcessRef,
     Signaller,
     parse_signal,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiRunner
 
 DEFAULT_SIGNALS = ['TERM', 'KILL']
 
@@ -79,6 +81,10 @@ FINAL_EXIT_S = 0.2
 # Rescans of the frozen set before the final KILL: each finds processes forked before SIGSTOP landed.
 FREEZE_RESCANS = 5
 
+# With reset_orphaned, the share of the timeout kept for the reset: waiting for the driver to free
+# memory that no process holds ends that much before the timeout.
+RESET_SHARE = 1.0 / 3
+
 REGEX_HINT_RE = re.compile(r'\.[*+]|[\\^$+(){}|]')
 REASONS = ('uninterruptible', 'zombie', 'respawned', 'ignored_signals', 'not_permitted')
 
@@ -94,6 +100,7 @@ def release_argument_spec():
         memory_threshold_mib=dict(type='int', default=DEFAULT_MEMORY_THRESHOLD_MIB),
         lock_file=dict(type='path'),
         facts_after=dict(type='bool', default=False),
+        reset_orphaned=dict(type='bool', default=False),
     )
     spec.update(reader_argument_spec())
     spec.update(holders_argument_spec())
@@ -110,7 +117,8 @@ class ReleaseOptions:
 
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
                  wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
-                 facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/'):
+                 facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
+                 nvidia_smi_path='nvidia-smi'):
         for problem in (check_seconds('timeout', timeout, positive=True),
                         check_seconds('grace_period', grace_period),
                         check_seconds('settle_time', settle_time)):
@@ -151,6 +159,8 @@ class ReleaseOptions:
         self.memory_threshold_mib = memory_threshold_mib
         self.lock_file = lock_file
         self.facts_after = facts_after
+        self.reset_orphaned = reset_orphaned
+        self.nvidia_smi_path = nvidia_smi_path
         self.warnings = ['extra_protect: %r looks like a regular expression; protect names are exact names or '
                          'shell globs (e.g. python*), so it matches only a process named exactly that' % (name,)
                          for name in protect if REGEX_HINT_RE.search(name)]
@@ -161,7 +171,8 @@ class ReleaseOptions:
                    list(params['protect']) + list(params.get('extra_protect') or []),
                    params['wait'], params['timeout'], params['memory_threshold_mib'],
                    params.get('lock_file'), params.get('facts_after', False),
-                   params.get('settle_time', DEFAULT_SETTLE_S), params.get('host_root') or '/')
+                   params.get('settle_time', DEFAULT_SETTLE_S), params.get('host_root') or '/',
+                   params.get('reset_orphaned', False), params.get('nvidia_smi_path') or 'nvidia-smi')
 
 
 class Target:
@@ -236,6 +247,7 @@ class ReleaseResult:
         self.elapsed_s = 0.0
         self.facts_after = None
         self.diff = {'before': '', 'after': ''}
+        self.escalation = None
         self.failure = None
         self.warnings = []
 
@@ -243,7 +255,7 @@ class ReleaseResult:
         out = dict(changed=self.changed, released=self.released, signalled=self.signalled,
                    protected=self.protected, survivors=self.survivors,
                    orphaned_gpus=self.orphaned_gpus, gpus_before=self.gpus_before,
-                   gpus_after=self.gpus_after, elapsed_s=self.elapsed_s)
+                   gpus_after=self.gpus_after, escalation=self.escalation, elapsed_s=self.elapsed_s)
         if self.facts_after is not None:
             out['facts_after'] = self.facts_after
         if diff:
@@ -255,8 +267,9 @@ class Release:
     """One release run. reader: a GpuReader; options: ReleaseOptions."""
 
     def __init__(self, reader, options, check_mode=False, signaller=None, proc='/proc',
-                 clock=time.monotonic, sleep=time.sleep):
+                 clock=time.monotonic, sleep=time.sleep, smi_runner=None):
         self.reader = reader
+        self.smi_runner = smi_runner
         self.options = options
         self.check_mode = check_mode
         self.signaller = signaller or Signaller()
@@ -551,6 +564,8 @@ class Release:
         started = self.clock()
         self.deadline = started + self.options.timeout
         self.signal_deadline = self.deadline - min(READ_MIN_S, self.options.timeout / 4)
+        self.orphan_deadline = self.deadline - max(READ_MIN_S, self.options.timeout * RESET_SHARE) \
+            if self.options.reset_orphaned else None
         result = ReleaseResult()
         self.paths = self._resolve_devices()
         self.gpu_nodes, problem = gpu_nodes(self.paths, self.options.host_root)
@@ -629,6 +644,11 @@ class Release:
             result.released = self._clean(snapshot, holders)
             result.protected = [_describe(holder) for holder in holders if holder.protected]
             result.diff['after'] = _holders_text([holder for holder in holders if holder.protected])
+            if self.options.wait and not would:
+                result.orphaned_gpus = self._orphaned(self._scope(snapshot), [])
+                if self.options.reset_orphaned and result.orphaned_gpus:
+                    result.escalation = would_reset(result.orphaned_gpus)
+                    result.changed = True
             return
 
         delay = POLL_MIN_S
@@ -656,7 +676,7 @@ class Release:
                     (not self.targets or now >= last_exit + self.options.settle_time):
                 break
             if self._only_lost_left(snapshot, holders) or self._only_respawns_left(now, holders) \
-                    or self.read_error_permanent:
+                    or self.read_error_permanent or self._orphans_to_reset(now, snapshot, holders):
                 break
             if now >= self.signal_deadline:
                 if self._finish_ladders(now):
@@ -669,6 +689,43 @@ class Release:
                 self._warn('the GPUs could not be read: %s' % self.read_error)
 
         self._report(result, snapshot, holders)
+        self._escalate(result, snapshot)
+
+    def _orphans_to_reset(self, now, snapshot, holders):
+        """True when the wait for orphaned memory is over and the reset's share of the timeout begins."""
+        if self.orphan_deadline is None or now < self.orphan_deadline or snapshot is None \
+                or any(not holder.protected for holder in holders):
+            return False
+        dirty = [gpu for gpu in self._scope(snapshot) if not self._gpu_clean(gpu)]
+        # Lost GPUs no reset here can help are left as they are; the others must hold no process.
+        return any(not gpu.get('error') for gpu in dirty) and not any(gpu.get('processes') for gpu in dirty)
+
+    def _escalate(self, result, snapshot):
+        """With reset_orphaned: reset the GPUs left with orphaned memory, then read everything again."""
+        if not self.options.reset_orphaned or not result.orphaned_gpus:
+            return
+        if result.survivors:
+            self._warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
+                ', '.join(str(index) for index in result.orphaned_gpus),
+                ', '.join('pid %d' % survivor['pid'] for survivor in result.survivors)))
+            return
+        runner = self.smi_runner or SmiRunner(self.options.nvidia_smi_path)
+        bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
+        reset = GpuReset(runner, bus_ids, result.orphaned_gpus, self.deadline, self.clock)
+        result.escalation = reset.run(result.orphaned_gpus)
+        snapshot, holders = self._observe(force_read=True)
+        result.failure = None
+        self._report(result, snapshot, holders)
+        result.changed = True
+        if result.failure and not result.escalation['ok']:
+            result.failure += '; the GPU reset failed: %s' % result.escalation['message']
+
+    def _orphaned(self, scope, survivors):
+        """The indexes of the GPUs of scope with memory used and no process holding them."""
+        return [gpu.get('index') for gpu in scope
+                if gpu.get('memory_used_mib') is not None and not gpu.get('error')
+                if gpu['memory_used_mib'] > self.options.memory_threshold_mib
+                if not gpu.get('processes') and not any(self._blocks(holder, gpu) for holder in survivors)]
 
     def _only_respawns_left(self, now, holders):
         """True when waiting cannot help: what holds the GPUs keeps being restarted."""
@@ -718,11 +775,7 @@ class Release:
         result.diff['after'] = _holders_text(holders)
         result.released = self._clean(snapshot, holders)
         if self.options.wait:
-            result.orphaned_gpus = [
-                gpu.get('index') for gpu in scope
-                if gpu.get('memory_used_mib') is not None and not gpu.get('error')
-                if gpu['memory_used_mib'] > self.options.memory_threshold_mib
-                if not gpu.get('processes') and not any(self._blocks(holder, gpu) for holder in survivors)]
+            result.orphaned_gpus = self._orphaned(scope, survivors)
             if not result.released:
                 result.failure = self._failure(snapshot, scope, result)
 

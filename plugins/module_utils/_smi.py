@@ -12,18 +12,17 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import errno
-import os
 import re
-import selectors
-import shutil
-import signal
-import stat
-import subprocess
-import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
+    EXIT_CODES,
+    UNREPORTED_PROCESS_NAMES,
+    GpuopsError,
+    PermanentReadError,
+)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import PCI_BUS_ID_RE, normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader, Snapshot
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 
 
 # nvidia-smi field name -> fact name, in the order they are queried.
@@ -61,27 +60,7 @@ RESERVED_WARNING = ('nvidia-smi does not know memory.reserved (an older driver):
 YES_NO_FACTS = frozenset(fact for dummy, fact in HEALTH_FIELDS)
 INT_FACTS = frozenset(['index', 'memory_total_mib', 'memory_used_mib', 'memory_free_mib',
                        'utilization_gpu_pct', 'temperature_c', 'memory_reserved_mib'])
-# What the driver prints in place of a process name it cannot read (real-samples
-# smi_compute_apps/A02): the name is null.
-UNREPORTED_PROCESS_NAMES = frozenset(['[Not Found]', '[Insufficient Permissions]', '[N/A]', '[Unknown Error]'])
 APP_FIELDS = ['pid', 'process_name', 'used_memory', 'gpu_uuid', 'gpu_bus_id']
-
-# From the nvidia-smi man page, "RETURN VALUE".
-EXIT_CODES = {
-    2: 'invalid argument or flag',
-    3: 'the requested operation is not available on the target device',
-    4: 'insufficient permissions',
-    6: 'the query was unsuccessful',
-    8: 'external power cables are not attached',
-    9: 'the NVIDIA driver is not loaded',
-    10: 'the NVIDIA kernel driver detected an interrupt issue with a GPU',
-    12: 'the NVML shared library could not be found or loaded',
-    13: 'the local NVML version does not implement this function',
-    14: 'the infoROM is corrupted',
-    15: 'a GPU has fallen off the bus or has otherwise become inaccessible',
-    18: 'the driver and the NVML library versions do not match (reload the driver or reboot)',
-    255: 'internal driver error',
-}
 
 NO_DEVICES = 'No devices were found'
 INVALID_FIELD = 'is not a valid field to query'
@@ -95,20 +74,11 @@ REMAPPED_ROWS_FIELDS = [('remapped_rows.pending', 'remapped_rows_pending'),
 HANDLE_ERROR_RE = re.compile(r'^Unable to determine the device handle for (?:GPU|gpu)')
 # Past this index, probing with -i stops even if nvidia-smi never says "No devices were found".
 MAX_GPUS = 64
-PCI_BUS_ID_RE = re.compile(r'([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])')
 NUMBER_RE = re.compile(r'^(-?[0-9]+(?:\.[0-9]+)?)(?:\s*(?:MiB|%|C|W|MHz))?$')
 
 
 class SmiParseError(GpuopsError):
     """nvidia-smi printed something that is not the CSV it was asked for."""
-
-
-def normalize_bus_id(bus_id):
-    """Upper-case, 8-digit-domain form of a PCI bus id, as nvidia-smi prints it."""
-    if not bus_id:
-        return None
-    domain, rest = bus_id.strip().split(':', 1)
-    return ('%08X:%s' % (int(domain, 16), rest)).upper()
 
 
 def parse_value(fact, raw):
@@ -234,220 +204,33 @@ def describe_failure(rc, stdout, stderr):
     return 'nvidia-smi exited with %d (%s): %s' % (rc, meaning, said)
 
 
-class SmiRunner:
-    """Runs nvidia-smi with a hard deadline. The collection's single caller of nvidia-smi.
+class SmiRunner(Runner):
+    """Runs nvidia-smi with a hard deadline: the collection's single caller of nvidia-smi.
 
-    nvidia-smi runs in a session of its own. A read ends when nvidia-smi itself exits, not when
-    its pipes close (a process it left behind may keep them open): what it printed is its
-    answer, and whatever is left in its process group is killed. When it does not exit in
-    time, its process group and every process descended from it are killed. Errors that no
-    second try can cure (no nvidia-smi that runs, no driver, no library, a driver/library
-    mismatch) raise PermanentReadError at once.
+    The shared Runner does the running (its own session, the process group and every
+    descendant killed on a timeout, exec failures in words); nvidia-smi adds its name, the hint
+    to give, and the exit codes that no second try can cure (no driver, no library, a
+    driver/library mismatch), which raise PermanentReadError at once.
     """
 
     # nvidia-smi exit codes that no retry cures (meanings in EXIT_CODES).
     PERMANENT_EXIT_CODES = (9, 12, 18)
-    POLL_S = 0.05
-    KILL_WAIT_S = 1.0
     HINT = 'install the NVIDIA driver utilities or set nvidia_smi_path'
+    TIMEOUT_NOTE = '; the driver may be stuck on a sick GPU'
 
     def __init__(self, path='nvidia-smi', timeout=10.0):
-        self.path = path
-        self.timeout = timeout
-
-    def resolve(self):
-        found = shutil.which(self.path) if os.sep not in self.path else self.path
-        if not found or not os.path.exists(found):
-            raise PermanentReadError('nvidia-smi not found or not executable at %r: %s' % (self.path, self.HINT))
-        if not os.path.isfile(found) or not os.access(found, os.X_OK):
-            raise PermanentReadError('nvidia-smi at %r is not executable (%s): %s' % (
-                found, 'a directory' if os.path.isdir(found) else 'mode %04o' % stat.S_IMODE(os.stat(found).st_mode),
-                self.HINT))
-        return found
+        super(SmiRunner, self).__init__(path, timeout, name='nvidia-smi', hint=self.HINT)
 
     def run(self, args, timeout=None):
         """Run nvidia-smi with args; return (rc, stdout, stderr).
 
         Raise PermanentReadError when it cannot run or exits with a permanent code, and
-        GpuopsError when it does not exit within timeout seconds.
+        CommandTimeout (a GpuopsError) when it does not exit within timeout seconds.
         """
-        timeout = self.timeout if timeout is None else timeout
-        path = self.resolve()
-        env = dict(os.environ, LC_ALL='C', LANG='C')
-        try:
-            proc = subprocess.Popen([path] + list(args), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                    close_fds=True, start_new_session=True)
-        except OSError as exc:
-            raise PermanentReadError(_exec_failure(path, exc) + ': ' + self.HINT)
-        try:
-            output = self._collect(proc, time.monotonic() + timeout)
-        except BaseException:  # interrupted: leave nothing running behind
-            self._abandon(proc)
-            raise
-        finally:
-            proc.stdout.close()
-            proc.stderr.close()
-        if output is None:
-            raise GpuopsError('nvidia-smi %s did not answer within %.1f s and was killed; the driver '
-                              'may be stuck on a sick GPU' % (' '.join(args), timeout))
-        stdout, stderr = (data.decode('utf-8', 'replace') for data in output)
-        if proc.returncode in self.PERMANENT_EXIT_CODES:
-            raise PermanentReadError(describe_failure(proc.returncode, stdout, stderr))
-        return proc.returncode, stdout, stderr
-
-    def _collect(self, proc, deadline):
-        """(stdout, stderr) bytes once nvidia-smi has exited and is reaped; None after killing
-        it when deadline passes first."""
-        chunks = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
-        selector = selectors.DefaultSelector()
-        try:
-            for pipe in (proc.stdout, proc.stderr):
-                selector.register(pipe, selectors.EVENT_READ)
-            delay, drain_until, reaped = 0.001, None, False
-            while True:
-                state = _exited(proc.pid)
-                exited, reaped = state is not False, state is None
-                if exited and drain_until is None:
-                    drain_until = time.monotonic() + self.POLL_S
-                if exited and (not selector.get_map() or time.monotonic() > drain_until):
-                    break
-                left = deadline - time.monotonic()
-                if not exited and left <= 0:
-                    self._abandon(proc)
-                    return None
-                if selector.get_map():
-                    # Once it has exited, all it wrote is in the pipes: take what is there and
-                    # stop; a process it left behind may keep the pipes open (and busy) for ever.
-                    ready = selector.select(0 if exited else min(left, self.POLL_S))
-                    if exited and not ready:
-                        break
-                    for key, dummy in ready:
-                        data = os.read(key.fd, 65536)
-                        if data:
-                            chunks[key.fd].append(data)
-                        else:
-                            selector.unregister(key.fileobj)
-                else:  # both pipes closed: it is about to exit
-                    time.sleep(min(delay, left))
-                    delay = min(delay * 2, self.POLL_S)
-        finally:
-            selector.close()
-        if not reaped:  # unreaped, its pid still names its group: kill what it left there
-            _kill_group(proc.pid)
-        proc.wait()
-        return b''.join(chunks[proc.stdout.fileno()]), b''.join(chunks[proc.stderr.fileno()])
-
-    def _abandon(self, proc):
-        # Its descendants are found first (one may have left the group with setsid), then the
-        # group and they are killed. A process stuck in the driver (D state) cannot die until
-        # the driver lets it go: give it a moment, and never wait on it longer than that.
-        if proc.returncode is not None or _exited(proc.pid) is None:
-            return  # reaped: its pid may be another process's by now
-        descendants = _descendants(proc.pid)
-        _kill_group(proc.pid)
-        for pid, starttime in descendants:
-            _kill_same(pid, starttime)
-        try:
-            proc.wait(timeout=self.KILL_WAIT_S)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _exec_failure(path, exc):
-    """Why exec of path failed, in words: the errno alone names the wrong culprit."""
-    if exc.errno == errno.ENOENT:  # the file exists: what it needs to start does not
-        interpreter = _interpreter(path)
-        if interpreter:
-            return 'nvidia-smi at %r cannot be run: bad interpreter %r in its #! line (%s)' % (
-                path, interpreter, 'not executable' if os.path.exists(interpreter) else 'no such file')
-        return ('nvidia-smi at %r cannot be run: its program loader is missing (No such file or directory; '
-                'built for another system?)' % path)
-    if exc.errno == errno.ENOEXEC:
-        return ('nvidia-smi at %r is not an executable this host can run (exec format error: wrong '
-                'format or architecture, or a damaged file)' % path)
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return ('nvidia-smi at %r cannot be run: permission denied (not executable, or on a file system '
-                'mounted noexec)' % path)
-    return 'nvidia-smi at %r cannot be run: %s' % (path, exc.strerror)
-
-
-def _interpreter(path):
-    try:
-        with open(path, 'rb') as handle:
-            head = handle.read(256)
-    except (IOError, OSError):
-        return None
-    if not head.startswith(b'#!'):
-        return None
-    words = head[2:].split(b'\n', 1)[0].split()
-    return words[0].decode('utf-8', 'replace') if words else None
-
-
-def _exited(pid):
-    """False while the child pid runs, True once it has exited (a zombie, unreaped until waited
-    for, so its pid and process group id cannot be reused), None when it was reaped elsewhere."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return None
-
-
-def _kill_group(pgid):
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:  # the group is empty, or gone
-        pass
-
-
-def _stat_fields(pid, proc='/proc'):
-    """(ppid, starttime) of pid from /proc, or None."""
-    try:
-        with open('%s/%d/stat' % (proc, pid), 'rb') as handle:
-            fields = handle.read().rsplit(b')', 1)[1].split()
-        return int(fields[1]), int(fields[19])
-    except (IOError, OSError, IndexError, ValueError):
-        return None
-
-
-def _descendants(root, proc='/proc'):
-    """[(pid, starttime)] of every process descended from root, read from /proc."""
-    children = {}
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return []
-    for name in names:
-        if name.isdigit():
-            fields = _stat_fields(int(name), proc)
-            if fields is not None:
-                children.setdefault(fields[0], []).append((int(name), fields[1]))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child[0])
-    return found
-
-
-def _kill_same(pid, starttime):
-    """SIGKILL pid if it is still the process that started at starttime (a pidfd where there is one)."""
-    pidfd = None
-    try:
-        if hasattr(os, 'pidfd_open'):
-            pidfd = os.pidfd_open(pid)
-        fields = _stat_fields(pid)
-        if fields is None or fields[1] != starttime:
-            return
-        if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
-    except OSError:  # gone already
-        pass
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
+        rc, stdout, stderr = super(SmiRunner, self).run(args, timeout)
+        if rc in self.PERMANENT_EXIT_CODES:
+            raise PermanentReadError(describe_failure(rc, stdout, stderr))
+        return rc, stdout, stderr
 
 
 class SmiReader(GpuReader):

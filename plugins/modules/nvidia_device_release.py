@@ -139,6 +139,29 @@ options:
       - Costs one more read of the GPUs, of C(/proc) and of the kernel log.
     type: bool
     default: false
+  reset_orphaned:
+    description:
+      - When the release ends with GPUs in scope left with orphaned memory (RV(orphaned_gpus),
+        memory used, no process) and no unprotected holder left, reset them. For each such
+        GPU, persistence mode is switched off when it is on (C(nvidia-smi -i N -pm 0); it counts as
+        a client of the device, and C(nvidia-persistenced) lets the GPU go), then
+        C(nvidia-smi --gpu-reset -i N) runs, and persistence mode is switched back on whatever
+        the reset did. The GPUs are then read again, so RV(gpus_after), RV(orphaned_gpus) and
+        RV(released) tell the state after the reset; RV(escalation) tells what was done.
+      - When nvidia-smi refuses the reset and names other GPUs with it (NVLink peers that the
+        driver requires to be reset in the same command), the reset is tried once more with
+        them, provided they are GPUs in scope left with orphaned memory themselves. A refusal
+        is reported in nvidia-smi's own words and fails the task.
+      - The reset always runs through nvidia-smi (O(nvidia_smi_path)), whatever O(backend)
+        reads the GPUs, and needs root. It fits in O(timeout); waiting for the driver to free
+        memory that no process holds ends a third of O(timeout) early (at least one second)
+        to leave that time to the reset. Restoring persistence mode is allowed a few seconds
+        more.
+      - Not attempted while a process other than a protected one still holds the devices
+        (a warning says so), nor with O(wait=false). In check mode, RV(escalation) says which
+        GPUs would be reset and nothing is done.
+    type: bool
+    default: false
 notes:
   - A pattern in O(devices) that matches no NVIDIA device node, a typo or a host without the
     driver, fails the task before anything is signalled; the module never calls GPUs released
@@ -185,6 +208,13 @@ EXAMPLES = r'''
   ansible.builtin.debug:
     msg: "GPUs {{ release.orphaned_gpus }} need a reset"
   when: release.orphaned_gpus | length > 0
+
+- name: Free the GPUs, and reset those left with orphaned memory
+  gpuops.nvidia.nvidia_device_release:
+    reset_orphaned: true
+    timeout: 90
+  become: true
+  register: release
 '''
 
 RETURN = r'''
@@ -334,6 +364,35 @@ orphaned_gpus:
   type: list
   elements: int
   sample: [3]
+escalation:
+  description:
+    - What O(reset_orphaned) did. Null when no reset was attempted (the option is off, no GPU
+      was left with orphaned memory, or a holder remained).
+  returned: always
+  type: dict
+  contains:
+    attempted:
+      description: V(true) when nvidia-smi was asked to reset; V(false) in check mode, where
+        nothing is done.
+      type: bool
+    gpus:
+      description: Indexes of the GPUs the reset was (or, in check mode, would be) tried on,
+        the NVLink peers reset with them included.
+      type: list
+      elements: int
+    ok:
+      description: Whether every reset succeeded and persistence mode was restored wherever it
+        was switched off; null in check mode.
+      type: bool
+    message:
+      description: What happened to each GPU, with nvidia-smi's own words (its refusal, for a
+        GPU that another client still uses).
+      type: str
+  sample:
+    attempted: true
+    gpus: [3]
+    ok: true
+    message: 'GPU 3 reset: GPU 00000000:5D:00.0 was successfully reset. All done.'
 gpus_before:
   description: Memory used per GPU in scope before anything was signalled (empty when the
     GPUs could not be read).

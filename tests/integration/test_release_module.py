@@ -60,12 +60,26 @@ def test_orphaned_memory_fails_the_task_naming_the_gpu(gpuhost, tmp_path):
     assert result['signalled'][0]['signals_sent'] == ['TERM', 'KILL']
 
 
+def test_orphaned_memory_is_reset_when_asked(gpuhost, tmp_path):
+    scenario = gpuhost.scenario('hung-job')
+    daemon = scenario['persistenced']['pid']
+    gpuhost.fault('stuck', gpu=3, mib=8192)
+    result, proc = run_release(gpuhost, tmp_path, grace_period=0.3, timeout=3, reset_orphaned=True)
+    assert proc.returncode == 0, proc.stdout
+    assert result['released'] is True and result['orphaned_gpus'] == []
+    assert result['escalation']['gpus'] == [3] and result['escalation']['ok'] is True
+    assert gpuhost.memory_used() == dict((index, 1) for index in range(8))
+    assert gpuhost.smi('-i', '3', '--query-gpu=persistence_mode', '--format=csv,noheader').stdout.strip() == 'Enabled'
+    assert alive(daemon)
+
+
 def test_module_documentation_renders():
     proc = subprocess.run(['ansible-doc', 'gpuops.nvidia.nvidia_device_release'],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert 'grace_period' in proc.stdout and 'orphaned_gpus' in proc.stdout
     assert 'protect' in proc.stdout and 'nvidia_smi_path' in proc.stdout
+    assert 'reset_orphaned' in proc.stdout and 'escalation' in proc.stdout
     assert 'WARNING' not in proc.stderr, proc.stderr
 
 

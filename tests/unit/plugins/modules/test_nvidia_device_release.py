@@ -130,3 +130,74 @@ def test_facts_after_on_failure_and_on_unreadable_gpus(capsys, gpuhost, tmp_path
     result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1, facts_after=True)
     assert result['failed'] is True and 'facts_after' not in result
     assert 'nothing was signalled' in result['msg']
+
+
+def persistence(host, index):
+    return host.smi('-i', str(index), '--query-gpu=persistence_mode', '--format=csv,noheader').stdout.strip()
+
+
+def holds(pid, path):
+    fds = '/proc/%d/fd' % pid
+    return any(os.path.realpath(os.path.join(fds, fd)) == os.path.realpath(path) for fd in os.listdir(fds))
+
+
+def test_reset_orphaned_frees_stuck_memory_and_restores_persistence(capsys, gpuhost, tmp_path):
+    scenario = gpuhost.scenario('hung-job')
+    daemon = scenario['persistenced']['pid']
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, grace_period=0.3, timeout=3)
+    assert result.get('failed') is not True, result
+    assert result['changed'] is True and result['released'] is True
+    assert result['orphaned_gpus'] == []
+    escalation = result['escalation']
+    assert escalation['attempted'] is True and escalation['gpus'] == [3] and escalation['ok'] is True
+    assert 'GPU 00000000:5D:00.0 was successfully reset' in escalation['message']
+    assert result['gpus_after'][3] == {'index': 3, 'memory_used_mib': 1}
+    assert gpuhost.memory_used()[3] == 1
+    # Persistence mode was switched off for the reset and back on; the daemon took the GPU back.
+    assert persistence(gpuhost, 3) == 'Enabled'
+    assert alive(daemon) and holds(daemon, gpuhost.dev_path(3))
+    assert [entry['pid'] for entry in result['protected']] == [daemon]
+    assert result['elapsed_s'] < 3.5
+
+
+def test_reset_orphaned_refused_is_reported_in_nvidia_smis_words(capsys, gpuhost, tmp_path):
+    # A protected daemon that persistence mode does not move keeps the GPU open.
+    hostengine = gpuhost.hold(gpus=[3], mib=0, name='nv-hostengine', daemon=True)['pid']
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, grace_period=0.3, timeout=2)
+    assert result['failed'] is True and result.get('released') is False, result
+    escalation = result['escalation']
+    assert escalation['attempted'] is True and escalation['gpus'] == [3] and escalation['ok'] is False
+    assert 'nvidia-smi --gpu-reset -i 3 refused (exit 255' in escalation['message']
+    assert 'GPU 00000000:5D:00.0: In use by another client' in escalation['message']
+    assert 'the GPU reset failed: ' in result['msg'] and 'In use by another client' in result['msg']
+    assert result['orphaned_gpus'] == [3] and gpuhost.memory_used()[3] == 4097
+    assert persistence(gpuhost, 3) == 'Enabled'
+    assert alive(hostengine)
+
+
+def test_reset_orphaned_in_check_mode_says_what_would_be_reset(capsys, gpuhost, tmp_path):
+    gpuhost.fault('stuck', gpu=5, mib=2048)
+    result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, _ansible_check_mode=True)
+    assert result['changed'] is True and result['orphaned_gpus'] == [5]
+    assert result['escalation'] == {'attempted': False, 'gpus': [5], 'ok': None, 'message': result['escalation']['message']}
+    assert 'GPU 5 would be reset' in result['escalation']['message']
+    assert gpuhost.memory_used()[5] == 2049 and persistence(gpuhost, 5) == 'Enabled'
+
+
+def test_reset_orphaned_is_not_attempted_while_a_holder_remains(capsys, gpuhost, tmp_path):
+    stubborn = gpuhost.hold(gpus=[2], mib=1024, ignore_term=True)['pid']
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, signals=['TERM'], timeout=1.5)
+    assert result['failed'] is True
+    assert result['escalation'] is None and result['orphaned_gpus'] == [3]
+    assert 'reset_orphaned: GPU 3 not reset: processes still hold the devices (pid %d)' % stubborn in result['warning_text']
+    assert gpuhost.memory_used()[3] == 4097 and persistence(gpuhost, 3) == 'Enabled'
+
+
+def test_orphaned_memory_is_not_reset_unless_asked(capsys, gpuhost, tmp_path):
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = run_module(capsys, gpuhost, tmp_path, grace_period=0.3, timeout=1)
+    assert result['failed'] is True and result['escalation'] is None
+    assert gpuhost.memory_used()[3] == 4097

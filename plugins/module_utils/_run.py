@@ -1,0 +1,258 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""The one way the collection runs a program (nvidia-smi, journalctl, dmesg): with a hard
+deadline, in a session of its own, and leaving nothing running behind."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import errno
+import os
+import selectors
+import shutil
+import signal
+import stat
+import subprocess
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
+
+
+class CommandTimeout(GpuopsError):
+    """The program did not exit in time and was killed, with everything it started."""
+
+    def __init__(self, message, argv, timeout):
+        super(CommandTimeout, self).__init__(message)
+        self.argv = argv
+        self.timeout = timeout
+
+
+class Runner:
+    """Runs one program with a hard deadline.
+
+    The program runs in a session of its own, with LC_ALL=C. A run ends when the program itself
+    exits, not when its pipes close (a process it left behind may keep them open): what it
+    printed is its answer, and whatever is left in its process group is killed. When it does
+    not exit in time, its process group and every process descended from it are killed, and
+    CommandTimeout is raised. A program that cannot be run at all (missing, not executable, a
+    bad #! line, built for another system) raises PermanentReadError, in words that name the
+    cause, followed by hint.
+
+    path: the program (a name looked up on PATH, or a path); name: how messages call it (the
+    base name of path by default); env: variables added to the environment.
+    """
+
+    POLL_S = 0.05
+    KILL_WAIT_S = 1.0
+    # Added to the message of a timeout: what it may mean.
+    TIMEOUT_NOTE = ''
+
+    def __init__(self, path, timeout=10.0, name=None, hint=None, env=None):
+        self.path = path
+        self.timeout = timeout
+        self.name = name or os.path.basename(path)
+        self.hint = hint
+        self.env = dict(env or {})
+
+    def _hinted(self, text):
+        return '%s: %s' % (text, self.hint) if self.hint else text
+
+    def resolve(self):
+        """The path of the program to run; PermanentReadError when there is none that runs."""
+        found = shutil.which(self.path) if os.sep not in self.path else self.path
+        if not found or not os.path.exists(found):
+            raise PermanentReadError(self._hinted('%s not found or not executable at %r' % (self.name, self.path)))
+        if not os.path.isfile(found) or not os.access(found, os.X_OK):
+            raise PermanentReadError(self._hinted('%s at %r is not executable (%s)' % (
+                self.name, found,
+                'a directory' if os.path.isdir(found) else 'mode %04o' % stat.S_IMODE(os.stat(found).st_mode))))
+        return found
+
+    def run(self, args, timeout=None):
+        """Run the program with args; return (rc, stdout, stderr) as text.
+
+        Raise PermanentReadError when it cannot run, and CommandTimeout when it does not exit
+        within timeout seconds (the runner's timeout by default).
+        """
+        timeout = self.timeout if timeout is None else timeout
+        path = self.resolve()
+        env = dict(os.environ, LC_ALL='C', LANG='C', **self.env)
+        try:
+            proc = subprocess.Popen([path] + list(args), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                    close_fds=True, start_new_session=True)
+        except OSError as exc:
+            raise PermanentReadError(self._hinted(_exec_failure(self.name, path, exc)))
+        try:
+            output = self._collect(proc, time.monotonic() + timeout)
+        except BaseException:  # interrupted: leave nothing running behind
+            self._abandon(proc)
+            raise
+        finally:
+            proc.stdout.close()
+            proc.stderr.close()
+        if output is None:
+            raise CommandTimeout('%s did not answer within %.1f s and was killed%s' % (
+                ' '.join([self.name] + list(args)), timeout, self.TIMEOUT_NOTE), [path] + list(args), timeout)
+        stdout, stderr = (data.decode('utf-8', 'replace') for data in output)
+        return proc.returncode, stdout, stderr
+
+    def _collect(self, proc, deadline):
+        """(stdout, stderr) bytes once the program has exited and is reaped; None after killing
+        it when deadline passes first."""
+        chunks = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
+        selector = selectors.DefaultSelector()
+        try:
+            for pipe in (proc.stdout, proc.stderr):
+                selector.register(pipe, selectors.EVENT_READ)
+            delay, drain_until, reaped = 0.001, None, False
+            while True:
+                state = _exited(proc.pid)
+                exited, reaped = state is not False, state is None
+                if exited and drain_until is None:
+                    drain_until = time.monotonic() + self.POLL_S
+                if exited and (not selector.get_map() or time.monotonic() > drain_until):
+                    break
+                left = deadline - time.monotonic()
+                if not exited and left <= 0:
+                    self._abandon(proc)
+                    return None
+                if selector.get_map():
+                    # Once it has exited, all it wrote is in the pipes: take what is there and
+                    # stop; a process it left behind may keep the pipes open (and busy) for ever.
+                    ready = selector.select(0 if exited else min(left, self.POLL_S))
+                    if exited and not ready:
+                        break
+                    for key, dummy in ready:
+                        data = os.read(key.fd, 65536)
+                        if data:
+                            chunks[key.fd].append(data)
+                        else:
+                            selector.unregister(key.fileobj)
+                else:  # both pipes closed: it is about to exit
+                    time.sleep(min(delay, left))
+                    delay = min(delay * 2, self.POLL_S)
+        finally:
+            selector.close()
+        if not reaped:  # unreaped, its pid still names its group: kill what it left there
+            _kill_group(proc.pid)
+        proc.wait()
+        return b''.join(chunks[proc.stdout.fileno()]), b''.join(chunks[proc.stderr.fileno()])
+
+    def _abandon(self, proc):
+        # Its descendants are found first (one may have left the group with setsid), then the
+        # group and they are killed. A process stuck in the driver (D state) cannot die until
+        # the driver lets it go: give it a moment, and never wait on it longer than that.
+        if proc.returncode is not None or _exited(proc.pid) is None:
+            return  # reaped: its pid may be another process's by now
+        descendants = _descendants(proc.pid)
+        _kill_group(proc.pid)
+        for pid, starttime in descendants:
+            _kill_same(pid, starttime)
+        try:
+            proc.wait(timeout=self.KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _exec_failure(name, path, exc):
+    """Why exec of path failed, in words: the errno alone names the wrong culprit."""
+    if exc.errno == errno.ENOENT:  # the file exists: what it needs to start does not
+        interpreter = _interpreter(path)
+        if interpreter:
+            return '%s at %r cannot be run: bad interpreter %r in its #! line (%s)' % (
+                name, path, interpreter, 'not executable' if os.path.exists(interpreter) else 'no such file')
+        return ('%s at %r cannot be run: its program loader is missing (No such file or directory; '
+                'built for another system?)' % (name, path))
+    if exc.errno == errno.ENOEXEC:
+        return ('%s at %r is not an executable this host can run (exec format error: wrong '
+                'format or architecture, or a damaged file)' % (name, path))
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return ('%s at %r cannot be run: permission denied (not executable, or on a file system '
+                'mounted noexec)' % (name, path))
+    return '%s at %r cannot be run: %s' % (name, path, exc.strerror)
+
+
+def _interpreter(path):
+    try:
+        with open(path, 'rb') as handle:
+            head = handle.read(256)
+    except (IOError, OSError):
+        return None
+    if not head.startswith(b'#!'):
+        return None
+    words = head[2:].split(b'\n', 1)[0].split()
+    return words[0].decode('utf-8', 'replace') if words else None
+
+
+def _exited(pid):
+    """False while the child pid runs, True once it has exited (a zombie, unreaped until waited
+    for, so its pid and process group id cannot be reused), None when it was reaped elsewhere."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return None
+
+
+def _kill_group(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:  # the group is empty, or gone
+        pass
+
+
+def _stat_fields(pid, proc='/proc'):
+    """(ppid, starttime) of pid from /proc, or None."""
+    try:
+        with open('%s/%d/stat' % (proc, pid), 'rb') as handle:
+            fields = handle.read().rsplit(b')', 1)[1].split()
+        return int(fields[1]), int(fields[19])
+    except (IOError, OSError, IndexError, ValueError):
+        return None
+
+
+def _descendants(root, proc='/proc'):
+    """[(pid, starttime)] of every process descended from root, read from /proc."""
+    children = {}
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return []
+    for name in names:
+        if name.isdigit():
+            fields = _stat_fields(int(name), proc)
+            if fields is not None:
+                children.setdefault(fields[0], []).append((int(name), fields[1]))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+def _kill_same(pid, starttime):
+    """SIGKILL pid if it is still the process that started at starttime (a pidfd where there is one)."""
+    pidfd = None
+    try:
+        if hasattr(os, 'pidfd_open'):
+            pidfd = os.pidfd_open(pid)
+        fields = _stat_fields(pid)
+        if fields is None or fields[1] != starttime:
+            return
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except OSError:  # gone already
+        pass
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)

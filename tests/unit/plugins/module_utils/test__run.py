@@ -1,0 +1,110 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import signal
+import stat
+import time
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _health
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
+from gpusim.state import is_alive as alive
+
+
+def program(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text('#!/bin/sh\n' + body + '\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def read_pid(path, seconds=5):
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        if os.path.exists(path) and open(path).read().strip():
+            return int(open(path).read())
+        time.sleep(0.01)
+    raise AssertionError('no pid in %s' % path)
+
+
+def gone(pid, seconds=3):
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        if not alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_any_program_runs_with_its_arguments_in_the_c_locale_and_extra_environment(tmp_path):
+    path = program(tmp_path, 'journalctl', 'echo "$@ $LC_ALL $SYSTEMD_PAGER."; echo "sid $(ps -o sid= -p $$)" >&2; exit 3')
+    rc, stdout, stderr = Runner(path, env=dict(SYSTEMD_PAGER='none')).run(['-k', '-q'])
+    assert (rc, stdout) == (3, '-k -q C none.\n')
+    # A session of its own: its session id is its own pid, not ours.
+    assert int(stderr.split()[1]) != os.getsid(0)
+
+
+def test_a_program_found_on_path_is_named_in_errors_by_its_name(tmp_path, monkeypatch):
+    monkeypatch.setenv('PATH', str(tmp_path))
+    program(tmp_path, 'dmesg', 'echo hi')
+    assert Runner('dmesg').run([]) == (0, 'hi\n', '')
+    with pytest.raises(PermanentReadError, match=r"^journalctl not found or not executable at 'journalctl'$"):
+        Runner('journalctl').run([])
+    with pytest.raises(PermanentReadError, match=r"^journalctl not found .*: install systemd$"):
+        Runner('journalctl', hint='install systemd').run([])
+
+
+def test_exec_failures_name_the_program(tmp_path):
+    path = tmp_path / 'dmesg'
+    path.write_text('#!/opt/gone/sh\n')
+    path.chmod(0o755)
+    with pytest.raises(PermanentReadError, match="dmesg at .* bad interpreter '/opt/gone/sh'"):
+        Runner(str(path)).run([])
+
+
+@pytest.mark.parametrize('detach', ['', 'setsid '])
+def test_timeout_kills_the_program_and_what_it_started(tmp_path, detach):
+    pidfile = str(tmp_path / 'child.pid')
+    path = program(tmp_path, 'journalctl', "trap '' TERM; %ssleep 30 & echo $! > %s; sleep 30" % (detach, pidfile))
+    started = time.monotonic()
+    try:
+        with pytest.raises(CommandTimeout, match=r'^journalctl -k did not answer within 0.5 s and was killed$') as error:
+            Runner(path, 0.5).run(['-k'])
+        assert error.value.timeout == 0.5 and error.value.argv == [path, '-k']
+        assert isinstance(error.value, GpuopsError) and not isinstance(error.value, PermanentReadError)
+        assert time.monotonic() - started < 3
+        assert gone(read_pid(pidfile))
+    finally:
+        child = read_pid(pidfile)
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_the_kernel_log_reader_runs_through_the_runner(tmp_path):
+    # A journalctl that hangs with a child holding its pipes: the child dies with it.
+    pidfile = str(tmp_path / 'child.pid')
+    hung = program(tmp_path, 'journalctl', 'setsid sleep 30 & echo $! > %s; sleep 30' % pidfile)
+    started = time.monotonic()
+    try:
+        events, warnings = _health.read_xid_events(None, 0.5, commands=([hung],))
+        assert events is None and 'journalctl did not finish within 0.5 s' in warnings[0]
+        assert time.monotonic() - started < 3
+        assert gone(read_pid(pidfile))
+    finally:
+        child = read_pid(pidfile)
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_the_kernel_log_reader_names_a_program_that_does_not_run(tmp_path):
+    events, warnings = _health.read_xid_events(None, 1, commands=([str(tmp_path / 'journalctl')],))
+    assert events is None and 'journalctl not found or not executable' in warnings[0]
