@@ -14,7 +14,7 @@ version_added: 0.1.0
 author:
   - gpuops maintainers
 description:
-  - The checks of the role M(gpuops.nvidia.gpu_reset) that its argument specs cannot express
+  - The checks of the role P(gpuops.nvidia.gpu_reset#role) that its argument specs cannot express
     (ranges, lists that must not be empty, settings that depend on each other).
 options:
   _input:

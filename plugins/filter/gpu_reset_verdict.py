@@ -14,7 +14,7 @@ version_added: 0.1.0
 author:
   - gpuops maintainers
 description:
-  - Judges one host from what the role M(gpuops.nvidia.gpu_reset) registered and returns its
+  - Judges one host from what the role P(gpuops.nvidia.gpu_reset#role) registered and returns its
     report. The outcome is C(failed) when O(error) is set; C(clean) when the release signalled
     nothing and left the GPUs clean, or when the GPUs read before it pass O(query); C(would_release)
     in check mode; C(released) when the last read of the GPUs passes O(query); C(failed) otherwise.
