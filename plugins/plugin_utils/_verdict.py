@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.nvidia.plugins.filter.gpu_scope import gpu_scope
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, MAX_SECONDS
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
 
 OUTCOMES = ('clean', 'released', 'would_release', 'failed')
@@ -34,7 +34,6 @@ OUTCOMES = ('clean', 'released', 'would_release', 'failed')
 CLEAN_QUERY = ('length(nvidia_gpus[?error != null || memory_used_mib == null || memory_used_mib > `%d`]) == `0`'
                ' && length(nvidia_device_holders[?!protected]) == `0`')
 
-MAX_SECONDS = 2147483
 
 
 def clean_query(query=None, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB):
