@@ -64,8 +64,9 @@ RESPAWN_LIMIT = 1
 # After the GPUs read clean, how long to watch that no holder comes back, counted from the
 # moment the last holder exited so that it overlaps the driver's own release of the memory.
 # systemd restarts a unit after RestartSec=100ms by default; supervisors that restart a job
-# within half a second are caught, slower ones are the next release's business.
-DEFAULT_SETTLE_S = 0.5
+# within a second (the restart delay plus the start of a process that opens the devices early)
+# are caught; slower ones are the next release's business.
+DEFAULT_SETTLE_S = 1.0
 
 # Each poll scans /proc and reads every GPU: on a host with many processes that is not free,
 # and a driver takes a fraction of a second or more to free the memory of a process that exited.

@@ -113,7 +113,7 @@ options:
         after C(RestartSec=100ms) by default). The window overlaps the driver's own release of
         the memory, so it costs nothing when the driver is slower. V(0) turns it off.
     type: float
-    default: 0.5
+    default: 1.0
   lock_file:
     description:
       - The file locked (C(flock)) while a release runs, so that two releases on one host do
