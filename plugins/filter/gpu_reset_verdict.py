@@ -82,6 +82,8 @@ _value:
     - The report, with the keys C(host), C(outcome), C(reason), C(check_mode), C(gpus_before),
       C(gpus_after), C(signalled), C(survivors), C(orphaned_gpus), C(escalation), C(release_s),
       C(duration_s) and C(drained) (false; the role sets it when it drains the host).
+    - C(orphaned_gpus) lists the GPUs the release found with orphaned memory, also those its GPU
+      reset then freed.
     - C(escalation) is null unless O(allow_gpu_reset) and the release attempted a GPU reset; then
       it has C(gpus) (the GPUs reset), C(persistence_mode_off) (those whose persistence mode was
       switched off meanwhile), C(reset_ok), C(output) (what was done, in nvidia-smi's words) and

@@ -129,6 +129,16 @@ def report_escalation(escalation, allow_gpu_reset=False):
     }
 
 
+def orphaned_gpus(release, escalation):
+    """The GPUs the release found with orphaned memory: those it left so, and those its GPU reset
+    was tried on (the release reads the GPUs again after it; a GPU the reset freed is no longer
+    among its own orphaned_gpus)."""
+    found = set(release.get('orphaned_gpus') or [])
+    if isinstance(escalation, Mapping):
+        found.update(escalation.get('gpus') or [])
+    return sorted(found)
+
+
 def _escalation(escalation):
     """(attempted, ok, output) of the report's escalation."""
     if not isinstance(escalation, Mapping):
@@ -266,7 +276,7 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
         'gpus_after': gpus_after,
         'signalled': signalled,
         'survivors': survivors,
-        'orphaned_gpus': release.get('orphaned_gpus') or [],
+        'orphaned_gpus': orphaned_gpus(release, escalation),
         'escalation': escalation or None,
         'release_s': release.get('elapsed_s'),
         'duration_s': round(now - float(started), 3) if started is not None else None,

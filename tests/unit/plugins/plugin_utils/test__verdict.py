@@ -105,6 +105,8 @@ def test_reset_that_frees_orphaned_memory_is_a_release():
                                                     escalation=done), allow_gpu_reset=True)
     assert report['outcome'] == 'released' and report['reason'] is None
     assert report['gpus_after'] == memory(1, 1)
+    # The release reads the GPUs again after the reset: GPU 1 is no longer among its orphaned_gpus.
+    assert report['orphaned_gpus'] == [1]
     assert report['escalation'] == {'gpus': [1], 'persistence_mode_off': [], 'reset_ok': True,
                                     'output': 'GPU 1 reset: GPU 00000000:11:00.0 was successfully reset. All done.',
                                     'persistence_mode_restored': None}
