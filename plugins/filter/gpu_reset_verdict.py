@@ -35,9 +35,6 @@ options:
   facts:
     description: The registered result of M(gpuops.nvidia.nvidia_gpu_facts) read after the release, if any.
     type: dict
-  escalation:
-    description: The GPU reset the role ran, if any (null takes the release's own C(escalation)).
-    type: dict
   error:
     description: Why the role could not finish; the host fails with it.
     type: str
@@ -53,7 +50,9 @@ options:
     type: int
     default: 32
   allow_gpu_reset:
-    description: Whether a GPU reset was allowed, for the reason.
+    description:
+      - Whether a GPU reset was allowed (the release ran with O(gpuops.nvidia.nvidia_device_release#module:reset_orphaned)),
+        for the reason and the report's C(escalation).
     type: bool
     default: false
   check_mode:
@@ -83,6 +82,12 @@ _value:
     - The report, with the keys C(host), C(outcome), C(reason), C(check_mode), C(gpus_before),
       C(gpus_after), C(signalled), C(survivors), C(orphaned_gpus), C(escalation), C(release_s),
       C(duration_s) and C(drained) (false; the role sets it when it drains the host).
+    - C(orphaned_gpus) lists the GPUs the release found with orphaned memory, also those its GPU
+      reset then freed.
+    - C(escalation) is null unless O(allow_gpu_reset) and the release attempted a GPU reset; then
+      it has C(gpus) (the GPUs reset), C(persistence_mode_off) (those whose persistence mode was
+      switched off meanwhile), C(reset_ok), C(output) (what was done, in nvidia-smi's words) and
+      C(persistence_mode_restored) (null when persistence mode was switched off nowhere).
   type: dict
 '''
 

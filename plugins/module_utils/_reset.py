@@ -44,9 +44,15 @@ def _names(indexes):
     return ', '.join(str(index) for index in indexes)
 
 
-def escalation(gpus, ok, message, attempted=True):
-    """The escalation entry of a release result."""
-    return {'attempted': attempted, 'gpus': list(gpus), 'ok': ok, 'message': message}
+def escalation(gpus, ok, message, attempted=True, persistence_mode_off=(), persistence_mode_restored=None):
+    """The escalation entry of a release result.
+
+    persistence_mode_off: the indexes whose persistence mode was switched off for the reset;
+    persistence_mode_restored: whether it was switched back on on all of them (None when none was
+    switched off)."""
+    return {'attempted': attempted, 'gpus': list(gpus), 'ok': ok, 'message': message,
+            'persistence_mode_off': sorted(set(persistence_mode_off)),
+            'persistence_mode_restored': persistence_mode_restored if persistence_mode_off else None}
 
 
 class GpuReset:
@@ -64,6 +70,8 @@ class GpuReset:
         self.deadline = deadline
         self.clock = clock
         self.log = log
+        # {index: restored} of every GPU whose persistence mode was switched off, the last try counting.
+        self.restored = {}
 
     def _left(self):
         return self.deadline - self.clock()
@@ -101,6 +109,7 @@ class GpuReset:
                 if self._persistence(index):
                     self._set_persistence(index, False)
                     persistent.append(index)
+                    self.restored[index] = False
             self.log('gpuops.nvidia: resetting GPU %s (orphaned memory) with nvidia-smi --gpu-reset' % _names(group))
             rc, stdout, stderr = self._smi(['--gpu-reset', '-i', ','.join(str(index) for index in group)])
         except GpuopsError as exc:
@@ -109,6 +118,7 @@ class GpuReset:
             for index in persistent:
                 try:
                     self._set_persistence(index, True, restore=True)
+                    self.restored[index] = True
                 except GpuopsError as exc:
                     restore_problems.append('persistence mode of GPU %s not restored: %s' % (index, exc))
         if outcome is None and rc == 0:
@@ -142,7 +152,9 @@ class GpuReset:
                                 'is' if len(peers) == 1 else 'are', 'it was' if len(peers) == 1 else 'they were')
             (done if ok else failed).extend(group)
             messages.append(text)
-        return escalation(sorted(done + failed), not failed, '; '.join(messages))
+        restored = all(self.restored.values())
+        return escalation(sorted(done + failed), not failed, '; '.join(messages),
+                          persistence_mode_off=self.restored, persistence_mode_restored=restored)
 
 
 def would_reset(indexes):

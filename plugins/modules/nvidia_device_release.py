@@ -388,11 +388,23 @@ escalation:
       description: What happened to each GPU, with nvidia-smi's own words (its refusal, for a
         GPU that another client still uses).
       type: str
+    persistence_mode_off:
+      description: Indexes of the GPUs whose persistence mode was switched off for the reset
+        (those where it was on); empty in check mode.
+      type: list
+      elements: int
+    persistence_mode_restored:
+      description: Whether persistence mode was switched back on on every GPU of
+        RV(escalation.persistence_mode_off), whatever the reset did; null when it was switched
+        off on none.
+      type: bool
   sample:
     attempted: true
     gpus: [3]
     ok: true
     message: 'GPU 3 reset: GPU 00000000:5D:00.0 was successfully reset. All done.'
+    persistence_mode_off: [3]
+    persistence_mode_restored: true
 gpus_before:
   description: Memory used per GPU in scope before anything was signalled (empty when the
     GPUs could not be read).

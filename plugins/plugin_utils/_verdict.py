@@ -8,8 +8,8 @@
 
 """The gpu_reset role's verdict, on the controller: is a host clean, and its per-host report.
 
-The role passes what its tasks registered (the release, the GPUs read before and after, the
-escalation, an error) and gets the whole report back; the reason a host is not clean is
+The role passes what its tasks registered (the release, with the GPU reset it did, and the GPUs
+read before and after, an error) and gets the whole report back; the reason a host is not clean is
 written here and nowhere else."""
 
 from __future__ import absolute_import, division, print_function
@@ -114,12 +114,35 @@ def _memory(facts):
             for gpu in facts.get('nvidia_gpus') or []]
 
 
+def report_escalation(escalation, allow_gpu_reset=False):
+    """The report's escalation made from the release module's: gpus, persistence_mode_off,
+    reset_ok, output (what nvidia-smi said, as the module quotes it) and
+    persistence_mode_restored; None when no reset was allowed or attempted (check mode)."""
+    if not allow_gpu_reset or not isinstance(escalation, Mapping) or not escalation.get('attempted'):
+        return None
+    return {
+        'gpus': list(escalation.get('gpus') or []),
+        'persistence_mode_off': list(escalation.get('persistence_mode_off') or []),
+        'reset_ok': bool(escalation.get('ok')),
+        'output': escalation.get('message') or '',
+        'persistence_mode_restored': escalation.get('persistence_mode_restored'),
+    }
+
+
+def orphaned_gpus(release, escalation):
+    """The GPUs the release found with orphaned memory: those it left so, and those its GPU reset
+    was tried on (the release reads the GPUs again after it; a GPU the reset freed is no longer
+    among its own orphaned_gpus)."""
+    found = set(release.get('orphaned_gpus') or [])
+    if isinstance(escalation, Mapping):
+        found.update(escalation.get('gpus') or [])
+    return sorted(found)
+
+
 def _escalation(escalation):
-    """(attempted, ok, output) of an escalation, the role's or the release module's."""
-    if not isinstance(escalation, Mapping) or escalation.get('attempted') is False:
+    """(attempted, ok, output) of the report's escalation."""
+    if not isinstance(escalation, Mapping):
         return False, None, ''
-    if 'ok' in escalation:
-        return True, bool(escalation['ok']), escalation.get('message') or ''
     return True, bool(escalation.get('reset_ok')), escalation.get('output') or ''
 
 
@@ -172,22 +195,20 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
     return '; '.join(line.strip() for line in lines if line.strip())
 
 
-def verdict(host, release=None, facts_before=None, facts=None, escalation=None, error=None, gpus=None,
+def verdict(host, release=None, facts_before=None, facts=None, error=None, gpus=None,
             query=None, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, allow_gpu_reset=False,
             check_mode=False, started=None, now=None):
     """The per-host report of the gpu_reset role.
 
-    release: the registered result of nvidia_device_release (None when it did not run).
+    release: the registered result of nvidia_device_release (None when it did not run); its
+    escalation (the GPU reset of reset_orphaned) is reported when allow_gpu_reset.
     facts_before: nvidia_gpu_facts read before the release (with a clean query of the user's own).
-    facts: nvidia_gpu_facts read after the release (waiting for clean, or after a GPU reset).
-    escalation: the role's GPU reset, when it ran (else the release's own, when it reports one).
+    facts: nvidia_gpu_facts read after the release (waiting for clean).
     error: why the role could not finish (a misconfiguration, a module that failed).
     query: gpu_reset_clean_query (None: the release module's own test)."""
     release = plain(release) if isinstance(release, Mapping) else {}
     threshold = int(memory_threshold_mib)
-    if escalation is None:
-        escalation = release.get('escalation')
-    escalation = plain(escalation)
+    escalation = report_escalation(plain(release.get('escalation')), allow_gpu_reset)
     before = _facts(facts_before)
     after = _facts(facts)
     if error is None:
@@ -255,7 +276,7 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
         'gpus_after': gpus_after,
         'signalled': signalled,
         'survivors': survivors,
-        'orphaned_gpus': release.get('orphaned_gpus') or [],
+        'orphaned_gpus': orphaned_gpus(release, escalation),
         'escalation': escalation or None,
         'release_s': release.get('elapsed_s'),
         'duration_s': round(now - float(started), 3) if started is not None else None,

@@ -57,6 +57,7 @@ def test_the_peers_a_refusal_names_are_reset_with_the_gpu(tmp_path):
     runner, log = fake_smi(tmp_path)
     result, logged = reset(runner, [0, 1], [0, 1])
     assert result['attempted'] is True and result['ok'] is True and result['gpus'] == [0, 1]
+    assert result['persistence_mode_off'] == [0, 1] and result['persistence_mode_restored'] is True
     assert 'GPU 0, 1 reset: GPU 00000000:18:00.0 was successfully reset.' in result['message']
     # Persistence off before each reset, back on after it, even after the refused one.
     assert [line for line in calls(log) if 'query' not in line] == [
@@ -69,6 +70,7 @@ def test_a_peer_that_is_not_orphaned_in_scope_is_never_reset(tmp_path):
     runner, log = fake_smi(tmp_path)
     result, dummy = reset(runner, [0], [0])
     assert result['ok'] is False and result['gpus'] == [0]
+    assert result['persistence_mode_off'] == [0] and result['persistence_mode_restored'] is True
     assert 'nvidia-smi --gpu-reset -i 0 refused (exit 255, internal driver error): The following GPUs could not be ' \
            'reset: GPU 00000000:18:00.0: In use by another client GPU 00000000:2A:00.0: In use' in result['message']
     assert 'names GPU 1 with it, which is not among the GPUs in scope left with orphaned memory' in result['message']
@@ -83,6 +85,7 @@ def test_persistence_is_restored_when_the_reset_hangs(tmp_path):
     assert time.monotonic() - started < 4
     assert result['ok'] is False and 'nvidia-smi --gpu-reset -i 2 did not answer within' in result['message']
     assert calls(log)[-2:] == ['--gpu-reset -i 2', '-i 2 -pm 1']
+    assert result['persistence_mode_off'] == [2] and result['persistence_mode_restored'] is True
 
 
 def test_nothing_is_run_when_no_time_is_left(tmp_path):
@@ -90,9 +93,34 @@ def test_nothing_is_run_when_no_time_is_left(tmp_path):
     result, dummy = reset(runner, [2], [2], seconds=-1)
     assert result['ok'] is False and 'no time left within timeout' in result['message']
     assert not log.exists()
+    # Nothing was switched off, so there is nothing to restore.
+    assert result['persistence_mode_off'] == [] and result['persistence_mode_restored'] is None
 
 
 def test_check_mode_entry_names_the_gpus():
     entry = would_reset([3, 1])
     assert entry['attempted'] is False and entry['gpus'] == [1, 3] and entry['ok'] is None
+    assert entry['persistence_mode_off'] == [] and entry['persistence_mode_restored'] is None
     assert entry['message'].startswith('check mode: GPU 1, 3 would be reset')
+
+
+def test_persistence_mode_off_only_where_it_was_on(tmp_path):
+    runner, log = fake_smi(tmp_path)
+    script = tmp_path / 'nvidia-smi'
+    script.write_text(script.read_text().replace('*--query-gpu=persistence_mode*) echo Enabled ;;',
+                                                 '*--query-gpu=persistence_mode*) echo Disabled ;;'))
+    result, dummy = reset(runner, [2], [2])
+    assert result['ok'] is True and result['gpus'] == [2]
+    assert result['persistence_mode_off'] == [] and result['persistence_mode_restored'] is None
+    assert not any('-pm' in line for line in calls(log))
+
+
+def test_persistence_that_cannot_be_restored_is_reported(tmp_path):
+    runner, log = fake_smi(tmp_path)
+    script = tmp_path / 'nvidia-smi'
+    script.write_text(script.read_text().replace('  *-pm*) echo "done" ;;',
+                                                 '  *"-pm 1"*) echo "Insufficient Permissions"; exit 4 ;;\n  *-pm*) echo "done" ;;'))
+    result, dummy = reset(runner, [2], [2])
+    assert result['ok'] is False and result['gpus'] == [2]
+    assert result['persistence_mode_off'] == [2] and result['persistence_mode_restored'] is False
+    assert 'persistence mode of GPU 2 not restored' in result['message']

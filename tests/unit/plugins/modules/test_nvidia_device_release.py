@@ -151,6 +151,7 @@ def test_reset_orphaned_frees_stuck_memory_and_restores_persistence(capsys, gpuh
     assert result['orphaned_gpus'] == []
     escalation = result['escalation']
     assert escalation['attempted'] is True and escalation['gpus'] == [3] and escalation['ok'] is True
+    assert escalation['persistence_mode_off'] == [3] and escalation['persistence_mode_restored'] is True
     assert 'GPU 00000000:5D:00.0 was successfully reset' in escalation['message']
     assert result['gpus_after'][3] == {'index': 3, 'memory_used_mib': 1}
     assert gpuhost.memory_used()[3] == 1
@@ -169,6 +170,8 @@ def test_reset_orphaned_refused_is_reported_in_nvidia_smis_words(capsys, gpuhost
     assert result['failed'] is True and result.get('released') is False, result
     escalation = result['escalation']
     assert escalation['attempted'] is True and escalation['gpus'] == [3] and escalation['ok'] is False
+    # The refusal does not keep persistence mode off.
+    assert escalation['persistence_mode_off'] == [3] and escalation['persistence_mode_restored'] is True
     assert 'nvidia-smi --gpu-reset -i 3 refused (exit 255' in escalation['message']
     assert 'GPU 00000000:5D:00.0: In use by another client' in escalation['message']
     assert 'the GPU reset failed: ' in result['msg'] and 'In use by another client' in result['msg']
@@ -181,7 +184,8 @@ def test_reset_orphaned_in_check_mode_says_what_would_be_reset(capsys, gpuhost, 
     gpuhost.fault('stuck', gpu=5, mib=2048)
     result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, _ansible_check_mode=True)
     assert result['changed'] is True and result['orphaned_gpus'] == [5]
-    assert result['escalation'] == {'attempted': False, 'gpus': [5], 'ok': None, 'message': result['escalation']['message']}
+    assert result['escalation'] == {'attempted': False, 'gpus': [5], 'ok': None, 'message': result['escalation']['message'],
+                                    'persistence_mode_off': [], 'persistence_mode_restored': None}
     assert 'GPU 5 would be reset' in result['escalation']['message']
     assert gpuhost.memory_used()[5] == 2049 and persistence(gpuhost, 5) == 'Enabled'
 

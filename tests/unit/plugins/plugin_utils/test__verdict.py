@@ -65,32 +65,63 @@ def test_survivor_is_named_with_its_gpu_and_why():
     assert report['gpus_after'] == memory(1, 2049)
 
 
+def module_escalation(ok, message, gpus=(1,), off=(1,), restored=True, attempted=True):
+    """The escalation of nvidia_device_release with reset_orphaned."""
+    return dict(attempted=attempted, gpus=list(gpus), ok=ok, message=message, persistence_mode_off=list(off),
+                persistence_mode_restored=restored if off else None)
+
+
+REFUSED = ('nvidia-smi --gpu-reset -i 1 refused (exit 255, internal driver error): The following GPUs could not be '
+           'reset: GPU 00000000:11:00.0: In use by another client')
+
+
 def test_orphaned_memory_names_the_setting_or_the_failed_reset():
     read = facts([gpu(0), gpu(1, 513, 'orphaned_memory')])
     report = _verdict.verdict('n1', release=release(False, orphaned_gpus=[1]), facts=read)
     assert report['reason'] == ('GPU 1: 513 MiB held with no process left (orphaned memory; only a GPU reset '
                                 'frees it, set gpu_reset_allow_gpu_reset to allow it)')
-    escalation = dict(gpus=[1], reset_ok=False, output='GPU 00000000:11:00.0\n could not be reset')
-    report = _verdict.verdict('n1', release=release(False, orphaned_gpus=[1]), facts=read, escalation=escalation,
-                              allow_gpu_reset=True)
+    assert report['escalation'] is None
+    refused = release(False, orphaned_gpus=[1], escalation=module_escalation(False, REFUSED))
+    report = _verdict.verdict('n1', release=refused, facts=read, allow_gpu_reset=True)
+    assert report['reason'] == ('GPU 1: 513 MiB held with no process left (orphaned memory; only a GPU reset '
+                                'frees it, and the reset failed: %s)' % REFUSED)
+    assert report['escalation'] == {'gpus': [1], 'persistence_mode_off': [1], 'reset_ok': False, 'output': REFUSED,
+                                    'persistence_mode_restored': True}
+    assert list(report['escalation']) == ['gpus', 'persistence_mode_off', 'reset_ok', 'output',
+                                          'persistence_mode_restored']
+
+
+def test_failed_reset_output_is_one_line_in_the_reason():
+    read = facts([gpu(0), gpu(1, 513, 'orphaned_memory')])
+    refused = release(False, orphaned_gpus=[1], escalation=module_escalation(False, 'GPU 00000000:11:00.0\n could not be reset'))
+    report = _verdict.verdict('n1', release=refused, facts=read, allow_gpu_reset=True)
     assert report['reason'].endswith('and the reset failed: GPU 00000000:11:00.0 could not be reset)')
-    assert report['escalation'] == escalation
-
-
-def test_release_module_escalation_is_reported_and_judged():
-    escalation = dict(attempted=True, gpus=[1], ok=True, message='GPU reset')
-    report = _verdict.verdict('n1', release=release(True, orphaned_gpus=[1], escalation=escalation))
-    assert report['escalation'] == escalation and report['outcome'] == 'clean'
-    failed = dict(attempted=True, gpus=[1], ok=False, message='refused')
-    report = _verdict.verdict('n1', release=release(False, orphaned_gpus=[1], escalation=failed),
-                              facts=facts([gpu(0), gpu(1, 513, 'orphaned_memory')]), allow_gpu_reset=True)
-    assert 'the reset failed: refused' in report['reason']
+    assert report['escalation']['output'] == 'GPU 00000000:11:00.0\n could not be reset'
 
 
 def test_reset_that_frees_orphaned_memory_is_a_release():
-    report = _verdict.verdict('n1', release=release(False, orphaned_gpus=[1]), facts=facts([gpu(0), gpu(1)]),
-                              escalation=dict(gpus=[1], reset_ok=True, output='ok'))
-    assert report['outcome'] == 'released' and report['gpus_after'] == memory(1, 1)
+    done = module_escalation(True, 'GPU 1 reset: GPU 00000000:11:00.0 was successfully reset. All done.', off=())
+    report = _verdict.verdict('n1', release=release(True, changed=True, before=(1, 4097), orphaned_gpus=[],
+                                                    escalation=done), allow_gpu_reset=True)
+    assert report['outcome'] == 'released' and report['reason'] is None
+    assert report['gpus_after'] == memory(1, 1)
+    # The release reads the GPUs again after the reset: GPU 1 is no longer among its orphaned_gpus.
+    assert report['orphaned_gpus'] == [1]
+    assert report['escalation'] == {'gpus': [1], 'persistence_mode_off': [], 'reset_ok': True,
+                                    'output': 'GPU 1 reset: GPU 00000000:11:00.0 was successfully reset. All done.',
+                                    'persistence_mode_restored': None}
+
+
+def test_no_escalation_in_the_report_without_an_attempt_or_an_allowed_reset():
+    # Check mode: the release says what it would reset, the report has nothing to tell.
+    would = module_escalation(None, 'check mode: GPU 1 would be reset', off=(), attempted=False)
+    report = _verdict.verdict('n1', release=release(False, orphaned_gpus=[1], escalation=would), check_mode=True,
+                              facts_before=facts([gpu(0), gpu(1, 513, 'orphaned_memory')]), allow_gpu_reset=True)
+    assert report['outcome'] == 'would_release' and report['escalation'] is None
+    # A reset that gpu_reset_allow_gpu_reset did not allow is never reported.
+    done = release(True, changed=True, escalation=module_escalation(True, 'GPU 1 reset'))
+    assert _verdict.verdict('n1', release=done)['escalation'] is None
+    assert _verdict.verdict('n1', release=done, allow_gpu_reset=True)['escalation']['reset_ok'] is True
 
 
 def test_lost_gpu_and_stray_holder():
