@@ -207,7 +207,7 @@ def yes_no(value):
 
 def table(results):
     rows = ['| N hosts | collection median (s) | one-liner median (s) | one-liner / collection '
-            '| controller CPU s per host: collection | one-liner | collection / one-liner '
+            '| collection: controller CPU s per host | one-liner: controller CPU s per host | CPU collection / one-liner '
             '| collection: all GPUs 0 MiB | collection: daemon alive | one-liner: all GPUs 0 MiB '
             '| one-liner: daemon alive |',
             '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: | :---: | :---: |']
@@ -277,8 +277,8 @@ starting with no SSH connection open:
 
 Times are wall-clock for the whole command, median of {reps} runs; controller CPU is the user
 and system seconds of the command's process tree (getrusage of the reaped children; the SSH
-masters that ControlPersist leaves running are not counted) divided by N; the fleet is put back into
-the scenario before every run. Correctness is checked after every run on every host: all 8
+masters that ControlPersist leaves running are not counted) divided by N, median of the same
+runs; the fleet is put back into the scenario before every run. Correctness is checked after every run on every host: all 8
 GPUs at 0 MiB, and `nvidia-persistenced` still running.
 
 {table}
