@@ -17,8 +17,10 @@ every run starts with no SSH connection open):
   one-liner   ansible -m shell -a 'sleep 5; fuser -k /dev/nvidia*; sleep 3;
               nvidia-smi --query-gpu=index,memory.used --format=csv,noheader'
 
-Reports median wall-clock times, their ratio, how each grows with N, and correctness (every
-GPU at 0 MiB, nvidia-persistenced alive), and writes docs/fleet-benchmark.md and
+Reports median wall-clock times, their ratio, how each grows with N, the controller's CPU
+seconds per host (user + system of the command's whole reaped process tree, from
+getrusage(RUSAGE_CHILDREN)), and correctness (every GPU at 0 MiB, nvidia-persistenced alive),
+and writes docs/fleet-benchmark.md and
 docs/fleet-benchmark.png.
 
 Usage (as root): python3 benchmarks/fleet_vs_oneliner.py [--sizes 1,8,32] [--reps 3] [--out docs]
@@ -31,6 +33,7 @@ import concurrent.futures
 import datetime
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import shutil
@@ -140,21 +143,27 @@ def environment():
     return env
 
 
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(command, env, forks):
     """Run command with a control path directory of its own: every run opens its SSH
-    connections, and closes them afterwards."""
+    connections, and closes them afterwards. Wall-clock seconds, and CPU seconds of its
+    process tree (the SSH masters it leaves behind, ControlPersist, are not reaped by it)."""
     control = tempfile.mkdtemp(prefix='gpuops-bench-cp-')
     env = dict(env, ANSIBLE_SSH_CONTROL_PATH_DIR=control)
-    start = time.monotonic()
+    cpu, start = children_cpu(), time.monotonic()
     proc = subprocess.run(command + ['--forks', str(forks)], capture_output=True, text=True,
                           env=env, cwd=REPO, check=False)
-    elapsed = time.monotonic() - start
+    elapsed, cpu = time.monotonic() - start, children_cpu() - cpu
     subprocess.run(['pkill', '-f', control], check=False)
     shutil.rmtree(control, ignore_errors=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-2000:])
         raise SystemExit('%s failed with exit code %d' % (command[0], proc.returncode))
-    return elapsed
+    return elapsed, cpu
 
 
 def run_size(count, reps, env, key):
@@ -168,25 +177,27 @@ def run_size(count, reps, env, key):
         'one-liner': ['ansible', 'gpu_hosts', '-i', inventory, '-m', 'ansible.builtin.shell',
                       '-a', ONELINER],
     }
-    result = {side: {'times': [], 'clean': True, 'daemon': True} for side in sides}
+    result = {side: {'times': [], 'cpu': [], 'clean': True, 'daemon': True} for side in sides}
     try:
         for rep in range(reps):
             for side, command in sides.items():
                 parallel(hung_job, names)
-                elapsed = timed(command, env, max(count, 5))
+                elapsed, cpu = timed(command, env, max(count, 5))
                 outcomes = parallel(outcome, names)
                 clean = all(host_clean for host_clean, dummy in outcomes)
                 daemon = all(host_daemon for dummy, host_daemon in outcomes)
                 result[side]['times'].append(elapsed)
+                result[side]['cpu'].append(cpu / count)
                 result[side]['clean'] &= clean
                 result[side]['daemon'] &= daemon
-                print('N=%-3d rep %d  %-10s %6.1f s  all GPUs at 0 MiB: %s  nvidia-persistenced alive: %s'
-                      % (count, rep + 1, side, elapsed, clean, daemon), flush=True)
+                print('N=%-3d rep %d  %-10s %6.1f s  controller CPU %.2f s per host  all GPUs at 0 MiB: %s  '
+                      'nvidia-persistenced alive: %s' % (count, rep + 1, side, elapsed, cpu / count, clean, daemon), flush=True)
     finally:
         os.unlink(inventory)
         remove_hosts()
     for side in result:
         result[side]['median'] = statistics.median(result[side]['times'])
+        result[side]['cpu_median'] = statistics.median(result[side]['cpu'])
     return result
 
 
@@ -196,13 +207,15 @@ def yes_no(value):
 
 def table(results):
     rows = ['| N hosts | collection median (s) | one-liner median (s) | one-liner / collection '
+            '| collection: controller CPU s per host | one-liner: controller CPU s per host | CPU collection / one-liner '
             '| collection: all GPUs 0 MiB | collection: daemon alive | one-liner: all GPUs 0 MiB '
             '| one-liner: daemon alive |',
-            '| ---: | ---: | ---: | ---: | :---: | :---: | :---: | :---: |']
+            '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: | :---: | :---: |']
     for count, result in sorted(results.items()):
         col, one = result['collection'], result['one-liner']
-        rows.append('| %d | %.1f | %.1f | %.2f | %s | %s | %s | %s |' % (
+        rows.append('| %d | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s |' % (
             count, col['median'], one['median'], one['median'] / col['median'],
+            col['cpu_median'], one['cpu_median'], col['cpu_median'] / one['cpu_median'],
             yes_no(col['clean']), yes_no(col['daemon']), yes_no(one['clean']), yes_no(one['daemon'])))
     return '\n'.join(rows)
 
@@ -262,8 +275,10 @@ starting with no SSH connection open:
 - collection: `ansible-playbook gpuops.nvidia.reset_gpus`
 - one-liner: `ansible -m shell -a '{oneliner}'`
 
-Times are wall-clock for the whole command, median of {reps} runs; the fleet is put back into
-the scenario before every run. Correctness is checked after every run on every host: all 8
+Times are wall-clock for the whole command, median of {reps} runs; controller CPU is the user
+and system seconds of the command's process tree (getrusage of the reaped children; the SSH
+masters that ControlPersist leaves running are not counted) divided by N, median of the same
+runs; the fleet is put back into the scenario before every run. Correctness is checked after every run on every host: all 8
 GPUs at 0 MiB, and `nvidia-persistenced` still running.
 
 {table}

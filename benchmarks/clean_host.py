@@ -1,0 +1,112 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Time gpuops.nvidia.reset_gpus on a host that is already clean, against a one-task playbook.
+
+A simulated 8-GPU host (gpusim init: no process holds a GPU) is reached with the local
+connection; each repetition runs, in turn, with the same inventory, host and connection:
+
+  baseline    ansible-playbook of one task, ansible.builtin.command: true
+  collection  ansible-playbook gpuops.nvidia.reset_gpus -e gpu_reset_become=false
+  other       the same playbook from the checkout given with --compare-with (an earlier version)
+
+Prints, for each, the median wall-clock seconds and controller CPU seconds (user + system of
+the whole ansible-playbook process tree, from getrusage(RUSAGE_CHILDREN)) and their ratio to
+the baseline (target for the wall clock: at most 1.3x).
+
+Usage: python3 benchmarks/clean_host.py [--reps 5] [--compare-with DIR]
+Needs ansible-core (the repository's .venv is used when present).
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, 'tests'))
+
+from gpusim.api import Host  # noqa: E402
+from release_vs_oneliner import collection_env  # noqa: E402
+
+BASELINE = [{'name': 'One task', 'hosts': 'all', 'gather_facts': False,
+             'tasks': [{'name': 'Run true', 'ansible.builtin.command': 'true', 'changed_when': False}]}]
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(command, env):
+    """Wall-clock and CPU seconds of one ansible-playbook run (its whole reaped process tree)."""
+    cpu, started = children_cpu(), time.monotonic()
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    took, cpu = time.monotonic() - started, children_cpu() - cpu
+    if proc.returncode != 0:
+        raise SystemExit('%s failed (rc %d):\n%s\n%s' % (' '.join(command), proc.returncode, proc.stdout, proc.stderr))
+    return took, cpu
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0])
+    parser.add_argument('--reps', type=int, default=5, help='repetitions of each side (default 5)')
+    parser.add_argument('--compare-with', metavar='DIR', help='a checkout of an earlier version, whose playbook runs too')
+    opts = parser.parse_args()
+    local = os.path.join(os.path.dirname(sys.executable), 'ansible-playbook')
+    playbook = local if os.path.exists(local) else shutil.which('ansible-playbook')
+    if not playbook:
+        raise SystemExit('ansible-playbook (ansible-core) is needed')
+
+    workdir = tempfile.mkdtemp(prefix='gpuops-clean-')
+    host = Host(os.path.join(workdir, 'host')).init()
+    inventory = os.path.join(workdir, 'inventory.yml')
+    host_vars = dict(ansible_connection='local', ansible_python_interpreter=sys.executable,
+                     gpu_reset_host_root=host.root,
+                     gpu_reset_nvidia_smi_path=host.smi_path, gpu_reset_lock_file=os.path.join(workdir, 'reset.lock'))
+    with open(inventory, 'w') as handle:
+        yaml.safe_dump({'gpu_hosts': {'hosts': {'simulated': host_vars}}}, handle)
+    with open(os.path.join(workdir, 'one-task.yml'), 'w') as handle:
+        yaml.safe_dump(BASELINE, handle, sort_keys=False)
+    env = collection_env(workdir)
+    sides = [('baseline', [os.path.join(workdir, 'one-task.yml')], env),
+             ('collection', ['gpuops.nvidia.reset_gpus', '-e', 'gpu_reset_become=false'], env)]
+    if opts.compare_with:
+        # An earlier version has no gpu_reset_host_root (its device glob names the host's nodes) and
+        # a 0 MiB default threshold (idle simulated GPUs read 1 MiB, as real H200s).
+        other = json.dumps({'gpu_reset_become': False, 'gpu_reset_devices': [host.dev_glob], 'gpu_reset_memory_threshold_mib': 32})
+        sides.append(('other', ['gpuops.nvidia.reset_gpus', '-e', other],
+                      collection_env(workdir, os.path.abspath(opts.compare_with), 'other')))
+    rows = dict((name, []) for name, dummy, dummy in sides)
+    try:
+        for rep in range(opts.reps):
+            for name, args, side_env in sides:
+                rows[name].append(timed([playbook, '-i', inventory] + args, side_env))
+                print('rep %d %-10s %5.2f s wall  %5.2f s CPU' % ((rep + 1, name) + rows[name][-1]), flush=True)
+    finally:
+        host.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    print()
+    print('clean simulated 8-GPU host, local connection, %d repetitions (medians)' % opts.reps)
+    print('%-42s %8s %6s %8s %6s' % ('side', 'wall s', 'ratio', 'CPU s', 'ratio'))
+    labels = {'baseline': 'one task (ansible.builtin.command: true)', 'collection': 'gpuops.nvidia.reset_gpus',
+              'other': 'the same, from --compare-with'}
+    base = [statistics.median(row[i] for row in rows['baseline']) for i in (0, 1)]
+    for name, dummy, dummy in sides:
+        wall, cpu = [statistics.median(row[i] for row in rows[name]) for i in (0, 1)]
+        print('%-42s %8.2f %5.2fx %8.2f %5.2fx' % (labels[name], wall, wall / base[0], cpu, cpu / base[1]))
+
+
+if __name__ == '__main__':
+    main()
