@@ -35,7 +35,6 @@ CLEAN_QUERY = ('length(nvidia_gpus[?error != null || memory_used_mib == null || 
                ' && length(nvidia_device_holders[?!protected]) == `0`')
 
 
-
 def clean_query(query=None, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB):
     """The query that decides clean: the user's own, or the release module's test."""
     if query is not None:
