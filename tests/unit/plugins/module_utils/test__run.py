@@ -18,6 +18,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _health
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
 from gpusim.state import is_alive as alive
+from processes import gone, read_pid
 
 
 def program(tmp_path, name, body):
@@ -27,22 +28,6 @@ def program(tmp_path, name, body):
     return str(path)
 
 
-def read_pid(path, seconds=5):
-    until = time.monotonic() + seconds
-    while time.monotonic() < until:
-        if os.path.exists(path) and open(path).read().strip():
-            return int(open(path).read())
-        time.sleep(0.01)
-    raise AssertionError('no pid in %s' % path)
-
-
-def gone(pid, seconds=3):
-    until = time.monotonic() + seconds
-    while time.monotonic() < until:
-        if not alive(pid):
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_any_program_runs_with_its_arguments_in_the_c_locale_and_extra_environment(tmp_path):

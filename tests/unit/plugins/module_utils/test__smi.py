@@ -27,6 +27,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
     parse_gpu_csv,
 )
 from gpusim.state import is_alive as alive
+from processes import gone, read_pid
 
 H200 = ('{i}, GPU-5c7f3c52-1f05-0d3c-1f4b-3f2a6c0e9b1{i}, NVIDIA H200, 00000000:{bus}:00.0, 143771, '
         '{used}, {free}, {util}, 34, Enabled, Default, 550.127.05')
@@ -264,23 +265,6 @@ def test_runner_other_failures_are_not_permanent(tmp_path):
     assert SmiRunner(script).run(['-L']) == (15, 'GPU is lost\n', '')
 
 
-def read_pid(path, seconds=5):
-    until = time.monotonic() + seconds
-    while time.monotonic() < until:
-        if os.path.exists(path) and open(path).read().strip():
-            return int(open(path).read())
-        time.sleep(0.01)
-    raise AssertionError('no pid in %s' % path)
-
-
-def gone(pid, seconds=3):
-    """True once pid no longer runs (a zombie no one reaps counts as gone)."""
-    until = time.monotonic() + seconds
-    while time.monotonic() < until:
-        if not alive(pid):
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.mark.parametrize('detach', ['', 'setsid '])

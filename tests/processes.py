@@ -1,0 +1,31 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Waiting on processes that tests start: a pid a script writes, a process that must end."""
+
+import os
+import time
+
+from gpusim.state import is_alive as alive
+
+
+def read_pid(path, seconds=5):
+    """The pid written to path, once it is there."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        if os.path.exists(path) and open(path).read().strip():
+            return int(open(path).read())
+        time.sleep(0.01)
+    raise AssertionError('no pid in %s' % path)
+
+
+def gone(pid, seconds=3):
+    """True once pid no longer runs (a zombie no one reaps counts as gone)."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        if not alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
