@@ -28,8 +28,6 @@ def program(tmp_path, name, body):
     return str(path)
 
 
-
-
 def test_any_program_runs_with_its_arguments_in_the_c_locale_and_extra_environment(tmp_path):
     path = program(tmp_path, 'journalctl', 'echo "$@ $LC_ALL $SYSTEMD_PAGER."; echo "sid $(ps -o sid= -p $$)" >&2; exit 3')
     rc, stdout, stderr = Runner(path, env=dict(SYSTEMD_PAGER='none')).run(['-k', '-q'])

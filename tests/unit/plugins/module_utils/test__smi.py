@@ -265,8 +265,6 @@ def test_runner_other_failures_are_not_permanent(tmp_path):
     assert SmiRunner(script).run(['-L']) == (15, 'GPU is lost\n', '')
 
 
-
-
 @pytest.mark.parametrize('detach', ['', 'setsid '])
 def test_runner_answer_is_read_when_nvidia_smi_exits_though_a_child_keeps_its_pipes(tmp_path, detach):
     pidfile = str(tmp_path / 'child.pid')
