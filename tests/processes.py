@@ -6,6 +6,7 @@
 """Waiting on processes that tests start: a pid a script writes, a process that must end."""
 
 import os
+import signal
 import time
 
 from gpusim.state import is_alive as alive
@@ -29,3 +30,10 @@ def gone(pid, seconds=3):
             return True
         time.sleep(0.02)
     return False
+
+
+def kill_left(pidfile):
+    """SIGKILL the process whose pid a test script wrote to pidfile, if it still runs."""
+    pid = read_pid(pidfile)
+    if alive(pid):
+        os.kill(pid, signal.SIGKILL)

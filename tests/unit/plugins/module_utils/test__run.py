@@ -8,7 +8,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
-import signal
 import stat
 import time
 
@@ -17,8 +16,7 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _health
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
-from gpusim.state import is_alive as alive
-from processes import gone, read_pid
+from processes import gone, kill_left, read_pid
 
 
 def program(tmp_path, name, body):
@@ -67,9 +65,7 @@ def test_timeout_kills_the_program_and_what_it_started(tmp_path, detach):
         assert time.monotonic() - started < 3
         assert gone(read_pid(pidfile))
     finally:
-        child = read_pid(pidfile)
-        if alive(child):
-            os.kill(child, signal.SIGKILL)
+        kill_left(pidfile)
 
 
 def test_the_kernel_log_reader_runs_through_the_runner(tmp_path):
@@ -83,9 +79,7 @@ def test_the_kernel_log_reader_runs_through_the_runner(tmp_path):
         assert time.monotonic() - started < 3
         assert gone(read_pid(pidfile))
     finally:
-        child = read_pid(pidfile)
-        if alive(child):
-            os.kill(child, signal.SIGKILL)
+        kill_left(pidfile)
 
 
 def test_the_kernel_log_reader_names_a_program_that_does_not_run(tmp_path):

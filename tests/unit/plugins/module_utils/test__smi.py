@@ -26,8 +26,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
     parse_apps_csv,
     parse_gpu_csv,
 )
-from gpusim.state import is_alive as alive
-from processes import gone, read_pid
+from processes import gone, kill_left, read_pid
 
 H200 = ('{i}, GPU-5c7f3c52-1f05-0d3c-1f4b-3f2a6c0e9b1{i}, NVIDIA H200, 00000000:{bus}:00.0, 143771, '
         '{used}, {free}, {util}, 34, Enabled, Default, 550.127.05')
@@ -295,9 +294,7 @@ def test_runner_timeout_kills_nvidia_smi_and_every_process_it_started(tmp_path, 
         assert time.monotonic() - started < 3
         assert gone(read_pid(pidfile))
     finally:
-        child = read_pid(pidfile)
-        if alive(child):
-            os.kill(child, signal.SIGKILL)
+        kill_left(pidfile)
 
 
 @pytest.mark.parametrize('rc, output, message', [
