@@ -239,3 +239,9 @@ def test_host_reader_adds_the_host_to_every_read(host):
         assert [g['minor_number'] for g in snapshot.gpus] == [2, 0, 1] and len(snapshot.missing) == 1
     reader.close()
     assert inner.reads == 2 and inner.closed and reader.backend == 'nvidia-smi'
+
+
+@pytest.mark.parametrize('expected', [-1, -8])
+def test_a_negative_expected_gpus_is_refused(expected):
+    with pytest.raises(GpuopsError, match='expected_gpus must be zero or more, got %d' % expected):
+        check_expected_gpus([gpu(0, '18')], expected)

@@ -407,3 +407,11 @@ def test_a_signal_not_permitted_is_reported_as_such(gpuhost, run, monkeypatch, u
         (info['pid'], 'not_permitted', [], os.getuid())]
     assert 'pid %d (python3, not_permitted, uid %d)' % (info['pid'], os.getuid()) in result.failure
     assert result.changed is False
+
+
+def test_a_host_root_that_does_not_exist_is_an_error_before_any_signal(gpuhost, run, tmp_path):
+    info = gpuhost.hold(gpus=[0], mib=100)
+    missing = str(tmp_path / 'no-such-root')
+    with pytest.raises(GpuopsError, match=r'devices: %s/dev/nvidia\* matches no NVIDIA device node' % missing):
+        run(devices=['/dev/nvidia*'], host_root=missing)
+    assert alive(info['pid']) and run.logged == []
