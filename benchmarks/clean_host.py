@@ -10,13 +10,13 @@ connection; each repetition runs, in turn, with the same inventory, host and con
 
   baseline    ansible-playbook of one task, ansible.builtin.command: true
   collection  ansible-playbook gpuops.nvidia.reset_gpus -e gpu_reset_become=false
-  other       the same playbook from the checkout given with --compare-with (an earlier version)
+  DIR         the same playbook from each checkout given with --compare-with (earlier versions)
 
 Prints, for each, the median wall-clock seconds and controller CPU seconds (user + system of
 the whole ansible-playbook process tree, from getrusage(RUSAGE_CHILDREN)) and their ratio to
 the baseline (target for the wall clock: at most 1.3x).
 
-Usage: python3 benchmarks/clean_host.py [--reps 5] [--compare-with DIR]
+Usage: python3 benchmarks/clean_host.py [--reps 5] [--compare-with DIR]...
 Needs ansible-core (the repository's .venv is used when present).
 """
 
@@ -61,7 +61,8 @@ def timed(command, env):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0])
     parser.add_argument('--reps', type=int, default=5, help='repetitions of each side (default 5)')
-    parser.add_argument('--compare-with', metavar='DIR', help='a checkout of an earlier version, whose playbook runs too')
+    parser.add_argument('--compare-with', metavar='DIR', action='append', default=[],
+                        help='a checkout of an earlier version, whose playbook runs too (may be repeated)')
     opts = parser.parse_args()
     local = os.path.join(os.path.dirname(sys.executable), 'ansible-playbook')
     playbook = local if os.path.exists(local) else shutil.which('ansible-playbook')
@@ -81,18 +82,21 @@ def main():
     env = collection_env(workdir)
     sides = [('baseline', [os.path.join(workdir, 'one-task.yml')], env),
              ('collection', ['gpuops.nvidia.reset_gpus', '-e', 'gpu_reset_become=false'], env)]
-    if opts.compare_with:
-        # An earlier version has no gpu_reset_host_root (its device glob names the host's nodes) and
-        # a 0 MiB default threshold (idle simulated GPUs read 1 MiB, as real H200s).
-        other = json.dumps({'gpu_reset_become': False, 'gpu_reset_devices': [host.dev_glob], 'gpu_reset_memory_threshold_mib': 32})
-        sides.append(('other', ['gpuops.nvidia.reset_gpus', '-e', other],
-                      collection_env(workdir, os.path.abspath(opts.compare_with), 'other')))
+    for number, directory in enumerate(opts.compare_with):
+        # A version without gpu_reset_host_root is given a device glob that names the host's nodes,
+        # and the threshold (its default was 0 MiB; idle simulated GPUs read 1 MiB, as real H200s).
+        other = {'gpu_reset_become': False, 'gpu_reset_memory_threshold_mib': 32}
+        with open(os.path.join(directory, 'roles', 'gpu_reset', 'defaults', 'main.yml')) as handle:
+            if 'gpu_reset_host_root' not in yaml.safe_load(handle):
+                other['gpu_reset_devices'] = [host.dev_glob]
+        sides.append((directory, ['gpuops.nvidia.reset_gpus', '-e', json.dumps(other)],
+                      collection_env(workdir, os.path.abspath(directory), 'other%d' % number)))
     rows = dict((name, []) for name, dummy, dummy in sides)
     try:
         for rep in range(opts.reps):
             for name, args, side_env in sides:
                 rows[name].append(timed([playbook, '-i', inventory] + args, side_env))
-                print('rep %d %-10s %5.2f s wall  %5.2f s CPU' % ((rep + 1, name) + rows[name][-1]), flush=True)
+                print('rep %d %-10s %5.2f s wall  %5.2f s CPU' % ((rep + 1, os.path.basename(name)) + rows[name][-1]), flush=True)
     finally:
         host.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -100,12 +104,12 @@ def main():
     print()
     print('clean simulated 8-GPU host, local connection, %d repetitions (medians)' % opts.reps)
     print('%-42s %8s %6s %8s %6s' % ('side', 'wall s', 'ratio', 'CPU s', 'ratio'))
-    labels = {'baseline': 'one task (ansible.builtin.command: true)', 'collection': 'gpuops.nvidia.reset_gpus',
-              'other': 'the same, from --compare-with'}
+    labels = {'baseline': 'one task (ansible.builtin.command: true)', 'collection': 'gpuops.nvidia.reset_gpus'}
     base = [statistics.median(row[i] for row in rows['baseline']) for i in (0, 1)]
     for name, dummy, dummy in sides:
         wall, cpu = [statistics.median(row[i] for row in rows[name]) for i in (0, 1)]
-        print('%-42s %8.2f %5.2fx %8.2f %5.2fx' % (labels[name], wall, wall / base[0], cpu, cpu / base[1]))
+        label = labels.get(name, 'the same, from ' + os.path.basename(os.path.normpath(name)))
+        print('%-42s %8.2f %5.2fx %8.2f %5.2fx' % (label, wall, wall / base[0], cpu, cpu / base[1]))
 
 
 if __name__ == '__main__':

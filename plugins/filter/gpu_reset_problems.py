@@ -16,6 +16,10 @@ author:
 description:
   - The checks of the role P(gpuops.nvidia.gpu_reset#role) that its argument specs cannot express
     (ranges, lists that must not be empty, settings that depend on each other).
+  - The settings that are options of M(gpuops.nvidia.nvidia_device_release) (C(devices), C(gpus),
+    C(signals), C(grace_period), C(timeout), C(memory_threshold_mib)) are checked by the module's
+    own rules, so the role refuses on the controller what the module would refuse on the host.
+  - Runs on the controller only.
 options:
   _input:
     description:

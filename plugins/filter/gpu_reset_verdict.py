@@ -80,8 +80,12 @@ RETURN = r'''
 _value:
   description:
     - The report, with the keys C(host), C(outcome), C(reason), C(check_mode), C(gpus_before),
-      C(gpus_after), C(signalled), C(survivors), C(orphaned_gpus), C(escalation), C(release_s),
-      C(duration_s) and C(drained) (false; the role sets it when it drains the host).
+      C(gpus_after), C(gpus_free), C(gpus_held), C(signalled), C(survivors), C(orphaned_gpus),
+      C(escalation), C(release_s), C(duration_s) and C(drained) (false; the role sets it when it
+      drains the host).
+    - C(gpus_free) counts the GPUs at or below O(memory_threshold_mib) at the end (as read
+      before the release on a clean host and in check mode), C(gpus_held) the others, unreadable
+      ones included.
     - C(orphaned_gpus) lists the GPUs the release found with orphaned memory, also those its GPU
       reset then freed.
     - C(escalation) is null unless O(allow_gpu_reset) and the release attempted a GPU reset; then

@@ -61,14 +61,11 @@ _value:
   type: dict
 '''
 
-import os
-import re
-
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
-GPU_NODE_RE = re.compile(r'^nvidia(\d+)$')
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpu_node_number, gpus_in_scope
 
 
 def gpu_scope(facts, gpus=None):
@@ -90,21 +87,11 @@ def gpu_scope(facts, gpus=None):
         raise AnsibleFilterError('gpu_scope: no GPU %s on this host (it has %s)' % (
             ', '.join(str(index) for index in unknown),
             ', '.join(str(index) for index in sorted(known)) or 'none'))
-    kept = [gpu for gpu in all_gpus if gpu.get('index') in wanted]
-    pids = set(process.get('pid') for gpu in kept for process in gpu.get('processes') or [])
-    # The node of a GPU is the one of its minor number, which need not be its index.
-    wanted = set(gpu['index'] if gpu.get('minor_number') is None else gpu['minor_number'] for gpu in kept)
-    holders = []
-    for holder in facts.get('nvidia_device_holders') or []:
-        nodes = set()
-        for device in holder.get('devices') or []:
-            match = GPU_NODE_RE.match(os.path.basename(device))
-            if match:
-                nodes.add(int(match.group(1)))
-        if nodes & wanted or holder.get('pid') in pids:
-            holders.append(holder)
+    kept = gpus_in_scope(all_gpus, wanted)
+    nodes = set(gpu_node_number(gpu) for gpu in kept)
     scoped['nvidia_gpus'] = kept
-    scoped['nvidia_device_holders'] = holders
+    scoped['nvidia_device_holders'] = [holder for holder in facts.get('nvidia_device_holders') or []
+                                       if blocks(holder.get('devices') or [], holder.get('pid'), nodes, kept)]
     return scoped
 
 

@@ -27,6 +27,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import Gpuop
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import bus_key
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import node_number
 
 PCI_DEVICES = '/sys/bus/pci/devices'
 DRIVER_GPUS = '/proc/driver/nvidia/gpus'
@@ -34,7 +35,6 @@ NVIDIA_VENDOR = 0x10de
 # PCI base class 0x03 (display), subclass 0x00 (VGA compatible) or 0x02 (3D controller): the
 # classes NVIDIA GPUs carry; the audio function (0x0403) and NVSwitches (0x0680) are not GPUs.
 GPU_CLASSES = (0x0300, 0x0302)
-GPU_NODE_RE = re.compile(r'^nvidia([0-9]+)$')
 
 
 def under_root(path, host_root='/'):
@@ -164,26 +164,23 @@ def read_host(host_root='/'):
 
 
 def gpu_nodes(paths, host_root='/', view=None):
-    """({index: device node path}, warning or None) for the GPU nodes among paths.
+    """({index: N}, warning or None): for each GPU whose device node /dev/nvidiaN is among paths,
+    the number N of that node.
 
-    The index is nvidia-smi's, the node the one of the GPU's minor number. Without the driver's
-    /proc entries the minor number is taken to be the index, as nothing else tells, and the
-    warning says so.
+    The index is nvidia-smi's, N the GPU's minor number. Without the driver's /proc entries the
+    minor number is taken to be the index, as nothing else tells, and the warning says so.
     """
-    by_minor = {}
-    for path in paths:
-        match = GPU_NODE_RE.match(os.path.basename(path))
-        if match:
-            by_minor[int(match.group(1))] = path
+    present = set(number for number in (node_number(path) for path in paths) if number is not None)
     view = view or HostView(None, read_driver(host_root), host_root)
     if view.driver is None:
-        return by_minor, ('gpus: %s cannot be read, so /dev/nvidiaN is taken to be the GPU of index N; '
-                          'on hosts where minor numbers and indexes differ that is another GPU (set '
-                          'host_root where the host\'s /proc/driver is mounted)' % under_root(DRIVER_GPUS, host_root))
+        return dict((number, number) for number in present), (
+            'gpus: %s cannot be read, so /dev/nvidiaN is taken to be the GPU of index N; '
+            'on hosts where minor numbers and indexes differ that is another GPU (set '
+            'host_root where the host\'s /proc/driver is mounted)' % under_root(DRIVER_GPUS, host_root))
     nodes = {}
     for index, info in enumerate(view.attached()):
-        if info['minor'] in by_minor:
-            nodes[index] = by_minor[info['minor']]
+        if info['minor'] in present:
+            nodes[index] = info['minor']
     return nodes, None
 
 

@@ -45,6 +45,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     read_process,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import device_patterns, gpu_nodes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
@@ -137,6 +138,8 @@ class ReleaseOptions:
                               'in timeout %s; raise timeout or lower grace_period'
                               % ('[%s]' % ', '.join(name for name, dummy in parsed), seconds(grace_period),
                                  seconds(ladder), seconds(timeout)))
+        if not devices:
+            raise GpuopsError('devices must name at least one device node glob, e.g. /dev/nvidia*')
         for pattern in devices:
             if not pattern or not os.path.isabs(pattern):
                 raise GpuopsError('devices: %r is not an absolute path or glob (e.g. /dev/nvidia*)' % (pattern,))
@@ -313,11 +316,7 @@ class Release:
         return snapshot
 
     def _scope(self, snapshot):
-        gpus = snapshot.gpus if snapshot is not None else []
-        if self.options.gpus is not None:
-            gpus = [gpu for gpu in gpus if gpu.get('index') in self.options.gpus]
-        # A lost GPU that could not be placed has no index: it comes last.
-        return sorted(gpus, key=lambda gpu: (gpu.get('index') is None, gpu.get('index') or 0))
+        return gpus_in_scope(snapshot.gpus if snapshot is not None else [], self.options.gpus)
 
     def _discover(self, snapshot):
         holders, unreadable = find_holders(self.paths, self.options.protect, self.proc)
@@ -325,16 +324,18 @@ class Release:
         if self.options.gpus is None:
             return holders
         nodes = set(self.gpu_nodes[index] for index in self.options.gpus if index in self.gpu_nodes)
-        scoped = [holder for holder in holders if nodes.intersection(holder.devices)]
-        by_pid = dict((holder.pid, holder) for holder in holders)
-        for gpu in self._scope(snapshot):
+        scope = self._scope(snapshot)
+        scoped = [holder for holder in holders if blocks(holder.devices, holder.pid, nodes, scope)]
+        # A process the driver reports on a GPU in scope may hold none of the matched nodes.
+        found = set(holder.pid for holder in holders)
+        for gpu in scope:
             for process in gpu.get('processes') or []:
                 pid = process.get('pid')
-                if pid is None or any(holder.pid == pid for holder in scoped):
-                    continue
-                holder = by_pid.get(pid) or self._holder_for_pid(pid)
-                if holder is not None:
-                    scoped.append(holder)
+                if pid is not None and pid not in found:
+                    found.add(pid)
+                    holder = self._holder_for_pid(pid)
+                    if holder is not None:
+                        scoped.append(holder)
         return sorted(scoped, key=lambda holder: holder.pid)
 
     def _holder_for_pid(self, pid):
@@ -748,8 +749,7 @@ class Release:
 
     def _blocks(self, holder, gpu):
         node = self.gpu_nodes.get(gpu.get('index'))
-        return (node is not None and node in holder.devices) or \
-            any(process.get('pid') == holder.pid for process in gpu.get('processes') or [])
+        return blocks(holder.devices, holder.pid, set() if node is None else set([node]), [gpu])
 
     def _survivor(self, holder, scope):
         target = self.targets.get(_key(holder))

@@ -17,6 +17,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import re
 import time
 
 from collections.abc import Mapping
@@ -24,8 +25,12 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.nvidia.plugins.filter.gpu_scope import gpu_scope
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, MAX_SECONDS
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release import ReleaseOptions
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
+
+# The option a release module message starts with ("timeout must be ...", "signals: ...").
+OPTION_NAME_RE = re.compile(r'^(devices|gpus|signals|grace_period|timeout|memory_threshold_mib)\b')
 
 OUTCOMES = ('clean', 'released', 'would_release', 'failed')
 
@@ -51,35 +56,35 @@ def is_clean(facts, query=None, gpus=None, memory_threshold_mib=DEFAULT_MEMORY_T
     return verdict
 
 
-def _number(value):
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
+# The role's variables that are options of the release module, checked by the module's own rules.
+RELEASE_SETTINGS = ('devices', 'gpus', 'signals', 'grace_period', 'timeout', 'memory_threshold_mib')
+# Extra variables (-e name=value) arrive as text.
+SETTING_TYPES = dict(grace_period=float, timeout=float, memory_threshold_mib=int,
+                     gpus=lambda indexes: [int(index) for index in indexes])
 
 
 def problems(settings):
     """What is wrong with the role's settings that its argument specs cannot tell (a list of texts).
 
-    settings: the gpu_reset_* variables, without the prefix (timeout, grace_period, ...)."""
+    settings: the gpu_reset_* variables, without the prefix (timeout, grace_period, ...). Those
+    the release module takes are checked by its own rules (ReleaseOptions), before any host is
+    touched; the texts name the role's variables."""
     found = []
-    timeout = _number(settings.get('timeout'))
-    if timeout is None or not 0 < timeout <= MAX_SECONDS:
-        found.append('gpu_reset_timeout must be more than 0 and at most %d seconds, got %s'
-                     % (MAX_SECONDS, settings.get('timeout')))
-    grace = _number(settings.get('grace_period'))
-    if grace is None or not 0 <= grace <= MAX_SECONDS:
-        found.append('gpu_reset_grace_period must be 0 to %d seconds, got %s' % (MAX_SECONDS, settings.get('grace_period')))
-    threshold = settings.get('memory_threshold_mib')
-    if threshold is not None and int(threshold) < 0:
-        found.append('gpu_reset_memory_threshold_mib must be 0 or more, got %s' % threshold)
-    if not settings.get('signals'):
-        found.append('gpu_reset_signals must name at least one signal')
-    if not settings.get('devices'):
-        found.append('gpu_reset_devices must name at least one device node glob')
-    gpus = settings.get('gpus')
-    if gpus is not None and (not gpus or min(gpus) < 0):
-        found.append('gpu_reset_gpus must list GPU indexes (0 or more), or be null for every GPU, got %s' % list(gpus))
+    options = {}
+    for name in RELEASE_SETTINGS:
+        value = settings.get(name)
+        if value is None:
+            continue
+        try:
+            options[name] = SETTING_TYPES[name](value) if name in SETTING_TYPES else value
+        except (TypeError, ValueError):
+            found.append('gpu_reset_%s must be %s, got %r' % (name, 'a list of GPU indexes' if name == 'gpus' else 'a number', value))
+    if found:
+        return found
+    try:
+        ReleaseOptions(**options)
+    except GpuopsError as exc:
+        found.append(OPTION_NAME_RE.sub(lambda match: 'gpu_reset_' + match.group(1), str(exc), count=1))
     query = settings.get('clean_query')
     if query is not None and not str(query).strip():
         found.append('gpu_reset_clean_query must be a JMESPath expression or null, it is empty')
@@ -261,6 +266,9 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
         gpus_after = []
     signalled = release.get('signalled') or []
     survivors = release.get('survivors') or []
+    # The GPUs as they are now: a clean host and check mode changed nothing.
+    gpus_now = gpus_before if outcome in ('clean', 'would_release') else gpus_after
+    free = [gpu for gpu in gpus_now if gpu.get('memory_used_mib') is not None and gpu['memory_used_mib'] <= threshold]
     text = None
     if outcome in ('failed', 'would_release'):
         text = reason(final, survivors, threshold, error=error, check_mode=check_mode, signalled=signalled,
@@ -273,6 +281,8 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
         'check_mode': bool(check_mode),
         'gpus_before': gpus_before,
         'gpus_after': gpus_after,
+        'gpus_free': len(free),
+        'gpus_held': len(gpus_now) - len(free),
         'signalled': signalled,
         'survivors': survivors,
         'orphaned_gpus': orphaned_gpus(release, escalation),
@@ -281,3 +291,69 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
         'duration_s': round(now - float(started), 3) if started is not None else None,
         'drained': False,
     }
+
+
+SUMMARY_ORDER = ('failed', 'released', 'would_release', 'clean')
+
+
+def _gpu_count(report):
+    text = '%d GPU(s) free' % report.get('gpus_free', 0)
+    if report.get('gpus_held'):
+        text += ', %d held' % report['gpus_held']
+    return text
+
+
+def _unique(values):
+    kept = []
+    for value in values:
+        if value not in kept:
+            kept.append(value)
+    return kept
+
+
+def summary_line(report, width=0):
+    """One line for a host's report: what happened, in a few words."""
+    host = str(report.get('host')).ljust(width)
+    outcome = report.get('outcome')
+    signalled = report.get('signalled') or []
+    if outcome == 'clean':
+        return 'clean     %s  nothing to do (%s)' % (host, _gpu_count(report))
+    if outcome == 'released':
+        text = '%d process(es) stopped' % len(signalled)
+        if signalled:
+            text += ' (%s; %s)' % (', '.join(_unique(process.get('comm') for process in signalled)),
+                                 '+'.join(_unique(name for process in signalled for name in process.get('signals_sent') or [])))
+        if report.get('escalation'):
+            text += ', GPU(s) %s reset' % ', '.join(str(index) for index in report['escalation'].get('gpus') or [])
+        seconds = report.get('release_s') if report.get('release_s') is not None else report.get('duration_s')
+        return 'released  %s  %s, %s in %s s' % (host, text, _gpu_count(report), seconds)
+    if outcome == 'would_release':
+        text = 'would signal %d process(es)' % len(signalled)
+        if signalled:
+            text += ' (%s)' % ', '.join(_unique(process.get('comm') for process in signalled))
+        return 'checked   %s  %s, %s' % (host, text, _gpu_count(report))
+    return 'FAILED    %s  %s' % (host, ' '.join(str(report.get('reason') or 'failed').split()))
+
+
+def summary(hosts, hostvars):
+    """The playbook's summary: a count line, then a line per host, failed hosts first.
+
+    hosts: the play's hosts; hostvars: their variables, where the role left gpu_reset_result."""
+    reports, missing = [], []
+    for host in hosts:
+        report = plain(hostvars[host].get('gpu_reset_result'))
+        if isinstance(report, Mapping) and report.get('outcome') in OUTCOMES:
+            reports.append(dict(report, host=host))
+        else:
+            missing.append(str(host))
+    counts = dict((outcome, sum(1 for report in reports if report['outcome'] == outcome)) for outcome in OUTCOMES)
+    head = '%d of %d host(s): %d clean, %d released, %d failed' % (
+        len(reports), len(hosts), counts['clean'], counts['released'], counts['failed'])
+    if counts['would_release']:
+        head += ', %d would be released (check mode)' % counts['would_release']
+    width = max([len(str(report['host'])) for report in reports] or [0])
+    reports.sort(key=lambda report: (SUMMARY_ORDER.index(report['outcome']), str(report['host'])))
+    lines = [head] + [summary_line(report, width) for report in reports]
+    if missing:
+        lines.append('no result from %s (unreachable, or in a later serial batch)' % ', '.join(missing))
+    return lines

@@ -27,4 +27,4 @@ def test_problems_filter():
     problems = Problems().filters()['gpu_reset_problems']
     assert problems(dict(timeout=60, grace_period=5, signals=['TERM'], devices=['/dev/nvidia*'])) == []
     assert problems(dict(timeout=60, grace_period=5, signals=[], devices=['/dev/nvidia*'])) == [
-        'gpu_reset_signals must name at least one signal']
+        'gpu_reset_signals must name at least one signal, e.g. [TERM, KILL]']

@@ -111,18 +111,18 @@ def test_gpu_nodes_follow_the_minor_numbers(host):
     nodes, problem = gpu_nodes(dev, str(host))
     assert problem is None
     # Index order is bus order: 18 -> 0 (minor 2), 2a -> 1 (minor 0), 3a -> 2 (minor 1).
-    assert nodes == {0: '/x/dev/nvidia2', 1: '/x/dev/nvidia0', 2: '/x/dev/nvidia1'}
+    assert nodes == {0: 2, 1: 0, 2: 1}
 
 
 def test_gpu_nodes_skip_excluded_gpus(host):
     driver_gpu(host, '10', 3, excluded='Yes')
     nodes, dummy = gpu_nodes(['/dev/nvidia0', '/dev/nvidia1', '/dev/nvidia2', '/dev/nvidia3'], str(host))
-    assert nodes == {0: '/dev/nvidia2', 1: '/dev/nvidia0', 2: '/dev/nvidia1'}
+    assert nodes == {0: 2, 1: 0, 2: 1}
 
 
 def test_gpu_nodes_without_the_driver_directory_assume_index_and_say_so(tmp_path):
     nodes, problem = gpu_nodes(['/dev/nvidia0', '/dev/nvidia1', '/dev/nvidiactl'], str(tmp_path))
-    assert nodes == {0: '/dev/nvidia0', 1: '/dev/nvidia1'}
+    assert nodes == {0: 0, 1: 1}
     assert 'proc/driver/nvidia/gpus cannot be read' in problem and 'host_root' in problem
 
 

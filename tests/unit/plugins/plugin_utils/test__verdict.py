@@ -11,7 +11,7 @@ import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _verdict
 
-KEYS = ['host', 'outcome', 'reason', 'check_mode', 'gpus_before', 'gpus_after', 'signalled', 'survivors',
+KEYS = ['host', 'outcome', 'reason', 'check_mode', 'gpus_before', 'gpus_after', 'gpus_free', 'gpus_held', 'signalled', 'survivors',
         'orphaned_gpus', 'escalation', 'release_s', 'duration_s', 'drained']
 
 
@@ -175,14 +175,20 @@ def test_error_fails_the_host_with_it_first():
 
 
 @pytest.mark.parametrize('settings, problem', [
-    (dict(timeout=0), 'gpu_reset_timeout must be more than 0 and at most 2147483 seconds, got 0'),
-    (dict(timeout='nan'), 'gpu_reset_timeout must be more than 0 and at most 2147483 seconds, got nan'),
+    (dict(timeout=0), 'gpu_reset_timeout must be more than 0 seconds, got 0'),
+    (dict(timeout='nan'), 'gpu_reset_timeout must be a finite number of seconds, got nan'),
     (dict(timeout=float('inf')), 'got inf'),
-    (dict(grace_period=-1), 'gpu_reset_grace_period must be 0 to 2147483 seconds, got -1'),
-    (dict(memory_threshold_mib=-1), 'gpu_reset_memory_threshold_mib must be 0 or more'),
+    (dict(timeout=2147484), 'gpu_reset_timeout must be at most 2147483 seconds'),
+    (dict(timeout='soon'), "gpu_reset_timeout must be a number, got 'soon'"),
+    (dict(grace_period=-1), 'gpu_reset_grace_period must be zero or more, got -1'),
+    (dict(grace_period=60, signals=['TERM', 'KILL']), 'gpu_reset_signals [TERM, KILL] with grace_period 60.0 s'),
+    (dict(memory_threshold_mib=-1), 'gpu_reset_memory_threshold_mib must be zero or more'),
     (dict(signals=[]), 'gpu_reset_signals must name at least one signal'),
+    (dict(signals=['STOP']), 'gpu_reset_signals: '),
     (dict(devices=[]), 'gpu_reset_devices must name at least one device node glob'),
-    (dict(gpus=[]), 'gpu_reset_gpus must list GPU indexes'),
+    (dict(devices=['nvidia*']), "gpu_reset_devices: 'nvidia*' is not an absolute path"),
+    (dict(gpus=[]), 'gpu_reset_gpus: name at least one GPU index'),
+    (dict(gpus=['two']), "gpu_reset_gpus must be a list of GPU indexes, got ['two']"),
     (dict(clean_query='  '), 'gpu_reset_clean_query must be a JMESPath expression or null, it is empty'),
     (dict(on_failure='drain', drain_command=[]), 'gpu_reset_drain_command is empty'),
 ])
@@ -190,5 +196,57 @@ def test_settings_problems(settings, problem):
     good = dict(timeout=60, grace_period=5, memory_threshold_mib=32, signals=['TERM'], devices=['/dev/nvidia*'],
                 gpus=None, clean_query=None, on_failure='fail', drain_command=['true'])
     assert _verdict.problems(good) == []
+    # Extra variables (-e) arrive as text.
+    assert _verdict.problems(dict(good, timeout='60', memory_threshold_mib='32', gpus=['1'])) == []
     found = _verdict.problems(dict(good, **settings))
     assert len(found) == 1 and problem in found[0]
+
+
+def test_free_and_held_gpus_are_counted_by_the_threshold():
+    clean = _verdict.verdict('n1', release=release(True, before=(1, 32)), memory_threshold_mib=32)
+    assert (clean['gpus_free'], clean['gpus_held']) == (2, 0)
+    # The summary of a GPU that is not clean counts it held, however the clean query judged the host.
+    failed = _verdict.verdict('n1', release=release(False, changed=True, after=(1, 33)),
+                              facts=facts([gpu(0), gpu(1, 33)]), memory_threshold_mib=32)
+    assert (failed['gpus_free'], failed['gpus_held']) == (1, 1)
+    lost = _verdict.verdict('n1', release=release(True, changed=True, after=(1, None)))
+    assert (lost['gpus_free'], lost['gpus_held']) == (1, 1)
+
+
+def summary_of(reports):
+    """The summary of hosts whose hostvars hold these reports (None: the host has none)."""
+    hostvars = dict((host, {} if report is None else {'gpu_reset_result': report}) for host, report in reports.items())
+    return _verdict.summary(list(reports), hostvars)
+
+
+def test_summary_lists_failed_hosts_first_and_counts_every_outcome():
+    signalled = [dict(pid=7, comm='python3', signals_sent=['TERM']), dict(pid=8, comm='python3', signals_sent=['TERM', 'KILL'])]
+    lines = summary_of({
+        'gpu-a': _verdict.verdict('gpu-a', release=release(True)),
+        'gpu-b2': _verdict.verdict('gpu-b2', release=release(True, changed=True, before=(4000, 1), signalled=signalled)),
+        'gpu-c': _verdict.verdict('gpu-c', error='Release the GPUs: nvidia-smi\n  not found'),
+        'gpu-d': None,
+    })
+    assert lines == [
+        '3 of 4 host(s): 1 clean, 1 released, 1 failed',
+        'FAILED    gpu-c   Release the GPUs: nvidia-smi; not found',
+        'released  gpu-b2  2 process(es) stopped (python3; TERM+KILL), 2 GPU(s) free in 0.5 s',
+        'clean     gpu-a   nothing to do (2 GPU(s) free)',
+        'no result from gpu-d (unreachable, or in a later serial batch)',
+    ]
+
+
+def test_summary_in_check_mode_is_one_short_line_per_host():
+    signalled = [dict(pid=7 + n, comm='python3', signals_sent=[]) for n in range(64)]
+    report = _verdict.verdict('n1', release=release(True, before=(70000, 1), signalled=signalled), check_mode=True,
+                              facts_before=facts([gpu(0, 70000, 'busy'), gpu(1)]), query=_verdict.CLEAN_QUERY % 32)
+    lines = summary_of({'n1': report})
+    assert lines == ['1 of 1 host(s): 0 clean, 0 released, 0 failed, 1 would be released (check mode)',
+                     'checked   n1  would signal 64 process(es) (python3), 1 GPU(s) free, 1 held']
+
+
+def test_summary_names_the_gpus_a_reset_freed():
+    escalation = module_escalation(True, 'GPU 00000000:11:00.0 was successfully reset.', gpus=(1,))
+    report = _verdict.verdict('n1', release=release(True, changed=True, escalation=escalation, orphaned_gpus=[]),
+                              allow_gpu_reset=True)
+    assert summary_of({'n1': report})[1] == 'released  n1  0 process(es) stopped, GPU(s) 1 reset, 2 GPU(s) free in 0.5 s'
