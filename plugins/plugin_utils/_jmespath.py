@@ -16,10 +16,15 @@ from collections.abc import Mapping, Sequence
 
 from ansible.errors import AnsibleFilterError
 
-try:
-    import jmespath
-except ImportError:
-    jmespath = None
+
+def _jmespath():
+    """The jmespath library, imported on the first search: a run whose verdict needs no query
+    (the usual path) does not pay for the import in each worker."""
+    try:
+        import jmespath
+    except ImportError:
+        return None
+    return jmespath
 
 
 def plain(value):
@@ -45,7 +50,7 @@ def plain(value):
 
 def search(data, expr, library=None):
     """Evaluate the JMESPath expression expr over data; errors are AnsibleFilterError."""
-    library = library or jmespath
+    library = library or _jmespath()
     if library is None:
         raise AnsibleFilterError(
             'json_query needs the jmespath Python library on the controller (pip install jmespath)')

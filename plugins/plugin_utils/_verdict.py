@@ -26,7 +26,6 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.nvidia.plugins.filter.gpu_scope import gpu_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release import ReleaseOptions
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
 
 # The option a release module message starts with ("timeout must be ...", "signals: ...").
@@ -81,6 +80,8 @@ def problems(settings):
             found.append('gpu_reset_%s must be %s, got %r' % (name, 'a list of GPU indexes' if name == 'gpus' else 'a number', value))
     if found:
         return found
+    # Imported here: only the settings check needs the release code on the controller.
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._release import ReleaseOptions
     try:
         ReleaseOptions(**options)
     except GpuopsError as exc:

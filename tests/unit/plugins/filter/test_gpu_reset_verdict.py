@@ -28,3 +28,9 @@ def test_problems_filter():
     assert problems(dict(timeout=60, grace_period=5, signals=['TERM'], devices=['/dev/nvidia*'])) == []
     assert problems(dict(timeout=60, grace_period=5, signals=[], devices=['/dev/nvidia*'])) == [
         'gpu_reset_signals must name at least one signal, e.g. [TERM, KILL]']
+
+
+def test_summary_filter_is_the_verdicts_summary():
+    from ansible_collections.gpuops.nvidia.plugins.filter.gpu_reset_summary import FilterModule as Summary
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import summary
+    assert Summary().filters()['gpu_reset_summary'] is summary
