@@ -1,0 +1,299 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""How many hosts one controller handles: gpuops.nvidia.reset_gpus on N simulated hosts.
+
+Every host is a simulated 8-GPU host (gpusim) reached with the local connection, with the
+settings of examples/ansible.cfg (pipelining, no facts injected as variables). Two paths:
+
+  clean    no process holds a GPU (the release reads, signals nothing)
+  release  one job process holds all 8 GPUs (4096 MiB each) and dies on SIGTERM
+
+Each module runs through a small bash interpreter wrapper that logs its CPU seconds (the
+module and everything it starts, e.g. nvidia-smi), so that the controller's share is the CPU
+of the whole ansible-playbook process tree (getrusage(RUSAGE_CHILDREN)) less the modules':
+on a real fleet the modules run on the hosts. SSH is not measured (the local connection has
+no ssh client processes); over SSH the controller also pays for them.
+
+Prints, per run: wall-clock seconds, controller CPU seconds (total and per host), host-side
+CPU seconds, and the controller's peak memory (proportional set size of the ansible-playbook
+processes, sampled every 0.2 s). Then:
+
+  capacity  controller CPU per extra host (the slope between the smallest and largest N) and
+            hosts per controller core per minute (60 s / that), for each path
+  forks     the release path at the largest N with forks 5, 20 and N
+  serial    the release path at the largest N in batches (serial) of a quarter of N
+  set_stats the release path at the largest N without publishing the reports (set_stats)
+  slicing   through ansible-runner (as AWX runs it): one job of the largest N hosts against
+            the same hosts in 4 slices (every 4th host, as AWX slices) run concurrently
+
+Usage: python3 benchmarks/capacity.py [--sizes 1,8,32] [--reps 1] [--skip-runner]
+Needs ansible-core (and ansible-runner for the slicing part); run it in the test venv.
+"""
+
+import argparse
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, 'tests'))
+
+from gpusim.api import Host  # noqa: E402
+
+BIN = os.path.dirname(sys.executable)
+WRAPPER = '''#!/bin/bash
+# The module's interpreter: logs the CPU seconds (user system) of the module and its children.
+exec 4>&2
+TIMEFORMAT='%%3U %%3S'
+{ time %s "$@" 2>&4 ; } 2>>%s
+'''
+SLICES = 4
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def tree(root):
+    """Pids of root and its descendants."""
+    parents = {}
+    for name in os.listdir('/proc'):
+        if name.isdigit():
+            try:
+                with open('/proc/%s/stat' % name) as handle:
+                    fields = handle.read().rsplit(')', 1)[1].split()
+                parents.setdefault(int(fields[1]), []).append(int(name))
+            except (OSError, IndexError):
+                pass
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(parents.get(pid, []))
+    return found
+
+
+def controller_pss(root):
+    """KiB of proportional set size of the Ansible processes (not the modules) under root."""
+    total = 0
+    for pid in tree(root):
+        try:
+            with open('/proc/%d/cmdline' % pid, 'rb') as handle:
+                command = handle.read()
+            if b'ansible-playbook' not in command and b'ansible-runner' not in command:
+                continue
+            with open('/proc/%d/smaps_rollup' % pid) as handle:
+                for line in handle:
+                    if line.startswith('Pss:'):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+class Fleet:
+    """N simulated hosts, an inventory of them, and the wrapper that logs module CPU."""
+
+    def __init__(self, workdir, count):
+        self.workdir = workdir
+        self.log = os.path.join(workdir, 'module-cpu.log')
+        self.interpreter = os.path.join(workdir, 'python')
+        with open(self.interpreter, 'w') as handle:
+            handle.write(WRAPPER % (sys.executable, self.log))
+        os.chmod(self.interpreter, 0o755)
+        self.hosts = {}
+        for index in range(1, count + 1):
+            name = 'gpu%03d' % index
+            self.hosts[name] = Host(os.path.join(workdir, name)).init()
+        self.inventory = os.path.join(workdir, 'inventory.yml')
+        self.write_inventory(self.inventory, sorted(self.hosts))
+
+    def host_vars(self, name):
+        host = self.hosts[name]
+        return dict(ansible_connection='local', ansible_python_interpreter=self.interpreter,
+                    gpu_reset_host_root=host.root, gpu_reset_nvidia_smi_path=host.smi_path,
+                    gpu_reset_lock_file=os.path.join(self.workdir, name + '.lock'))
+
+    def write_inventory(self, path, names):
+        with open(path, 'w') as handle:
+            yaml.safe_dump({'gpu_hosts': {'hosts': dict((name, self.host_vars(name)) for name in names)}}, handle)
+
+    def hold(self):
+        """Put every host on the release path: one job process holding all its GPUs."""
+        for host in self.hosts.values():
+            host.hold(gpus='all', mib=4096)
+
+    def module_cpu(self):
+        """CPU seconds logged by the wrapper since the last call."""
+        total = 0.0
+        if os.path.exists(self.log):
+            with open(self.log) as handle:
+                for line in handle:
+                    total += sum(float(value) for value in line.split())
+            os.unlink(self.log)
+        return total
+
+    def stop(self):
+        for host in self.hosts.values():
+            host.stop()
+
+
+def measure(commands, fleet, env):
+    """Run commands concurrently; (wall s, controller CPU s, module CPU s, peak controller PSS MiB)."""
+    fleet.module_cpu()
+    cpu, started = children_cpu(), time.monotonic()
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) for command in commands]
+    peak, done = [0], threading.Event()
+
+    def sample():
+        while not done.wait(0.2):
+            peak[0] = max(peak[0], sum(controller_pss(proc.pid) for proc in procs))
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    outputs = [proc.communicate()[0] for proc in procs]
+    done.set()
+    sampler.join()
+    wall, cpu = time.monotonic() - started, children_cpu() - cpu
+    for proc, output in zip(procs, outputs):
+        if proc.returncode != 0:
+            raise SystemExit('%s failed (rc %d):\n%s' % (' '.join(commands[0][:4]), proc.returncode,
+                                                         output.decode(errors='replace')[-4000:]))
+    modules = fleet.module_cpu()
+    return wall, cpu - modules, modules, peak[0] / 1024.0
+
+
+def playbook_command(inventory, forks, *extra):
+    return [os.path.join(BIN, 'ansible-playbook'), '-i', inventory, 'gpuops.nvidia.reset_gpus', '-f', str(forks),
+            '-e', 'gpu_reset_become=false'] + list(extra)
+
+
+def runner_dir(fleet, root, names, extravars):
+    os.makedirs(os.path.join(root, 'env'))
+    os.makedirs(os.path.join(root, 'inventory'))
+    shutil.copytree(os.path.join(REPO, 'playbooks'), os.path.join(root, 'project'))
+    fleet.write_inventory(os.path.join(root, 'inventory', 'hosts.yml'), names)
+    with open(os.path.join(root, 'env', 'extravars'), 'w') as handle:
+        yaml.safe_dump(dict(extravars, gpu_reset_become=False), handle)
+    return root
+
+
+def row(label, count, result):
+    wall, cpu, modules, pss = result
+    print('%-34s %4d %7.1f %8.2f %8.3f %8.2f %8.0f' % (label, count, wall, cpu, cpu / count, modules, pss), flush=True)
+
+
+def header(title):
+    print()
+    print(title)
+    print('%-34s %4s %7s %8s %8s %8s %8s' % ('run', 'N', 'wall s', 'ctl CPU', 'per host', 'host CPU', 'PSS MiB'))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0])
+    parser.add_argument('--sizes', default='1,8,32', help='fleet sizes (default 1,8,32)')
+    parser.add_argument('--reps', type=int, default=1, help='repetitions of each run; medians are printed (default 1)')
+    parser.add_argument('--skip-runner', action='store_true', help='leave out the ansible-runner slicing comparison')
+    opts = parser.parse_args()
+    sizes = sorted(int(size) for size in opts.sizes.split(','))
+    largest = sizes[-1]
+    runner = os.path.join(BIN, 'ansible-runner')
+    if not opts.skip_runner and not os.path.exists(runner):
+        raise SystemExit('ansible-runner is needed for the slicing comparison (or give --skip-runner)')
+
+    workdir = tempfile.mkdtemp(prefix='gpuops-capacity-')
+    collections = os.path.join(workdir, 'collections', 'ansible_collections', 'gpuops')
+    os.makedirs(collections)
+    os.symlink(REPO, os.path.join(collections, 'nvidia'))
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(workdir, 'collections'), ANSIBLE_NOCOLOR='1',
+               ANSIBLE_CONFIG=os.path.join(REPO, 'examples', 'ansible.cfg'), ANSIBLE_LOCALHOST_WARNING='0',
+               ANSIBLE_INVENTORY_UNPARSED_WARNING='0')
+    env['PATH'] = BIN + os.pathsep + env.get('PATH', '')
+    fleet = Fleet(workdir, largest)
+    started = time.monotonic()
+
+    def repeat(commands, path):
+        results = []
+        for dummy in range(opts.reps):
+            if path == 'release':
+                fleet.hold()
+            results.append(measure(commands, fleet, env))
+        return tuple(statistics.median(result[i] for result in results) for i in range(4))
+
+    try:
+        print('gpuops.nvidia.reset_gpus, simulated 8-GPU hosts, local connection, examples/ansible.cfg; '
+              '%s (%d CPUs), median of %d' % (platform.platform(terse=True), os.cpu_count(), opts.reps))
+        header('paths (forks = N)')
+        measured = {}
+        for path in ('clean', 'release'):
+            for count in sizes:
+                inventory = os.path.join(workdir, 'inventory-%d.yml' % count)
+                fleet.write_inventory(inventory, sorted(fleet.hosts)[:count])
+                measured[path, count] = repeat([playbook_command(inventory, max(count, 5))], path)
+                row('%s path' % path, count, measured[path, count])
+
+        header('forks, serial and set_stats (release path)')
+        for forks in (5, 20):
+            row('forks %d' % forks, largest, repeat([playbook_command(fleet.inventory, forks)], 'release'))
+        row('forks %d (every host at once)' % max(largest, 5), largest, measured['release', largest])
+        batch = max(largest // 4, 1)
+        row('forks 50, serial %d' % batch, largest,
+            repeat([playbook_command(fleet.inventory, 50, '-e', 'gpu_reset_serial=%d' % batch)], 'release'))
+        row('forks 50, gpu_reset_report_stats false', largest,
+            repeat([playbook_command(fleet.inventory, 50, '-e', '{"gpu_reset_report_stats": false}')], 'release'))
+
+        if not opts.skip_runner:
+            header('ansible-runner, release path, forks 50')
+            one = runner_dir(fleet, os.path.join(workdir, 'runner-one'), sorted(fleet.hosts), {})
+            names = sorted(fleet.hosts)
+            slices = [runner_dir(fleet, os.path.join(workdir, 'runner-slice%d' % number), names[number - 1::SLICES],
+                                 {'gpu_reset_sliced': True}) for number in range(1, SLICES + 1)]
+            runner_env = dict(env)
+
+            def runner_command(root):
+                return [runner, 'run', root, '-p', 'reset_gpus.yml', '--forks', '50']
+            results = []
+            for dummy in range(opts.reps):
+                fleet.hold()
+                results.append(measure([runner_command(one)], fleet, runner_env))
+                shutil.rmtree(os.path.join(one, 'artifacts'))
+            row('one job', largest, tuple(statistics.median(r[i] for r in results) for i in range(4)))
+            results = []
+            for dummy in range(opts.reps):
+                fleet.hold()
+                results.append(measure([runner_command(root) for root in slices], fleet, runner_env))
+                for root in slices:
+                    shutil.rmtree(os.path.join(root, 'artifacts'))
+            row('%d slices, concurrently' % SLICES, largest, tuple(statistics.median(r[i] for r in results) for i in range(4)))
+
+        print()
+        print('capacity (controller CPU per extra host, between N=%d and N=%d)' % (sizes[0], largest))
+        for path in ('clean', 'release'):
+            slope = (measured[path, largest][1] - measured[path, sizes[0]][1]) / (largest - sizes[0])
+            print('  %-8s %.3f s per host, fixed %.2f s per run: %.0f hosts per controller core per minute'
+                  % (path, slope, measured[path, sizes[0]][1] - slope * sizes[0], 60 / slope))
+        print('pre-job hook (each node runs the playbook on itself): %.1f s wall, %.2f s CPU (clean); '
+              '%.1f s wall, %.2f s CPU (release), on any fleet size'
+              % (measured['clean', 1][0], measured['clean', 1][1] + measured['clean', 1][2],
+                 measured['release', 1][0], measured['release', 1][1] + measured['release', 1][2])
+              if sizes[0] == 1 else '')
+        print('took %.0f s' % (time.monotonic() - started))
+    finally:
+        fleet.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == '__main__':
+    main()
