@@ -34,6 +34,8 @@ Needs ansible-core (and ansible-runner for the slicing part); run it in the test
 """
 
 import argparse
+import glob
+import json
 import os
 import platform
 import resource
@@ -161,10 +163,12 @@ def measure(commands, fleet, env):
     def sample():
         while not done.wait(0.2):
             peak[0] = max(peak[0], sum(controller_pss(proc.pid) for proc in procs))
-    sampler = threading.Thread(target=sample)
+    sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    outputs = [proc.communicate()[0] for proc in procs]
-    done.set()
+    try:
+        outputs = [proc.communicate()[0] for proc in procs]
+    finally:
+        done.set()
     sampler.join()
     wall, cpu = time.monotonic() - started, children_cpu() - cpu
     for proc, output in zip(procs, outputs):
@@ -188,6 +192,16 @@ def runner_dir(fleet, root, names, extravars):
     with open(os.path.join(root, 'env', 'extravars'), 'w') as handle:
         yaml.safe_dump(dict(extravars, gpu_reset_become=False), handle)
     return root
+
+
+def artifact_bytes(root):
+    """Size of the artifacts (set_stats) of the one ansible-runner job under root, as JSON."""
+    for path in glob.glob(os.path.join(root, 'artifacts', '*', 'job_events', '*.json')):
+        with open(path) as handle:
+            event = json.load(handle)
+        if event['event'] == 'playbook_on_stats':
+            return len(json.dumps(event['event_data'].get('artifact_data') or {}))
+    raise SystemExit('no playbook_on_stats event under %s' % root)
 
 
 def row(label, count, result):
@@ -265,11 +279,13 @@ def main():
             def runner_command(root):
                 return [runner, 'run', root, '-p', 'reset_gpus.yml', '--forks', '50']
             results = []
-            for dummy in range(opts.reps):
+            for rep in range(opts.reps):
                 fleet.hold()
+                if rep:
+                    shutil.rmtree(os.path.join(one, 'artifacts'))
                 results.append(measure([runner_command(one)], fleet, runner_env))
-                shutil.rmtree(os.path.join(one, 'artifacts'))
             row('one job', largest, tuple(statistics.median(r[i] for r in results) for i in range(4)))
+            artifacts = artifact_bytes(one)
             results = []
             for dummy in range(opts.reps):
                 fleet.hold()
@@ -277,6 +293,8 @@ def main():
                 for root in slices:
                     shutil.rmtree(os.path.join(root, 'artifacts'))
             row('%d slices, concurrently' % SLICES, largest, tuple(statistics.median(r[i] for r in results) for i in range(4)))
+            print('job artifacts (set_stats gpu_reset_reports, release path): %d bytes of JSON, %d per host'
+                  % (artifacts, artifacts / largest))
 
         print()
         print('capacity (controller CPU per extra host, between N=%d and N=%d)' % (sizes[0], largest))
