@@ -17,12 +17,16 @@ of the whole ansible-playbook process tree (getrusage(RUSAGE_CHILDREN)) less the
 on a real fleet the modules run on the hosts. SSH is not measured (the local connection has
 no ssh client processes); over SSH the controller also pays for them.
 
-Prints, per run: wall-clock seconds, controller CPU seconds (total and per host), host-side
-CPU seconds, and the controller's peak memory (proportional set size of the ansible-playbook
-processes, sampled every 0.2 s). Then:
+Prints, per run: wall-clock seconds, controller CPU seconds (total and per host), the CPU
+seconds of the main ansible-playbook process alone (it runs the strategy and cannot use more
+than one core), host-side CPU seconds, and the controller's peak memory (proportional set size
+of the ansible-playbook processes). The last two controller figures are sampled every 0.2 s.
+Then:
 
   capacity  controller CPU per extra host (the slope between the smallest and largest N) and
-            hosts per controller core per minute (60 s / that), for each path
+            hosts per controller core per minute (60 s / that), for each path; the same for the
+            main process alone: what one ansible-playbook handles per minute on any number of cores
+  slices    from those, how many slices a fleet needs to finish within a given time
   forks     the release path at the largest N with forks 5, 20 and N
   serial    the release path at the largest N in batches (serial) of a quarter of N
   set_stats the release path at the largest N without publishing the reports (set_stats)
@@ -40,6 +44,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -88,22 +93,33 @@ def tree(root):
     return found
 
 
-def controller_pss(root):
-    """KiB of proportional set size of the Ansible processes (not the modules) under root."""
-    total = 0
+def controller(root):
+    """(KiB of proportional set size of the Ansible processes under root, not the modules;
+    CPU seconds so far of the first ansible-playbook process, the one that runs the strategy)."""
+    total, main = 0, None
     for pid in tree(root):
         try:
             with open('/proc/%d/cmdline' % pid, 'rb') as handle:
                 command = handle.read()
             if b'ansible-playbook' not in command and b'ansible-runner' not in command:
                 continue
+            if b'ansible-playbook' in command and (main is None or pid < main):
+                main = pid
             with open('/proc/%d/smaps_rollup' % pid) as handle:
                 for line in handle:
                     if line.startswith('Pss:'):
                         total += int(line.split()[1])
         except OSError:
             pass
-    return total
+    cpu = 0.0
+    if main is not None:
+        try:
+            with open('/proc/%d/stat' % main) as handle:
+                fields = handle.read().rsplit(')', 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / float(os.sysconf('SC_CLK_TCK'))
+        except (OSError, IndexError):
+            pass
+    return total, cpu
 
 
 class Fleet:
@@ -154,15 +170,19 @@ class Fleet:
 
 
 def measure(commands, fleet, env):
-    """Run commands concurrently; (wall s, controller CPU s, module CPU s, peak controller PSS MiB)."""
+    """Run commands concurrently; (wall s, controller CPU s, module CPU s, peak controller PSS
+    MiB, CPU s of the main ansible-playbook processes, sampled: up to 0.2 s short)."""
     fleet.module_cpu()
     cpu, started = children_cpu(), time.monotonic()
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) for command in commands]
-    peak, done = [0], threading.Event()
+    peak, main, done = [0], [0.0] * len(procs), threading.Event()
 
     def sample():
         while not done.wait(0.2):
-            peak[0] = max(peak[0], sum(controller_pss(proc.pid) for proc in procs))
+            seen = [controller(proc.pid) for proc in procs]
+            peak[0] = max(peak[0], sum(pss for pss, dummy in seen))
+            for index, (dummy, seconds) in enumerate(seen):
+                main[index] = max(main[index], seconds)
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
@@ -176,7 +196,7 @@ def measure(commands, fleet, env):
             raise SystemExit('%s failed (rc %d):\n%s' % (' '.join(commands[0][:4]), proc.returncode,
                                                          output.decode(errors='replace')[-4000:]))
     modules = fleet.module_cpu()
-    return wall, cpu - modules, modules, peak[0] / 1024.0
+    return wall, cpu - modules, modules, peak[0] / 1024.0, sum(main)
 
 
 def playbook_command(inventory, forks, *extra):
@@ -205,14 +225,15 @@ def artifact_bytes(root):
 
 
 def row(label, count, result):
-    wall, cpu, modules, pss = result
-    print('%-34s %4d %7.1f %8.2f %8.3f %8.2f %8.0f' % (label, count, wall, cpu, cpu / count, modules, pss), flush=True)
+    wall, cpu, modules, pss, main = result
+    print('%-40s %4d %7.1f %8.2f %8.3f %8.2f %8.2f %8.0f' % (label, count, wall, cpu, cpu / count, main, modules, pss),
+          flush=True)
 
 
 def header(title):
     print()
     print(title)
-    print('%-34s %4s %7s %8s %8s %8s %8s' % ('run', 'N', 'wall s', 'ctl CPU', 'per host', 'host CPU', 'PSS MiB'))
+    print('%-40s %4s %7s %8s %8s %8s %8s %8s' % ('run', 'N', 'wall s', 'ctl CPU', 'per host', 'main', 'host CPU', 'PSS MiB'))
 
 
 def main():
@@ -227,6 +248,8 @@ def main():
     if not opts.skip_runner and not os.path.exists(runner):
         raise SystemExit('ansible-runner is needed for the slicing comparison (or give --skip-runner)')
 
+    # Stopped (SIGTERM), the simulated hosts are stopped too.
+    signal.signal(signal.SIGTERM, lambda *dummy: sys.exit(143))
     workdir = tempfile.mkdtemp(prefix='gpuops-capacity-')
     collections = os.path.join(workdir, 'collections', 'ansible_collections', 'gpuops')
     os.makedirs(collections)
@@ -244,7 +267,7 @@ def main():
             if path == 'release':
                 fleet.hold()
             results.append(measure(commands, fleet, env))
-        return tuple(statistics.median(result[i] for result in results) for i in range(4))
+        return tuple(statistics.median(result[i] for result in results) for i in range(5))
 
     try:
         print('gpuops.nvidia.reset_gpus, simulated 8-GPU hosts, local connection, examples/ansible.cfg; '
@@ -284,7 +307,7 @@ def main():
                 if rep:
                     shutil.rmtree(os.path.join(one, 'artifacts'))
                 results.append(measure([runner_command(one)], fleet, runner_env))
-            row('one job', largest, tuple(statistics.median(r[i] for r in results) for i in range(4)))
+            row('one job', largest, tuple(statistics.median(r[i] for r in results) for i in range(5)))
             artifacts = artifact_bytes(one)
             results = []
             for dummy in range(opts.reps):
@@ -292,21 +315,35 @@ def main():
                 results.append(measure([runner_command(root) for root in slices], fleet, runner_env))
                 for root in slices:
                     shutil.rmtree(os.path.join(root, 'artifacts'))
-            row('%d slices, concurrently' % SLICES, largest, tuple(statistics.median(r[i] for r in results) for i in range(4)))
+            row('%d slices, concurrently' % SLICES, largest, tuple(statistics.median(r[i] for r in results) for i in range(5)))
             print('job artifacts (set_stats gpu_reset_reports, release path): %d bytes of JSON, %d per host'
                   % (artifacts, artifacts / largest))
 
         print()
         print('capacity (controller CPU per extra host, between N=%d and N=%d)' % (sizes[0], largest))
+        slopes = {}
         for path in ('clean', 'release'):
-            slope = (measured[path, largest][1] - measured[path, sizes[0]][1]) / (largest - sizes[0])
-            print('  %-8s %.3f s per host, fixed %.2f s per run: %.0f hosts per controller core per minute'
-                  % (path, slope, measured[path, sizes[0]][1] - slope * sizes[0], 60 / slope))
-        print('pre-job hook (each node runs the playbook on itself): %.1f s wall, %.2f s CPU (clean); '
-              '%.1f s wall, %.2f s CPU (release), on any fleet size'
-              % (measured['clean', 1][0], measured['clean', 1][1] + measured['clean', 1][2],
-                 measured['release', 1][0], measured['release', 1][1] + measured['release', 1][2])
-              if sizes[0] == 1 else '')
+            low, high = measured[path, sizes[0]], measured[path, largest]
+            slope, main = [(high[i] - low[i]) / (largest - sizes[0]) for i in (1, 4)]
+            slopes[path] = slope, main
+            print('  %-8s %.3f s per host (%.3f s in the main process), fixed %.2f s per run: %.0f hosts per controller '
+                  'core per minute; one ansible-playbook at most %.0f per minute'
+                  % (path, slope, main, low[1] - slope * sizes[0], 60 / slope, 60 / main))
+        if sizes[0] == 1:
+            print('pre-job hook (each node runs the playbook on itself): %.1f s wall, %.2f s CPU (clean); '
+                  '%.1f s wall, %.2f s CPU (release), on any fleet size'
+                  % (measured['clean', 1][0], measured['clean', 1][1] + measured['clean', 1][2],
+                     measured['release', 1][0], measured['release', 1][1] + measured['release', 1][2]))
+        print()
+        print('slices for the release path: controller time of a job of N hosts on C cores =')
+        print('  N x max(main process s per host, controller s per host / C); slices = that / the time allowed, rounded up')
+        slope, main = slopes['release']
+        print('  %8s %6s %10s %12s %7s' % ('hosts', 'cores', 'allowed s', 'one job s', 'slices'))
+        for count in (1000, 10000):
+            for cores in (4, 16):
+                for allowed in (60, 300):
+                    seconds = count * max(main, slope / cores)
+                    print('  %8d %6d %10d %12.0f %7d' % (count, cores, allowed, seconds, -(-seconds // allowed)))
         print('took %.0f s' % (time.monotonic() - started))
     finally:
         fleet.stop()
