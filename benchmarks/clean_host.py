@@ -11,12 +11,14 @@ connection; each repetition runs, in turn, with the same inventory, host and con
   baseline    ansible-playbook of one task, ansible.builtin.command: true
   collection  ansible-playbook gpuops.nvidia.reset_gpus -e gpu_reset_become=false
   DIR         the same playbook from each checkout given with --compare-with (earlier versions)
+  variant     the same playbook with the extra variables given with --variant (JSON), e.g.
+              '{"gpu_reset_textfile_dir": "/tmp/textfile"}' for the cost of one setting
 
 Prints, for each, the median wall-clock seconds and controller CPU seconds (user + system of
 the whole ansible-playbook process tree, from getrusage(RUSAGE_CHILDREN)) and their ratio to
 the baseline (target for the wall clock: at most 1.3x).
 
-Usage: python3 benchmarks/clean_host.py [--reps 5] [--compare-with DIR]...
+Usage: python3 benchmarks/clean_host.py [--reps 5] [--compare-with DIR]... [--variant JSON]
 Needs ansible-core (the repository's .venv is used when present).
 """
 
@@ -63,6 +65,7 @@ def main():
     parser.add_argument('--reps', type=int, default=5, help='repetitions of each side (default 5)')
     parser.add_argument('--compare-with', metavar='DIR', action='append', default=[],
                         help='a checkout of an earlier version, whose playbook runs too (may be repeated)')
+    parser.add_argument('--variant', metavar='JSON', help='extra variables for one more run of this version\'s playbook')
     opts = parser.parse_args()
     local = os.path.join(os.path.dirname(sys.executable), 'ansible-playbook')
     playbook = local if os.path.exists(local) else shutil.which('ansible-playbook')
@@ -91,6 +94,9 @@ def main():
                 other['gpu_reset_devices'] = [host.dev_glob]
         sides.append((directory, ['gpuops.nvidia.reset_gpus', '-e', json.dumps(other)],
                       collection_env(workdir, os.path.abspath(directory), 'other%d' % number)))
+    if opts.variant:
+        variant = dict(json.loads(opts.variant), gpu_reset_become=False)
+        sides.append(('variant', ['gpuops.nvidia.reset_gpus', '-e', json.dumps(variant)], env))
     rows = dict((name, []) for name, dummy, dummy in sides)
     try:
         for rep in range(opts.reps):
@@ -104,7 +110,8 @@ def main():
     print()
     print('clean simulated 8-GPU host, local connection, %d repetitions (medians)' % opts.reps)
     print('%-42s %8s %6s %8s %6s' % ('side', 'wall s', 'ratio', 'CPU s', 'ratio'))
-    labels = {'baseline': 'one task (ansible.builtin.command: true)', 'collection': 'gpuops.nvidia.reset_gpus'}
+    labels = {'baseline': 'one task (ansible.builtin.command: true)', 'collection': 'gpuops.nvidia.reset_gpus',
+              'variant': 'the same, with --variant'}
     base = [statistics.median(row[i] for row in rows['baseline']) for i in (0, 1)]
     for name, dummy, dummy in sides:
         wall, cpu = [statistics.median(row[i] for row in rows[name]) for i in (0, 1)]

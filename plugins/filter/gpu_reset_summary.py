@@ -32,6 +32,10 @@ options:
     description: The hosts' variables, usually C(hostvars).
     type: dict
     required: true
+  sliced:
+    description: The inventory is one slice of a sliced job; the first line says so.
+    type: bool
+    default: false
 seealso:
   - plugin: gpuops.nvidia.gpu_reset_verdict
     plugin_type: filter

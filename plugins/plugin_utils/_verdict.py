@@ -336,25 +336,31 @@ def summary_line(report, width=0):
     return 'FAILED    %s  %s' % (host, ' '.join(str(report.get('reason') or 'failed').split()))
 
 
-def summary(hosts, hostvars):
-    """The playbook's summary: a count line, then a line per host, failed hosts first.
-
-    hosts: the play's hosts; hostvars: their variables, where the role left gpu_reset_result."""
-    reports, missing = [], []
+def reports(hosts, hostvars):
+    """{host: its report} for the hosts whose variables hold the role's report (gpu_reset_result)."""
+    found = {}
     for host in hosts:
         report = plain(hostvars[host].get('gpu_reset_result'))
         if isinstance(report, Mapping) and report.get('outcome') in OUTCOMES:
-            reports.append(dict(report, host=host))
-        else:
-            missing.append(str(host))
-    counts = dict((outcome, sum(1 for report in reports if report['outcome'] == outcome)) for outcome in OUTCOMES)
-    head = '%d of %d host(s): %d clean, %d released, %d failed' % (
-        len(reports), len(hosts), counts['clean'], counts['released'], counts['failed'])
+            found[str(host)] = dict(report, host=str(host))
+    return found
+
+
+def summary(hosts, hostvars, sliced=False):
+    """The playbook's summary: a count line, then a line per host, failed hosts first.
+
+    hosts: the play's hosts; hostvars: their variables, where the role left gpu_reset_result;
+    sliced: the inventory is one slice of a sliced job."""
+    found = reports(hosts, hostvars)
+    missing = [str(host) for host in hosts if str(host) not in found]
+    counts = dict((outcome, sum(1 for report in found.values() if report['outcome'] == outcome)) for outcome in OUTCOMES)
+    head = '%d of %d host(s)%s: %d clean, %d released, %d failed' % (
+        len(found), len(hosts), ' in this slice' if sliced else '', counts['clean'], counts['released'], counts['failed'])
     if counts['would_release']:
         head += ', %d would be released (check mode)' % counts['would_release']
-    width = max([len(str(report['host'])) for report in reports] or [0])
-    reports.sort(key=lambda report: (SUMMARY_ORDER.index(report['outcome']), str(report['host'])))
-    lines = [head] + [summary_line(report, width) for report in reports]
+    width = max([len(host) for host in found] or [0])
+    ordered = sorted(found.values(), key=lambda report: (SUMMARY_ORDER.index(report['outcome']), report['host']))
+    lines = [head] + [summary_line(report, width) for report in ordered]
     if missing:
         lines.append('no result from %s (unreachable, or in a later serial batch)' % ', '.join(missing))
     return lines

@@ -250,3 +250,15 @@ def test_summary_names_the_gpus_a_reset_freed():
     report = _verdict.verdict('n1', release=release(True, changed=True, escalation=escalation, orphaned_gpus=[]),
                               allow_gpu_reset=True)
     assert summary_of({'n1': report})[1] == 'released  n1  0 process(es) stopped, GPU(s) 1 reset, 2 GPU(s) free in 0.5 s'
+
+
+def test_reports_by_host_leave_out_hosts_without_one():
+    report = _verdict.verdict('gpu-a', release=release(True))
+    hostvars = {'gpu-a': {'gpu_reset_result': report}, 'gpu-b': {}, 'gpu-c': {'gpu_reset_result': {'outcome': None}}}
+    assert _verdict.reports(['gpu-a', 'gpu-b', 'gpu-c'], hostvars) == {'gpu-a': report}
+
+
+def test_summary_of_a_slice_says_so():
+    lines = _verdict.summary(['gpu-a'], {'gpu-a': {'gpu_reset_result': _verdict.verdict('gpu-a', release=release(True))}},
+                             sliced=True)
+    assert lines[0] == '1 of 1 host(s) in this slice: 1 clean, 0 released, 0 failed'
