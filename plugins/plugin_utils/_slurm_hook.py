@@ -39,6 +39,7 @@ __metaclass__ = type
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,7 +52,7 @@ MODULES = 'ansible_collections.gpuops.nvidia.plugins.modules.'
 COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COLLECTIONS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION)))
 ROLE = os.path.join(COLLECTION, 'roles', 'gpu_reset')
-# Seconds kept for the drain command at the end of the hook's time.
+# Seconds kept for the drain command at the end of the hook's time (at most a tenth of it).
 DRAIN_RESERVE_S = 5
 
 
@@ -130,18 +131,26 @@ def run_module(name, args, seconds):
     env['PYTHONPATH'] = COLLECTIONS_ROOT + (os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
     with tempfile.NamedTemporaryFile('w', prefix='gpuops-args-', suffix='.json', delete=False) as handle:
         json.dump({'ANSIBLE_MODULE_ARGS': args}, handle)
+    seconds = max(seconds, 1)
+    started = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, '-m', MODULES + name, handle.name], capture_output=True, text=True,
-                              env=env, timeout=max(seconds, 1), check=False)
-    except subprocess.TimeoutExpired:
-        raise ModuleError('gave no result within %d s' % max(seconds, 1))
+        # A session of its own, so that a module cut off takes what it started with it (a hung
+        # nvidia-smi would otherwise keep the pipes, and this program, waiting).
+        proc = subprocess.Popen([sys.executable, '-m', MODULES + name, handle.name], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise ModuleError('gave no result within %.1f s' % (time.monotonic() - started))
     finally:
         os.unlink(handle.name)
-    out = proc.stdout.strip()
+    out = stdout.strip()
     try:
         result = json.loads(out[out.index('{'):])
     except ValueError:
-        raise ModuleError('gave no result (rc %d): %s' % (proc.returncode, ' '.join((proc.stderr or out).split())[-500:]))
+        raise ModuleError('gave no result (rc %d): %s' % (proc.returncode, ' '.join((stderr or out).split())[-500:]))
     if not isinstance(result, dict):
         raise ModuleError('gave no result (rc %d)' % proc.returncode)
     return result
@@ -198,9 +207,10 @@ def reset(settings, node, scontrol, deadline):
     ends = time.monotonic() + deadline
 
     def left():
-        return ends - time.monotonic() - DRAIN_RESERVE_S
+        return ends - time.monotonic() - min(DRAIN_RESERVE_S, deadline / 10.0)
 
     release = verify = error = None
+    read = False
     gpus = setting(settings, 'gpus')
     threshold = setting(settings, 'memory_threshold_mib')
     found = problems(dict((name, setting(settings, name)) for name in (
@@ -209,6 +219,7 @@ def reset(settings, node, scontrol, deadline):
     if found:
         error = 'gpu_reset is misconfigured: %s' % '; '.join(found)
     else:
+        read = True
         try:
             release = run_module('nvidia_device_release', release_args(settings), left())
             if 'released' not in release:
@@ -223,7 +234,7 @@ def reset(settings, node, scontrol, deadline):
                      error=error, gpus=gpus, query=None, memory_threshold_mib=threshold,
                      allow_gpu_reset=bool(setting(settings, 'allow_gpu_reset')), started=started)
     # A misconfigured node is not drained: nothing was read there.
-    if result['outcome'] == 'failed' and setting(settings, 'on_failure') == 'drain' and release is not None:
+    if result['outcome'] == 'failed' and setting(settings, 'on_failure') == 'drain' and read:
         drain(result, scontrol, node, min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1)))
     if setting(settings, 'textfile_dir'):
         try:

@@ -132,7 +132,6 @@ MinJobAge=600
 MessageTimeout=10
 GresTypes=gpu
 PrologFlags=Alloc
-PrologEpilogTimeout={prolog_epilog_timeout}
 {hooks}
 NodeName={node} {topology} Gres=gpu:{gpus} State=UNKNOWN
 PartitionName=gpu Nodes={node} Default=YES MaxTime=INFINITE State=UP
@@ -142,10 +141,13 @@ PartitionName=gpu Nodes={node} Default=YES MaxTime=INFINITE State=UP
 class SlurmBench:
     """One Slurm node (munged + slurmctld + slurmd) in directory, all started by this process."""
 
-    def __init__(self, directory, prolog=None, epilog=None, gpus=8, prolog_epilog_timeout=30):
+    def __init__(self, directory, prolog=None, epilog=None, include=None, gpus=8, prolog_epilog_timeout=30):
+        """prolog, epilog: the scripts; include: a file of slurm.conf lines (the hooks' own, with
+        their PrologEpilogTimeout); prolog_epilog_timeout: Slurm's, when include is None."""
         self.dir = os.path.abspath(str(directory))
         self.prolog = prolog
         self.epilog = epilog
+        self.include = include
         self.gpus = gpus
         self.prolog_epilog_timeout = prolog_epilog_timeout
         self.node = socket.gethostname().split('.')[0]
@@ -175,10 +177,13 @@ class SlurmBench:
             hooks.append('Prolog=%s' % self.prolog)
         if self.epilog:
             hooks.append('Epilog=%s' % self.epilog)
+        if self.include:
+            hooks.append('Include %s' % self.include)
+        else:
+            hooks.append('PrologEpilogTimeout=%d' % self.prolog_epilog_timeout)
         text = SLURM_CONF.format(
             node=self.node, dir=self.dir, ctld_port=self.ctld_port, slurmd_port=self.slurmd_port,
-            munge_socket=self.munge_socket, gpus=self.gpus, topology=self.topology,
-            prolog_epilog_timeout=self.prolog_epilog_timeout, hooks='\n'.join(hooks))
+            munge_socket=self.munge_socket, gpus=self.gpus, topology=self.topology, hooks='\n'.join(hooks))
         tmp = self.conf + '.tmp'
         with open(tmp, 'w') as handle:
             handle.write(text)
@@ -267,9 +272,9 @@ class SlurmBench:
                     proc.kill()
                     proc.wait()
 
-    def set_hooks(self, prolog=None, epilog=None):
+    def set_hooks(self, prolog=None, epilog=None, include=None):
         """Point Prolog and Epilog elsewhere (None: none) and have the daemons reread slurm.conf."""
-        self.prolog, self.epilog = prolog, epilog
+        self.prolog, self.epilog, self.include = prolog, epilog, include
         self._write_conf()
         self.command('scontrol', 'reconfigure')
         self.wait_idle(30)
@@ -349,6 +354,66 @@ class SlurmBench:
         if self.node_state() != 'idle':
             self.command('scontrol', 'update', 'nodename=%s' % self.node, 'state=resume', check=False)
         self.wait_idle(seconds)
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COLLECTIONS = os.path.join(REPO, '.build', 'collections')
+
+DEPLOY_PLAYBOOK = """\
+- name: Install the gpu_reset Slurm hooks
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Install the hooks
+      ansible.builtin.import_role:
+        name: gpuops.nvidia.slurm_hooks
+"""
+
+
+def link_collection():
+    """This checkout as .build/collections/ansible_collections/gpuops/nvidia (as scripts/lib.sh links it)."""
+    parent = os.path.join(COLLECTIONS, 'ansible_collections', 'gpuops')
+    os.makedirs(parent, exist_ok=True)
+    link = os.path.join(parent, 'nvidia')
+    if not os.path.islink(link) or os.path.realpath(link) != os.path.realpath(REPO):
+        tmp = link + '.tmp'
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(REPO, tmp)
+        os.replace(tmp, link)
+    return COLLECTIONS
+
+
+def deploy_hooks(directory, gpu_reset_vars, **role_vars):
+    """Install the hooks into directory with the role gpuops.nvidia.slurm_hooks (ansible-playbook,
+    local connection), the Python running this for the hook and this checkout as the collection.
+
+    Returns the role's variables; the files are directory/prolog.sh, epilog.sh, slurm-hooks.conf, ..."""
+    import json
+
+    link_collection()
+    directory = os.path.abspath(str(directory))
+    values = dict(slurm_hooks_dir=directory, slurm_hooks_python=sys.executable,
+                  slurm_hooks_collections_path=COLLECTIONS, slurm_hooks_log=os.path.join(directory, 'hook.log'),
+                  slurm_hooks_scontrol=which('scontrol'), slurm_hooks_ansible_home=os.path.join(directory, 'ansible'),
+                  slurm_hooks_gpu_reset_vars=gpu_reset_vars)
+    values.update(role_vars)
+    os.makedirs(directory, exist_ok=True)
+    playbook = os.path.join(directory, 'deploy.yml')
+    with open(playbook, 'w') as handle:
+        handle.write(DEPLOY_PLAYBOOK)
+    extra = os.path.join(directory, 'deploy-vars.json')
+    with open(extra, 'w') as handle:
+        json.dump(values, handle)
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_NOCOLOR='1', ANSIBLE_RETRY_FILES_ENABLED='0',
+               ANSIBLE_LOCALHOST_WARNING='0', ANSIBLE_INVENTORY_UNPARSED_WARNING='0',
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', 'localhost,',
+                           '-c', 'local', playbook, '-e', '@' + extra], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    if proc.returncode != 0:
+        raise BenchError('installing the hooks failed (rc %d):\n%s%s' % (proc.returncode, proc.stdout, proc.stderr))
+    return values
 
 
 def parse_fields(text):
