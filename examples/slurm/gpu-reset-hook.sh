@@ -16,7 +16,7 @@
 #                           directly, without ansible-playbook (fast, for every job); playbook:
 #                           ansible-playbook gpuops.nvidia.reset_gpus (GPU_RESET_PLAYBOOK)
 #   GPU_RESET_BUDGET_S      seconds the whole hook may take (default 60); keep it under
-#                           PrologEpilogTimeout in slurm.conf. The release gets two thirds.
+#                           PrologEpilogTimeout in slurm.conf. The release gets half.
 #   GPU_RESET_SCOPE         job (default): only the job's GPUs (SLURM_JOB_GPUS), nothing for a
 #                           job without GPUs; node: every GPU of the node, for nodes given whole
 #                           to one job without GPUs configured in gres.conf
@@ -71,9 +71,10 @@ if [ "$scope" = job ]; then
   fi
 fi
 
-# The release gets two thirds of the budget; the rest is for starting up, reading the GPUs
-# once more and draining. The whole run is cut off at the budget.
-release_timeout=$((budget * 2 / 3))
+# The release gets half the budget (a hung nvidia-smi can make it overrun its own limit by
+# seconds); the rest is for starting up, reading the GPUs once more and draining. The whole
+# run is cut off at the budget.
+release_timeout=$((budget / 2))
 [ "$release_timeout" -ge 3 ] || release_timeout=3
 
 run_module() {
@@ -100,6 +101,7 @@ run_playbook() {
 }
 
 (
+  started=$(date +%s)
   echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $mode job $job on $node, GPUs ${gpus:-all}, $runner"
   if [ "$runner" = module ]; then
     run_module
@@ -113,7 +115,7 @@ run_playbook() {
     run_playbook
     rc=$?
   fi
-  echo "=== $mode job $job: exit $rc"
+  echo "=== $mode job $job: exit $rc after $(($(date +%s) - started)) s"
   exit "$rc"
 ) >>"$log" 2>&1
 rc=$?

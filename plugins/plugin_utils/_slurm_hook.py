@@ -122,6 +122,39 @@ class ModuleError(Exception):
     pass
 
 
+def _children():
+    """{parent pid: [child pids]} of every process, from /proc."""
+    found = {}
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open('/proc/%s/stat' % entry) as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+        found.setdefault(int(stat[stat.rindex(')') + 2:].split()[1]), []).append(int(entry))
+    return found
+
+
+def kill_tree(pid):
+    """SIGKILL pid and every process below it (the module runs nvidia-smi in sessions of its own,
+    which a signal to its process group would miss), children first frozen so none forks away."""
+    children = _children()
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for member in tree:
+            try:
+                os.kill(member, sig)
+            except OSError:
+                pass
+
+
 def run_module(name, args, seconds):
     """Run the collection's module name with args as a program; returns its result (a dict).
 
@@ -141,18 +174,18 @@ def run_module(name, args, seconds):
         try:
             stdout, stderr = proc.communicate(timeout=seconds)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
-            raise ModuleError('gave no result within %.1f s' % (time.monotonic() - started))
+            raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped' % (name, time.monotonic() - started))
     finally:
         os.unlink(handle.name)
     out = stdout.strip()
     try:
         result = json.loads(out[out.index('{'):])
     except ValueError:
-        raise ModuleError('gave no result (rc %d): %s' % (proc.returncode, ' '.join((stderr or out).split())[-500:]))
+        raise ModuleError('gpuops.nvidia.%s gave no result (rc %d): %s' % (name, proc.returncode, ' '.join((stderr or out).split())[-500:]))
     if not isinstance(result, dict):
-        raise ModuleError('gave no result (rc %d)' % proc.returncode)
+        raise ModuleError('gpuops.nvidia.%s gave no result (rc %d)' % (name, proc.returncode))
     return result
 
 
@@ -222,14 +255,23 @@ def reset(settings, node, scontrol, deadline):
         read = True
         try:
             release = run_module('nvidia_device_release', release_args(settings), left())
-            if 'released' not in release:
-                error = 'Release the GPUs: %s' % release.get('msg', 'failed')
-            elif not release['released']:
-                verify = run_module('nvidia_gpu_facts', facts_args(settings), left())
+        except ModuleError as exc:
+            error = 'Release the GPUs: %s' % exc
+        if release is not None and 'released' not in release:
+            error = 'Release the GPUs: %s' % release.get('msg', 'failed')
+        elif release is not None and not release['released']:
+            # The read is limited to the time left, so that a hung nvidia-smi is reported by the
+            # module (which names it) rather than cut off here.
+            args = facts_args(settings)
+            args['timeout'] = max(1, min(float(args['timeout']), left() - 1))
+            try:
+                verify = run_module('nvidia_gpu_facts', args, left())
                 if verify.get('failed'):
                     error = 'Read the GPUs and check that they are clean: %s' % verify.get('msg', 'failed')
-        except ModuleError as exc:
-            error = '%s %s' % ('Read the GPUs and check that they are clean:' if release else 'Release the GPUs:', exc)
+            except ModuleError as exc:
+                # No time left to read again: the release's own account of why stands.
+                verify = None
+                error = 'Release the GPUs: %s' % release.get('msg', exc)
     result = verdict(node, release=release if release and 'released' in release else None, facts=verify,
                      error=error, gpus=gpus, query=None, memory_threshold_mib=threshold,
                      allow_gpu_reset=bool(setting(settings, 'allow_gpu_reset')), started=started)

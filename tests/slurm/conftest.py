@@ -22,9 +22,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import SlurmBench, deploy_hooks, skip_reason  # noqa: E402
 from gpusim.api import Host  # noqa: E402
 
-# The hook's budget and Slurm's limit for it: small, so that the failing cases end quickly.
+# The hook's budget (small, so that the failing cases end quickly; more for the playbook, whose
+# start-up alone takes seconds on a loaded machine) and Slurm's limit for it.
 BUDGET_S = 15
-PROLOG_EPILOG_TIMEOUT = 30
+PLAYBOOK_BUDGET_S = 45
+PROLOG_EPILOG_TIMEOUT = 60
 
 
 class HookRun:
@@ -34,6 +36,7 @@ class HookRun:
         self.mode, self.job, self.gpus, self.runner = mode, job, gpus, runner
         self.report = None
         self.exit = None
+        self.seconds = None
         self.lines = []
 
     def __repr__(self):
@@ -65,9 +68,10 @@ class Cluster:
                     continue
                 if not runs:
                     continue
-                end = re.match(r'=== (prolog|epilog) job (\S+): exit (\d+)$', line)
+                end = re.match(r'=== (prolog|epilog) job (\S+): exit (\d+) after (\d+) s$', line)
                 if end:
                     runs[-1].exit = int(end.group(3))
+                    runs[-1].seconds = int(end.group(4))
                 elif line.startswith('{"host"'):
                     runs[-1].report = json.loads(line)
                 runs[-1].lines.append(line)
@@ -86,10 +90,12 @@ class Cluster:
             self.bench.logs()))
 
     def set_runner(self, runner):
-        """Switch the installed hook to the module or the playbook runner."""
+        """Switch the installed hook to the module or the playbook runner, with its budget."""
         with open(self.conf) as handle:
             text = handle.read()
         text = re.sub(r'^GPU_RESET_RUNNER=.*$', 'GPU_RESET_RUNNER=%s' % runner, text, flags=re.M)
+        text = re.sub(r'^GPU_RESET_BUDGET_S=.*$', 'GPU_RESET_BUDGET_S=%d' % (
+            BUDGET_S if runner == 'module' else PLAYBOOK_BUDGET_S), text, flags=re.M)
         with open(self.conf, 'w') as handle:
             handle.write(text)
 

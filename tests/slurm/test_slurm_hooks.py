@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import PROLOG_EPILOG_TIMEOUT
+from conftest import BUDGET_S, PLAYBOOK_BUDGET_S, PROLOG_EPILOG_TIMEOUT
 from gpusim.state import is_alive as alive
 from processes import gone
 
@@ -53,7 +53,7 @@ def test_prolog_frees_gpus_a_leftover_holds_before_the_job_starts(node, runner):
     job = node.bench.sbatch('--gres=gpu:8', '--output', out, '--wrap',
                             '%s --query-gpu=index,memory.used --format=csv,noheader,nounits; '
                             'echo "GPUS=$CUDA_VISIBLE_DEVICES"' % node.host.smi_path)
-    node.bench.wait_job(job, 'COMPLETED', 90)
+    node.bench.wait_job(job, 'COMPLETED', 2 * PLAYBOOK_BUDGET_S)
     prolog = node.wait_run('prolog', job)
     assert prolog.exit == 0, prolog
     assert prolog.gpus == '0,1,2,3,4,5,6,7'
@@ -66,7 +66,7 @@ def test_prolog_frees_gpus_a_leftover_holds_before_the_job_starts(node, runner):
         assert [p['pid'] for p in prolog.report['signalled']] == [leftover['pid']]
     else:
         assert 'PLAY RECAP' in '\n'.join(prolog.lines)
-    assert node.wait_run('epilog', job).exit == 0
+    assert node.wait_run('epilog', job, PLAYBOOK_BUDGET_S).exit == 0
     node.bench.wait_idle(30)
 
 
@@ -138,13 +138,15 @@ def test_orphaned_memory_drains_the_node_with_the_reason_and_requeues_the_job(no
 
 def test_a_hung_nvidia_smi_drains_the_node_before_slurm_kills_the_hook(node):
     """nvidia-smi never answers: the hook gives up within its own budget, below
-    PrologEpilogTimeout, and drains the node saying so; the job is requeued."""
+    PrologEpilogTimeout, and drains the node saying why; the job is requeued."""
     node.host.fault('hang', seconds=3600)
     started = time.monotonic()
     job = node.bench.sbatch('--gres=gpu:1', '--output', node.path('hung.out'), '--wrap', 'true')
     prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
     took = time.monotonic() - started
+    # Ended by itself (not cut off at the budget, 124), within the budget, below Slurm's limit.
     assert prolog.exit == 1, prolog
+    assert prolog.seconds <= BUDGET_S < PROLOG_EPILOG_TIMEOUT, prolog.seconds
     assert took < PROLOG_EPILOG_TIMEOUT, took
     node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
     reason = node.bench.reason()
