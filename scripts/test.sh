@@ -40,7 +40,7 @@ stage_unit() {
 
 stage_integration() {
   say "pytest: integration and device-check tests"
-  python -m pytest -p no:cacheprovider "$@" tests/integration tests/device
+  python -m pytest -p no:cacheprovider "$@" tests/integration tests/device tests/slurm
 }
 
 stage_sanity() {
