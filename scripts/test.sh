@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command. Stages, in the order `all` runs them:
 #   unit         pytest tests/unit tests/gpusim
-#   integration  pytest tests/integration tests/device
+#   integration  pytest tests/integration tests/device tests/slurm
 #   sanity       ansible-test sanity
 #   lint         ansible-doc, ansible-lint (production profile), antsibull-changelog lint, the
 #                collection tarball (build, install, no development files), galaxy-importer
