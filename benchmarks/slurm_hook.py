@@ -127,8 +127,10 @@ def main():
             failed = [line for line in handle if re.match(r'=== prolog job \S+: exit [1-9]', line)]
         if failed:
             raise RuntimeError('a hook failed on the clean node:\n%s' % ''.join(failed))
-        print('Slurm %s, node %s (%s), %d jobs per variant, srun --gres=gpu:8 true, submission to return:' % (
-            bench.command('sinfo', '-V').stdout.split()[-1], bench.node, bench.topology, args.jobs))
+        print('Slurm %s, node %s (%s), load average %.1f at the end, %d jobs per variant,'
+              ' srun --gres=gpu:8 true, submission to return:' % (
+                  bench.command('sinfo', '-V').stdout.split()[-1], bench.node, bench.topology, os.getloadavg()[0],
+                  args.jobs))
         medians = {}
         for variant in variants:
             medians[variant] = statistics.median(times[variant])
