@@ -100,7 +100,7 @@ def node_topology():
 
 SLURM_CONF = """\
 ClusterName=gpuops
-SlurmctldHost={node}
+SlurmctldHost={node}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={ctld_port}
@@ -133,7 +133,7 @@ MessageTimeout=10
 GresTypes=gpu
 PrologFlags=Alloc
 {hooks}
-NodeName={node} {topology} Gres=gpu:{gpus} State=UNKNOWN
+NodeName={node} NodeAddr=127.0.0.1 {topology} Gres=gpu:{gpus} State=UNKNOWN
 PartitionName=gpu Nodes={node} Default=YES MaxTime=INFINITE State=UP
 """
 
