@@ -31,7 +31,8 @@
 #
 # Exit status: 0 when the GPUs are clean; 1 otherwise, after draining the node with the reason
 # (slurmd then also drains the node, keeping that reason, and requeues a batch job whose Prolog
-# failed).
+# failed). A hook that could not run its checks, or was cut off at the budget, drains the node
+# saying so.
 
 set -u
 
@@ -100,33 +101,48 @@ run_playbook() {
     timeout -k 2 "$budget" "$ansible_playbook" "$@" "$playbook"
 }
 
+# The runner's output goes to the log. Its status, as the rest of the hook reads it: 0 clean;
+# 1 not clean, the node drained with the reason (the module runner's 1, the playbook's 2:
+# its role drains); 124 cut off at the budget; 2 anything else (it could not run, its settings
+# could not be read).
 (
   started=$(date +%s)
   echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $mode job $job on $node, GPUs ${gpus:-all}, $runner"
+  drained=2
   if [ "$runner" = module ]; then
     run_module
     rc=$?
+    drained=1
     # 3: the variables file needs the playbook (a clean query, a drain command of its own).
     if [ "$rc" -eq 3 ]; then
       run_playbook
       rc=$?
+      drained=2
     fi
   else
     run_playbook
     rc=$?
   fi
   echo "=== $mode job $job: exit $rc after $(($(date +%s) - started)) s"
-  exit "$rc"
+  case $rc in
+    0) exit 0 ;;
+    "$drained") exit 1 ;;
+    124 | 137) exit 124 ;;
+    *) exit 2 ;;
+  esac
 ) >>"$log" 2>&1
 rc=$?
 
-if [ "$rc" -eq 0 ]; then
-  exit 0
-fi
-if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-  # Cut off before the node could be drained with the reason: drain it here.
+case $rc in
+  0) exit 0 ;;
+  1) ;;
+  124) why="gave up after ${budget} s" ;;
+  *) why="could not check the GPUs" ;;
+esac
+if [ "$rc" -ne 1 ]; then
+  # Ended before the node could be drained with the reason: drain it here, saying so.
   timeout 10 "$scontrol" update "nodename=$node" state=drain \
-    "reason=gpu_reset: $mode hook gave up after ${budget} s (job $job, GPUs ${gpus:-all}), see $log" >>"$log" 2>&1
+    "reason=gpu_reset: $mode hook $why (job $job, GPUs ${gpus:-all}), see $log" >>"$log" 2>&1
 fi
-echo "gpu_reset $mode failed on $node (exit $rc), see $log" >&2
+echo "gpu_reset $mode failed on $node, see $log" >&2
 exit 1

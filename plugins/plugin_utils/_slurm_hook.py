@@ -27,9 +27,13 @@ usual path (no clean query of the user's own) with the same pieces, on the node 
         --node NODE --mode prolog|epilog [--vars-file FILE] [--gpus 0,1] [--timeout S] \\
         [--deadline S] [--scontrol PATH]
 
-Exit status: 0 clean or released, 1 failed (the reason on stderr, the report on stdout),
-3 when the settings need the playbook (a clean query of the user's own, a drain command of
-the user's own, or a templated value): the hook then runs ansible-playbook instead.
+Exit status: 0 clean or released; 1 failed, the node drained (or the drain failed, which the
+report says), the reason on stderr and the report on stdout; 2 the settings could not be read
+(nothing done); 3 the settings need the playbook (a clean query of the user's own, a drain
+command of the user's own, or a templated value): the hook then runs ansible-playbook instead.
+
+Unlike the role in a fleet run, a misconfigured node is drained too, with the reason: a Prolog
+or Epilog that fails drains the node anyway, only with a reason that says nothing.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -45,6 +49,7 @@ import sys
 import tempfile
 import time
 
+RUNNER_SETTINGS_UNREADABLE = 2
 RUNNER_NEEDS_PLAYBOOK = 3
 
 MODULES = 'ansible_collections.gpuops.nvidia.plugins.modules.'
@@ -69,7 +74,10 @@ def load_settings(vars_file=None, overrides=None):
     settings = dict(defaults)
     if vars_file:
         with open(vars_file) as handle:
-            given = yaml.safe_load(handle) or {}
+            try:
+                given = yaml.safe_load(handle) or {}
+            except yaml.YAMLError as exc:
+                raise ValueError('%s is not valid YAML: %s' % (vars_file, ' '.join(str(exc).split())))
         if not isinstance(given, dict):
             raise ValueError('%s must be a YAML mapping of gpu_reset_* variables' % vars_file)
         for name, value in given.items():
@@ -243,7 +251,6 @@ def reset(settings, node, scontrol, deadline):
         return ends - time.monotonic() - min(DRAIN_RESERVE_S, deadline / 10.0)
 
     release = verify = error = None
-    read = False
     gpus = setting(settings, 'gpus')
     threshold = setting(settings, 'memory_threshold_mib')
     found = problems(dict((name, setting(settings, name)) for name in (
@@ -252,7 +259,6 @@ def reset(settings, node, scontrol, deadline):
     if found:
         error = 'gpu_reset is misconfigured: %s' % '; '.join(found)
     else:
-        read = True
         try:
             release = run_module('nvidia_device_release', release_args(settings), left())
         except ModuleError as exc:
@@ -275,8 +281,8 @@ def reset(settings, node, scontrol, deadline):
     result = verdict(node, release=release if release and 'released' in release else None, facts=verify,
                      error=error, gpus=gpus, query=None, memory_threshold_mib=threshold,
                      allow_gpu_reset=bool(setting(settings, 'allow_gpu_reset')), started=started)
-    # A misconfigured node is not drained: nothing was read there.
-    if result['outcome'] == 'failed' and setting(settings, 'on_failure') == 'drain' and read:
+    # A misconfigured node is drained too (see above).
+    if result['outcome'] == 'failed' and setting(settings, 'on_failure') == 'drain':
         drain(result, scontrol, node, min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1)))
     if setting(settings, 'textfile_dir'):
         try:
@@ -322,7 +328,7 @@ def main(argv=None):
         return RUNNER_NEEDS_PLAYBOOK
     except (OSError, ValueError) as exc:
         sys.stderr.write('gpu_reset: cannot read the settings: %s\n' % exc)
-        return 1
+        return RUNNER_SETTINGS_UNREADABLE
     result = reset(settings, args.node, args.scontrol, args.deadline)
     sys.stdout.write(json.dumps(result) + '\n')
     if result['outcome'] == 'failed':

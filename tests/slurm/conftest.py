@@ -53,6 +53,7 @@ class Cluster:
         self.log = os.path.join(self.hooks, 'hook.log')
         self.conf = os.path.join(self.hooks, 'gpu-reset-hook.conf')
         self.bench = None
+        self.conf_text = None
 
     def runs(self):
         """Every run of the hook logged so far."""
@@ -89,15 +90,19 @@ class Cluster:
             mode, job, seconds, open(self.log).read()[-3000:] if os.path.exists(self.log) else '(none)',
             self.bench.logs()))
 
+    def set_conf(self, **settings):
+        """Change settings of the installed hook (GPU_RESET_<NAME>=value in gpu-reset-hook.conf)."""
+        with open(self.conf) as handle:
+            lines = handle.read().splitlines()
+        for name, value in settings.items():
+            key = 'GPU_RESET_%s=' % name.upper()
+            lines = [line for line in lines if not line.startswith(key)] + [key + str(value)]
+        with open(self.conf, 'w') as handle:
+            handle.write('\n'.join(lines) + '\n')
+
     def set_runner(self, runner):
         """Switch the installed hook to the module or the playbook runner, with its budget."""
-        with open(self.conf) as handle:
-            text = handle.read()
-        text = re.sub(r'^GPU_RESET_RUNNER=.*$', 'GPU_RESET_RUNNER=%s' % runner, text, flags=re.M)
-        text = re.sub(r'^GPU_RESET_BUDGET_S=.*$', 'GPU_RESET_BUDGET_S=%d' % (
-            BUDGET_S if runner == 'module' else PLAYBOOK_BUDGET_S), text, flags=re.M)
-        with open(self.conf, 'w') as handle:
-            handle.write(text)
+        self.set_conf(runner=runner, budget_s=BUDGET_S if runner == 'module' else PLAYBOOK_BUDGET_S)
 
     def path(self, name):
         return os.path.join(self.dir, name)
@@ -144,6 +149,8 @@ def cluster():
         }, slurm_hooks_budget_s=BUDGET_S, slurm_hooks_prolog_epilog_timeout=PROLOG_EPILOG_TIMEOUT)
         found.bench = SlurmBench(os.path.join(directory, 'slurm'), include=os.path.join(found.hooks, 'slurm-hooks.conf'))
         found.bench.start()
+        with open(found.conf) as handle:
+            found.conf_text = handle.read()
         yield found
     finally:
         try:
@@ -163,7 +170,8 @@ def node(cluster):
     cluster.host.stop()
     shutil.rmtree(cluster.host.paths.procs, ignore_errors=True)
     cluster.host.init(gpus=8, idle_used_mib=0)
-    cluster.set_runner('module')
+    with open(cluster.conf, 'w') as handle:
+        handle.write(cluster.conf_text)
     open(cluster.log, 'w').close()
     try:
         yield cluster

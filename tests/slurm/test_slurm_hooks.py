@@ -153,3 +153,16 @@ def test_a_hung_nvidia_smi_drains_the_node_before_slurm_kills_the_hook(node):
     assert reason.startswith('gpu_reset: ') and 'nvidia-smi' in reason, reason
     assert 'Prolog error' not in reason
     assert node.bench.wait_job(job, 'PENDING', PROLOG_EPILOG_TIMEOUT + 10)['Reason'] == 'launch_failed_requeued_held'
+
+
+def test_a_hook_that_cannot_run_its_checks_drains_the_node_saying_so(node):
+    """A Python that is not there (a node set up half-way): the hook still drains the node with a
+    reason that points to its log, rather than Slurm's bare 'Prolog error'."""
+    node.set_conf(python=node.path('no-such-python'))
+    job = node.bench.sbatch('--gres=gpu:2', '--output', node.path('nopython.out'), '--wrap', 'true')
+    prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
+    assert prolog.exit == 127, prolog
+    node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
+    reason = node.bench.reason()
+    assert reason.startswith('gpu_reset: prolog hook could not check the GPUs (job %s, GPUs ' % job), reason
+    assert node.bench.wait_job(job, 'PENDING', PROLOG_EPILOG_TIMEOUT + 10)['Reason'] == 'launch_failed_requeued_held'

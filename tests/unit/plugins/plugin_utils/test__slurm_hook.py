@@ -124,11 +124,21 @@ def test_orphaned_memory_fails_and_drains_with_the_reason(gpuhost, hook):
     assert drained == ['update', 'nodename=gpu07', 'state=drain', 'reason=gpu_reset: ' + report['reason'][:200]]
 
 
-def test_a_misconfigured_hook_fails_without_draining(hook, tmp_path):
+def test_a_misconfigured_hook_drains_with_the_reason(hook):
+    """Unlike the role in a fleet run: a failed Prolog drains the node anyway, so with the reason."""
     rc, report, drained = hook('--timeout', '0')
     assert rc == 1
     assert report['reason'].startswith('gpu_reset is misconfigured: gpu_reset_timeout must be more than 0')
-    assert drained is None
+    assert report['signalled'] == [] and report['gpus_before'] == []
+    assert drained[-1] == 'reason=gpu_reset: ' + report['reason'][:200]
+
+
+def test_settings_that_cannot_be_read_are_an_error_of_their_own(tmp_path):
+    path = tmp_path / 'vars.yml'
+    path.write_text('gpu_reset_grace_period: [\n')
+    assert _slurm_hook.main(['--node', 'n1', '--vars-file', str(path)]) == _slurm_hook.RUNNER_SETTINGS_UNREADABLE
+    assert _slurm_hook.main(['--node', 'n1', '--vars-file', str(tmp_path / 'missing.yml')]) == \
+        _slurm_hook.RUNNER_SETTINGS_UNREADABLE
 
 
 def test_a_module_cut_off_takes_its_children_with_it(tmp_path):
