@@ -24,8 +24,7 @@ usual path (no clean query of the user's own) with the same pieces, on the node 
    then the node_exporter metrics (the role's template) and the JSON report, when asked for.
 
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
-        --node NODE --mode prolog|epilog [--vars-file FILE] [--gpus 0,1] [--timeout S] \\
-        [--deadline S] [--scontrol PATH]
+        --node NODE [--vars-file FILE] [--gpus 0,1] [--timeout S] [--deadline S] [--scontrol PATH]
 
 Exit status: 0 clean or released; 1 failed, the node drained (or the drain failed, which the
 report says), the reason on stderr and the report on stdout; 2 the settings could not be read
@@ -303,8 +302,13 @@ def reset(settings, node, scontrol, deadline):
 
 
 def gpu_list(text):
-    """Slurm's SLURM_JOB_GPUS (0,1,5) as a list of indexes."""
-    return [int(part) for part in text.split(',') if part.strip()]
+    """Slurm's SLURM_JOB_GPUS (0,1,5; a range such as 0-3 too) as a list of indexes."""
+    indexes = []
+    for part in text.split(','):
+        first, dummy, last = part.strip().partition('-')
+        if first:
+            indexes.extend(range(int(first), int(last or first) + 1))
+    return indexes
 
 
 def main(argv=None):

@@ -159,3 +159,8 @@ def test_a_module_cut_off_takes_its_children_with_it(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize('text, indexes', [('0', [0]), ('0,1,5', [0, 1, 5]), ('0-3,6', [0, 1, 2, 3, 6]), (' 2 , 4 ', [2, 4])])
+def test_the_jobs_gpus_as_slurm_gives_them(text, indexes):
+    assert _slurm_hook.gpu_list(text) == indexes
