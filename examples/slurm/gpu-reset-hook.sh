@@ -42,12 +42,19 @@ case $mode in
   *) echo "usage: $0 prolog|epilog" >&2; exit 2 ;;
 esac
 
-here=$(dirname "$0")
+here=$(cd "$(dirname "$0")" && pwd) || exit 2
+# Python puts the working directory first on its path: run from /, not from wherever slurmd is.
+cd / || exit 2
 conf=${GPU_RESET_HOOK_CONF:-$here/gpu-reset-hook.conf}
 # shellcheck disable=SC1090
 [ -r "$conf" ] && . "$conf"
 
 PATH=${GPU_RESET_PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}
+scontrol=${GPU_RESET_SCONTROL:-scontrol}
+# The role's drain command runs scontrol from PATH.
+case $scontrol in
+  */*) PATH=$(dirname "$scontrol"):$PATH ;;
+esac
 export PATH
 python=${GPU_RESET_PYTHON:-/opt/gpuops/bin/python}
 collections=${GPU_RESET_COLLECTIONS_PATH:-}
@@ -56,7 +63,6 @@ budget=${GPU_RESET_BUDGET_S:-60}
 scope=${GPU_RESET_SCOPE:-job}
 vars_file=${GPU_RESET_VARS_FILE:-$here/gpu_reset.yml}
 log=${GPU_RESET_LOG:-/var/log/gpu-reset-hook.log}
-scontrol=${GPU_RESET_SCONTROL:-scontrol}
 playbook=${GPU_RESET_PLAYBOOK:-gpuops.nvidia.reset_gpus}
 ansible_playbook=${GPU_RESET_ANSIBLE_PLAYBOOK:-$(dirname "$python")/ansible-playbook}
 node=${SLURMD_NODENAME:-$(hostname -s)}
@@ -78,9 +84,17 @@ fi
 release_timeout=$((budget / 2))
 [ "$release_timeout" -ge 3 ] || release_timeout=3
 
+# The collection comes from GPU_RESET_COLLECTIONS_PATH, or from the Python's own path: never
+# from a PYTHONPATH or ANSIBLE_COLLECTIONS_PATH the hook happened to inherit.
+unset PYTHONPATH ANSIBLE_COLLECTIONS_PATH
+if [ -n "$collections" ]; then
+  PYTHONPATH=$collections
+  ANSIBLE_COLLECTIONS_PATH=$collections
+  export PYTHONPATH ANSIBLE_COLLECTIONS_PATH
+fi
+
 run_module() {
-  PYTHONPATH=$collections${PYTHONPATH:+:$PYTHONPATH} \
-    timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
+  timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
     --node "$node" ${vars_file:+--vars-file "$vars_file"} ${gpus:+--gpus "$gpus"} \
     --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol"
 }
@@ -90,13 +104,12 @@ run_playbook() {
     -e "ansible_python_interpreter=$python"
   [ -n "$vars_file" ] && set -- "$@" -e "@$vars_file"
   # The hook's own settings come last and win over the variables file.
-  set -- "$@" -e gpu_reset_on_failure=drain -e "gpu_reset_timeout=$release_timeout" \
-    -e "{\"gpu_reset_drain_command\": [\"$scontrol\", \"update\", \"nodename=$node\", \"state=drain\", \"reason=gpu_reset: {{ (gpu_reset_result.reason | default('GPUs not clean', true))[:200] }}\"]}"
+  set -- "$@" -e gpu_reset_on_failure=drain -e "gpu_reset_timeout=$release_timeout"
   [ -n "$gpus" ] && set -- "$@" -e "{\"gpu_reset_gpus\": [$gpus]}"
   ansible_home=${GPU_RESET_ANSIBLE_HOME:-/var/lib/gpuops/ansible}
   mkdir -p "$ansible_home" && chmod 0700 "$ansible_home"
   HOME=${HOME:-$ansible_home} ANSIBLE_HOME=$ansible_home ANSIBLE_LOCAL_TEMP=$ansible_home/tmp \
-    ANSIBLE_COLLECTIONS_PATH=$collections ANSIBLE_RETRY_FILES_ENABLED=0 ANSIBLE_NOCOLOR=1 \
+    ANSIBLE_RETRY_FILES_ENABLED=0 ANSIBLE_NOCOLOR=1 \
     ANSIBLE_GATHERING=explicit ANSIBLE_LOCALHOST_WARNING=0 \
     timeout -k 2 "$budget" "$ansible_playbook" "$@" "$playbook"
 }

@@ -9,6 +9,7 @@ Slurm's."""
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -162,7 +163,9 @@ def test_a_hook_that_cannot_run_its_checks_drains_the_node_saying_so(node):
     job = node.bench.sbatch('--gres=gpu:2', '--output', node.path('nopython.out'), '--wrap', 'true')
     prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
     assert prolog.exit == 127, prolog
-    node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
-    reason = node.bench.reason()
-    assert reason.startswith('gpu_reset: prolog hook could not check the GPUs (job %s, GPUs ' % job), reason
     assert node.bench.wait_job(job, 'PENDING', PROLOG_EPILOG_TIMEOUT + 10)['Reason'] == 'launch_failed_requeued_held'
+    # The Epilog, which fails the same way, has drained the node again by now.
+    assert node.wait_run('epilog', job).exit == 127
+    node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
+    assert re.match(r'gpu_reset: (prolog|epilog) hook could not check the GPUs \(job %s, GPUs [0-9,]+\), see %s$'
+                    % (job, re.escape(node.log)), node.bench.reason()), node.bench.reason()
