@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command. Stages, in the order `all` runs them:
 #   unit         pytest tests/unit tests/gpusim
-#   integration  pytest tests/integration tests/device
+#   integration  pytest tests/integration tests/device tests/slurm
 #   sanity       ansible-test sanity
 #   lint         ansible-doc, ansible-lint (production profile), antsibull-changelog lint, the
 #                collection tarball (build, install, no development files), galaxy-importer
@@ -40,7 +40,7 @@ stage_unit() {
 
 stage_integration() {
   say "pytest: integration and device-check tests"
-  python -m pytest -p no:cacheprovider "$@" tests/integration tests/device
+  python -m pytest -p no:cacheprovider "$@" tests/integration tests/device tests/slurm
 }
 
 stage_sanity() {
@@ -74,8 +74,11 @@ stage_lint() (
     ansible-doc -t filter "gpuops.nvidia.$(basename "$filter" .py)" >/dev/null
     echo "filter gpuops.nvidia.$(basename "$filter" .py) renders"
   done
-  ansible-doc -t role gpuops.nvidia.gpu_reset >/dev/null
-  echo "role gpuops.nvidia.gpu_reset renders"
+  for role in roles/*/; do
+    name=$(basename "$role")
+    ansible-doc -t role "gpuops.nvidia.$name" >/dev/null
+    echo "role gpuops.nvidia.$name renders"
+  done
 
   say "ansible-lint (production profile)"
   # --offline: lint this checkout as ANSIBLE_COLLECTIONS_PATH (.build/collections) has it, rather

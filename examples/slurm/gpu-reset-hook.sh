@@ -1,24 +1,38 @@
 #!/bin/sh
-# Slurm Prolog/Epilog hook: put this node's GPUs (or only the job's GPUs) back into a clean
-# state with the gpuops.nvidia.reset_gpus playbook, and drain the node when that fails.
+# Slurm Prolog/Epilog hook: put the job's GPUs back into a clean state with the gpuops.nvidia
+# collection (the gpu_reset role's logic), and drain the node, saying why, when that fails.
 #
 #   gpu-reset-hook.sh prolog|epilog
 #
-# Runs as root on the compute node (slurmd runs Prolog and Epilog as root). Settings come
-# from the environment, or from the file named by GPU_RESET_HOOK_CONF (default
-# /etc/gpuops/gpu-reset-hook.conf, shell syntax):
+# Runs as root on the compute node (slurmd runs Prolog and Epilog as root, with no HOME and no
+# PATH). Settings come from the file named by GPU_RESET_HOOK_CONF (default: gpu-reset-hook.conf
+# next to this script), shell syntax; the role gpuops.nvidia.slurm_hooks writes it:
 #
+#   GPU_RESET_PYTHON        the Python that has ansible-core and jmespath (default
+#                           /opt/gpuops/bin/python)
+#   GPU_RESET_COLLECTIONS_PATH  the directory holding ansible_collections/gpuops/nvidia (default:
+#                           none, the collection is on that Python's own path)
+#   GPU_RESET_RUNNER        module (default): the release module and the role's verdict run
+#                           directly, without ansible-playbook (fast, for every job); playbook:
+#                           ansible-playbook gpuops.nvidia.reset_gpus (GPU_RESET_PLAYBOOK)
 #   GPU_RESET_BUDGET_S      seconds the whole hook may take (default 60); keep it under
-#                           PrologEpilogTimeout in slurm.conf
-#   GPU_RESET_VARS_FILE     YAML file of gpu_reset_* variables (default /etc/gpuops/gpu_reset.yml,
-#                           used when it exists)
-#   GPU_RESET_PLAYBOOK      playbook to run (default gpuops.nvidia.reset_gpus)
-#   GPU_RESET_ANSIBLE_PLAYBOOK  the ansible-playbook command (default ansible-playbook)
-#   GPU_RESET_LOG           where the playbook's output goes (default /var/log/gpu-reset-hook.log)
-#   GPU_RESET_SCONTROL      the scontrol command (default scontrol)
+#                           PrologEpilogTimeout in slurm.conf. The release gets half.
+#   GPU_RESET_SCOPE         job (default): only the job's GPUs (SLURM_JOB_GPUS), nothing for a
+#                           job without GPUs; node: every GPU of the node, for nodes given whole
+#                           to one job without GPUs configured in gres.conf
+#   GPU_RESET_VARS_FILE     YAML file of gpu_reset_* variables (default gpu_reset.yml next to
+#                           this script, used when it exists)
+#   GPU_RESET_LOG           where the output goes (default /var/log/gpu-reset-hook.log)
+#   GPU_RESET_SCONTROL      the scontrol command (default scontrol on PATH)
+#   GPU_RESET_PATH          PATH for the hook (default /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
+#   GPU_RESET_ANSIBLE_PLAYBOOK  ansible-playbook, for GPU_RESET_RUNNER=playbook (default: next to
+#                           GPU_RESET_PYTHON)
+#   GPU_RESET_ANSIBLE_HOME  Ansible's own files, for GPU_RESET_RUNNER=playbook (default /var/lib/gpuops/ansible)
 #
-# Exit status: 0 when the GPUs are clean; 1 otherwise (slurmd then drains the node too,
-# and requeues the job when the prolog failed).
+# Exit status: 0 when the GPUs are clean; 1 otherwise, after draining the node with the reason
+# (slurmd then also drains the node, keeping that reason, and requeues a batch job whose Prolog
+# failed). A hook that could not run its checks, or was cut off at the budget, drains the node
+# saying so.
 
 set -u
 
@@ -28,46 +42,120 @@ case $mode in
   *) echo "usage: $0 prolog|epilog" >&2; exit 2 ;;
 esac
 
-conf=${GPU_RESET_HOOK_CONF:-/etc/gpuops/gpu-reset-hook.conf}
+here=$(cd "$(dirname "$0")" && pwd) || exit 2
+# Python puts the working directory first on its path: run from /, not from wherever slurmd is.
+cd / || exit 2
+conf=${GPU_RESET_HOOK_CONF:-$here/gpu-reset-hook.conf}
 # shellcheck disable=SC1090
 [ -r "$conf" ] && . "$conf"
 
-budget=${GPU_RESET_BUDGET_S:-60}
-vars_file=${GPU_RESET_VARS_FILE:-/etc/gpuops/gpu_reset.yml}
-playbook=${GPU_RESET_PLAYBOOK:-gpuops.nvidia.reset_gpus}
-ansible_playbook=${GPU_RESET_ANSIBLE_PLAYBOOK:-ansible-playbook}
-log=${GPU_RESET_LOG:-/var/log/gpu-reset-hook.log}
+PATH=${GPU_RESET_PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}
 scontrol=${GPU_RESET_SCONTROL:-scontrol}
+# The role's drain command runs scontrol from PATH.
+case $scontrol in
+  */*) PATH=$(dirname "$scontrol"):$PATH ;;
+esac
+export PATH
+python=${GPU_RESET_PYTHON:-/opt/gpuops/bin/python}
+collections=${GPU_RESET_COLLECTIONS_PATH:-}
+runner=${GPU_RESET_RUNNER:-module}
+budget=${GPU_RESET_BUDGET_S:-60}
+scope=${GPU_RESET_SCOPE:-job}
+vars_file=${GPU_RESET_VARS_FILE:-$here/gpu_reset.yml}
+log=${GPU_RESET_LOG:-/var/log/gpu-reset-hook.log}
+playbook=${GPU_RESET_PLAYBOOK:-gpuops.nvidia.reset_gpus}
+ansible_playbook=${GPU_RESET_ANSIBLE_PLAYBOOK:-$(dirname "$python")/ansible-playbook}
 node=${SLURMD_NODENAME:-$(hostname -s)}
+job=${SLURM_JOB_ID:-?}
+[ -r "$vars_file" ] || vars_file=
 
-# The release gets the budget minus a margin for starting Ansible, reading the GPUs and
-# draining; the whole run is cut off at the budget.
-release_timeout=$((budget * 2 / 3))
-[ "$release_timeout" -ge 5 ] || release_timeout=5
-
-set -- -i "$node," -c local -e target=all -e gpu_reset_become=false \
-  -e gpu_reset_on_failure=drain -e "gpu_reset_timeout=$release_timeout"
-[ -r "$vars_file" ] && set -- "$@" -e "@$vars_file"
-# On a node shared by several jobs, touch only this job's GPUs (Slurm's indexes, which match
-# nvidia-smi's when gres.conf lists /dev/nvidia0.. in order).
-if [ -n "${SLURM_JOB_GPUS:-}" ]; then
-  set -- "$@" -e "{\"gpu_reset_gpus\": [${SLURM_JOB_GPUS}]}"
+gpus=
+if [ "$scope" = job ]; then
+  gpus=${SLURM_JOB_GPUS:-}
+  if [ -z "$gpus" ]; then
+    # A job without GPUs: the GPUs of the node belong to other jobs, or to none.
+    exit 0
+  fi
 fi
 
-{
-  echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $mode job ${SLURM_JOB_ID:-?} on $node"
-  ANSIBLE_RETRY_FILES_ENABLED=0 ANSIBLE_NOCOLOR=1 \
-    timeout -k 5 "$budget" "$ansible_playbook" "$@" "$playbook"
-} >>"$log" 2>&1
+# The release gets half the budget (a hung nvidia-smi can make it overrun its own limit by
+# seconds); the rest is for starting up, reading the GPUs once more and draining. The whole
+# run is cut off at the budget.
+release_timeout=$((budget / 2))
+[ "$release_timeout" -ge 3 ] || release_timeout=3
+
+# The collection comes from GPU_RESET_COLLECTIONS_PATH, or from the Python's own path: never
+# from a PYTHONPATH or ANSIBLE_COLLECTIONS_PATH the hook happened to inherit.
+unset PYTHONPATH ANSIBLE_COLLECTIONS_PATH
+if [ -n "$collections" ]; then
+  PYTHONPATH=$collections
+  ANSIBLE_COLLECTIONS_PATH=$collections
+  export PYTHONPATH ANSIBLE_COLLECTIONS_PATH
+fi
+
+run_module() {
+  timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
+    --node "$node" ${vars_file:+--vars-file "$vars_file"} ${gpus:+--gpus "$gpus"} \
+    --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol"
+}
+
+run_playbook() {
+  set -- -i "$node," -c local -e target=all -e gpu_reset_become=false \
+    -e "ansible_python_interpreter=$python"
+  [ -n "$vars_file" ] && set -- "$@" -e "@$vars_file"
+  # The hook's own settings come last and win over the variables file.
+  set -- "$@" -e gpu_reset_on_failure=drain -e "gpu_reset_timeout=$release_timeout"
+  [ -n "$gpus" ] && set -- "$@" -e "{\"gpu_reset_gpus\": [$gpus]}"
+  ansible_home=${GPU_RESET_ANSIBLE_HOME:-/var/lib/gpuops/ansible}
+  mkdir -p "$ansible_home" && chmod 0700 "$ansible_home"
+  HOME=${HOME:-$ansible_home} ANSIBLE_HOME=$ansible_home ANSIBLE_LOCAL_TEMP=$ansible_home/tmp \
+    ANSIBLE_RETRY_FILES_ENABLED=0 ANSIBLE_NOCOLOR=1 \
+    ANSIBLE_GATHERING=explicit ANSIBLE_LOCALHOST_WARNING=0 \
+    timeout -k 2 "$budget" "$ansible_playbook" "$@" "$playbook"
+}
+
+# The runner's output goes to the log. Its status, as the rest of the hook reads it: 0 clean;
+# 1 not clean, the node drained with the reason (the module runner's 1, the playbook's 2:
+# its role drains); 124 cut off at the budget; 2 anything else (it could not run, its settings
+# could not be read).
+(
+  started=$(date +%s)
+  echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $mode job $job on $node, GPUs ${gpus:-all}, $runner"
+  drained=2
+  if [ "$runner" = module ]; then
+    run_module
+    rc=$?
+    drained=1
+    # 3: the variables file needs the playbook (a clean query, a drain command of its own).
+    if [ "$rc" -eq 3 ]; then
+      run_playbook
+      rc=$?
+      drained=2
+    fi
+  else
+    run_playbook
+    rc=$?
+  fi
+  echo "=== $mode job $job: exit $rc after $(($(date +%s) - started)) s"
+  case $rc in
+    0) exit 0 ;;
+    "$drained") exit 1 ;;
+    124 | 137) exit 124 ;;
+    *) exit 2 ;;
+  esac
+) >>"$log" 2>&1
 rc=$?
 
-if [ "$rc" -eq 0 ]; then
-  exit 0
+case $rc in
+  0) exit 0 ;;
+  1) ;;
+  124) why="gave up after ${budget} s" ;;
+  *) why="could not check the GPUs" ;;
+esac
+if [ "$rc" -ne 1 ]; then
+  # Ended before the node could be drained with the reason: drain it here, saying so.
+  timeout 10 "$scontrol" update "nodename=$node" state=drain \
+    "reason=gpu_reset: $mode hook $why (job $job, GPUs ${gpus:-all}), see $log" >>"$log" 2>&1
 fi
-if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-  # Cut off before the role could drain the node: drain it here.
-  "$scontrol" update "nodename=$node" state=drain \
-    "reason=gpu_reset: $mode hook gave up after ${budget} s" >>"$log" 2>&1
-fi
-echo "gpu_reset $mode failed on $node (exit $rc), see $log" >&2
+echo "gpu_reset $mode failed on $node, see $log" >&2
 exit 1

@@ -1,0 +1,345 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This plugin_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""The gpu_reset role's usual path without ansible-playbook, for Slurm's Prolog and Epilog.
+
+A Prolog runs before every job, so its start-up counts: ansible-playbook alone takes longer to
+start than the release takes on a clean node. This program does what the role does on its
+usual path (no clean query of the user's own) with the same pieces, on the node itself:
+
+1. the role's settings: roles/gpu_reset/defaults/main.yml, then the hook's variables file,
+   then what the hook fixes (the job's GPUs, the release's time, drain on failure); checked with
+   the role's own checks (plugin_utils/_verdict.problems);
+2. the release: the module gpuops.nvidia.nvidia_device_release, run as a program with the
+   arguments the role's task gives it;
+3. when the release did not leave the GPUs clean, one read with gpuops.nvidia.nvidia_gpu_facts,
+   as the role's "Read the GPUs and check that they are clean" does then;
+4. the verdict: plugin_utils/_verdict.verdict, the role's report and reason;
+5. on failure, the role's default drain command (scontrol ... state=drain reason="gpu_reset: <why>");
+   then the node_exporter metrics (the role's template) and the JSON report, when asked for.
+
+    python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
+        --node NODE [--vars-file FILE] [--gpus 0,1] [--timeout S] [--deadline S] [--scontrol PATH]
+
+Exit status: 0 clean or released; 1 failed, the node drained (or the drain failed, which the
+report says), the reason on stderr and the report on stdout; 2 the settings could not be read
+(nothing done); 3 the settings need the playbook (a clean query of the user's own, a drain
+command of the user's own, or a templated value): the hook then runs ansible-playbook instead.
+
+Unlike the role in a fleet run, a misconfigured node is drained too, with the reason: a Prolog
+or Epilog that fails drains the node anyway, only with a reason that says nothing.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+RUNNER_SETTINGS_UNREADABLE = 2
+RUNNER_NEEDS_PLAYBOOK = 3
+
+MODULES = 'ansible_collections.gpuops.nvidia.plugins.modules.'
+# plugins/plugin_utils/_slurm_hook.py -> the collection, and the directory that holds ansible_collections/
+COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COLLECTIONS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION)))
+ROLE = os.path.join(COLLECTION, 'roles', 'gpu_reset')
+# Seconds kept for the drain command at the end of the hook's time (at most a tenth of it).
+DRAIN_RESERVE_S = 5
+
+
+class NeedsPlaybook(Exception):
+    """A setting that only the playbook can honour."""
+
+
+def load_settings(vars_file=None, overrides=None):
+    """The role's defaults, the variables file over them, then overrides: {name: value}."""
+    import yaml
+
+    with open(os.path.join(ROLE, 'defaults', 'main.yml')) as handle:
+        defaults = yaml.safe_load(handle)
+    settings = dict(defaults)
+    if vars_file:
+        with open(vars_file) as handle:
+            try:
+                given = yaml.safe_load(handle) or {}
+            except yaml.YAMLError as exc:
+                raise ValueError('%s is not valid YAML: %s' % (vars_file, ' '.join(str(exc).split())))
+        if not isinstance(given, dict):
+            raise ValueError('%s must be a YAML mapping of gpu_reset_* variables' % vars_file)
+        for name, value in given.items():
+            if name == 'gpu_reset_drain_command' and value != defaults[name]:
+                raise NeedsPlaybook('a gpu_reset_drain_command of your own')
+            if name == 'gpu_reset_clean_query' and value is not None:
+                raise NeedsPlaybook('a gpu_reset_clean_query of your own')
+            if '{{' in json.dumps(value) or '{%' in json.dumps(value):
+                raise NeedsPlaybook('a templated value (%s)' % name)
+            settings[name] = value
+    settings.update(overrides or {})
+    return settings
+
+
+def setting(settings, name):
+    return settings.get('gpu_reset_' + name)
+
+
+def release_args(settings):
+    """The arguments of the role's task "Release the GPUs"."""
+    args = {
+        'backend': setting(settings, 'backend'),
+        'nvidia_smi_path': setting(settings, 'nvidia_smi_path'),
+        'host_root': setting(settings, 'host_root'),
+        'devices': setting(settings, 'devices'),
+        'signals': setting(settings, 'signals'),
+        'grace_period': setting(settings, 'grace_period'),
+        'timeout': setting(settings, 'timeout'),
+        'memory_threshold_mib': setting(settings, 'memory_threshold_mib'),
+        'extra_protect': setting(settings, 'extra_protect'),
+        'reset_orphaned': bool(setting(settings, 'allow_gpu_reset')),
+        'facts_after': False,
+    }
+    for name, option in (('expected_gpus', 'expected_gpus'), ('gpus', 'gpus'), ('lock_file', 'lock_file')):
+        if setting(settings, name) is not None:
+            args[option] = setting(settings, name)
+    return args
+
+
+def facts_args(settings):
+    """The arguments of the role's task "Read the GPUs and check that they are clean"."""
+    args = dict((name, setting(settings, name)) for name in (
+        'backend', 'nvidia_smi_path', 'host_root', 'devices', 'extra_protect', 'memory_threshold_mib', 'timeout'))
+    if setting(settings, 'expected_gpus') is not None:
+        args['expected_gpus'] = setting(settings, 'expected_gpus')
+    return args
+
+
+class ModuleError(Exception):
+    pass
+
+
+def _children():
+    """{parent pid: [child pids]} of every process, from /proc."""
+    found = {}
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open('/proc/%s/stat' % entry) as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+        found.setdefault(int(stat[stat.rindex(')') + 2:].split()[1]), []).append(int(entry))
+    return found
+
+
+def kill_tree(pid):
+    """SIGKILL pid and every process below it (the module runs nvidia-smi in sessions of its own,
+    which a signal to its process group would miss), children first frozen so none forks away."""
+    children = _children()
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for member in tree:
+            try:
+                os.kill(member, sig)
+            except OSError:
+                pass
+
+
+def run_module(name, args, seconds):
+    """Run the collection's module name with args as a program; returns its result (a dict).
+
+    A module that fails returns its result too (with failed and msg); ModuleError when it gives
+    no result at all (killed after seconds, a crash)."""
+    env = dict(os.environ)
+    env['PYTHONPATH'] = COLLECTIONS_ROOT + (os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
+    with tempfile.NamedTemporaryFile('w', prefix='gpuops-args-', suffix='.json', delete=False) as handle:
+        json.dump({'ANSIBLE_MODULE_ARGS': args}, handle)
+    seconds = max(seconds, 1)
+    started = time.monotonic()
+    try:
+        # A session of its own, so that a module cut off takes what it started with it (a hung
+        # nvidia-smi would otherwise keep the pipes, and this program, waiting).
+        proc = subprocess.Popen([sys.executable, '-m', MODULES + name, handle.name], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.wait()
+            raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped' % (name, time.monotonic() - started))
+    finally:
+        os.unlink(handle.name)
+    out = stdout.strip()
+    try:
+        result = json.loads(out[out.index('{'):])
+    except ValueError:
+        raise ModuleError('gpuops.nvidia.%s gave no result (rc %d): %s' % (name, proc.returncode, ' '.join((stderr or out).split())[-500:]))
+    if not isinstance(result, dict):
+        raise ModuleError('gpuops.nvidia.%s gave no result (rc %d)' % (name, proc.returncode))
+    return result
+
+
+def drain_command(scontrol, node, reason):
+    """The role's default gpu_reset_drain_command."""
+    return [scontrol, 'update', 'nodename=%s' % node, 'state=drain',
+            'reason=gpu_reset: %s' % (reason or 'GPUs not clean')[:200]]
+
+
+def drain(result, scontrol, node, seconds):
+    """Run the drain command and note it in the report as the role does."""
+    try:
+        proc = subprocess.run(drain_command(scontrol, node, result['reason']), capture_output=True, text=True,
+                              timeout=max(seconds, 1), check=False)
+        ok, why = proc.returncode == 0, (proc.stderr.strip() or 'rc %d' % proc.returncode)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        ok, why = False, str(exc)
+    result['drained'] = ok
+    if not ok:
+        result['reason'] = '%s; the drain command failed: %s' % (result['reason'], why)
+    return result
+
+
+def write_metrics(directory, result, started):
+    """The role's node_exporter metrics (its template gpu_reset.prom.j2), written atomically."""
+    import jinja2
+
+    with open(os.path.join(ROLE, 'templates', 'gpu_reset.prom.j2')) as handle:
+        template = jinja2.Environment(trim_blocks=True, keep_trailing_newline=True).from_string(handle.read())
+    text = template.render(gpu_reset__started=started, gpu_reset_result=result)
+    write_file(os.path.join(directory, 'gpu_reset.prom'), text)
+
+
+def write_file(path, text):
+    handle, tmp = tempfile.mkstemp(prefix='.gpuops-', dir=os.path.dirname(path))
+    try:
+        with os.fdopen(handle, 'w') as out:
+            out.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def reset(settings, node, scontrol, deadline):
+    """The role on one node; returns its report (gpu_reset_result)."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import problems, verdict
+
+    started = time.time()
+    ends = time.monotonic() + deadline
+
+    def left():
+        return ends - time.monotonic() - min(DRAIN_RESERVE_S, deadline / 10.0)
+
+    release = verify = error = None
+    gpus = setting(settings, 'gpus')
+    threshold = setting(settings, 'memory_threshold_mib')
+    found = problems(dict((name, setting(settings, name)) for name in (
+        'timeout', 'grace_period', 'memory_threshold_mib', 'signals', 'devices', 'gpus', 'clean_query',
+        'on_failure', 'drain_command')))
+    if found:
+        error = 'gpu_reset is misconfigured: %s' % '; '.join(found)
+    else:
+        try:
+            release = run_module('nvidia_device_release', release_args(settings), left())
+        except ModuleError as exc:
+            error = 'Release the GPUs: %s' % exc
+        if release is not None and 'released' not in release:
+            error = 'Release the GPUs: %s' % release.get('msg', 'failed')
+        elif release is not None and not release['released']:
+            # The read is limited to the time left, so that a hung nvidia-smi is reported by the
+            # module (which names it) rather than cut off here.
+            args = facts_args(settings)
+            args['timeout'] = max(1, min(float(args['timeout']), left() - 1))
+            try:
+                verify = run_module('nvidia_gpu_facts', args, left())
+                if verify.get('failed'):
+                    error = 'Read the GPUs and check that they are clean: %s' % verify.get('msg', 'failed')
+            except ModuleError as exc:
+                # No time left to read again: the release's own account of why stands.
+                verify = None
+                error = 'Release the GPUs: %s' % release.get('msg', exc)
+    result = verdict(node, release=release if release and 'released' in release else None, facts=verify,
+                     error=error, gpus=gpus, query=None, memory_threshold_mib=threshold,
+                     allow_gpu_reset=bool(setting(settings, 'allow_gpu_reset')), started=started)
+    # A misconfigured node is drained too (see above).
+    if result['outcome'] == 'failed' and setting(settings, 'on_failure') == 'drain':
+        drain(result, scontrol, node, min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1)))
+    if setting(settings, 'textfile_dir'):
+        try:
+            write_metrics(setting(settings, 'textfile_dir'), result, started)
+        except (OSError, ImportError) as exc:
+            result['outcome'] = 'failed'
+            result['reason'] = '%swrite node_exporter metrics: %s' % (result['reason'] + '; ' if result['reason'] else '', exc)
+    if setting(settings, 'report_dir'):
+        try:
+            os.makedirs(setting(settings, 'report_dir'), mode=0o755, exist_ok=True)
+            write_file(os.path.join(setting(settings, 'report_dir'), '%s.json' % node),
+                       json.dumps(result, indent=2) + '\n')
+        except OSError as exc:
+            result['outcome'] = 'failed'
+            result['reason'] = '%swrite the report on the controller: %s' % (
+                result['reason'] + '; ' if result['reason'] else '', exc)
+    return result
+
+
+def gpu_list(text):
+    """Slurm's SLURM_JOB_GPUS (0,1,5; a range such as 0-3 too) as a list of indexes."""
+    indexes = []
+    for part in text.split(','):
+        first, dummy, last = part.strip().partition('-')
+        if first:
+            indexes.extend(range(int(first), int(last or first) + 1))
+    return indexes
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='gpu-reset-hook', description=__doc__.split('\n')[0])
+    parser.add_argument('--node', required=True, help='the Slurm node name (SLURMD_NODENAME)')
+    parser.add_argument('--vars-file', help='YAML file of gpu_reset_* variables')
+    parser.add_argument('--gpus', type=gpu_list, help="the job's GPUs (SLURM_JOB_GPUS); all when not given")
+    parser.add_argument('--timeout', type=float, help='gpu_reset_timeout, the seconds the release may take')
+    parser.add_argument('--deadline', type=float, default=60, help='seconds the whole run may take')
+    parser.add_argument('--scontrol', default='scontrol', help='the scontrol command')
+    args = parser.parse_args(argv)
+    overrides = {'gpu_reset_on_failure': 'drain'}
+    if args.gpus is not None:
+        overrides['gpu_reset_gpus'] = args.gpus
+    if args.timeout is not None:
+        overrides['gpu_reset_timeout'] = args.timeout
+    try:
+        settings = load_settings(args.vars_file, overrides)
+    except NeedsPlaybook as exc:
+        sys.stderr.write('gpu_reset: %s needs the playbook\n' % exc)
+        return RUNNER_NEEDS_PLAYBOOK
+    except (OSError, ValueError) as exc:
+        sys.stderr.write('gpu_reset: cannot read the settings: %s\n' % exc)
+        return RUNNER_SETTINGS_UNREADABLE
+    result = reset(settings, args.node, args.scontrol, args.deadline)
+    sys.stdout.write(json.dumps(result) + '\n')
+    if result['outcome'] == 'failed':
+        sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (args.node, result['reason']))
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,182 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The Slurm bench for the hook tests: one cluster per test file, the hooks installed by the role
+gpuops.nvidia.slurm_hooks, and a simulated host reset before every test."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench import SlurmBench, deploy_hooks, skip_reason  # noqa: E402
+from gpusim.api import Host  # noqa: E402
+
+# The hook's budget (small, so that the failing cases end quickly; more for the playbook, whose
+# start-up alone takes seconds on a loaded machine) and Slurm's limit for it.
+BUDGET_S = 15
+PLAYBOOK_BUDGET_S = 45
+PROLOG_EPILOG_TIMEOUT = 60
+
+
+class HookRun:
+    """One run of the hook as its log tells it: mode, job, report (the module runner's), exit."""
+
+    def __init__(self, mode, job, gpus, runner):
+        self.mode, self.job, self.gpus, self.runner = mode, job, gpus, runner
+        self.report = None
+        self.exit = None
+        self.seconds = None
+        self.lines = []
+
+    def __repr__(self):
+        return 'HookRun(%s job %s, exit %s: %s)' % (self.mode, self.job, self.exit, '\n'.join(self.lines)[-1500:])
+
+
+class Cluster:
+    """The bench, its simulated host and the installed hooks."""
+
+    def __init__(self, directory):
+        self.dir = directory
+        self.host = Host(os.path.join(directory, 'gpuhost'))
+        self.hooks = os.path.join(directory, 'hooks')
+        self.log = os.path.join(self.hooks, 'hook.log')
+        self.conf = os.path.join(self.hooks, 'gpu-reset-hook.conf')
+        self.bench = None
+        self.conf_text = None
+
+    def runs(self):
+        """Every run of the hook logged so far."""
+        runs = []
+        if not os.path.exists(self.log):
+            return runs
+        with open(self.log, errors='replace') as handle:
+            for line in handle:
+                line = line.rstrip('\n')
+                head = re.match(r'=== \S+ (prolog|epilog) job (\S+) on \S+, GPUs (\S+), (\w+)$', line)
+                if head:
+                    runs.append(HookRun(head.group(1), head.group(2), head.group(3), head.group(4)))
+                    continue
+                if not runs:
+                    continue
+                end = re.match(r'=== (prolog|epilog) job (\S+): exit (\d+) after (\d+) s$', line)
+                if end:
+                    runs[-1].exit = int(end.group(3))
+                    runs[-1].seconds = int(end.group(4))
+                elif line.startswith('{"host"'):
+                    runs[-1].report = json.loads(line)
+                runs[-1].lines.append(line)
+        return runs
+
+    def wait_run(self, mode, job, seconds=60):
+        """The hook's run for job (a Prolog or an Epilog), once it has ended."""
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            for run in self.runs():
+                if run.mode == mode and run.job == str(job) and run.exit is not None:
+                    return run
+            time.sleep(0.1)
+        raise AssertionError('no %s run for job %s ended within %s s; log:\n%s\n%s' % (
+            mode, job, seconds, open(self.log).read()[-3000:] if os.path.exists(self.log) else '(none)',
+            self.bench.logs()))
+
+    def set_conf(self, **settings):
+        """Change settings of the installed hook (GPU_RESET_<NAME>=value in gpu-reset-hook.conf)."""
+        with open(self.conf) as handle:
+            lines = handle.read().splitlines()
+        for name, value in settings.items():
+            key = 'GPU_RESET_%s=' % name.upper()
+            lines = [line for line in lines if not line.startswith(key)] + [key + str(value)]
+        with open(self.conf, 'w') as handle:
+            handle.write('\n'.join(lines) + '\n')
+
+    def set_runner(self, runner):
+        """Switch the installed hook to the module or the playbook runner, with its budget."""
+        self.set_conf(runner=runner, budget_s=BUDGET_S if runner == 'module' else PLAYBOOK_BUDGET_S)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def kill_nvidia_smi(self):
+        """SIGKILL the simulated nvidia-smi processes still running (a hung one the hook left)."""
+        left = []
+        for pid in os.listdir('/proc'):
+            if not pid.isdigit():
+                continue
+            try:
+                with open('/proc/%s/cmdline' % pid, 'rb') as handle:
+                    argv = handle.read().split(b'\0')
+            except OSError:
+                continue
+            if self.host.smi_path.encode() in argv:
+                left.append(int(pid))
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+        return left
+
+
+@pytest.fixture(scope='module')
+def cluster():
+    """A Slurm node whose Prolog and Epilog are the collection's hooks, installed by its role,
+    pointed at a simulated host of 8 GPUs numbered as Slurm numbers them. Stopped at the end,
+    pass or fail."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    # munged runs as the munge user and must reach its socket: not under pytest's private tmp.
+    directory = tempfile.mkdtemp(prefix='gpuops-slurm-')
+    os.chmod(directory, 0o711)
+    found = Cluster(directory)
+    try:
+        found.host.init(gpus=8, idle_used_mib=0)
+        deploy_hooks(found.hooks, {
+            'gpu_reset_nvidia_smi_path': found.host.smi_path,
+            'gpu_reset_host_root': found.host.root,
+            'gpu_reset_lock_file': os.path.join(directory, 'release.lock'),
+            'gpu_reset_grace_period': 0.5,
+        }, slurm_hooks_budget_s=BUDGET_S, slurm_hooks_prolog_epilog_timeout=PROLOG_EPILOG_TIMEOUT)
+        found.bench = SlurmBench(os.path.join(directory, 'slurm'), include=os.path.join(found.hooks, 'slurm-hooks.conf'))
+        found.bench.start()
+        with open(found.conf) as handle:
+            found.conf_text = handle.read()
+        yield found
+    finally:
+        try:
+            if found.bench is not None:
+                found.bench.stop()
+        finally:
+            found.host.stop()
+            found.kill_nvidia_smi()
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def node(cluster):
+    """The cluster with no job, the node idle, a fresh host (no holder, no fault) and an empty
+    hook log; what a test leaves running is stopped afterwards."""
+    cluster.bench.reset()
+    cluster.host.stop()
+    shutil.rmtree(cluster.host.paths.procs, ignore_errors=True)
+    cluster.host.init(gpus=8, idle_used_mib=0)
+    with open(cluster.conf, 'w') as handle:
+        handle.write(cluster.conf_text)
+    open(cluster.log, 'w').close()
+    try:
+        yield cluster
+    finally:
+        cluster.bench.command('scancel', '--full', '--quiet', '-u', 'root', check=False)
+        cluster.host.fault('clear')
+        cluster.host.stop()
+        cluster.kill_nvidia_smi()

@@ -1,0 +1,166 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The Slurm hook's runner: the gpu_reset role's usual path without ansible-playbook, run against
+simulated hosts (the modules run as programs, as the hook runs them)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _slurm_hook
+from gpusim.state import is_alive as alive
+from processes import gone
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+
+
+def role_task(name):
+    with open(os.path.join(REPO, 'roles', 'gpu_reset', 'tasks', 'main.yml')) as handle:
+        tasks = yaml.safe_load(handle)
+    todo = list(tasks)
+    while todo:
+        task = todo.pop()
+        if task.get('name') == name:
+            return task
+        for section in ('block', 'rescue', 'always'):
+            todo.extend(task.get(section) or [])
+    raise AssertionError('no task %r in the role' % name)
+
+
+def module_options(task):
+    return set(next(value for key, value in task.items() if key.startswith('gpuops.nvidia.')))
+
+
+def test_the_release_gets_the_options_the_role_gives_it():
+    """The runner calls the release module with the options of the role's task, no more, no less
+    (expected_gpus, gpus and lock_file are omitted when null, as the role omits them)."""
+    settings = _slurm_hook.load_settings(overrides={'gpu_reset_gpus': [0], 'gpu_reset_expected_gpus': 8,
+                                                    'gpu_reset_lock_file': '/run/x.lock'})
+    assert set(_slurm_hook.release_args(settings)) == module_options(role_task('Release the GPUs'))
+    assert set(_slurm_hook.facts_args(settings)) == module_options(
+        role_task('Read the GPUs and check that they are clean'))
+    defaults = _slurm_hook.release_args(_slurm_hook.load_settings())
+    assert not set(['expected_gpus', 'gpus', 'lock_file']) & set(defaults)
+
+
+def test_settings_are_the_role_defaults_then_the_file_then_the_hook(tmp_path):
+    path = tmp_path / 'vars.yml'
+    path.write_text('gpu_reset_grace_period: 2\ngpu_reset_timeout: 99\n')
+    settings = _slurm_hook.load_settings(str(path), {'gpu_reset_timeout': 7})
+    assert settings['gpu_reset_grace_period'] == 2
+    assert settings['gpu_reset_timeout'] == 7
+    assert settings['gpu_reset_signals'] == ['TERM', 'KILL']
+
+
+@pytest.mark.parametrize('text', [
+    "gpu_reset_clean_query: length(nvidia_gpus) == `8`\n",
+    "gpu_reset_drain_command: [/bin/true]\n",
+    "gpu_reset_grace_period: '{{ 3 }}'\n",
+])
+def test_what_only_the_playbook_can_do_sends_the_hook_to_it(tmp_path, text):
+    path = tmp_path / 'vars.yml'
+    path.write_text(text)
+    with pytest.raises(_slurm_hook.NeedsPlaybook):
+        _slurm_hook.load_settings(str(path))
+    assert _slurm_hook.main(['--node', 'n1', '--vars-file', str(path)]) == _slurm_hook.RUNNER_NEEDS_PLAYBOOK
+
+
+@pytest.fixture
+def hook(gpuhost, tmp_path):
+    """run(*args) -> (exit status, report, drain command's arguments or None): the runner as the
+    hook starts it, on gpuhost, with a drain command that writes down its arguments."""
+    scontrol = tmp_path / 'scontrol'
+    drained = tmp_path / 'drained.json'
+    scontrol.write_text('#!%s\nimport json, sys\njson.dump(sys.argv[1:], open(%r, "w"))\n' % (sys.executable, str(drained)))
+    scontrol.chmod(0o755)
+    variables = tmp_path / 'gpu_reset.yml'
+    variables.write_text(yaml.safe_dump({
+        'gpu_reset_nvidia_smi_path': gpuhost.smi_path, 'gpu_reset_host_root': gpuhost.root,
+        'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_grace_period': 0.5}))
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook',
+                               '--node', 'gpu07', '--vars-file', str(variables), '--scontrol', str(scontrol)] + list(args),
+                              capture_output=True, text=True, timeout=60, check=False)
+        report = json.loads(proc.stdout) if proc.stdout.strip() else None
+        return proc.returncode, report, json.loads(drained.read_text()) if drained.exists() else None
+    return run
+
+
+def test_a_clean_host_is_clean_and_nothing_is_drained(hook):
+    rc, report, drained = hook('--timeout', '5')
+    assert (rc, report['outcome'], report['signalled'], drained) == (0, 'clean', [], None)
+
+
+def test_only_the_jobs_gpus_are_released(gpuhost, hook):
+    job = gpuhost.hold(gpus=[1], mib=2048)
+    other = gpuhost.hold(gpus=[2], mib=2048)
+    rc, report, drained = hook('--gpus', '0,1', '--timeout', '5')
+    assert (rc, report['outcome'], drained) == (0, 'released', None)
+    assert [p['pid'] for p in report['signalled']] == [job['pid']]
+    assert gone(job['pid'])
+    assert alive(other['pid'])
+
+
+def test_orphaned_memory_fails_and_drains_with_the_reason(gpuhost, hook):
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    rc, report, drained = hook('--timeout', '3')
+    assert rc == 1
+    assert report['outcome'] == 'failed' and report['drained'] is True
+    # gpuhost's idle GPUs read 1 MiB.
+    assert report['reason'].startswith('GPU 3: 4097 MiB held with no process left (orphaned memory')
+    assert drained == ['update', 'nodename=gpu07', 'state=drain', 'reason=gpu_reset: ' + report['reason'][:200]]
+
+
+def test_a_misconfigured_hook_drains_with_the_reason(hook):
+    """Unlike the role in a fleet run: a failed Prolog drains the node anyway, so with the reason."""
+    rc, report, drained = hook('--timeout', '0')
+    assert rc == 1
+    assert report['reason'].startswith('gpu_reset is misconfigured: gpu_reset_timeout must be more than 0')
+    assert report['signalled'] == [] and report['gpus_before'] == []
+    assert drained[-1] == 'reason=gpu_reset: ' + report['reason'][:200]
+
+
+def test_settings_that_cannot_be_read_are_an_error_of_their_own(tmp_path):
+    path = tmp_path / 'vars.yml'
+    path.write_text('gpu_reset_grace_period: [\n')
+    assert _slurm_hook.main(['--node', 'n1', '--vars-file', str(path)]) == _slurm_hook.RUNNER_SETTINGS_UNREADABLE
+    assert _slurm_hook.main(['--node', 'n1', '--vars-file', str(tmp_path / 'missing.yml')]) == \
+        _slurm_hook.RUNNER_SETTINGS_UNREADABLE
+
+
+def test_a_module_cut_off_takes_its_children_with_it(tmp_path):
+    """kill_tree stops a process and its descendants, those in sessions of their own too."""
+    pids = tmp_path / 'pids'
+    proc = subprocess.Popen(['sh', '-c', 'sleep 60 & echo $! > "$1"; setsid sleep 60 & echo $! >> "$1"; wait',
+                             'sh', str(pids)])
+    try:
+        for dummy in range(100):
+            if pids.exists() and len(pids.read_text().split()) == 2:
+                break
+            time.sleep(0.05)
+        children = [int(pid) for pid in pids.read_text().split()]
+        _slurm_hook.kill_tree(proc.pid)
+        proc.wait(timeout=5)
+        assert all(gone(pid) for pid in children)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize('text, indexes', [('0', [0]), ('0,1,5', [0, 1, 5]), ('0-3,6', [0, 1, 2, 3, 6]), (' 2 , 4 ', [2, 4])])
+def test_the_jobs_gpus_as_slurm_gives_them(text, indexes):
+    assert _slurm_hook.gpu_list(text) == indexes
