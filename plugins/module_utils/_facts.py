@@ -59,12 +59,14 @@ def holder_facts(device_patterns, protect):
 
 
 def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, timeout=None,
-                 kernel_log=None, holder_warnings=True, expected_gpus=None):
+                 kernel_log=None, holder_warnings=True, expected_gpus=None, snapshot=None):
     """Return (ansible_facts, warnings). kernel_log: a file to read Xid errors from instead of
     journalctl -k or dmesg. holder_warnings: False leaves out the warnings about unmatched
     globs and uninspectable processes, for callers that give their own. expected_gpus: raise
-    GpuopsError when fewer GPUs can be read. A GPU the kernel log says has fallen off the bus is lost."""
-    snapshot = reader.read(timeout=timeout)
+    GpuopsError when fewer GPUs can be read. snapshot: the GPUs as the reader read them just
+    before, instead of reading them again. A GPU the kernel log says has fallen off the bus is lost."""
+    if snapshot is None:
+        snapshot = reader.read(timeout=timeout)
     xid_events, log_warnings = read_xid_events(kernel_log, 10.0 if timeout is None else timeout)
     mark_fallen(snapshot.gpus + snapshot.missing, fallen_off_bus(xid_events))
     check_expected_gpus(snapshot.gpus + snapshot.missing, expected_gpus)

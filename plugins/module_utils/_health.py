@@ -197,6 +197,8 @@ def read_xid_events(kernel_log=None, timeout=10.0, commands=KERNEL_LOG_COMMANDS)
             return None, ['kernel_log: cannot read %s (%s); xid_events are unknown'
                           % (kernel_log, exc.strerror or exc)]
         return parse_xid_events(lines), []
+    if timeout is not None and timeout <= 0:
+        return None, ['no time was left within the timeout to read the kernel log; xid_events are unknown']
     problems = []
     for argv in commands:
         lines, problem = _run(argv, timeout)

@@ -44,7 +44,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     load_holder,
     read_process,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._host import device_patterns, gpu_nodes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
@@ -120,7 +120,7 @@ class ReleaseOptions:
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
                  wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
                  facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
-                 nvidia_smi_path='nvidia-smi'):
+                 nvidia_smi_path='nvidia-smi', expected_gpus=None):
         for problem in (check_seconds('timeout', timeout, positive=True),
                         check_seconds('grace_period', grace_period),
                         check_seconds('settle_time', settle_time)):
@@ -150,6 +150,7 @@ class ReleaseOptions:
             if bad:
                 raise GpuopsError('gpus: GPU indexes are zero or more, got %s' % bad[0])
             gpus = sorted(set(gpus))
+        check_expected_gpus(None, expected_gpus)
         # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
         self.devices = device_patterns(devices, host_root)
         self.host_root = host_root
@@ -165,6 +166,7 @@ class ReleaseOptions:
         self.facts_after = facts_after
         self.reset_orphaned = reset_orphaned
         self.nvidia_smi_path = nvidia_smi_path
+        self.expected_gpus = expected_gpus
         self.warnings = ['extra_protect: %r looks like a regular expression; protect names are exact names or '
                          'shell globs (e.g. python*), so it matches only a process named exactly that' % (name,)
                          for name in protect if REGEX_HINT_RE.search(name)]
@@ -176,7 +178,8 @@ class ReleaseOptions:
                    params['wait'], params['timeout'], params['memory_threshold_mib'],
                    params.get('lock_file'), params.get('facts_after', False),
                    params.get('settle_time', DEFAULT_SETTLE_S), params.get('host_root') or '/',
-                   params.get('reset_orphaned', False), params.get('nvidia_smi_path') or 'nvidia-smi')
+                   params.get('reset_orphaned', False), params.get('nvidia_smi_path') or 'nvidia-smi',
+                   params.get('expected_gpus'))
 
 
 class Target:
@@ -292,6 +295,7 @@ class Release:
         self.unreadable = 0
         self.read_error = None
         self.read_error_permanent = False
+        self.last_snapshot = None
         self.warnings = list(options.warnings)
         self.own_session = os.getsid(0)
         self.own_cgroup = cgroup(os.getpid(), proc)
@@ -302,15 +306,23 @@ class Release:
             self.warnings.append(text)
 
     def _read(self):
-        left = self.deadline - self.clock()
+        # Every read ends by the deadline; while signalling, by the time that leaves the last read
+        # READ_MIN_S (a hung nvidia-smi must not make the release outlast its timeout).
+        now = self.clock()
+        left = (self.signal_deadline if now < self.signal_deadline else self.deadline) - now
+        if left <= 0:
+            # The last read that was tried says more than this one, when there was one.
+            self.read_error = self.read_error or 'no time was left within the timeout to read the GPUs'
+            return None
         try:
-            snapshot = self.reader.read(timeout=max(left, READ_MIN_S))
+            snapshot = self.reader.read(timeout=left)
         except GpuopsError as exc:
             self.read_error = str(exc)
             self.read_error_permanent = isinstance(exc, PermanentReadError)
             return None
         self.read_error = None
         self.read_error_permanent = False
+        self.last_snapshot = snapshot
         for warning in snapshot.warnings:
             self._warn(warning)
         return snapshot
@@ -603,10 +615,12 @@ class Release:
         if not self.options.facts_after:
             return
         try:
+            if self.last_snapshot is None or self.read_error:
+                raise GpuopsError(self.read_error or 'the GPUs were not read')
+            # The GPUs as the release read them last (within the timeout), the holders as they are now.
             facts, warnings = gather_facts(self.reader, self.options.devices, self.options.protect,
-                                           self.options.memory_threshold_mib,
-                                           max(self.deadline - self.clock(), READ_MIN_S),
-                                           holder_warnings=False)
+                                           self.options.memory_threshold_mib, self.deadline - self.clock(),
+                                           holder_warnings=False, snapshot=self.last_snapshot)
         except GpuopsError as exc:
             self._warn('facts_after: the GPUs could not be read at the end: %s' % exc)
             return
@@ -618,6 +632,8 @@ class Release:
         if snapshot is None:
             self._warn('the GPUs could not be read: %s' % self.read_error)
             return
+        # A host short of GPUs fails as it is, before anything is signalled.
+        check_expected_gpus(snapshot.gpus + snapshot.missing, self.options.expected_gpus)
         if self.options.gpus is not None:
             known = set(gpu.get('index') for gpu in snapshot.gpus)
             unknown = [index for index in self.options.gpus if index not in known]
@@ -632,8 +648,9 @@ class Release:
 
     def _run(self, result):
         snapshot, holders = self._observe(force_read=True)
-        if self.read_error_permanent:
-            # Waiting cannot fix it, and without a read nothing can be proved: stop before any signal.
+        if self.read_error_permanent or (snapshot is None and self.options.expected_gpus is not None):
+            # Waiting cannot fix it, and without a read nothing can be proved (nor how many GPUs
+            # the host has): stop before any signal.
             raise GpuopsError('%s; nothing was signalled' % self.read_error)
         self._check_gpus(snapshot)
         result.gpus_before = self._memory(snapshot)

@@ -98,9 +98,10 @@ options:
   timeout:
     description:
       - Seconds, counted from the start of the task and including the wait for O(lock_file),
-        until the GPUs must be clean. It bounds the whole release, grace periods and newcomers
-        included. Signalling stops a little before it (at most one second, a quarter of it
-        when shorter), so that a last read of the GPUs can report the state at the end.
+        until the GPUs must be clean. It bounds the whole release, grace periods, newcomers and
+        every read of the GPUs included (an C(nvidia-smi) that hangs is stopped in time).
+        Signalling stops a little before it (at most one second, a quarter of it when shorter),
+        so that a last read of the GPUs can report the state at the end.
       - A finite number of seconds, more than 0 and at most 2147483 (what C(poll) accepts).
     type: float
     default: 60
@@ -132,11 +133,13 @@ options:
     type: path
   facts_after:
     description:
-      - Read the GPUs and their holders once more at the end and return them in
-        RV(facts_after), in the shape of the facts of M(gpuops.nvidia.nvidia_gpu_facts), so
-        that the outcome can be judged without another task. The C(gpuops.nvidia.gpu_reset)
-        role asks for it when it judges the GPUs with a clean query of the user's own.
-      - Costs one more read of the GPUs, of C(/proc) and of the kernel log.
+      - Return the GPUs as the release read them last, with their holders and the kernel log's
+        Xid errors read at the end, in RV(facts_after), in the shape of the facts of
+        M(gpuops.nvidia.nvidia_gpu_facts), so that the outcome can be judged without another
+        task. The C(gpuops.nvidia.gpu_reset) role asks for it when it judges the GPUs with a
+        clean query of the user's own.
+      - Costs one more scan of C(/proc) and a read of the kernel log, within O(timeout). Left out,
+        with a warning, when the last read of the GPUs failed.
     type: bool
     default: false
   reset_orphaned:
@@ -481,7 +484,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import MissingLibraryError, select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader, read_expected_gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release import (
     ReleaseOptions,
     release,
@@ -497,8 +500,6 @@ def main():
         reader, warnings = select_reader(params['backend'], params['nvidia_smi_path'], params['timeout'])
         reader = HostReader(reader, params['host_root'])
         try:
-            # Before anything is signalled: a host short of GPUs fails as it is.
-            read_expected_gpus(reader, params['expected_gpus'], params['timeout'])
             result = release(reader, options, check_mode=module.check_mode)
         finally:
             reader.close()

@@ -205,3 +205,28 @@ def test_orphaned_memory_is_not_reset_unless_asked(capsys, gpuhost, tmp_path):
     result = run_module(capsys, gpuhost, tmp_path, grace_period=0.3, timeout=1)
     assert result['failed'] is True and result['escalation'] is None
     assert gpuhost.memory_used()[3] == 4097
+
+
+def test_a_hung_nvidia_smi_cannot_make_the_release_outlast_its_timeout(capsys, gpuhost, tmp_path):
+    gpuhost.hold(gpus=[0], mib=1024)
+    gpuhost.fault('hang', seconds=3600)
+    result = run_module(capsys, gpuhost, tmp_path, timeout=2, grace_period=0.5, facts_after=True)
+    assert result['failed'] is True
+    # Each read ends by the deadline: the release's own clock stays within its timeout.
+    assert result['elapsed_s'] <= 2.2, result
+    assert 'did not answer within' in result['msg'], result['msg']
+    assert 'facts_after' not in result
+
+
+def test_expected_gpus_are_checked_by_the_releases_first_read(capsys, gpuhost, tmp_path):
+    job = gpuhost.hold(gpus=[0], mib=1024)['pid']
+    gpuhost.fault('hang', seconds=3600)
+    result = run_module(capsys, gpuhost, tmp_path, timeout=2, grace_period=0.5, expected_gpus=8)
+    # Nothing proves how many GPUs the host has: nothing is signalled.
+    assert result['failed'] is True and 'nothing was signalled' in result['msg'], result
+    assert alive(job)
+    gpuhost.fault('clear')
+    gpuhost.fault('lost', gpu=5)
+    result = run_module(capsys, gpuhost, tmp_path, timeout=2, grace_period=0.5, expected_gpus=8)
+    assert result['failed'] is True and result['msg'].startswith('expected_gpus: 8 GPUs expected, 7 seen'), result
+    assert alive(job)
