@@ -9,6 +9,8 @@ A simulated 8-GPU host (gpusim init: no process holds a GPU) is reached with the
 connection; each repetition runs, in turn, with the same inventory, host and connection:
 
   baseline    ansible-playbook of one task, ansible.builtin.command: true
+  module      ansible-playbook of one task, gpuops.nvidia.nvidia_device_release: the floor of
+              any playbook that releases the GPUs (the module's start-up and its reads)
   collection  ansible-playbook gpuops.nvidia.reset_gpus -e gpu_reset_become=false
   DIR         the same playbook from each checkout given with --compare-with (earlier versions)
   variant     the same playbook with the extra variables given with --variant (JSON), e.g.
@@ -43,6 +45,10 @@ from release_vs_oneliner import collection_env  # noqa: E402
 
 BASELINE = [{'name': 'One task', 'hosts': 'all', 'gather_facts': False,
              'tasks': [{'name': 'Run true', 'ansible.builtin.command': 'true', 'changed_when': False}]}]
+MODULE = [{'name': 'One module call', 'hosts': 'all', 'gather_facts': False,
+           'tasks': [{'name': 'Release the GPUs', 'gpuops.nvidia.nvidia_device_release': {
+               'host_root': '{{ gpu_reset_host_root }}', 'nvidia_smi_path': '{{ gpu_reset_nvidia_smi_path }}',
+               'lock_file': '{{ gpu_reset_lock_file }}'}}]}]
 
 
 def children_cpu():
@@ -80,10 +86,12 @@ def main():
                      gpu_reset_nvidia_smi_path=host.smi_path, gpu_reset_lock_file=os.path.join(workdir, 'reset.lock'))
     with open(inventory, 'w') as handle:
         yaml.safe_dump({'gpu_hosts': {'hosts': {'simulated': host_vars}}}, handle)
-    with open(os.path.join(workdir, 'one-task.yml'), 'w') as handle:
-        yaml.safe_dump(BASELINE, handle, sort_keys=False)
+    for name, plays in (('one-task.yml', BASELINE), ('one-module.yml', MODULE)):
+        with open(os.path.join(workdir, name), 'w') as handle:
+            yaml.safe_dump(plays, handle, sort_keys=False)
     env = collection_env(workdir)
     sides = [('baseline', [os.path.join(workdir, 'one-task.yml')], env),
+             ('module', [os.path.join(workdir, 'one-module.yml')], env),
              ('collection', ['gpuops.nvidia.reset_gpus', '-e', 'gpu_reset_become=false'], env)]
     for number, directory in enumerate(opts.compare_with):
         # A version without gpu_reset_host_root is given a device glob that names the host's nodes,
@@ -110,7 +118,8 @@ def main():
     print()
     print('clean simulated 8-GPU host, local connection, %d repetitions (medians)' % opts.reps)
     print('%-42s %8s %6s %8s %6s' % ('side', 'wall s', 'ratio', 'CPU s', 'ratio'))
-    labels = {'baseline': 'one task (ansible.builtin.command: true)', 'collection': 'gpuops.nvidia.reset_gpus',
+    labels = {'baseline': 'one task (ansible.builtin.command: true)', 'module': 'one task (nvidia_device_release)',
+              'collection': 'gpuops.nvidia.reset_gpus',
               'variant': 'the same, with --variant'}
     base = [statistics.median(row[i] for row in rows['baseline']) for i in (0, 1)]
     for name, dummy, dummy in sides:

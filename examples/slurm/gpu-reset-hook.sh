@@ -78,9 +78,9 @@ if [ "$scope" = job ]; then
   fi
 fi
 
-# The release gets half the budget (a hung nvidia-smi can make it overrun its own limit by
-# seconds); the rest is for starting up, reading the GPUs once more and draining. The whole
-# run is cut off at the budget.
+# The release gets half the budget; the rest is for starting up, reading the GPUs once more
+# (each read bounded by the release's timeout too) and draining. The whole run is cut off at
+# the budget.
 release_timeout=$((budget / 2))
 [ "$release_timeout" -ge 3 ] || release_timeout=3
 
