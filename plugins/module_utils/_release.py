@@ -305,11 +305,12 @@ class Release:
         if text not in self.warnings:
             self.warnings.append(text)
 
-    def _read(self):
-        # Every read ends by the deadline; while signalling, by the time that leaves the last read
-        # READ_MIN_S (a hung nvidia-smi must not make the release outlast its timeout).
+    def _read(self, final=False):
+        # Every read ends by the deadline (a hung nvidia-smi must not make the release outlast its
+        # timeout); those while signalling end by the signal deadline, which leaves the final read
+        # of the state at the end its share.
         now = self.clock()
-        left = (self.signal_deadline if now < self.signal_deadline else self.deadline) - now
+        left = (self.deadline if final or now >= self.signal_deadline else self.signal_deadline) - now
         if left <= 0:
             # The last read that was tried says more than this one, when there was one.
             self.read_error = self.read_error or 'no time was left within the timeout to read the GPUs'
@@ -355,11 +356,12 @@ class Release:
         # None when it is gone, or lives in another pid namespace.
         return load_holder(pid, [], self.options.protect, ancestors(os.getpid(), self.proc), self.proc)
 
-    def _observe(self, force_read=False):
-        """(snapshot or None, holders). The GPUs are read when the scope or the check needs it."""
+    def _observe(self, force_read=False, final=False):
+        """(snapshot or None, holders). The GPUs are read when the scope or the check needs it;
+        final: the read of the state at the end, which may take until the deadline."""
         snapshot = None
         if force_read or self.options.gpus is not None:
-            snapshot = self._read()
+            snapshot = self._read(final)
         holders = self._discover(snapshot)
         for holder in holders:
             if holder.protected:
@@ -700,10 +702,10 @@ class Release:
             if now >= self.signal_deadline:
                 if self._finish_ladders(now):
                     self._pause(min(self.deadline, self.clock() + FINAL_EXIT_S))
-                    snapshot, holders = self._observe(force_read=True)
+                    snapshot, holders = self._observe(force_read=True, final=True)
                 break
         if snapshot is None:
-            snapshot = self._read()
+            snapshot = self._read(final=True)
             if snapshot is None:
                 self._warn('the GPUs could not be read: %s' % self.read_error)
 
@@ -730,9 +732,10 @@ class Release:
             return
         runner = self.smi_runner or SmiRunner(self.options.nvidia_smi_path)
         bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
-        reset = GpuReset(runner, bus_ids, result.orphaned_gpus, self.deadline, self.clock)
+        # The reset ends when the signalling would: the read after it has the time left.
+        reset = GpuReset(runner, bus_ids, result.orphaned_gpus, self.signal_deadline, self.clock)
         result.escalation = reset.run(result.orphaned_gpus)
-        snapshot, holders = self._observe(force_read=True)
+        snapshot, holders = self._observe(force_read=True, final=True)
         result.failure = None
         self._report(result, snapshot, holders)
         result.changed = True
