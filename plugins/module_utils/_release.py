@@ -84,7 +84,7 @@ FINAL_EXIT_S = 0.2
 FREEZE_RESCANS = 5
 
 # With reset_orphaned, the share of the timeout kept for the reset: waiting for the driver to free
-# memory that no process holds ends that much before the timeout.
+# memory that no process holds ends that much before the signalling would.
 RESET_SHARE = 1.0 / 3
 
 REGEX_HINT_RE = re.compile(r'\.[*+]|[\\^$+(){}|]')
@@ -580,7 +580,8 @@ class Release:
         started = self.clock()
         self.deadline = started + self.options.timeout
         self.signal_deadline = self.deadline - min(READ_MIN_S, self.options.timeout / 4)
-        self.orphan_deadline = self.deadline - max(READ_MIN_S, self.options.timeout * RESET_SHARE) \
+        # The reset's share ends where the signalling would: the read after it keeps its own.
+        self.orphan_deadline = self.signal_deadline - max(READ_MIN_S, self.options.timeout * RESET_SHARE) \
             if self.options.reset_orphaned else None
         result = ReleaseResult()
         self.paths = self._resolve_devices()

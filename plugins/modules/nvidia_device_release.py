@@ -157,8 +157,8 @@ options:
         is reported in nvidia-smi's own words and fails the task.
       - The reset always runs through nvidia-smi (O(nvidia_smi_path)), whatever O(backend)
         reads the GPUs, and needs root. It fits in O(timeout); waiting for the driver to free
-        memory that no process holds ends a third of O(timeout) early (at least one second)
-        to leave that time to the reset. Restoring persistence mode is allowed a few seconds
+        memory that no process holds ends a third of O(timeout) (at least one second) before
+        the signalling would, to leave that time to the reset; the read after it keeps its own. Restoring persistence mode is allowed a few seconds
         more.
       - Not attempted while a process other than a protected one still holds the devices
         (a warning says so), nor with O(wait=false). In check mode, RV(escalation) says which

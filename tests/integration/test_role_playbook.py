@@ -432,7 +432,9 @@ def run_hook(host, tmp, mode, **env_extra):
     env.update(PATH=str(fake) + os.pathsep + env['PATH'], SLURMD_NODENAME='node01', SLURM_JOB_ID='4242',
                GPU_RESET_HOOK_CONF=str(tmp / 'absent.conf'), GPU_RESET_VARS_FILE=str(variables),
                GPU_RESET_PLAYBOOK=PLAYBOOK, GPU_RESET_ANSIBLE_PLAYBOOK=os.path.join(BIN, 'ansible-playbook'),
-               GPU_RESET_LOG=str(tmp / 'hook.log'), GPU_RESET_BUDGET_S='30')
+               GPU_RESET_LOG=str(tmp / 'hook.log'), GPU_RESET_BUDGET_S='30',
+               GPU_RESET_PYTHON=sys.executable, GPU_RESET_SCONTROL=str(scontrol),
+               GPU_RESET_COLLECTIONS_PATH=os.path.join(REPO, '.build', 'collections'))
     env.update(env_extra)
     proc = subprocess.run([HOOK, mode], capture_output=True, text=True, env=env, timeout=120, check=False)
     log = (tmp / 'hook.log').read_text()
@@ -447,14 +449,15 @@ def test_slurm_epilog_frees_only_the_jobs_gpus(gpuhost_factory, tmp_path):
     assert proc.returncode == 0, log
     assert calls == []
     assert not alive(finished) and alive(neighbour)
-    assert re.search(r'released\s+node01\s+1 process\(es\) stopped', log), log
+    assert '"outcome": "released"' in log, log
     assert 'epilog job 4242 on node01' in log
 
 
 def test_slurm_prolog_drains_a_node_with_a_lost_gpu(gpuhost_factory, tmp_path):
     host = gpuhost_factory(gpus=4)
     host.fault('lost', gpu=2)
-    proc, calls, log = run_hook(host, tmp_path, 'prolog')
+    # Every GPU of the node, as for a node given whole to one job (no GPUs in gres.conf).
+    proc, calls, log = run_hook(host, tmp_path, 'prolog', GPU_RESET_SCOPE='node')
     assert proc.returncode == 1, log
     assert 'gpu_reset prolog failed on node01' in proc.stderr
     assert len(calls) == 1, calls
