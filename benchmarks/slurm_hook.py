@@ -83,7 +83,7 @@ def one_job(bench, seconds=120):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--jobs', type=int, default=7, help='jobs per variant (default 7)')
     parser.add_argument('--variants', default=','.join(VARIANTS), help='comma-separated, of %s' % ', '.join(VARIANTS))
     args = parser.parse_args()

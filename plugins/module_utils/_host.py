@@ -21,7 +21,6 @@ __metaclass__ = type
 
 import glob
 import os
-import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import bus_key

@@ -312,7 +312,7 @@ def gpu_list(text):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog='gpu-reset-hook', description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(prog='gpu-reset-hook', description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--node', required=True, help='the Slurm node name (SLURMD_NODENAME)')
     parser.add_argument('--vars-file', help='YAML file of gpu_reset_* variables')
     parser.add_argument('--gpus', type=gpu_list, help="the job's GPUs (SLURM_JOB_GPUS); all when not given")

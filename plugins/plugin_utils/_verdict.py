@@ -322,8 +322,9 @@ def summary_line(report, width=0):
     if outcome == 'released':
         text = '%d process(es) stopped' % len(signalled)
         if signalled:
-            text += ' (%s; %s)' % (', '.join(_unique(process.get('comm') for process in signalled)),
-                                 '+'.join(_unique(name for process in signalled for name in process.get('signals_sent') or [])))
+            names = _unique(process.get('comm') for process in signalled)
+            signals = _unique(name for process in signalled for name in process.get('signals_sent') or [])
+            text += ' (%s; %s)' % (', '.join(names), '+'.join(signals))
         if report.get('escalation'):
             text += ', GPU(s) %s reset' % ', '.join(str(index) for index in report['escalation'].get('gpus') or [])
         seconds = report.get('release_s') if report.get('release_s') is not None else report.get('duration_s')

@@ -295,8 +295,8 @@ class SlurmBench:
         while True:
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise BenchError('%s exited (rc %s) while waiting for %s\n%s' % (name, proc.returncode, what,
-                                                                                    self.logs()))
+                    raise BenchError('%s exited (rc %s) while waiting for %s\n%s'
+                                     % (name, proc.returncode, what, self.logs()))
             value = predicate()
             if value:
                 return value
