@@ -81,11 +81,10 @@ class Job:
         self.rc = int((artifacts / 'rc').read_text())
         self.events = sorted((json.loads(open(path).read()) for path in glob.glob(str(artifacts / 'job_events' / '*.json'))),
                              key=lambda event: event['counter'])
-        # None when the playbook stopped before its plays (a target that matches no host).
         stats = [event['event_data'] for event in self.events if event['event'] == 'playbook_on_stats']
-        assert len(stats) <= 1, out
-        self.stats = stats[0] if stats else None
-        self.artifacts = (self.stats or {}).get('artifact_data') or {}
+        assert len(stats) == 1, out
+        self.stats = stats[0]
+        self.artifacts = self.stats.get('artifact_data') or {}
 
     def results(self, role=None, task=None):
         """(event, host, task, res) of each task result, only the role's when role is given."""
@@ -313,8 +312,8 @@ def test_a_slice_without_a_target_host(tmp_path):
         assert (runs[name].status, runs[name].rc) == ('successful', 0), runs[name].out
         assert not runs[name].role_hosts and 'gpu_reset_reports' not in runs[name].artifacts
     for name, target in (('whole', 'gpu_hosts'), ('typo', 'rack9'), ('nogroup', 'gpu_hosts')):
-        # The playbook stops before its play, with the reason.
-        assert runs[name].status == 'failed' and runs[name].rc == 4, runs[name].out
-        assert ("No host in the inventory matches '%s'. Name the hosts to reset with -e target=PATTERN, "
-                "or put them in the group gpu_hosts." % target) in ' '.join(runs[name].out.split()), runs[name].out
+        assert runs[name].status == 'failed' and runs[name].rc == 2, runs[name].out
+        failed = [res['msg'] for kind, host, task, res in runs[name].results() if kind == 'runner_on_failed']
+        assert failed == ["No host in the inventory matches '%s'. Name the hosts to reset with -e target=PATTERN, "
+                          "or put them in the group gpu_hosts." % target], failed
         assert not runs[name].role_hosts
