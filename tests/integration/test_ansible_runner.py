@@ -13,6 +13,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import contextlib
 import glob
 import json
 import os
@@ -153,11 +154,10 @@ def scenario(make, tmp, names, failing, holding):
     return {'gpu_hosts': {'hosts': hosts}}, holders
 
 
-@pytest.fixture(scope='module')
-def job(tmp_path_factory):
-    """One job of three hosts: clean, hung (a job holding GPU 0) and failing (orphaned memory)."""
+@contextlib.contextmanager
+def simulated_hosts(tmp):
+    """make(name, **opts): a simulated host under tmp, initialised; all are stopped at the end."""
     from gpusim.api import Host
-    tmp = tmp_path_factory.mktemp('runner')
     made = []
 
     def make(name, **opts):
@@ -167,12 +167,20 @@ def job(tmp_path_factory):
         return host
 
     try:
-        inventory, holders = scenario(make, tmp, ['clean', 'hung', 'failing'], 'failing', 'hung')
-        root = private_data_dir(tmp / 'job', inventory)
-        yield dict(job=run_jobs([(root, 'job')])[0], holders=holders, root=root)
+        yield make
     finally:
         for host in made:
             host.stop()
+
+
+@pytest.fixture(scope='module')
+def job(tmp_path_factory):
+    """One job of three hosts: clean, hung (a job holding GPU 0) and failing (orphaned memory)."""
+    tmp = tmp_path_factory.mktemp('runner')
+    with simulated_hosts(tmp) as make:
+        inventory, holders = scenario(make, tmp, ['clean', 'hung', 'failing'], 'failing', 'hung')
+        root = private_data_dir(tmp / 'job', inventory)
+        yield dict(job=run_jobs([(root, 'job')])[0], holders=holders, root=root)
 
 
 def test_runner_status_and_rc_of_a_job_with_a_failing_host(job):
@@ -241,26 +249,14 @@ SLICES = 3
 
 @pytest.fixture(scope='module')
 def sliced(tmp_path_factory):
-    from gpusim.api import Host
     tmp = tmp_path_factory.mktemp('sliced')
-    made = []
-
-    def make(name, **opts):
-        host = Host(str(tmp / name))
-        made.append(host)
-        host.init(**opts)
-        return host
-
-    try:
+    with simulated_hosts(tmp) as make:
         inventory, holders = scenario(make, tmp, GPU_HOSTS, 'gpu04', 'gpu02')
         inventory['login'] = {'hosts': {'login01': dict(ansible_connection='local', ansible_python_interpreter=sys.executable)}}
         slices = [awx_slice(inventory, number, SLICES) for number in range(1, SLICES + 1)]
         roots = [(private_data_dir(tmp / ('slice%d' % number), part, {'gpu_reset_sliced': True}), 'slice%d' % number)
                  for number, part in enumerate(slices, 1)]
         yield dict(jobs=run_jobs(roots), slices=slices, holders=holders)
-    finally:
-        for host in made:
-            host.stop()
 
 
 def test_slices_split_the_inventory_as_awx_does(sliced):
