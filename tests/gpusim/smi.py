@@ -254,29 +254,30 @@ class Smi:
             return "[N/A]" if pending is None else ("Yes" if pending else "No")
         return "[N/A]"
 
-    # -- commands ------------------------------------------------------------------------
-    def query_gpu(self, fields, gpus, header, units):
-        if header:
-            self.w(", ".join(f + (" [%s]" % GPU_FIELDS[f] if GPU_FIELDS[f] else "") for f in fields))
-        now = time.time()
+    def readable(self, gpus):
+        """The GPUs that answer, in order. A lost GPU's error line is printed in its place, and
+        only that when no GPU answers, as nvidia-smi does."""
         if self.only_lost(gpus):
             return
         for g in gpus:
             if self.lost_kind(g):
                 self.w(self.lost_line(g))
-                continue
+            else:
+                yield g
+
+    # -- commands ------------------------------------------------------------------------
+    def query_gpu(self, fields, gpus, header, units):
+        if header:
+            self.w(", ".join(f + (" [%s]" % GPU_FIELDS[f] if GPU_FIELDS[f] else "") for f in fields))
+        now = time.time()
+        for g in self.readable(gpus):
             self.w(", ".join(self.gpu_value(f, g, units, now) for f in fields))
 
     def query_remap(self, fields, gpus, header, units):
         if header:
             self.w(", ".join(fields))
         now = time.time()
-        if self.only_lost(gpus):
-            return
-        for g in gpus:
-            if self.lost_kind(g):
-                self.w(self.lost_line(g))
-                continue
+        for g in self.readable(gpus):
             remap = self.faults.get("remap", {}).get(str(g["index"])) or {}
             vals = []
             for f in fields:
@@ -298,12 +299,7 @@ class Smi:
             self.w(", ".join(f + (" [%s]" % APP_FIELDS[f] if APP_FIELDS[f] else "") for f in fields))
         _unused, _unused2, live = self.usage()
         now = time.time()
-        if self.only_lost(gpus):
-            return
-        for g in gpus:
-            if self.lost_kind(g):
-                self.w(self.lost_line(g))
-                continue
+        for g in self.readable(gpus):
             for rec in live:
                 if g["index"] not in rec["gpus"] or int(rec.get("mib", 0)) <= 0:
                     continue
