@@ -42,7 +42,6 @@ __metaclass__ = type
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -129,70 +128,33 @@ class ModuleError(Exception):
     pass
 
 
-def _children():
-    """{parent pid: [child pids]} of every process, from /proc."""
-    found = {}
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit():
-            continue
-        try:
-            with open('/proc/%s/stat' % entry) as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
-        found.setdefault(int(stat[stat.rindex(')') + 2:].split()[1]), []).append(int(entry))
-    return found
-
-
-def kill_tree(pid):
-    """SIGKILL pid and every process below it (the module runs nvidia-smi in sessions of its own,
-    which a signal to its process group would miss), children first frozen so none forks away."""
-    children = _children()
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo.extend(children.get(current, []))
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for member in tree:
-            try:
-                os.kill(member, sig)
-            except OSError:
-                pass
-
-
 def run_module(name, args, seconds):
     """Run the collection's module name with args as a program; returns its result (a dict).
 
     A module that fails returns its result too (with failed and msg); ModuleError when it gives
-    no result at all (killed after seconds, a crash)."""
-    env = dict(os.environ)
-    env['PYTHONPATH'] = COLLECTIONS_ROOT + (os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
+    no result at all (stopped after seconds, with what it started, or a crash)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
+
     with tempfile.NamedTemporaryFile('w', prefix='gpuops-args-', suffix='.json', delete=False) as handle:
         json.dump({'ANSIBLE_MODULE_ARGS': args}, handle)
-    seconds = max(seconds, 1)
-    started = time.monotonic()
+    runner = Runner(sys.executable, name='gpuops.nvidia.%s' % name, env={
+        'PYTHONPATH': COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else '')})
     try:
-        # A session of its own, so that a module cut off takes what it started with it (a hung
-        # nvidia-smi would otherwise keep the pipes, and this program, waiting).
-        proc = subprocess.Popen([sys.executable, '-m', MODULES + name, handle.name], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-        try:
-            stdout, stderr = proc.communicate(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc.pid)
-            proc.wait()
-            raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped' % (name, time.monotonic() - started))
+        rc, stdout, stderr = runner.run(['-m', MODULES + name, handle.name], timeout=max(seconds, 1))
+    except CommandTimeout as exc:
+        raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped' % (name, exc.timeout))
+    except GpuopsError as exc:
+        raise ModuleError(str(exc))
     finally:
         os.unlink(handle.name)
     out = stdout.strip()
     try:
         result = json.loads(out[out.index('{'):])
     except ValueError:
-        raise ModuleError('gpuops.nvidia.%s gave no result (rc %d): %s' % (name, proc.returncode, ' '.join((stderr or out).split())[-500:]))
+        raise ModuleError('gpuops.nvidia.%s gave no result (rc %d): %s' % (name, rc, ' '.join((stderr or out).split())[-500:]))
     if not isinstance(result, dict):
-        raise ModuleError('gpuops.nvidia.%s gave no result (rc %d)' % (name, proc.returncode))
+        raise ModuleError('gpuops.nvidia.%s gave no result (rc %d)' % (name, rc))
     return result
 
 

@@ -141,24 +141,31 @@ def test_settings_that_cannot_be_read_are_an_error_of_their_own(tmp_path):
         _slurm_hook.RUNNER_SETTINGS_UNREADABLE
 
 
-def test_a_module_cut_off_takes_its_children_with_it(tmp_path):
-    """kill_tree stops a process and its descendants, those in sessions of their own too."""
-    pids = tmp_path / 'pids'
-    proc = subprocess.Popen(['sh', '-c', 'sleep 60 & echo $! > "$1"; setsid sleep 60 & echo $! >> "$1"; wait',
-                             'sh', str(pids)])
-    try:
-        for dummy in range(100):
-            if pids.exists() and len(pids.read_text().split()) == 2:
-                break
-            time.sleep(0.05)
-        children = [int(pid) for pid in pids.read_text().split()]
-        _slurm_hook.kill_tree(proc.pid)
-        proc.wait(timeout=5)
-        assert all(gone(pid) for pid in children)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def smi_processes(host):
+    """The pids of the simulated host's nvidia-smi that are still running."""
+    found = []
+    for entry in os.listdir('/proc'):
+        try:
+            with open('/proc/%s/cmdline' % entry, 'rb') as handle:
+                if host.smi_path.encode() in handle.read():
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def test_a_module_cut_off_takes_its_children_with_it(gpuhost):
+    """A module stopped at the hook's deadline takes the nvidia-smi it started (in a session of
+    its own) with it."""
+    gpuhost.fault('hang', seconds=60)
+    args = dict(nvidia_smi_path=gpuhost.smi_path, backend='nvidia-smi', devices=[gpuhost.dev_glob], timeout=30)
+    with pytest.raises(_slurm_hook.ModuleError, match='gave no result within 1.0 s and was stopped'):
+        _slurm_hook.run_module('nvidia_gpu_facts', args, 1)
+    for dummy in range(40):
+        if not smi_processes(gpuhost):
+            break
+        time.sleep(0.05)
+    assert smi_processes(gpuhost) == []
 
 
 @pytest.mark.parametrize('text, indexes', [('0', [0]), ('0,1,5', [0, 1, 5]), ('0-3,6', [0, 1, 2, 3, 6]), (' 2 , 4 ', [2, 4])])
