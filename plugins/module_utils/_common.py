@@ -13,6 +13,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import math
+import re
 
 
 DEFAULT_DEVICES = ['/dev/nvidia*']
@@ -72,6 +73,31 @@ EXIT_CODES = {
 # What the driver prints in place of a process name it cannot read (real-samples
 # smi_compute_apps/A02): the name is null.
 UNREPORTED_PROCESS_NAMES = frozenset(['[Not Found]', '[Insufficient Permissions]', '[N/A]', '[Unknown Error]'])
+
+
+# Characters that must not reach a log line, a terminal or scontrol raw: C0 and C1 controls
+# (newlines start forged lines, ESC and CSI/OSC drive terminals), DEL, and the Unicode line
+# and bidirectional-override characters.
+UNPRINTABLE_RE = re.compile(u'[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]')
+
+
+def printable(text, limit=None):
+    """User-chosen text (a process name, a command line, a path) made safe to print on one line.
+
+    Control characters become \\xNN or \\uNNNN escapes, and so does the backslash itself, so
+    that what is printed cannot be mistaken for an escape that was there; limit caps the
+    length, saying how much was left out."""
+    if text is None:
+        return None
+    text = UNPRINTABLE_RE.sub(_escape, text.replace('\\', '\\\\'))
+    if limit is not None and len(text) > limit:
+        return '%s...(%d more characters)' % (text[:limit], len(text) - limit)
+    return text
+
+
+def _escape(match):
+    code = ord(match.group(0))
+    return '\\x%02x' % code if code < 0x100 else '\\u%04x' % code
 
 
 class GpuopsError(Exception):
