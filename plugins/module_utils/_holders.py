@@ -24,6 +24,7 @@ import os
 import pwd
 import re
 import stat
+import time
 from collections import namedtuple
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
@@ -59,6 +60,7 @@ class Holder:
         self.threads = threads
         self.devices = devices
         self.protected = False
+        self.foreign = False
         self.impersonates = None
 
     @property
@@ -158,6 +160,21 @@ def check_device_node(path, majors):
         return 'is neither an NVIDIA character device nor a simulated one (a regular file)'
     if not _node_name_ok(path):
         return 'is not named like an NVIDIA device node (nvidiaN, nvidiactl, nvidia-uvm, ...)'
+    return _simulated_node_problem(path, mode)
+
+
+def _simulated_node_problem(path, mode):
+    """A regular file stands for a device node only on a simulated host that this process (or
+    root) made: owned by root or by this process's user, in a directory no one else can write,
+    so that no other user can plant or replace one."""
+    trusted = (0, os.geteuid())
+    if mode.st_uid not in trusted:
+        return ('is a regular file owned by uid %d, not a device node: a simulated node must be owned by '
+                'root or by the user running the release' % mode.st_uid)
+    parent = os.stat(os.path.dirname(path) or '.')
+    if parent.st_uid not in trusted or parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return ('is a regular file in a directory that other users can write, not a device node: a '
+                'simulated node must sit in a directory only root or the user running the release can write')
     return None
 
 
@@ -238,90 +255,178 @@ def _thread_dirs(pid, proc):
         return []
 
 
-def _fd_links(fd_dir):
-    """Paths open in fd_dir, or None when it cannot be read (permission)."""
+def node_identity(info):
+    """What names a device node whatever the path it is opened by, as fuser compares them: a
+    character device by its device number, a simulated node (a regular file) by its inode."""
+    if stat.S_ISCHR(info.st_mode):
+        return ('rdev', info.st_rdev)
+    return ('inode', info.st_dev, info.st_ino)
+
+
+class NodeSet:
+    """The matched device nodes, looked up by identity: an open descriptor by the stat of the file
+    it names, a mapping by the device and inode /proc/PID/maps prints. Never by a path's text, so
+    a bind mount, a container's own node or the host's /dev seen under host_root all match."""
+
+    def __init__(self, paths):
+        self.by_identity = {}
+        self.by_inode = {}
+        for path in sorted(paths):
+            try:
+                info = os.stat(path)
+            except OSError:
+                continue
+            self.by_identity.setdefault(node_identity(info), path)
+            self.by_inode.setdefault((info.st_dev, info.st_ino), path)
+
+    def __bool__(self):
+        return bool(self.by_identity)
+
+    __nonzero__ = __bool__
+
+
+class OutOfDescriptors(GpuopsError):
+    """This process has no file descriptor left (EMFILE, ENFILE): /proc cannot be read."""
+
+
+def _check_fds_left(exc, what):
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        raise OutOfDescriptors('out of file descriptors while reading %s (%s): the holders cannot be '
+                               'known; raise the open files limit (ulimit -n)' % (what, exc.strerror))
+
+
+def _fd_nodes(fd_dir, nodes):
+    """(matched nodes open in fd_dir, whether it has any descriptor), or None when it cannot be
+    read (permission)."""
     try:
         names = os.listdir(fd_dir)
     except OSError as exc:
-        return None if exc.errno in (errno.EACCES, errno.EPERM) else set()
-    paths = set()
+        _check_fds_left(exc, fd_dir)
+        return None if exc.errno in (errno.EACCES, errno.EPERM) else (set(), False)
+    found = set()
     for name in names:
         try:
-            paths.add(os.readlink(os.path.join(fd_dir, name)))
+            identity = node_identity(os.stat(os.path.join(fd_dir, name)))
         except OSError as exc:
+            _check_fds_left(exc, fd_dir)
             if exc.errno in (errno.EACCES, errno.EPERM):
                 return None
-    return paths
+            continue  # closed meanwhile
+        if identity in nodes.by_identity:
+            found.add(nodes.by_identity[identity])
+    return found, bool(names)
 
 
-def _open_paths(pid, proc):
-    """Paths pid has open, or None when its descriptors cannot be read (permission).
+def _open_nodes(pid, proc, nodes):
+    """Matched nodes pid has open, or None when its descriptors cannot be read (permission).
 
     When the thread-group leader has exited, its own fd table is empty while its threads
     still hold theirs: those are read instead.
     """
-    paths = _fd_links(os.path.join(proc, str(pid), 'fd'))
-    if paths:
-        return paths
-    if paths is None:
+    read = _fd_nodes(os.path.join(proc, str(pid), 'fd'), nodes)
+    if read is None:
         # A zombie's descriptors read as permission denied even for root: it has none left.
         return set() if is_gone(read_process(pid, proc)) else None
+    found, any_open = read
+    if any_open:
+        return found
     for task in _thread_dirs(pid, proc):
-        found = _fd_links(os.path.join(task, 'fd'))
-        if found:
-            paths = (paths or set()) | found
-    return paths
+        found |= (_fd_nodes(os.path.join(task, 'fd'), nodes) or (set(), False))[0]
+    return found
 
 
-def _read_maps(path):
-    paths = set()
+def _mapped_inode(line):
+    """(st_dev, st_ino) of the file a /proc/PID/maps line maps, or None for anonymous memory."""
+    parts = line.split(None, 5)
+    if len(parts) < 6 or parts[4] == b'0':
+        return None
+    major, dummy, minor = parts[3].partition(b':')
+    try:
+        return os.makedev(int(major, 16), int(minor, 16)), int(parts[4])
+    except ValueError:
+        return None
+
+
+def _read_maps(path, nodes):
+    found = set()
     try:
         with open(path, 'rb') as handle:
             for line in handle:
-                parts = line.split(None, 5)
-                if len(parts) == 6 and parts[5].startswith(b'/'):
-                    paths.add(parts[5].rstrip(b'\n').decode('utf-8', 'replace'))
-    except (IOError, OSError):
-        pass
-    return paths
+                inode = _mapped_inode(line)
+                if inode in nodes.by_inode:
+                    found.add(nodes.by_inode[inode])
+    except (IOError, OSError) as exc:
+        _check_fds_left(exc, path)
+    return found
 
 
-def _mapped_paths(pid, proc):
-    paths = _read_maps(os.path.join(proc, str(pid), 'maps'))
-    if not paths:
+def _mapped_nodes(pid, proc, nodes):
+    found = _read_maps(os.path.join(proc, str(pid), 'maps'), nodes)
+    if not found:
         for task in _thread_dirs(pid, proc)[:1]:  # threads share one address space
-            paths = _read_maps(os.path.join(task, 'maps'))
-    return paths
+            found = _read_maps(os.path.join(task, 'maps'), nodes)
+    return found
 
 
 def _pids(proc):
-    return sorted(int(name) for name in os.listdir(proc) if name.isdigit())
+    try:
+        return sorted(int(name) for name in os.listdir(proc) if name.isdigit())
+    except OSError as exc:
+        _check_fds_left(exc, proc)
+        raise GpuopsError('cannot list %s: %s' % (proc, exc.strerror))
+
+
+class Scan:
+    """One pass over /proc: the holders found, and the pids whose descriptors could not be read.
+
+    complete is False when the pass stopped at its deadline: what it did not reach is unknown."""
+
+    def __init__(self):
+        self.holders = []
+        self.unreadable = []
+        self.complete = True
+
+    def pids_seen(self):
+        return set(holder.pid for holder in self.holders) | set(self.unreadable)
+
+
+# The deadline is looked at once per this many processes: a clock read costs about as much as
+# a process without descriptors.
+SCAN_CLOCK_EVERY = 64
+
+
+def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.monotonic):
+    """A Scan of every process holding one of the device paths (by identity), sorted by pid.
+
+    Processes with a verified protected identity (see verify_protected), and this process with
+    its ancestors, are marked protected. With a deadline the pass stops there, incomplete.
+    """
+    scan = Scan()
+    nodes = NodeSet(devices)
+    if not nodes:
+        return scan
+    own = ancestors(os.getpid(), proc)
+    for count, pid in enumerate(_pids(proc)):
+        if deadline is not None and count % SCAN_CLOCK_EVERY == 0 and clock() >= deadline:
+            scan.complete = False
+            break
+        held = _open_nodes(pid, proc, nodes)
+        if held is None:
+            scan.unreadable.append(pid)
+            continue
+        held |= _mapped_nodes(pid, proc, nodes)
+        if held:
+            holder = load_holder(pid, held, protect, own, proc)
+            if holder is not None:
+                scan.holders.append(holder)
+    return scan
 
 
 def find_holders(devices, protect=(), proc='/proc'):
-    """Every process holding one of the device paths, sorted by pid.
-
-    Processes with a verified protected identity (see verify_protected), and this process with
-    its ancestors, are marked protected. Returns (holders, unreadable) where unreadable counts
-    the processes whose descriptors could not be inspected (not running as root).
-    """
-    wanted = set(devices)
-    if not wanted:
-        return [], 0
-    own = ancestors(os.getpid(), proc)
-    holders, unreadable = [], 0
-    for pid in _pids(proc):
-        opened = _open_paths(pid, proc)
-        if opened is None:
-            unreadable += 1
-            continue
-        held = (opened | _mapped_paths(pid, proc)) & wanted
-        if not held:
-            continue
-        holder = load_holder(pid, held, protect, own, proc)
-        if holder is not None:
-            holders.append(holder)
-    return holders, unreadable
+    """(holders, unreadable): every process holding one of the device paths, and how many
+    processes could not be inspected (not running as root). See scan_holders."""
+    scan = scan_holders(devices, protect, proc)
+    return scan.holders, len(scan.unreadable)
 
 
 def load_holder(pid, devices, protect, own, proc='/proc'):
@@ -360,7 +465,7 @@ def uid_min(path='/etc/login.defs'):
     return DEFAULT_UID_MIN
 
 
-def _real_and_effective_uid(pid, proc):
+def real_and_effective_uid(pid, proc='/proc'):
     try:
         with open(os.path.join(proc, str(pid), 'status')) as handle:
             for line in handle:
@@ -387,7 +492,7 @@ def verify_protected(holder, protect, proc='/proc'):
         return False
     if exe.st_uid != 0 or exe.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return False
-    uids = _real_and_effective_uid(holder.pid, proc)
+    uids = real_and_effective_uid(holder.pid, proc)
     return uids is not None and all(uid < uid_min() for uid in uids)
 
 

@@ -23,6 +23,7 @@ __metaclass__ = type
 
 import os
 import re
+import resource
 import select
 import signal
 import time
@@ -33,6 +34,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     PermanentReadError,
     check_seconds,
     holders_argument_spec,
+    printable,
     reader_argument_spec,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
@@ -40,9 +42,11 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     ancestors,
     cgroup,
     expand_devices,
-    find_holders,
     load_holder,
     read_process,
+    real_and_effective_uid,
+    scan_holders,
+    uid_min,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
@@ -89,6 +93,16 @@ RESET_SHARE = 1.0 / 3
 
 REGEX_HINT_RE = re.compile(r'\.[*+]|[\\^$+(){}|]')
 REASONS = ('uninterruptible', 'zombie', 'respawned', 'ignored_signals', 'not_permitted')
+# Why a holder was left alone although it is no protected daemon: a root or system process that
+# the driver does not place on any GPU and that belongs to no job (a daemon handed a descriptor).
+FOREIGN_HOLDER = 'foreign_holder'
+# Why released is false although the GPUs read clean: the settle window did not fit in the timeout.
+NOT_SETTLED = 'not_settled'
+
+# A threshold above this is no test of idle memory (a whole GPU of the smallest data-centre kind).
+MAX_MEMORY_THRESHOLD_MIB = 16384
+# Descriptors kept free for nvidia-smi's pipes, the lock and /proc reads when pidfds pile up.
+FD_RESERVE = 64
 
 
 def release_argument_spec():
@@ -126,12 +140,20 @@ class ReleaseOptions:
                         check_seconds('settle_time', settle_time)):
             if problem:
                 raise GpuopsError(problem)
-        if memory_threshold_mib < 0:
-            raise GpuopsError('memory_threshold_mib must be zero or more, got %s' % memory_threshold_mib)
+        if not 0 <= memory_threshold_mib <= MAX_MEMORY_THRESHOLD_MIB:
+            raise GpuopsError('memory_threshold_mib must be between 0 and %d MiB (idle GPUs read up to 8 MiB, '
+                              'a CUDA context hundreds), got %s' % (MAX_MEMORY_THRESHOLD_MIB, memory_threshold_mib))
         signals = DEFAULT_SIGNALS if signals is None else signals
         if not signals:
             raise GpuopsError('signals must name at least one signal, e.g. [TERM, KILL]')
         parsed = [parse_signal(name) for name in signals]
+        if any(name == 'KILL' for name, dummy in parsed[:-1]):
+            raise GpuopsError('signals: KILL must come last (%s): no process is left to get a signal after it'
+                              % ', '.join(name for name, dummy in parsed))
+        for name in protect:
+            if not name.strip('*?'):
+                raise GpuopsError('extra_protect: %r matches every process, so nothing would ever be released; '
+                                  'name the programs to protect (e.g. my-daemon or my-daemon*)' % (name,))
         ladder = grace_period * (len(parsed) - 1)
         if ladder >= timeout:
             raise GpuopsError('signals %s with grace_period %s take %s before the last signal, which does not fit '
@@ -201,6 +223,26 @@ def _key(holder):
     return (holder.pid, holder.starttime)
 
 
+def placements(snapshot):
+    """{pid: GPU indexes} of the processes the driver reports."""
+    found = {}
+    for gpu in snapshot.gpus:
+        for process in gpu.get('processes') or []:
+            if process.get('pid') is not None:
+                found.setdefault(process['pid'], set()).add(gpu.get('index'))
+    return found
+
+
+def _breaks_lines(info):
+    return info is not None and any(char in text for text in (info.comm, info.cmdline) for char in '\r\n')
+
+
+def is_system(holder, proc='/proc'):
+    """True for a process whose real and effective uids are root's or a system account's."""
+    uids = real_and_effective_uid(holder.pid, proc)
+    return uids is not None and all(uid < uid_min() for uid in uids)
+
+
 def _identity(holder):
     return (holder.uid, holder.comm, holder.cmdline)
 
@@ -213,9 +255,26 @@ def _holders_text(holders):
     lines = []
     for holder in holders:
         lines.append('%d %s %s [%s]%s\n' % (
-            holder.pid, holder.user, holder.cmdline or holder.comm, ', '.join(holder.devices),
-            ' (protected)' if holder.protected else ''))
+            holder.pid, holder.user, printable(holder.cmdline or holder.comm, 200), ', '.join(holder.devices),
+            ' (foreign)' if holder.foreign else ' (protected)' if holder.protected else ''))
     return ''.join(lines)
+
+
+def _foreign_why(holder):
+    return ('pid %d (%s, user %s, %s: a root or system process that the driver places on no GPU and that '
+            'belongs to no job, never signalled)' % (holder.pid, printable(holder.comm), holder.user, FOREIGN_HOLDER))
+
+
+def raise_fd_limit():
+    """Raise this process's open files limit to its hard limit; return the limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def boot_ticks():
@@ -257,10 +316,11 @@ class ReleaseResult:
         self.escalation = None
         self.failure = None
         self.warnings = []
+        self.foreign_holders = []
 
     def dump(self, diff=False):
         out = dict(changed=self.changed, released=self.released, signalled=self.signalled,
-                   protected=self.protected, survivors=self.survivors,
+                   protected=self.protected, foreign_holders=self.foreign_holders, survivors=self.survivors,
                    orphaned_gpus=self.orphaned_gpus, gpus_before=self.gpus_before,
                    gpus_after=self.gpus_after, escalation=self.escalation, elapsed_s=self.elapsed_s)
         if self.facts_after is not None:
@@ -291,7 +351,13 @@ class Release:
         self.left_alone = {}
         self.respawns = {}
         self.protected_seen = {}
+        self.settled = True
+        self.fd_limit = FD_RESERVE * 2
         self.impersonators = set()
+        self.foreign_seen = {}
+        self.reported_before = {}  # (pid, start time) -> the driver reported it on a scoped GPU
+        self.last_keys = set()
+        self.scan_incomplete = False
         self.unreadable = 0
         self.read_error = None
         self.read_error_permanent = False
@@ -315,6 +381,7 @@ class Release:
             # The last read that was tried says more than this one, when there was one.
             self.read_error = self.read_error or 'no time was left within the timeout to read the GPUs'
             return None
+        tick = boot_ticks()
         try:
             snapshot = self.reader.read(timeout=left)
         except GpuopsError as exc:
@@ -323,38 +390,126 @@ class Release:
             return None
         self.read_error = None
         self.read_error_permanent = False
+        snapshot.read_tick = tick
+        snapshot.placements = placements(snapshot)
+        snapshot.trusted = self._list_trusted(snapshot)
         self.last_snapshot = snapshot
         for warning in snapshot.warnings:
             self._warn(warning)
         return snapshot
 
+    def _list_trusted(self, snapshot):
+        """Whether the driver's process list may add holders, or only take them out of the scope:
+        nvidia-smi prints a process name raw, so a name with a line break forges lines, and a line
+        it could not parse is the trace of one. NVML gives structs."""
+        if getattr(self.reader, 'backend', None) == 'nvml':
+            return True
+        forged = [pid for pid in snapshot.placements if _breaks_lines(read_process(pid, self.proc))]
+        if forged or any('unreadable process line' in warning for warning in snapshot.warnings):
+            self._warn('nvidia-smi\'s process list cannot be trusted (%s): a process name can forge its lines, so '
+                       'it places no process on a GPU; holders are found by their device nodes only'
+                       % ('pid %s has a line break in its name' % ', '.join(str(pid) for pid in sorted(forged))
+                          if forged else 'a line did not parse'))
+            return False
+        return True
+
     def _scope(self, snapshot):
         return gpus_in_scope(snapshot.gpus if snapshot is not None else [], self.options.gpus)
 
     def _discover(self, snapshot):
-        holders, unreadable = find_holders(self.paths, self.options.protect, self.proc)
-        self.unreadable = max(self.unreadable, unreadable)
-        if self.options.gpus is None:
-            return holders
-        nodes = set(self.gpu_nodes[index] for index in self.options.gpus if index in self.gpu_nodes)
-        scope = self._scope(snapshot)
-        scoped = [holder for holder in holders if blocks(holder.devices, holder.pid, nodes, scope)]
-        # A process the driver reports on a GPU in scope may hold none of the matched nodes.
-        found = set(holder.pid for holder in holders)
-        for gpu in scope:
-            for process in gpu.get('processes') or []:
-                pid = process.get('pid')
-                if pid is not None and pid not in found:
-                    found.add(pid)
-                    holder = self._holder_for_pid(pid)
-                    if holder is not None:
-                        scoped.append(holder)
-        return sorted(scoped, key=lambda holder: holder.pid)
+        """The holders of the scope, found on the host by device identity and placed on GPUs by
+        what the driver reports; a scan in which a holder vanished is done again, so that a
+        successor started behind it is not missed."""
+        snapshot = snapshot or self.last_snapshot
+        scan = self._scan()
+        keys = set(_key(holder) for holder in scan.holders)
+        if self.last_keys - keys:
+            scan = self._scan()
+            keys = set(_key(holder) for holder in scan.holders)
+        self.last_keys = keys
+        placed = snapshot.placements if snapshot is not None else {}
+        trusted = placed if snapshot is not None and snapshot.trusted else {}
+        holders = [holder for holder in scan.holders if self._holds_scope(holder, placed, trusted)]
+        holders += self._reported_only(snapshot, scan, trusted)
+        self._mark_foreign(holders, trusted)
+        return sorted(holders, key=lambda holder: holder.pid)
 
-    def _holder_for_pid(self, pid):
-        """A process the driver reports on a GPU but that holds no matching node."""
-        # None when it is gone, or lives in another pid namespace.
-        return load_holder(pid, [], self.options.protect, ancestors(os.getpid(), self.proc), self.proc)
+    def _scan(self):
+        scan = scan_holders(self.paths, self.options.protect, self.proc, self.deadline, self.clock)
+        self.unreadable = max(self.unreadable, len(scan.unreadable))
+        if not scan.complete and not self.scan_incomplete:
+            self.scan_incomplete = True
+            self._warn('the scan of /proc for holders did not finish within the timeout: processes it did not '
+                       'reach are unknown, so the GPUs cannot be called released')
+        self.unreadable_pids = set(scan.unreadable)
+        return scan
+
+    def _scope_nodes(self):
+        return set(self.gpu_nodes[index] for index in self.options.gpus if index in self.gpu_nodes)
+
+    def _holds_scope(self, holder, placed, trusted):
+        """Whether a process found on the host holds the scope: every holder without gpus:; with
+        it, one that holds a scoped GPU's node, unless the driver places it only on other GPUs
+        (NVML and CUDA open every GPU's node on hosts without device cgroups). A forged line can
+        only take a process out of the scope this way, which leaves its memory to fail the release."""
+        if self.options.gpus is None:
+            return True
+        where = placed.get(holder.pid)
+        if where and not where & set(self.options.gpus):
+            return False
+        if blocks(holder.devices, None, self._scope_nodes(), []):
+            return True
+        # A scoped GPU without a node among the matched devices: the driver's placement decides.
+        unmapped = set(self.options.gpus) - set(self.gpu_nodes)
+        return bool(trusted.get(holder.pid, set()) & unmapped)
+
+    def _reported_only(self, snapshot, scan, trusted):
+        """Processes the driver places on a scoped GPU that the scan did not find: those whose
+        descriptors could not be read (not running as root), each admitted when two reads
+        reported the same process, which started before the first of them. A process whose
+        descriptors were read and hold no node of the scope is no holder of it, whatever the
+        driver's list says (a pid in it may be forged or recycled)."""
+        if self.options.gpus is None or not trusted:
+            return []
+        found = set(holder.pid for holder in scan.holders)
+        admitted = []
+        for pid, placed in sorted(trusted.items()):
+            if pid in found or pid not in scan.unreadable or not placed & set(self.options.gpus):
+                continue
+            holder = load_holder(pid, [], self.options.protect, ancestors(os.getpid(), self.proc), self.proc)
+            if holder is None or holder.starttime >= snapshot.read_tick:
+                continue  # gone, or a newcomer with a recycled pid
+            key = _key(holder)
+            first = self.reported_before.setdefault(key, snapshot.read_tick)
+            if first < snapshot.read_tick and not is_system(holder):
+                admitted.append(holder)
+        return admitted
+
+    def _mark_foreign(self, holders, placements):
+        """Leave alone (as foreign holders) the root and system processes that the driver places on
+        no GPU and that share no session, cgroup or ancestry with a job's holder: a daemon that
+        was handed a descriptor is no job. A process of the release's own session was started by
+        whoever started the release, and is theirs to release."""
+        jobs = [holder for holder in holders if not holder.protected and
+                (holder.pid in placements or _key(holder) in self.targets or holder.session == self.own_session
+                 or not is_system(holder))]
+        for holder in holders:
+            if holder.protected or holder in jobs or self._belongs_to(holder, jobs) \
+                    or self._relative(holder) is not None:
+                continue
+            holder.protected = True
+            holder.foreign = True
+            self.foreign_seen.setdefault(_key(holder), holder)
+
+    def _belongs_to(self, holder, jobs):
+        chain = ancestors(holder.ppid, self.proc) if holder.ppid else set()
+        own = cgroup(holder.pid, self.proc)
+        for job in jobs:
+            if job.pid in chain or (holder.session and holder.session == job.session != self.own_session):
+                return True
+            if own and own not in ('/', self.own_cgroup) and own == cgroup(job.pid, self.proc):
+                return True
+        return False
 
     def _observe(self, force_read=False, final=False):
         """(snapshot or None, holders). The GPUs are read when the scope or the check needs it;
@@ -370,7 +525,8 @@ class Release:
                 self.impersonators.add(holder.pid)
                 self._warn('pid %d (user %s, executable %s) calls itself %s but is not the protected daemon '
                            '(its executable is not that root-owned program, or it runs as a regular user); '
-                           'it is treated as a normal holder' % (holder.pid, holder.user, holder.exe or 'unknown',
+                           'it is treated as a normal holder' % (holder.pid, holder.user,
+                                                                 printable(holder.exe or 'unknown'),
                                                                  holder.impersonates))
         if snapshot is None and not force_read and self.options.wait \
                 and not any(not holder.protected for holder in holders):
@@ -378,11 +534,15 @@ class Release:
         return snapshot, holders
 
     def _gpu_clean(self, gpu):
+        """Readable, at or below the threshold, and no process on it in the driver's list (one
+        that is no holder on this host is named in the failure, never called gone)."""
         used = gpu.get('memory_used_mib')
-        return not gpu.get('error') and used is not None and used <= self.options.memory_threshold_mib
+        return not gpu.get('error') and used is not None and used <= self.options.memory_threshold_mib \
+            and not gpu.get('processes')
 
     def _clean(self, snapshot, holders):
-        return (snapshot is not None and not any(not holder.protected for holder in holders) and all(self._gpu_clean(gpu) for gpu in self._scope(snapshot)))
+        return (snapshot is not None and not self.scan_incomplete and not any(not holder.protected for holder in holders)
+                and all(self._gpu_clean(gpu) for gpu in self._scope(snapshot)))
 
     def _only_lost_left(self, snapshot, holders):
         """True when waiting cannot help: no holder is left and every dirty GPU is lost."""
@@ -440,7 +600,7 @@ class Release:
                     self.left_alone[key] = holder
                     continue
                 self.respawns[identity] = count + 1
-            target = Target(holder, ProcessRef(holder.pid, holder.starttime, self.proc),
+            target = Target(holder, ProcessRef(holder.pid, holder.starttime, self.proc, use_pidfd=self._pidfd_room()),
                             cgroup(holder.pid, self.proc))
             target.due = now
             if relative is not None:
@@ -453,6 +613,13 @@ class Release:
             self.targets[key] = target
             joined = True
         return joined
+
+    def _pidfd_room(self):
+        """None (a pidfd where the kernel has them) while descriptors are left for one, else False:
+        a target is then pinned by its start time alone, so that a thousand targets cannot leave
+        nvidia-smi without the descriptors it needs to start."""
+        open_pidfds = sum(1 for target in self.targets.values() if target.ref.pidfd is not None)
+        return None if open_pidfds + FD_RESERVE < self.fd_limit else False
 
     def _grace(self, now, remaining):
         """The wait before the next signal, squeezed so that the remaining ones fit the deadline."""
@@ -532,6 +699,7 @@ class Release:
             if target.gone_tick is None and target.ref.exited():
                 tick = boot_ticks() if tick is None else tick
                 target.gone_tick = tick
+                target.ref.close()
 
     def _ladder_pending(self, now, holders):
         """True while a target may still get a signal or is within the wait after its last one,
@@ -547,7 +715,8 @@ class Release:
         """When the loop must look again: the next signal due, the next poll, or the deadline."""
         wake = now + delay
         for target in self.targets.values():
-            if target.step < len(self.options.signals) and target.not_permitted is None:
+            if target.step < len(self.options.signals) and target.not_permitted is None \
+                    and not target.ref.exited():
                 wake = min(wake, target.due)
         return min(wake, self.signal_deadline)
 
@@ -584,6 +753,7 @@ class Release:
         self.orphan_deadline = self.signal_deadline - max(READ_MIN_S, self.options.timeout * RESET_SHARE) \
             if self.options.reset_orphaned else None
         result = ReleaseResult()
+        self.fd_limit = raise_fd_limit()
         self.paths = self._resolve_devices()
         self.gpu_nodes, problem = gpu_nodes(self.paths, self.options.host_root)
         if problem and self.options.gpus is not None:
@@ -704,12 +874,18 @@ class Release:
                 if self._finish_ladders(now):
                     self._pause(min(self.deadline, self.clock() + FINAL_EXIT_S))
                     snapshot, holders = self._observe(force_read=True, final=True)
+                    if any(not holder.protected for holder in holders):
+                        last_exit = None
+                    elif last_exit is None:
+                        last_exit = self.clock()
                 break
         if snapshot is None:
             snapshot = self._read(final=True)
             if snapshot is None:
                 self._warn('the GPUs could not be read: %s' % self.read_error)
 
+        self.settled = not self.targets or (last_exit is not None and
+                                            self.clock() >= last_exit + self.options.settle_time)
         self._report(result, snapshot, holders)
         self._escalate(result, snapshot)
 
@@ -726,10 +902,16 @@ class Release:
         """With reset_orphaned: reset the GPUs left with orphaned memory, then read everything again."""
         if not self.options.reset_orphaned or not result.orphaned_gpus:
             return
-        if result.survivors:
+        foreign = [holder for holder in self.foreign_seen.values()
+                   if any(self._blocks(holder, gpu) for gpu in self._scope(snapshot)
+                          if gpu.get('index') in result.orphaned_gpus)]
+        if result.survivors or foreign:
             self._warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
                 ', '.join(str(index) for index in result.orphaned_gpus),
-                ', '.join('pid %d' % survivor['pid'] for survivor in result.survivors)))
+                ', '.join(['pid %d' % survivor['pid'] for survivor in result.survivors] +
+                          [_foreign_why(holder) for holder in foreign])))
+            if foreign and result.failure:
+                result.failure += '; GPU reset not attempted: held by %s' % ', '.join(_foreign_why(h) for h in foreign)
             return
         runner = self.smi_runner or SmiRunner(self.options.nvidia_smi_path)
         bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
@@ -791,11 +973,14 @@ class Release:
                                          exited=target.ref.exited()))
         result.changed = any(target.signals_sent for target in self.targets.values())
         result.protected = [_describe(holder) for key, holder in sorted(self.protected_seen.items())]
+        result.foreign_holders = [dict(_describe(holder), reason=FOREIGN_HOLDER)
+                                  for key, holder in sorted(self.foreign_seen.items())]
         survivors = [holder for holder in holders if not holder.protected]
         result.survivors = [self._survivor(holder, scope) for holder in survivors]
         result.gpus_after = self._memory(snapshot)
         result.diff['after'] = _holders_text(holders)
-        result.released = self._clean(snapshot, holders)
+        clean = self._clean(snapshot, holders)
+        result.released = clean and self.settled
         if self.options.wait:
             result.orphaned_gpus = self._orphaned(scope, survivors)
             if not result.released:
@@ -803,10 +988,10 @@ class Release:
 
     @staticmethod
     def _why(survivor):
-        text = 'pid %d (%s, %s' % (survivor['pid'], survivor['comm'], survivor['reason'])
+        text = 'pid %d (%s, %s' % (survivor['pid'], printable(survivor['comm']), survivor['reason'])
         owner = survivor.get('supervisor')
         if owner:
-            text += ' by pid %s %s' % (owner['pid'], owner['name'] or '')
+            text += ' by pid %s %s' % (owner['pid'], printable(owner['name'] or ''))
             text += ''.join(', %s %s' % (kind, owner[kind]) for kind in ('unit', 'container') if owner[kind])
         if survivor['reason'] == 'not_permitted':
             text += ', uid %s' % survivor['uid']
@@ -816,6 +1001,8 @@ class Release:
         problems = []
         if snapshot is None:
             problems.append('the GPUs could not be read: %s' % self.read_error)
+        if self.scan_incomplete:
+            problems.append('the scan of /proc for holders did not finish in time')
         protected = dict((holder.pid, holder) for holder in self.protected_seen.values())
         blocking = set()
         for gpu in scope:
@@ -832,15 +1019,20 @@ class Release:
                                 'reset frees it)' % (index, used))
             elif holders or reported or used is None or used > self.options.memory_threshold_mib:
                 why = [self._why(survivor) for survivor in holders]
-                why += ['protected pid %s (%s), which is never signalled' % (process.get('pid'), process.get('name'))
+                why += ['protected pid %s (%s), which is never signalled' % (process.get('pid'), printable(process.get('name')))
                         if process.get('pid') in protected else
-                        'pid %s (%s, reported by the driver)' % (process.get('pid'), process.get('name'))
+                        'pid %s (%s, reported by the driver)' % (process.get('pid'), printable(process.get('name')))
                         for process in reported]
+                why += [_foreign_why(holder) for holder in self.foreign_seen.values() if self._blocks(holder, gpu)]
                 amount = 'memory used not reported' if used is None else '%s MiB used' % used
                 problems.append('GPU %s: %s%s' % (index, amount, ', held by ' + ', '.join(why) if why else ''))
         for survivor in result.survivors:
             if survivor['pid'] not in blocking:
                 problems.append('%s still holds %s' % (self._why(survivor), ', '.join(survivor['devices'])))
+        if not problems and self.targets and not self.settled:
+            problems.append('%s: the GPUs read clean, but not for settle_time (%s) after the last holder exited, '
+                            'before the timeout; a holder may come back (raise timeout)'
+                            % (NOT_SETTLED, seconds(self.options.settle_time)))
         if scope and all(gpu.get('error') or self._gpu_clean(gpu) for gpu in scope) and not result.survivors:
             return 'GPUs not released: %s' % '; '.join(problems)
         return 'GPUs not released within %s: %s' % (seconds(self.options.timeout), '; '.join(problems))

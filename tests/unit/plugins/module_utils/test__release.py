@@ -89,7 +89,11 @@ def test_parse_signal_rejects_unknown(bad):
     (dict(signals=['INT', 'TERM', 'KILL'], grace_period=30, timeout=3),
      r'signals \[INT, TERM, KILL\] with grace_period 30.0 s take 60.0 s before the last signal, which does not '
      r'fit in timeout 3.0 s'),
-    (dict(memory_threshold_mib=-1), 'memory_threshold_mib must be zero or more'),
+    (dict(memory_threshold_mib=-1), 'memory_threshold_mib must be between 0 and 16384 MiB'),
+    (dict(memory_threshold_mib=10 ** 18), 'memory_threshold_mib must be between 0 and 16384 MiB'),
+    (dict(signals=['KILL', 'TERM']), 'KILL must come last'),
+    (dict(protect=['nvidia-persistenced', '*']), "'\\*' matches every process"),
+    (dict(protect=['?*']), 'matches every process'),
     (dict(devices=['dev/nvidia*']), 'not an absolute path'),
     (dict(gpus=[0, -2]), 'GPU indexes are zero or more'),
     (dict(gpus=[]), 'name at least one GPU index'),
@@ -177,8 +181,10 @@ def test_children_forked_later_are_signalled_in_a_new_round(gpuhost, run, tmp_pa
             'signal.signal(signal.SIGTERM, stop)\n'
             'print("ready", flush=True)\n'
             'time.sleep(60)\n')
+    # A group of its own in this session: a job of whoever runs the release (root's processes of
+    # another session that the driver does not report are foreign holders, never signalled).
     proc = subprocess.Popen([sys.executable, '-c', code, gpuhost.dev_path(1)], stdout=subprocess.PIPE,
-                            start_new_session=True)
+                            process_group=0)
     try:
         assert proc.stdout.readline().strip() == b'ready'
         result = run(grace_period=1)
@@ -380,15 +386,15 @@ class ReportingReader:
         pass
 
 
-def test_gpus_includes_processes_the_driver_reports(gpuhost, spawn, tmp_path):
-    reported = spawn([])  # holds no device node at all
+def test_a_process_the_driver_reports_but_that_holds_no_node_is_never_signalled(gpuhost, spawn, tmp_path):
+    reported = spawn([])  # holds no device node at all: the driver's word alone is no proof
     reader, dummy = select_reader('auto', gpuhost.smi_path, 10)
-    options = ReleaseOptions([gpuhost.dev_glob], gpus=[2], protect=DEFAULT_PROTECT, timeout=10,
+    options = ReleaseOptions([gpuhost.dev_glob], gpus=[2], protect=DEFAULT_PROTECT, timeout=2, grace_period=0.5,
                              lock_file=str(tmp_path / 'lock'))
     result = Release(ReportingReader(reader, 2, reported.pid), options, signaller=Signaller(lambda msg: None)).run()
-    assert result.released is True, result.failure
-    assert [(entry['pid'], entry['devices'], entry['exited']) for entry in result.signalled] == [
-        (reported.pid, [], True)]
+    assert result.signalled == [] and alive(reported.pid)
+    assert result.released is False
+    assert 'pid %d (python3, reported by the driver)' % reported.pid in result.failure
 
 
 @pytest.mark.parametrize('use_pidfd', [True, False] if _signals.HAS_PIDFD else [False])

@@ -182,7 +182,7 @@ def test_error_fails_the_host_with_it_first():
     (dict(timeout='soon'), "gpu_reset_timeout must be a number, got 'soon'"),
     (dict(grace_period=-1), 'gpu_reset_grace_period must be zero or more, got -1'),
     (dict(grace_period=60, signals=['TERM', 'KILL']), 'gpu_reset_signals [TERM, KILL] with grace_period 60.0 s'),
-    (dict(memory_threshold_mib=-1), 'gpu_reset_memory_threshold_mib must be zero or more'),
+    (dict(memory_threshold_mib=-1), 'gpu_reset_memory_threshold_mib must be between 0 and 16384 MiB'),
     (dict(signals=[]), 'gpu_reset_signals must name at least one signal'),
     (dict(signals=['STOP']), 'gpu_reset_signals: '),
     (dict(devices=[]), 'gpu_reset_devices must name at least one device node glob'),
