@@ -233,8 +233,16 @@ def placements(snapshot):
     return found
 
 
-def _breaks_lines(info):
-    return info is not None and any(char in text for text in (info.comm, info.cmdline) for char in '\r\n')
+def _breaks_lines(pid, proc='/proc'):
+    """Whether the name nvidia-smi prints for pid (its argv[0]) or its comm has a line break."""
+    try:
+        with open(os.path.join(proc, str(pid), 'cmdline'), 'rb') as handle:
+            argv0 = handle.read(65536).split(b'\0', 1)[0]
+        with open(os.path.join(proc, str(pid), 'comm'), 'rb') as handle:
+            comm = handle.read().rstrip(b'\n')
+    except (IOError, OSError):
+        return False
+    return any(char in text for text in (argv0, comm) for char in (b'\r', b'\n'))
 
 
 def is_system(holder, proc='/proc'):
@@ -392,26 +400,27 @@ class Release:
         self.read_error_permanent = False
         snapshot.read_tick = tick
         snapshot.placements = placements(snapshot)
-        snapshot.trusted = self._list_trusted(snapshot)
+        snapshot.trusted = self._trusted_placements(snapshot)
         self.last_snapshot = snapshot
         for warning in snapshot.warnings:
             self._warn(warning)
         return snapshot
 
-    def _list_trusted(self, snapshot):
-        """Whether the driver's process list may add holders, or only take them out of the scope:
+    def _trusted_placements(self, snapshot):
+        """The placements that may add holders (the others only take holders out of the scope):
         nvidia-smi prints a process name raw, so a name with a line break forges lines, and a line
-        it could not parse is the trace of one. NVML gives structs."""
+        it could not parse is the trace of one. Then only the pids with such a name are known to
+        be the driver's, on no GPU that can be told. NVML gives structs."""
         if getattr(self.reader, 'backend', None) == 'nvml':
-            return True
-        forged = [pid for pid in snapshot.placements if _breaks_lines(read_process(pid, self.proc))]
+            return snapshot.placements
+        forged = [pid for pid in snapshot.placements if _breaks_lines(pid, self.proc)]
         if forged or any('unreadable process line' in warning for warning in snapshot.warnings):
             self._warn('nvidia-smi\'s process list cannot be trusted (%s): a process name can forge its lines, so '
                        'it places no process on a GPU; holders are found by their device nodes only'
                        % ('pid %s has a line break in its name' % ', '.join(str(pid) for pid in sorted(forged))
                           if forged else 'a line did not parse'))
-            return False
-        return True
+            return dict((pid, set()) for pid in forged)
+        return snapshot.placements
 
     def _scope(self, snapshot):
         return gpus_in_scope(snapshot.gpus if snapshot is not None else [], self.options.gpus)
@@ -428,7 +437,7 @@ class Release:
             keys = set(_key(holder) for holder in scan.holders)
         self.last_keys = keys
         placed = snapshot.placements if snapshot is not None else {}
-        trusted = placed if snapshot is not None and snapshot.trusted else {}
+        trusted = snapshot.trusted if snapshot is not None else {}
         holders = [holder for holder in scan.holders if self._holds_scope(holder, placed, trusted)]
         holders += self._reported_only(snapshot, scan, trusted)
         self._mark_foreign(holders, trusted)
@@ -489,10 +498,11 @@ class Release:
         """Leave alone (as foreign holders) the root and system processes that the driver places on
         no GPU and that share no session, cgroup or ancestry with a job's holder: a daemon that
         was handed a descriptor is no job. A process of the release's own session was started by
-        whoever started the release, and is theirs to release."""
+        whoever started the release, and is theirs to release; one whose name breaks the driver's
+        list into lines is a job that tried to hide."""
         jobs = [holder for holder in holders if not holder.protected and
                 (holder.pid in placements or _key(holder) in self.targets or holder.session == self.own_session
-                 or not is_system(holder))]
+                 or not is_system(holder) or _breaks_lines(holder.pid, self.proc))]
         for holder in holders:
             if holder.protected or holder in jobs or self._belongs_to(holder, jobs) \
                     or self._relative(holder) is not None:
@@ -630,6 +640,8 @@ class Release:
         """Signal target; True when the signal went out. SIGSTOP, part of the final step, is
         logged but not listed in signals_sent, which lists the ladder's signals."""
         holder = target.holder
+        # Read before the signal goes out: a process it makes the target fork starts after it.
+        tick = boot_ticks() if target.signalled_tick is None else target.signalled_tick
         try:
             sent = self.signaller.send(target.ref, name, number, holder.user,
                                        holder.cmdline or holder.comm, holder.devices)
@@ -638,8 +650,8 @@ class Release:
             return False
         if sent and number != signal.SIGSTOP:
             target.signals_sent.append(name)
-        if sent and target.signalled_tick is None:
-            target.signalled_tick = boot_ticks()
+        if sent:
+            target.signalled_tick = tick
         return sent
 
     def _advance(self, now):

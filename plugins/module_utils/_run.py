@@ -129,6 +129,8 @@ class Runner:
                     # stop; a process it left behind may keep the pipes open (and busy) for ever.
                     ready = selector.select(0 if exited else min(left, self.POLL_S))
                     if exited and not ready:
+                        # What keeps the pipes open is a process it left, maybe in a session of its own.
+                        _kill_all(_holders_of([key.fd for key in selector.get_map().values()]))
                         break
                     for key, dummy in ready:
                         data = os.read(key.fd, 65536)
@@ -154,8 +156,7 @@ class Runner:
             return  # reaped: its pid may be another process's by now
         descendants = _descendants(proc.pid)
         _kill_group(proc.pid)
-        for pid, starttime in descendants:
-            _kill_same(pid, starttime)
+        _kill_all(descendants)
         try:
             proc.wait(timeout=self.KILL_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -236,6 +237,40 @@ def _descendants(root, proc='/proc'):
             found.append(child)
             todo.append(child[0])
     return found
+
+
+def _holders_of(fds):
+    """[(pid, starttime)] of the other processes that hold the pipes behind fds (ours): found
+    by the pipes' inodes, through every process's descriptors."""
+    wanted = set()
+    for fd in fds:
+        info = os.fstat(fd)
+        wanted.add((info.st_dev, info.st_ino))
+    found = []
+    for name in os.listdir('/proc'):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        fd_dir = '/proc/%s/fd' % name
+        try:
+            links = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for link in links:
+            try:
+                info = os.stat(os.path.join(fd_dir, link))
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) in wanted:
+                fields = _stat_fields(int(name))
+                if fields is not None:
+                    found.append((int(name), fields[1]))
+                break
+    return found
+
+
+def _kill_all(processes):
+    for pid, starttime in processes:
+        _kill_same(pid, starttime)
 
 
 def _kill_same(pid, starttime):

@@ -58,8 +58,12 @@ options:
   gpus:
     description:
       - Release only these GPUs (indexes as nvidia-smi numbers them). The holders of their
-        C(nvidiaN) device nodes among the nodes matching O(devices), and the processes the
-        driver reports on them, are stopped.
+        C(nvidiaN) device nodes among the nodes matching O(devices) are stopped, found on the
+        host by device identity; a holder that the driver places only on other GPUs (NVML and
+        CUDA open every GPU's node on hosts without device cgroups) is left to their release.
+      - What the driver reports is a hint, never proof that a pid may be signalled. A reported
+        pid whose descriptors hold no node of these GPUs is not signalled (one whose descriptors
+        cannot be read is, once two reads report it and it started before the first).
       - A GPU's node is the one of its minor number, which the driver gives in
         C(/proc/driver/nvidia/gpus) and which need not equal its index.
       - Processes that hold only shared nodes (C(nvidiactl), C(nvidia-uvm)) are then left
@@ -222,8 +226,10 @@ EXAMPLES = r'''
 
 RETURN = r'''
 released:
-  description: True when at the end no unprotected holder is left and every GPU in scope
-    reports memory used at or below O(memory_threshold_mib).
+  description: True when at the end no unprotected holder is left, every GPU in scope
+    reports memory used at or below O(memory_threshold_mib) with no process in the driver's
+    list, and the GPUs stayed so for O(settle_time) after the last holder exited (false, with
+    C(not_settled) in the message, when that window did not fit before O(timeout)).
   returned: always
   type: bool
   sample: true
@@ -306,6 +312,41 @@ protected:
       comm: nvidia-persiste
       cmdline: /usr/bin/nvidia-persistenced --user nvidia-persistenced
       devices: [/dev/nvidia-uvm, /dev/nvidia0, /dev/nvidiactl]
+foreign_holders:
+  description: Holders left alone because they are root or system processes that the driver
+    places on no GPU and that share no session, cgroup or ancestry with a job (a daemon that
+    was handed a device descriptor, a root monitoring agent). They are never signalled; one
+    that holds a GPU still holding memory, or a GPU to reset, is named in the failure.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+    user:
+      description: The user the process runs as.
+      type: str
+    comm:
+      description: The process name as the kernel keeps it.
+      type: str
+    cmdline:
+      description: The command line.
+      type: str
+    devices:
+      description: The matching device nodes it holds.
+      type: list
+      elements: str
+    reason:
+      description: Always V(foreign_holder).
+      type: str
+  sample:
+    - pid: 845
+      user: root
+      comm: dbus-daemon
+      cmdline: /usr/bin/dbus-daemon --system
+      devices: [/dev/nvidia0]
+      reason: foreign_holder
 survivors:
   description: Unprotected holders still there at the end.
   returned: always

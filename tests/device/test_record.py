@@ -166,10 +166,20 @@ def test_checks_fail_when_the_holder_survives_and_memory_stays(gpuhost, tmp_path
 
 
 def test_checks_skip_the_compute_check_for_a_holder_of_device_files(gpuhost, tmp_path):
+    # Root's process with the device files open and no CUDA context is left alone (a foreign holder).
     free = {'index': 0, 'state': 'free', 'memory_used_mib': 1, 'processes': []}
-    write_run(tmp_path, free, {'changed': True, 'released': True, 'signalled': [{'pid': 4194303}]}, free)
-    results = record.checks(str(tmp_path), 4194303, smi_path=gpuhost.smi_path, compute_holder=False)
-    assert [verdict for verdict, dummy, dummy in results] == ['PASS', 'SKIP', 'PASS', 'PASS', 'PASS', 'PASS', 'PASS']
+    holder = os.getpid()
+    write_run(tmp_path, free, {'changed': False, 'released': True, 'signalled': [],
+                               'foreign_holders': [{'pid': holder, 'reason': 'foreign_holder'}]}, free)
+    results = record.checks(str(tmp_path), holder, smi_path=gpuhost.smi_path, compute_holder=False)
+    assert [(verdict, name) for verdict, name, dummy in results] == [
+        ('PASS', 'facts before: GPU 0 read'), ('SKIP', 'facts before: GPU 0 not free, holder %d listed' % holder),
+        ('PASS', 'release: unchanged and released'),
+        ('PASS', 'release: holder %d left alone as a foreign holder' % holder),
+        ('PASS', 'facts after: GPU 0 free'), ('PASS', 'nvidia-smi: GPU 0 memory.used at or below 32 MiB')]
+    write_run(tmp_path, free, {'changed': True, 'released': True, 'signalled': [{'pid': holder}]}, free)
+    results = record.checks(str(tmp_path), holder, smi_path=gpuhost.smi_path, compute_holder=False)
+    assert [verdict for verdict, dummy, dummy in results][2:4] == ['FAIL', 'FAIL']
 
 
 def test_adhoc_result_reads_the_status_line():

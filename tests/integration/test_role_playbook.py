@@ -173,6 +173,10 @@ def fleet(tmp_path_factory):
                 # The release keeps a third of its timeout for the reset: room for its nvidia-smi
                 # calls on a busy test machine.
                 extra['gpu_reset_timeout'] = 12
+            if name in ('hung', 'stubborn', 'daemons', 'scoped', 'strict'):
+                # Released only once the settle window (1 s after the last exit) fits before the
+                # timeout: room for it on a busy test machine with every host at once.
+                extra['gpu_reset_timeout'] = 8
             if name == 'drain':
                 extra['gpu_reset_on_failure'] = 'drain'
                 extra['gpu_reset_drain_command'] = [

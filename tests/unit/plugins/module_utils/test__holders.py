@@ -22,6 +22,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     ancestors,
     expand_devices,
     find_holders,
+    scan_holders,
     start_time,
 )
 
@@ -178,3 +179,53 @@ def test_nvidias_other_daemons_are_protected_by_default(devroot, spawn, program)
     daemon = spawn([devroot / 'nvidia0'], exe=program)
     holders, dummy = find_holders([str(devroot / 'nvidia0')], DEFAULT_PROTECT)
     assert [(h.pid, h.protected) for h in holders] == [(daemon.pid, True)]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason='needs root to make a file of another user')
+def test_a_regular_file_another_user_owns_is_no_device_node(devroot):
+    os.chown(str(devroot / 'nvidia1'), pwd.getpwnam('nobody').pw_uid, -1)
+    with pytest.raises(GpuopsError, match=r'nvidia1 .* is a regular file owned by uid \d+, not a device node'):
+        expand_devices([str(devroot / 'nvidia*')])
+
+
+def test_a_regular_file_in_a_directory_others_can_write_is_no_device_node(devroot):
+    os.chmod(str(devroot), 0o777)
+    with pytest.raises(GpuopsError, match='is a regular file in a directory that other users can write'):
+        expand_devices([str(devroot / 'nvidia0')])
+
+
+def test_a_scan_stops_at_its_deadline_and_says_so(devroot, spawn):
+    spawn([devroot / 'nvidia0'])
+    paths = expand_devices([str(devroot / 'nvidia0')])
+    assert scan_holders(paths).complete is True
+    late = scan_holders(paths, deadline=0.0, clock=lambda: 1.0)
+    assert late.complete is False and late.holders == []
+
+
+def test_running_out_of_descriptors_is_an_error_not_an_empty_scan(devroot, spawn):
+    import resource
+    spawn([devroot / 'nvidia0'])
+    paths = expand_devices([str(devroot / 'nvidia0')])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    kept = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    try:
+        while True:
+            kept.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    try:
+        with pytest.raises(GpuopsError, match='out of file descriptors while reading /proc'):
+            scan_holders(paths)
+    finally:
+        for fd in kept:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_node_is_found_by_identity_whatever_path_opened_it(devroot, spawn, tmp_path):
+    link = tmp_path / 'another-name'
+    os.link(str(devroot / 'nvidia1'), str(link))  # the same inode under a path that says nothing
+    opener = spawn([link])
+    holders, dummy = find_holders(expand_devices([str(devroot / 'nvidia1')]))
+    assert [(holder.pid, holder.devices) for holder in holders] == [(opener.pid, [str(devroot / 'nvidia1')])]

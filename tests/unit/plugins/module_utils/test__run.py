@@ -85,3 +85,13 @@ def test_the_kernel_log_reader_runs_through_the_runner(tmp_path):
 def test_the_kernel_log_reader_names_a_program_that_does_not_run(tmp_path):
     events, warnings = _health.read_xid_events(None, 1, commands=([str(tmp_path / 'journalctl')],))
     assert events is None and 'journalctl not found or not executable' in warnings[0]
+
+
+def test_what_the_program_leaves_running_in_a_session_of_its_own_is_killed(tmp_path):
+    pidfile = str(tmp_path / 'child.pid')
+    path = program(tmp_path, 'nvidia-smi', "setsid sleep 30 & echo $! > %s; echo done" % pidfile)
+    try:
+        assert Runner(path, 5).run([]) == (0, 'done\n', '')
+        assert gone(read_pid(pidfile))
+    finally:
+        kill_left(pidfile)
