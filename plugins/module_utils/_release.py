@@ -360,6 +360,7 @@ class Release:
         self.respawns = {}
         self.protected_seen = {}
         self.settled = True
+        self.last_exit = None
         self.fd_limit = FD_RESERVE * 2
         self.impersonators = set()
         self.foreign_seen = {}
@@ -896,8 +897,7 @@ class Release:
             if snapshot is None:
                 self._warn('the GPUs could not be read: %s' % self.read_error)
 
-        self.settled = not self.targets or (last_exit is not None and
-                                            self.clock() >= last_exit + self.options.settle_time)
+        self.last_exit = last_exit
         self._report(result, snapshot, holders)
         self._escalate(result, snapshot)
 
@@ -992,6 +992,10 @@ class Release:
         result.gpus_after = self._memory(snapshot)
         result.diff['after'] = _holders_text(holders)
         clean = self._clean(snapshot, holders)
+        if any(not holder.protected for holder in holders):
+            self.last_exit = None
+        self.settled = not self.targets or (self.last_exit is not None and
+                                            self.clock() >= self.last_exit + self.options.settle_time)
         result.released = clean and self.settled
         if self.options.wait:
             result.orphaned_gpus = self._orphaned(scope, survivors)

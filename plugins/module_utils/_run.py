@@ -89,6 +89,9 @@ class Runner:
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                     close_fds=True, start_new_session=True)
         except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):  # ours, not the program's: no hint about it
+                raise GpuopsError('%s could not be started: out of file descriptors (%s); raise the open '
+                                  'files limit (ulimit -n)' % (self.name, exc.strerror))
             raise PermanentReadError(self._hinted(_exec_failure(self.name, path, exc)))
         try:
             output = self._collect(proc, time.monotonic() + timeout)

@@ -19,6 +19,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     UNREPORTED_PROCESS_NAMES,
     GpuopsError,
     PermanentReadError,
+    printable,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import PCI_BUS_ID_RE, normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader, Snapshot
@@ -161,33 +162,47 @@ def _unreadable_gpu(line, index=None):
     return gpu
 
 
+# The fixed cells of a process line: a line whose cells do not read exactly so is rejected (a
+# process name is printed raw and may hold line breaks that forge lines).
+APP_UUID_RE = re.compile(r'^(?:(?:GPU|MIG)-[0-9A-Za-z-]+|\[N/A\])$')
+APP_USED_RE = re.compile(r'^(?:[0-9]+(?: MiB)?|\[[A-Za-z /]+\])$')
+
+
 def parse_apps_csv(text):
     """Parse ``--query-compute-apps=<APP_FIELDS> --format=csv,noheader,nounits`` output.
 
     process_name is printed unquoted and may itself contain commas, so the fixed fields
-    are taken from both ends of the line. Returns (apps, warnings).
+    are taken from both ends of the line, and each must read exactly as nvidia-smi prints it.
+    Returns (apps, warnings).
     """
     apps, warnings = [], []
     for line in text.splitlines():
         if not line.strip() or line.strip().startswith('No running') or is_handle_error(line):
             # A GPU that cannot be read is reported with the GPU list.
             continue
-        cells = line.split(',')
-        pid = cells[0].strip()
-        if len(cells) < len(APP_FIELDS) or not pid.isdigit():
-            warnings.append('nvidia-smi printed an unreadable process line: %r' % line.strip())
+        app = _app_from_line(line)
+        if app is None:
+            warnings.append('nvidia-smi printed an unreadable process line: %r' % printable(line.strip(), 300))
             continue
-        used, dummy = parse_value('memory_used_mib', cells[-3])
-        bus_id, dummy = parse_value('pci_bus_id', cells[-1])
-        name = ','.join(cells[1:-3]).strip()
-        apps.append({
-            'pid': int(pid),
-            'name': None if name in UNREPORTED_PROCESS_NAMES else name,
-            'used_memory_mib': used,
-            'gpu_uuid': cells[-2].strip() or None,
-            'gpu_bus_id': bus_id,
-        })
+        apps.append(app)
     return apps, warnings
+
+
+def _app_from_line(line):
+    cells = [cell.strip() for cell in line.split(',')]
+    if len(cells) < len(APP_FIELDS) or not cells[0].isdigit() or not APP_USED_RE.match(cells[-3]) \
+            or not APP_UUID_RE.match(cells[-2]) or not (PCI_BUS_ID_RE.fullmatch(cells[-1]) or cells[-1] == '[N/A]'):
+        return None
+    used, dummy = parse_value('memory_used_mib', cells[-3])
+    bus_id, dummy = parse_value('pci_bus_id', cells[-1])
+    name = ','.join(line.split(',')[1:-3]).strip()
+    return {
+        'pid': int(cells[0]),
+        'name': None if name in UNREPORTED_PROCESS_NAMES else name,
+        'used_memory_mib': used,
+        'gpu_uuid': None if cells[-2] == '[N/A]' else cells[-2],
+        'gpu_bus_id': bus_id,
+    }
 
 
 def _first_line(text):

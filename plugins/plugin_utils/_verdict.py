@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.nvidia.plugins.filter.gpu_scope import gpu_scope
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
 
 # The option a release module message starts with ("timeout must be ...", "signals: ...").
@@ -156,11 +156,11 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
     """Why a host is not clean: each dirty GPU and each stray holder, '; '-joined."""
     lines = []
     if error:
-        lines.extend(str(error).splitlines())
+        lines.extend(printable(line) for line in str(error).splitlines())
     if check_mode and not error:
         text = 'check mode: would signal %d process(es)' % len(signalled)
         if signalled:
-            text += ': ' + ', '.join('pid %s (%s)' % (p.get('pid'), p.get('comm')) for p in signalled)
+            text += ': ' + ', '.join('pid %s (%s)' % (p.get('pid'), printable(p.get('comm'))) for p in signalled)
         lines.append(text)
     attempted, reset_ok, output = _escalation(escalation)
     count = 0
@@ -186,15 +186,15 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
                 text += ', set gpu_reset_allow_gpu_reset to allow it'
             lines.append(text + ')')
         elif over or held or reported:
-            why = ['pid %s (%s, %s)' % (s.get('pid'), s.get('comm'), s.get('reason')) for s in held]
-            why += ['pid %s (%s)' % (p.get('pid'), p.get('name')) for p in reported]
+            why = ['pid %s (%s, %s)' % (s.get('pid'), printable(s.get('comm')), s.get('reason')) for s in held]
+            why += ['pid %s (%s)' % (p.get('pid'), printable(p.get('name'))) for p in reported]
             lines.append('GPU %s: %s MiB used%s' % (index, used, ', held by ' + ', '.join(why) if why else ''))
     blocking = set(s.get('pid') for s in survivors if s.get('gpus'))
     for holder in final.get('nvidia_device_holders') or []:
         if not holder.get('protected') and holder.get('pid') not in blocking:
             count += 1
             lines.append('pid %s (%s, user %s) still holds %s' % (
-                holder.get('pid'), holder.get('comm'), holder.get('user'), ', '.join(holder.get('devices') or [])))
+                holder.get('pid'), printable(holder.get('comm')), holder.get('user'), ', '.join(holder.get('devices') or [])))
     if not check_mode and not error and count == 0:
         lines.append('the GPUs do not pass gpu_reset_clean_query')
     return '; '.join(line.strip() for line in lines if line.strip())

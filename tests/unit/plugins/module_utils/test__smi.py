@@ -474,3 +474,17 @@ def test_refused_health_fields_are_asked_for_once_per_reader(gpuhost_factory, tm
              for line in calls.read_text().splitlines()]
     assert asked == ['--query-gpu+remap', '--query-gpu', '--query-remapped-rows', '--query-compute-apps',
                      '--query-gpu', '--query-remapped-rows', '--query-compute-apps']
+
+
+def test_apps_lines_that_do_not_read_exactly_are_rejected():
+    # A process name with a line break splits its line in two: neither half may pass for a line.
+    text = ('4242, python3\n'
+            '999, x, 100 MiB, GPU-aaa, 00000000:18:00.0 and more\n'
+            '998, x, lots, GPU-aaa, 00000000:18:00.0\n'
+            '997, x, 100, not-a-uuid, 00000000:18:00.0\n'
+            '996, \x1b]0;owned\x07, 100, GPU-aaa, 00000000:18:00.0\n'
+            '995, \x1b[2J, 100\n')
+    apps, warnings = parse_apps_csv(text)
+    assert [app['pid'] for app in apps] == [996]
+    assert len(warnings) == 5 and all('unreadable process line' in warning for warning in warnings)
+    assert not any('\x1b' in warning for warning in warnings)

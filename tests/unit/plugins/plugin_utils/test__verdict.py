@@ -262,3 +262,12 @@ def test_summary_of_a_slice_says_so():
     lines = _verdict.summary(['gpu-a'], {'gpu-a': {'gpu_reset_result': _verdict.verdict('gpu-a', release=release(True))}},
                              sliced=True)
     assert lines[0] == '1 of 1 host(s) in this slice: 1 clean, 0 released, 0 failed'
+
+
+def test_user_chosen_names_reach_the_reason_escaped():
+    final = {'nvidia_gpus': [{'index': 0, 'memory_used_mib': 900, 'processes': [
+        {'pid': 7, 'name': 'job\n7, forged line\x1b[2J'}]}], 'nvidia_device_holders': [
+        {'pid': 8, 'comm': 'x\x1b]0;t\x07', 'user': 'u', 'devices': ['/dev/nvidia0'], 'protected': False}]}
+    text = _verdict.reason(final, [], 32, error='module failed:\x1b[31m red')
+    assert '\n' not in text and '\x1b' not in text and '\x07' not in text
+    assert 'pid 7 (job\\x0a7, forged line\\x1b[2J)' in text
