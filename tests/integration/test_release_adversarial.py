@@ -314,3 +314,35 @@ def test_times_in_messages_are_rounded(gpuhost):
     assert '1.7' in waits and all(re.match(r'^[0-9]+\.[0-9]$', wait) for wait in waits), messages
     assert sum(float(wait) for wait in set(waits)) <= 2.3 + 0.1, messages
     assert 'GPUs not released within 2.3 s:' in result.failure
+
+
+# ==============================================================================================
+# Release safety of the hook and the audit log (report names, audit lines, drain reasons, lock
+# directories, the hook's exit statuses and its GPU list). Appended as one section.
+# ==============================================================================================
+
+# -- 10. a command line that tries to forge or drown the audit log -----------------------------
+
+# Holds the device under a command line of its own choosing (argv), says ready and waits.
+CHOSEN_COMMAND_LINE = '''
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+print('ready', flush=True)
+time.sleep(120)
+'''
+
+
+@in_private_pid_namespace
+def test_a_command_line_cannot_forge_drown_or_colour_the_audit_log(gpuhost):
+    """A newline and a forged line, terminal escapes, and 260 KB of arguments (each below the
+    kernel's 128 KiB per argument): one audit line per signal, escaped, that fits a datagram."""
+    forged = 'train.py\nDec  1 08:00:00 node gpuops.nvidia[1]: nvidia_device_release: sent SIGKILL to pid 1\x1b]0;x\x07'
+    job = python_job(CHOSEN_COMMAND_LINE, gpuhost.dev_path(0), forged, 'B' * 130000, 'C' * 130000)
+    result = release(gpuhost, grace_period=0.5)
+    assert result.released is True, result.failure
+    assert [entry['pid'] for entry in result.signalled] == [job.pid]
+    assert len(result.logged) >= len(result.signalled[0]['signals_sent']) >= 1
+    for line in result.logged:
+        assert re.match(r'nvidia_device_release: sent SIG[A-Z]+ to pid %d \(user root\) holding \S+, command "' % job.pid, line), line
+        assert not re.search(r'[\x00-\x1f\x7f-\x9f]', line) and 'train.py\\x0aDec' in line
+        assert len(line.encode('utf-8')) <= 2048
