@@ -249,18 +249,28 @@ def reset(settings, node, scontrol, deadline):
         try:
             write_metrics(setting(settings, 'textfile_dir'), result, started)
         except (OSError, ImportError) as exc:
-            result['outcome'] = 'failed'
-            result['reason'] = '%swrite node_exporter metrics: %s' % (result['reason'] + '; ' if result['reason'] else '', exc)
+            failed(result, 'write node_exporter metrics', exc)
     if setting(settings, 'report_dir'):
         try:
-            os.makedirs(setting(settings, 'report_dir'), mode=0o755, exist_ok=True)
-            write_file(os.path.join(setting(settings, 'report_dir'), '%s.json' % node),
-                       json.dumps(result, indent=2) + '\n')
-        except OSError as exc:
-            result['outcome'] = 'failed'
-            result['reason'] = '%swrite the report on the controller: %s' % (
-                result['reason'] + '; ' if result['reason'] else '', exc)
+            write_report(setting(settings, 'report_dir'), node, result)
+        except (OSError, ValueError) as exc:  # ValueError: ReportPathError, a host name that cannot name a file
+            failed(result, 'write the report on the controller', exc)
     return result
+
+
+def failed(result, step, exc):
+    """Fail result for step, keeping the reason it has, as the role's finishing section does."""
+    result['outcome'] = 'failed'
+    result['reason'] = '%s%s: %s' % (result['reason'] + '; ' if result['reason'] else '', step, exc)
+
+
+def write_report(directory, node, result):
+    """The report in directory, named after node as the role names it (escaped, inside directory)."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._report import report_path
+
+    path = report_path(directory, node)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    write_file(path, json.dumps(result, indent=2) + '\n')
 
 
 def gpu_list(text):

@@ -636,3 +636,19 @@ def test_unwritable_textfile_dir_fails_the_host(gpuhost_factory, tmp_path):
     assert report['outcome'] == 'failed' and report['gpus_after'] == [{'index': 0, 'memory_used_mib': 1}]
     assert report['reason'].startswith('write node_exporter metrics: '), report['reason']
     assert run.line('node')[0].startswith('FAILED')
+
+
+# -- release safety: a host name that is a path ----------------------------------------------
+
+def test_a_host_named_with_dot_dot_writes_its_report_inside_the_report_dir(gpuhost_factory, tmp_path):
+    """Inventory host ../victim: the report is %2E.%2Fvictim.json in the report directory, and
+    nothing is written beside it."""
+    host = gpuhost_factory(gpus=1)
+    reports = tmp_path / 'reports'
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'../victim': host_vars(host, tmp_path, 'victim')}}}))
+    run = playbook(inventory, reports)
+    assert run.rc == 0, run.out
+    assert os.listdir(str(reports)) == ['%2E.%2Fvictim.json'], run.out
+    assert not (tmp_path / 'victim.json').exists()
+    assert run.reports['%2E.%2Fvictim']['host'] == '../victim'

@@ -86,11 +86,12 @@ def hook(gpuhost, tmp_path):
     scontrol.write_text('#!%s\nimport json, sys\njson.dump(sys.argv[1:], open(%r, "w"))\n' % (sys.executable, str(drained)))
     scontrol.chmod(0o755)
     variables = tmp_path / 'gpu_reset.yml'
-    variables.write_text(yaml.safe_dump({
-        'gpu_reset_nvidia_smi_path': gpuhost.smi_path, 'gpu_reset_host_root': gpuhost.root,
-        'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_grace_period': 0.5}))
 
-    def run(*args):
+    def run(*args, **more):
+        """more: gpu_reset_* variables over the fixture's own."""
+        variables.write_text(yaml.safe_dump(dict({
+            'gpu_reset_nvidia_smi_path': gpuhost.smi_path, 'gpu_reset_host_root': gpuhost.root,
+            'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_grace_period': 0.5}, **more)))
         proc = subprocess.run([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook',
                                '--node', 'gpu07', '--vars-file', str(variables), '--scontrol', str(scontrol)] + list(args),
                               capture_output=True, text=True, timeout=60, check=False)
@@ -171,3 +172,25 @@ def test_a_module_cut_off_takes_its_children_with_it(gpuhost):
 @pytest.mark.parametrize('text, indexes', [('0', [0]), ('0,1,5', [0, 1, 5]), ('0-3,6', [0, 1, 2, 3, 6]), (' 2 , 4 ', [2, 4])])
 def test_the_jobs_gpus_as_slurm_gives_them(text, indexes):
     assert _slurm_hook.gpu_list(text) == indexes
+
+
+# -- release safety: report names, drain reasons, exit statuses, the job's GPUs -----------------
+
+def test_a_node_named_with_dot_dot_writes_its_report_inside_the_report_dir(hook, tmp_path):
+    """SLURMD_NODENAME=../victim: the report is %2E.%2Fvictim.json in the report directory, and
+    nothing is written beside it."""
+    reports = tmp_path / 'reports'
+    reports.mkdir()
+    rc, report, drained = hook('--node', '../victim', '--timeout', '5', gpu_reset_report_dir=str(reports))
+    assert (rc, report['outcome']) == (0, 'clean'), report
+    assert os.listdir(str(reports)) == ['%2E.%2Fvictim.json']
+    assert not (tmp_path / 'victim.json').exists()
+    with open(str(reports / '%2E.%2Fvictim.json')) as handle:
+        assert json.load(handle)['host'] == '../victim'
+
+
+def test_a_node_name_that_cannot_name_a_report_fails_saying_so(hook, tmp_path):
+    rc, report, drained = hook('--node', 'n' * 300, '--timeout', '5', gpu_reset_report_dir=str(tmp_path / 'reports'))
+    assert report['outcome'] == 'failed'
+    assert report['reason'].startswith('write the report on the controller: gpu_reset_report_dir: the report file '
+                                       'of host %s...(220 more characters) would be named with 305 bytes' % ('n' * 80))
