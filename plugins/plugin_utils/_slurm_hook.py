@@ -47,6 +47,8 @@ import sys
 import tempfile
 import time
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+
 RUNNER_SETTINGS_UNREADABLE = 2
 RUNNER_NEEDS_PLAYBOOK = 3
 
@@ -159,9 +161,10 @@ def run_module(name, args, seconds):
 
 
 def drain_command(scontrol, node, reason):
-    """The role's default gpu_reset_drain_command."""
-    return [scontrol, 'update', 'nodename=%s' % node, 'state=drain',
-            'reason=gpu_reset: %s' % (reason or 'GPUs not clean')[:200]]
+    """The role's default gpu_reset_drain_command: the reason escaped and capped, one argument."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_reason
+
+    return [scontrol, 'update', 'nodename=%s' % node, 'state=drain', 'reason=' + drain_reason(reason)]
 
 
 def drain(result, scontrol, node, seconds):
@@ -308,7 +311,7 @@ def main(argv=None):
     result = reset(settings, args.node, args.scontrol, args.deadline)
     sys.stdout.write(json.dumps(result) + '\n')
     if result['outcome'] == 'failed':
-        sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (args.node, result['reason']))
+        sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))
         return 1
     return 0
 

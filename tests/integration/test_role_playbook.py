@@ -652,3 +652,28 @@ def test_a_host_named_with_dot_dot_writes_its_report_inside_the_report_dir(gpuho
     assert os.listdir(str(reports)) == ['%2E.%2Fvictim.json'], run.out
     assert not (tmp_path / 'victim.json').exists()
     assert run.reports['%2E.%2Fvictim']['host'] == '../victim'
+
+
+# -- release safety: the drain reason ---------------------------------------------------------
+
+def test_the_default_drain_command_escapes_and_caps_the_reason(tmp_path):
+    """The role's default gpu_reset_drain_command as Ansible renders it: the reason (text users
+    chose) with its control characters escaped, cut at 200 characters, in one argument."""
+    reason = 'GPU 1: held by pid 5 (x\n\x1b]0;owned\x07\x9b2J)' + 'y' * 400
+    (tmp_path / 'result.json').write_text(json.dumps({'gpu_reset_result': {'reason': reason}}))
+    (tmp_path / 'render.yml').write_text(yaml.safe_dump([{
+        'name': 'Render the default drain command', 'hosts': 'localhost', 'gather_facts': False,
+        'tasks': [{'name': 'Read the defaults', 'ansible.builtin.include_vars':
+                   os.path.join(REPO, 'roles', 'gpu_reset', 'defaults', 'main.yml')},
+                  {'name': 'Write the command', 'ansible.builtin.copy': {
+                      'content': '{{ gpu_reset_drain_command | to_json }}', 'dest': str(tmp_path / 'argv.json'),
+                      'mode': '0644'}}]}]))
+    proc = subprocess.run([os.path.join(BIN, 'ansible-playbook'), '-i', 'localhost,', '-c', 'local',
+                           '-e', '@%s' % (tmp_path / 'result.json'), str(tmp_path / 'render.yml')],
+                          capture_output=True, text=True, env=ansible_env(), timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    argv = json.loads((tmp_path / 'argv.json').read_text())
+    assert argv[:4] == ['scontrol', 'update', 'nodename=localhost', 'state=drain'] and len(argv) == 5
+    escaped = 'GPU 1: held by pid 5 (x\\x0a\\x1b]0;owned\\x07\\x9b2J)'
+    kept = 200 - len(escaped)
+    assert argv[4] == 'reason=gpu_reset: %s%s...(%d more characters)' % (escaped, 'y' * kept, 400 - kept), argv[4]

@@ -12,6 +12,7 @@ __metaclass__ = type
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _slurm_hook
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_reason
 from gpusim.state import is_alive as alive
 from processes import gone
 
@@ -122,7 +124,7 @@ def test_orphaned_memory_fails_and_drains_with_the_reason(gpuhost, hook):
     assert report['outcome'] == 'failed' and report['drained'] is True
     # gpuhost's idle GPUs read 1 MiB.
     assert report['reason'].startswith('GPU 3: 4097 MiB held with no process left (orphaned memory')
-    assert drained == ['update', 'nodename=gpu07', 'state=drain', 'reason=gpu_reset: ' + report['reason'][:200]]
+    assert drained == ['update', 'nodename=gpu07', 'state=drain', 'reason=' + drain_reason(report['reason'])]
 
 
 def test_a_misconfigured_hook_drains_with_the_reason(hook):
@@ -131,7 +133,7 @@ def test_a_misconfigured_hook_drains_with_the_reason(hook):
     assert rc == 1
     assert report['reason'].startswith('gpu_reset is misconfigured: gpu_reset_timeout must be more than 0')
     assert report['signalled'] == [] and report['gpus_before'] == []
-    assert drained[-1] == 'reason=gpu_reset: ' + report['reason'][:200]
+    assert drained[-1] == 'reason=' + drain_reason(report['reason'])
 
 
 def test_settings_that_cannot_be_read_are_an_error_of_their_own(tmp_path):
@@ -194,3 +196,46 @@ def test_a_node_name_that_cannot_name_a_report_fails_saying_so(hook, tmp_path):
     assert report['outcome'] == 'failed'
     assert report['reason'].startswith('write the report on the controller: gpu_reset_report_dir: the report file '
                                        'of host %s...(220 more characters) would be named with 305 bytes' % ('n' * 80))
+
+
+# A process named with a terminal escape and a newline (its comm, which the lock's "who holds
+# it" names) that holds the release lock.
+LOCK_HOLDER = r'''
+import ctypes, fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+ctypes.CDLL(None).prctl(15, b'\x1b]0;pwn\x07\nfake', 0, 0, 0)
+print('ready', flush=True)
+time.sleep(60)
+'''
+
+
+@pytest.fixture
+def escaped_lock_holder(tmp_path):
+    proc = subprocess.Popen([sys.executable, '-c', LOCK_HOLDER, str(tmp_path / 'release.lock')], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == 'ready'
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_control_characters_in_the_reason_are_escaped_in_the_drain(hook, escaped_lock_holder):
+    """The reason names the process that holds the lock by its name, which its owner chose."""
+    rc, report, drained = hook('--timeout', '1')
+    assert report['outcome'] == 'failed' and '(\x1b]0;pwn\x07' in report['reason'], report['reason']
+    assert len(drained) == 4 and drained[:3] == ['update', 'nodename=gpu07', 'state=drain']
+    assert '(\\x1b]0;pwn\\x07' in drained[3], drained
+    assert not re.search(r'[\x00-\x1f\x7f-\x9f]', drained[3])
+
+
+@pytest.mark.parametrize('reason', [
+    'GPU 1: held by pid 5 (x\n\x1b]0;t\x07\x9b2J\u202e)',
+    'x state=resume nodename=gpu[00-99] reason=forged',
+    '-h --help',
+    'y' * 200000,
+])
+def test_the_drain_reason_is_one_escaped_capped_argument(reason):
+    argv = _slurm_hook.drain_command('scontrol', 'gpu07', reason)
+    assert argv[:4] == ['scontrol', 'update', 'nodename=gpu07', 'state=drain'] and len(argv) == 5
+    assert argv[4].startswith('reason=gpu_reset: ') and not re.search(r'[\x00-\x1f\x7f-\x9f\u2028-\u202e]', argv[4])
+    assert len(argv[4]) <= len('reason=gpu_reset: ') + 200 + len('...(199800 more characters)')
