@@ -120,7 +120,7 @@ def test_only_the_jobs_gpus_are_released(gpuhost, hook):
 def test_orphaned_memory_fails_and_drains_with_the_reason(gpuhost, hook):
     gpuhost.fault('stuck', gpu=3, mib=4096)
     rc, report, drained = hook('--timeout', '3')
-    assert rc == 1
+    assert rc == _slurm_hook.RUNNER_DRAINED
     assert report['outcome'] == 'failed' and report['drained'] is True
     # gpuhost's idle GPUs read 1 MiB.
     assert report['reason'].startswith('GPU 3: 4097 MiB held with no process left (orphaned memory')
@@ -130,7 +130,7 @@ def test_orphaned_memory_fails_and_drains_with_the_reason(gpuhost, hook):
 def test_a_misconfigured_hook_drains_with_the_reason(hook):
     """Unlike the role in a fleet run: a failed Prolog drains the node anyway, so with the reason."""
     rc, report, drained = hook('--timeout', '0')
-    assert rc == 1
+    assert rc == _slurm_hook.RUNNER_DRAINED
     assert report['reason'].startswith('gpu_reset is misconfigured: gpu_reset_timeout must be more than 0')
     assert report['signalled'] == [] and report['gpus_before'] == []
     assert drained[-1] == 'reason=' + drain_reason(report['reason'])
@@ -239,3 +239,45 @@ def test_the_drain_reason_is_one_escaped_capped_argument(reason):
     assert argv[:4] == ['scontrol', 'update', 'nodename=gpu07', 'state=drain'] and len(argv) == 5
     assert argv[4].startswith('reason=gpu_reset: ') and not re.search(r'[\x00-\x1f\x7f-\x9f\u2028-\u202e]', argv[4])
     assert len(argv[4]) <= len('reason=gpu_reset: ') + 200 + len('...(199800 more characters)')
+
+
+@pytest.mark.parametrize('text, indexes', [('0-2,1,2', [0, 1, 2]), ('63', [63]), ('0-63', list(range(64)))])
+def test_the_jobs_gpus_are_each_named_once(text, indexes):
+    assert _slurm_hook.gpu_list(text) == indexes
+
+
+@pytest.mark.parametrize('text, message', [
+    ('0-2000000', r'SLURM_JOB_GPUS: GPU 2000000 is past the 64 GPUs a node can have \(indexes 0-63\)'),
+    ('64', r'GPU 64 is past the 64 GPUs'),
+    ('3-1', r'SLURM_JOB_GPUS: the range 3-1 ends before it starts'),
+    ('0,1]}, "gpu_reset_drain_command": ["/bin/sh", "-c", "id"], "x": [1',
+     r"SLURM_JOB_GPUS: '1]}' is not a GPU index or a range of them \(such as 0,1,5 or 0-3,6\)"),
+    ('', r"SLURM_JOB_GPUS: '' is not a GPU index"),
+    ('0,,1', r"SLURM_JOB_GPUS: '' is not a GPU index"),
+    ('-1', r"SLURM_JOB_GPUS: '-1' is not a GPU index"),
+    ('\u0663', r"SLURM_JOB_GPUS: '\u0663' is not a GPU index"),
+    ('gpu0\x1b[2J', r"SLURM_JOB_GPUS: 'gpu0\\x1b\[2J' is not a GPU index"),
+    ('9' * 5000, r"SLURM_JOB_GPUS: '9{40}\.\.\.\(4960 more characters\)' is not a GPU index"),
+])
+def test_garbage_in_the_jobs_gpus_is_refused_naming_it(text, message):
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=message):
+        _slurm_hook.gpu_list(text)
+    assert time.monotonic() - started < 0.1
+
+
+def test_garbage_gpus_are_a_settings_error_without_a_traceback(capsys):
+    with pytest.raises(SystemExit) as info:
+        _slurm_hook.main(['--node', 'n1', '--gpus', '0-2000000'])
+    assert info.value.code == _slurm_hook.RUNNER_SETTINGS_UNREADABLE
+    err = capsys.readouterr().err
+    assert 'argument --gpus: SLURM_JOB_GPUS: GPU 2000000 is past the 64 GPUs' in err and 'Traceback' not in err
+
+
+def test_the_playbook_runner_gets_its_variables_as_json_built_in_python(tmp_path):
+    """What the hook fixes for ansible-playbook (-e @FILE): the GPUs parsed as for the module
+    runner, never spliced into a shell word (that is how a drain command could be injected)."""
+    path = tmp_path / 'hook-vars.json'
+    assert _slurm_hook.main(['--node', 'n1', '--gpus', '0-2,5', '--timeout', '7', '--playbook-vars', str(path)]) == 0
+    assert json.loads(path.read_text()) == {'gpu_reset_on_failure': 'drain', 'gpu_reset_gpus': [0, 1, 2, 5],
+                                            'gpu_reset_timeout': 7.0}
