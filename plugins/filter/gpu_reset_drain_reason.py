@@ -15,13 +15,13 @@ author:
   - gpuops maintainers
 description:
   - Takes the reason of a host's report (C(gpu_reset_result.reason)) and returns the drain
-    reason of the role's default C(gpu_reset_drain_command), as the Slurm hook gives it too:
-    C(gpu_reset: <reason>).
+    reason of the role's default C(gpu_reset_drain_command), as the Slurm hook gives it too, the
+    reason after the prefix C(gpu_reset:) and a space.
   - Control characters (newlines, terminal escapes such as ESC and CSI/OSC sequences, Unicode line and
     bidirectional-override characters) and the backslash become C(\xNN) or C(\uNNNN) escapes,
     since the reason is made of text users choose and reaches every terminal that runs C(sinfo -R).
   - The escaped reason is cut at 200 characters, saying how many more there were.
-  - An empty or null reason is C(gpu_reset: GPUs not clean).
+  - An empty or null reason gives the text C(GPUs not clean) after the prefix.
 options:
   _input:
     description: The reason.
