@@ -72,6 +72,9 @@ python=${GPU_RESET_PYTHON:-/opt/gpuops/bin/python}
 collections=${GPU_RESET_COLLECTIONS_PATH:-}
 runner=${GPU_RESET_RUNNER:-module}
 budget=${GPU_RESET_BUDGET_S:-60}
+case $budget in
+  '' | *[!0-9]*) budget=60 conf_broken=1 ;;  # not a whole number of seconds: said below
+esac
 scope=${GPU_RESET_SCOPE:-job}
 vars_file=${GPU_RESET_VARS_FILE:-$here/gpu_reset.yml}
 log=${GPU_RESET_LOG:-/var/log/gpu-reset-hook.log}
@@ -158,7 +161,7 @@ run_playbook() {
   started=$(date +%s)
   echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $mode job $job on $node, GPUs $shown_gpus, $runner"
   if [ -n "$conf_broken" ]; then
-    echo "$conf is not valid shell: the hook cannot read its settings"
+    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds: the hook cannot read its settings"
     rc=20
   elif [ "$runner" = module ]; then
     run_module

@@ -693,13 +693,16 @@ def test_a_hook_whose_collection_cannot_be_imported_drains_saying_so(gpuhost_fac
                      '(job 4242, GPUs 0), see %s' % (tmp_path / 'hook.log')], calls
 
 
-def test_a_hook_settings_file_that_is_not_shell_drains_saying_so(gpuhost_factory, tmp_path):
+@pytest.mark.parametrize('text', ['GPU_RESET_BUDGET_S=30\nif then fi (\n', 'GPU_RESET_BUDGET_S=30s\n'])
+def test_a_hook_settings_file_that_is_not_shell_drains_saying_so(gpuhost_factory, tmp_path, text):
+    """Sourcing a file that does not parse, or arithmetic on a budget that is not a number, would
+    end the hook where it stands, with no reason."""
     host = gpuhost_factory(gpus=2)
     conf = tmp_path / 'broken.conf'
-    conf.write_text('GPU_RESET_BUDGET_S=30\nif then fi (\n')
+    conf.write_text(text)
     proc, calls, log = run_hook(host, tmp_path, 'epilog', SLURM_JOB_GPUS='1', GPU_RESET_HOOK_CONF=str(conf))
     assert proc.returncode == 2, (proc.stderr, log)
-    assert '%s is not valid shell' % conf in log
+    assert '%s is not valid shell' % conf in log, log
     assert len(calls) == 1 and 'reason=gpu_reset: epilog hook could not check the GPUs (job 4242, GPUs 1)' in calls[0]
 
 
