@@ -301,18 +301,23 @@ def gpu_list(text):
 
     indexes = []
     for part in text.split(','):
-        match = GPU_PART_RE.match(part)
-        if not match:
-            raise ValueError("SLURM_JOB_GPUS: '%s' is not a GPU index or a range of them (such as 0,1,5 or 0-3,6)"
-                             % printable(part, 40))
-        first, last = int(match.group(1)), int(match.group(2) or match.group(1))
-        if last < first:
-            raise ValueError('SLURM_JOB_GPUS: the range %d-%d ends before it starts' % (first, last))
-        if last >= MAX_GPUS:
-            raise ValueError('SLURM_JOB_GPUS: GPU %d is past the %d GPUs a node can have (indexes 0-%d)'
-                             % (last, MAX_GPUS, MAX_GPUS - 1))
-        indexes.extend(index for index in range(first, last + 1) if index not in indexes)
+        indexes.extend(index for index in _gpu_range(part, MAX_GPUS) if index not in indexes)
     return indexes
+
+
+def _gpu_range(part, limit):
+    """The indexes of one part of SLURM_JOB_GPUS (5, or 0-3), each below limit; ValueError if not."""
+    match = GPU_PART_RE.match(part)
+    if not match:
+        raise ValueError("SLURM_JOB_GPUS: '%s' is not a GPU index or a range of them (such as 0,1,5 or 0-3,6)"
+                         % printable(part, 40))
+    first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+    if last < first:
+        raise ValueError('SLURM_JOB_GPUS: the range %d-%d ends before it starts' % (first, last))
+    if last >= limit:
+        raise ValueError('SLURM_JOB_GPUS: GPU %d is past the %d GPUs a node can have (indexes 0-%d)'
+                         % (last, limit, limit - 1))
+    return range(first, last + 1)
 
 
 def gpus_argument(text):
