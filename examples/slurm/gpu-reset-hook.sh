@@ -29,25 +29,37 @@
 #                           GPU_RESET_PYTHON)
 #   GPU_RESET_ANSIBLE_HOME  Ansible's own files, for GPU_RESET_RUNNER=playbook (default /var/lib/gpuops/ansible)
 #
-# Exit status: 0 when the GPUs are clean; 1 otherwise, after draining the node with the reason
-# (slurmd then also drains the node, keeping that reason, and requeues a batch job whose Prolog
-# failed). A hook that could not run its checks, or was cut off at the budget, drains the node
-# saying so.
+# Exit status (Slurm drains the node on any non-zero status of a Prolog or an Epilog, and
+# requeues a batch job whose Prolog failed, held; it does not tell one status from another, so
+# each names a case for slurmd's log and for people, and every non-zero one leaves a reason):
+#   0  the GPUs are clean
+#   1  they are not: the node is drained with the reason (each GPU and why), by the runner, or
+#      by the hook itself pointing to the log when the runner's drain failed
+#   2  the hook could not run its checks (no Python, no collection, settings or SLURM_JOB_GPUS it
+#      cannot read, a crash): the node is drained saying so and pointing to the log
+#   3  the hook was cut off at GPU_RESET_BUDGET_S: the node is drained saying so
+#   64 wrong arguments (a hook run by hand): nothing is done
+# The last line of each run in the log is "=== <mode> job <id>: hook exit <status>".
 
 set -u
 
 mode=${1:-prolog}
 case $mode in
   prolog | epilog) ;;
-  *) echo "usage: $0 prolog|epilog" >&2; exit 2 ;;
+  *) echo "usage: $0 prolog|epilog" >&2; exit 64 ;;
 esac
 
 here=$(cd "$(dirname "$0")" && pwd) || exit 2
 # Python puts the working directory first on its path: run from /, not from wherever slurmd is.
 cd / || exit 2
 conf=${GPU_RESET_HOOK_CONF:-$here/gpu-reset-hook.conf}
-# shellcheck disable=SC1090
-[ -r "$conf" ] && . "$conf"
+# A settings file that does not parse would end the hook where it is sourced, with no reason:
+# try it in a subshell first, and without it drain saying so (below).
+conf_broken=
+if [ -r "$conf" ]; then
+  # shellcheck disable=SC1090
+  if (. "$conf") >/dev/null 2>&1; then . "$conf"; else conf_broken=1; fi
+fi
 
 PATH=${GPU_RESET_PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}
 scontrol=${GPU_RESET_SCONTROL:-scontrol}
@@ -60,9 +72,19 @@ python=${GPU_RESET_PYTHON:-/opt/gpuops/bin/python}
 collections=${GPU_RESET_COLLECTIONS_PATH:-}
 runner=${GPU_RESET_RUNNER:-module}
 budget=${GPU_RESET_BUDGET_S:-60}
+case $budget in
+  '' | *[!0-9]*) budget=60 conf_broken=1 ;;  # not a whole number of seconds: said below
+esac
 scope=${GPU_RESET_SCOPE:-job}
 vars_file=${GPU_RESET_VARS_FILE:-$here/gpu_reset.yml}
 log=${GPU_RESET_LOG:-/var/log/gpu-reset-hook.log}
+# A log that cannot be written must not stop the checks (a redirection that fails runs nothing).
+if ! (: >>"$log") 2>/dev/null; then
+  log_note=" (its log $log could not be written)"
+  log=/dev/null
+else
+  log_note=", see $log"
+fi
 playbook=${GPU_RESET_PLAYBOOK:-gpuops.nvidia.reset_gpus}
 ansible_playbook=${GPU_RESET_ANSIBLE_PLAYBOOK:-$(dirname "$python")/ansible-playbook}
 node=${SLURMD_NODENAME:-$(hostname -s)}
@@ -77,6 +99,9 @@ if [ "$scope" = job ]; then
     exit 0
   fi
 fi
+# The GPUs as the log and a drain reason show them: the runner parses and checks SLURM_JOB_GPUS
+# (one parser, in Python, for both runners); here only the characters of a GPU list, 40 at most.
+shown_gpus=$(printf '%.40s' "${gpus:-all}" | tr -c '0-9a-z,-' '?')
 
 # The release gets half the budget; the rest is for starting up, reading the GPUs once more
 # (each read bounded by the release's timeout too) and draining. The whole run is cut off at
@@ -100,37 +125,51 @@ run_module() {
 }
 
 run_playbook() {
+  ansible_home=${GPU_RESET_ANSIBLE_HOME:-/var/lib/gpuops/ansible}
+  mkdir -p "$ansible_home" && chmod 0700 "$ansible_home" || return 20
+  # The hook's own settings (drain on failure, the release's time, the job's GPUs, parsed as the
+  # module runner parses them) as JSON written by Python, for -e @file: never spliced into a
+  # shell word, where SLURM_JOB_GPUS could add variables (a drain command) of its own.
+  hook_vars=$(mktemp "$ansible_home/hook-vars.XXXXXX") || return 20
+  "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook --node "$node" \
+    ${gpus:+--gpus "$gpus"} --timeout "$release_timeout" --playbook-vars "$hook_vars" || {
+    rm -f "$hook_vars"; return 20; }
   set -- -i "$node," -c local -e target=all -e gpu_reset_become=false \
     -e "ansible_python_interpreter=$python"
   [ -n "$vars_file" ] && set -- "$@" -e "@$vars_file"
   # The hook's own settings come last and win over the variables file.
-  set -- "$@" -e gpu_reset_on_failure=drain -e "gpu_reset_timeout=$release_timeout"
-  [ -n "$gpus" ] && set -- "$@" -e "{\"gpu_reset_gpus\": [$gpus]}"
-  ansible_home=${GPU_RESET_ANSIBLE_HOME:-/var/lib/gpuops/ansible}
-  mkdir -p "$ansible_home" && chmod 0700 "$ansible_home"
+  set -- "$@" -e "@$hook_vars"
   HOME=${HOME:-$ansible_home} ANSIBLE_HOME=$ansible_home ANSIBLE_LOCAL_TEMP=$ansible_home/tmp \
     ANSIBLE_RETRY_FILES_ENABLED=0 ANSIBLE_NOCOLOR=1 \
     ANSIBLE_GATHERING=explicit ANSIBLE_LOCALHOST_WARNING=0 \
     timeout -k 2 "$budget" "$ansible_playbook" "$@" "$playbook"
+  rc=$?
+  rm -f "$hook_vars"
+  # ansible-playbook's 2 (a host failed): the role drained the node with the reason.
+  case $rc in
+    0 | 124 | 137) return "$rc" ;;
+    2) return 10 ;;
+    *) return 20 ;;
+  esac
 }
 
-# The runner's output goes to the log. Its status, as the rest of the hook reads it: 0 clean;
-# 1 not clean, the node drained with the reason (the module runner's 1, the playbook's 2:
-# its role drains); 124 cut off at the budget; 2 anything else (it could not run, its settings
-# could not be read).
+# The runners' statuses, as the rest of the hook reads them: 0 clean; 10 not clean, the node
+# drained with the reason; 11 not clean and that drain failed; 124 or 137 cut off at the budget;
+# anything else (20, Python's own 1 when it crashes or cannot import the collection, 2 settings
+# it cannot read, 127 no Python) means the checks could not run.
 (
   started=$(date +%s)
-  echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $mode job $job on $node, GPUs ${gpus:-all}, $runner"
-  drained=2
-  if [ "$runner" = module ]; then
+  echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $mode job $job on $node, GPUs $shown_gpus, $runner"
+  if [ -n "$conf_broken" ]; then
+    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds: the hook cannot read its settings"
+    rc=20
+  elif [ "$runner" = module ]; then
     run_module
     rc=$?
-    drained=1
     # 3: the variables file needs the playbook (a clean query, a drain command of its own).
     if [ "$rc" -eq 3 ]; then
       run_playbook
       rc=$?
-      drained=2
     fi
   else
     run_playbook
@@ -138,24 +177,25 @@ run_playbook() {
   fi
   echo "=== $mode job $job: exit $rc after $(($(date +%s) - started)) s"
   case $rc in
-    0) exit 0 ;;
-    "$drained") exit 1 ;;
+    0 | 10 | 11) exit "$rc" ;;
     124 | 137) exit 124 ;;
-    *) exit 2 ;;
+    *) exit 20 ;;
   esac
 ) >>"$log" 2>&1
 rc=$?
 
 case $rc in
-  0) exit 0 ;;
-  1) ;;
-  124) why="gave up after ${budget} s" ;;
-  *) why="could not check the GPUs" ;;
+  0) status=0 ;;
+  10) status=1 ;;
+  11) status=1 why="found the GPUs not clean and could not drain the node with the reason" ;;
+  124) status=3 why="gave up after ${budget} s" ;;
+  *) status=2 why="could not check the GPUs" ;;
 esac
-if [ "$rc" -ne 1 ]; then
-  # Ended before the node could be drained with the reason: drain it here, saying so.
+if [ -n "${why:-}" ]; then
+  # Ended without draining the node with the reason: drain it here, saying so.
   timeout 10 "$scontrol" update "nodename=$node" state=drain \
-    "reason=gpu_reset: $mode hook $why (job $job, GPUs ${gpus:-all}), see $log" >>"$log" 2>&1
+    "reason=gpu_reset: $mode hook $why (job $job, GPUs $shown_gpus)$log_note" >>"$log" 2>&1
 fi
-echo "gpu_reset $mode failed on $node, see $log" >&2
-exit 1
+echo "=== $mode job $job: hook exit $status" >>"$log"
+[ "$status" -eq 0 ] || echo "gpu_reset $mode failed on $node (exit $status)$log_note" >&2
+exit "$status"

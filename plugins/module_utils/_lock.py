@@ -120,6 +120,47 @@ def ensure_private_dir(path, euid=None):
                           'then hold or replace the lock (remove it, or %s)' % (path, problem, HINT))
 
 
+def _shared_dir_problem(st, euid, parent):
+    """Why a directory with stat st lets another user plant or hold a lock file in it, or None.
+
+    parent: the lock file's own directory, where a sticky bit does not help (anyone can create
+    the name first); for the directories above it, a sticky bit keeps others from replacing it."""
+    if st.st_uid not in (0, euid):
+        return 'is owned by %s' % _user(st.st_uid)
+    if st.st_mode & stat.S_IWOTH and (parent or not st.st_mode & stat.S_ISVTX):
+        return 'every user can write (mode %04o%s)' % (stat.S_IMODE(st.st_mode), ', sticky' if st.st_mode & stat.S_ISVTX else '')
+    if st.st_mode & stat.S_IWGRP and st.st_gid != 0 and (parent or not st.st_mode & stat.S_ISVTX):
+        return 'group %d can write (mode %04o)' % (st.st_gid, stat.S_IMODE(st.st_mode))
+    return None
+
+
+def check_lock_dir(path, euid=None):
+    """Refuse a lock_file of the caller's choosing in a directory that another user can write
+    (or below one they could replace): flock works on any file a user can open, so a user who
+    can create the name first, or swap the directory, can block every release."""
+    euid = os.geteuid() if euid is None else euid
+    directory = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    for current in _ancestors(directory):
+        try:
+            problem = _shared_dir_problem(os.stat(current), euid, parent=current == directory)
+        except OSError:
+            return  # opening the lock file says what is missing
+        if problem:
+            where = 'in %s, which' % current if current == directory else 'in %s, below %s, which' % (directory, current)
+            raise GpuopsError('lock_file %s is %s %s: any user could create or hold the lock there and block '
+                              'every release; use a directory that only %s can write, or leave lock_file unset '
+                              'for the default (%s)' % (path, where, problem, _user(euid), default_lock_file()))
+
+
+def _ancestors(directory):
+    """directory, then each directory above it up to /."""
+    while True:
+        yield directory
+        if directory == os.path.dirname(directory):
+            return
+        directory = os.path.dirname(directory)
+
+
 def _refusal(path, st, euid):
     """Why the file with stat st must not be used as the lock, or None."""
     if not stat.S_ISREG(st.st_mode):
@@ -241,6 +282,8 @@ class ReleaseLock:
             return
         if self.default:
             ensure_private_dir(os.path.dirname(self.path))
+        else:
+            check_lock_dir(self.path)
         delay, opened = 0.01, False
         while True:
             if self.fd is None:

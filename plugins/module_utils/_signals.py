@@ -31,12 +31,27 @@ try:
 except ImportError:  # not a POSIX host
     HAS_SYSLOG = False
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import is_gone, read_process
 
 HAS_PIDFD = hasattr(os, 'pidfd_open') and hasattr(signal, 'pidfd_send_signal')
 
 SYSLOG_IDENT = 'gpuops.nvidia'
+
+# The audit line of a signal: fixed fields first, then the command, quoted and capped. Each
+# user-chosen field goes through printable() (no newline can start a forged line, no escape
+# reaches a terminal) and is capped, so that the line always fits one syslog datagram: glibc's
+# syslog() sends it as one datagram on /dev/log, and one larger than the socket's send buffer
+# (net.core.wmem_default, 212992 bytes by default) is dropped without a word, as is one past
+# the receiver's own limit (rsyslog's default maxMessageSize is 8 KiB). With the caps below a
+# line of ASCII stays under the 2048 octets RFC 5424 (section 6.1) asks every receiver to
+# accept, and any line under SYSLOG_MAX_OCTETS (4 bytes per character at worst).
+AUDIT_COMMAND_CHARS = 1024
+AUDIT_USER_CHARS = 64
+AUDIT_DEVICES_CHARS = 512
+# What system_log hands to syslog at most, in UTF-8 octets: under rsyslog's 8 KiB with room
+# for the header syslog() puts in front (time, ident, pid).
+SYSLOG_MAX_OCTETS = 7680
 
 # Signals whose default action stops, continues or ignores a process: a ladder of them would
 # leave the job (and its GPU memory) in place, frozen or untouched.
@@ -74,11 +89,31 @@ def parse_signal(value):
 
 
 def system_log(message):
-    """Write message to the system log (syslog, or the journal through its syslog socket)."""
+    """Write message to the system log (syslog, or the journal through its syslog socket), cut
+    to SYSLOG_MAX_OCTETS so that it is never dropped for its size."""
     if not HAS_SYSLOG:
         return
     syslog.openlog(SYSLOG_IDENT, syslog.LOG_PID, syslog.LOG_DAEMON)
-    syslog.syslog(syslog.LOG_NOTICE, message)
+    syslog.syslog(syslog.LOG_NOTICE, fit_octets(message, SYSLOG_MAX_OCTETS))
+
+
+def fit_octets(text, octets):
+    """text cut (on a character boundary) to at most octets bytes of UTF-8, saying so."""
+    if len(text.encode('utf-8')) <= octets:
+        return text
+    kept = text.encode('utf-8')[:octets - 40].decode('utf-8', 'ignore')
+    return '%s...(%d more characters)' % (kept, len(text) - len(kept))
+
+
+def audit_line(signame, pid, user, command, devices):
+    """The system log's line for a signal sent: signal, pid, user, devices, then the command,
+    each user-chosen field escaped and capped (see AUDIT_COMMAND_CHARS)."""
+    held = printable(','.join(devices), AUDIT_DEVICES_CHARS) if devices else '(reported by the driver)'
+    quoted = printable(command or '').replace('"', '\\"')
+    if len(quoted) > AUDIT_COMMAND_CHARS:
+        quoted = '%s...(%d more characters)' % (quoted[:AUDIT_COMMAND_CHARS], len(quoted) - AUDIT_COMMAND_CHARS)
+    return ('nvidia_device_release: sent SIG%s to pid %d (user %s) holding %s, command "%s"'
+            % (signame, pid, printable(str(user), AUDIT_USER_CHARS), held, quoted))
 
 
 class ProcessRef:
@@ -167,8 +202,7 @@ class Signaller:
         """Signal ref; log and return True when the signal went out, False when it is gone."""
         if not ref.send(signum):
             return False
-        self.log('nvidia_device_release: sent SIG%s to pid %d (user %s, command %s) holding %s'
-                 % (signame, ref.pid, user, command, ', '.join(devices) or '(reported by the driver)'))
+        self.log(audit_line(signame, ref.pid, user, command, devices))
         return True
 
 

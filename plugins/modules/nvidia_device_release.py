@@ -132,6 +132,10 @@ options:
         it is a symbolic link, not a regular file (FIFO, device, directory), owned by another
         user or hard-linked. An existing file with other content is locked but never changed;
         the holder's PID is written only into an empty file or one holding a PID.
+      - A lock file of your own must be in a directory that only root (or the user running the
+        release) can write, below directories no other user can replace. One in C(/tmp),
+        C(/run/lock) or any directory others can write, sticky or not, is refused before
+        any GPU is read or any process signalled (anyone could create the name first and hold it).
       - When the lock is not free by O(timeout), the message names the process that holds it,
         as the kernel reports it (C(/proc/locks)).
     type: path

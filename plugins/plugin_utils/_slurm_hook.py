@@ -25,11 +25,17 @@ usual path (no clean query of the user's own) with the same pieces, on the node 
 
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
         --node NODE [--vars-file FILE] [--gpus 0,1] [--timeout S] [--deadline S] [--scontrol PATH]
+        [--playbook-vars FILE]
 
-Exit status: 0 clean or released; 1 failed, the node drained (or the drain failed, which the
-report says), the reason on stderr and the report on stdout; 2 the settings could not be read
-(nothing done); 3 the settings need the playbook (a clean query of the user's own, a drain
-command of the user's own, or a templated value): the hook then runs ansible-playbook instead.
+Exit status: 0 clean or released; 10 failed, the node drained with the reason; 11 failed and
+the drain command failed too (the report says why); the reason on stderr and the report on
+stdout; 2 the settings or the arguments could not be read (nothing done); 3 the settings need
+the playbook (a clean query of the user's own, a drain command of the user's own, or a templated
+value): the hook then runs ansible-playbook instead. Never 1, which is what Python itself exits
+with when it crashes or cannot import the collection.
+
+With --playbook-vars FILE it only writes the variables the hook fixes (on_failure, timeout, the
+job's GPUs, parsed here as for the module runner) to FILE as JSON, for ansible-playbook -e @FILE.
 
 Unlike the role in a fleet run, a misconfigured node is drained too, with the reason: a Prolog
 or Epilog that fails drains the node anyway, only with a reason that says nothing.
@@ -42,13 +48,21 @@ __metaclass__ = type
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+
+# The runner's exit statuses (gpu-reset-hook.sh maps them to its own, see examples/slurm/README.md).
+# Not 1: that is what a Python that crashes or cannot import the collection exits with, and it
+# must never read as "drained with the reason".
 RUNNER_SETTINGS_UNREADABLE = 2
 RUNNER_NEEDS_PLAYBOOK = 3
+RUNNER_DRAINED = 10
+RUNNER_NOT_DRAINED = 11
 
 MODULES = 'ansible_collections.gpuops.nvidia.plugins.modules.'
 # plugins/plugin_utils/_slurm_hook.py -> the collection, and the directory that holds ansible_collections/
@@ -159,9 +173,10 @@ def run_module(name, args, seconds):
 
 
 def drain_command(scontrol, node, reason):
-    """The role's default gpu_reset_drain_command."""
-    return [scontrol, 'update', 'nodename=%s' % node, 'state=drain',
-            'reason=gpu_reset: %s' % (reason or 'GPUs not clean')[:200]]
+    """The role's default gpu_reset_drain_command: the reason escaped and capped, one argument."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_reason
+
+    return [scontrol, 'update', 'nodename=%s' % node, 'state=drain', 'reason=' + drain_reason(reason)]
 
 
 def drain(result, scontrol, node, seconds):
@@ -249,57 +264,119 @@ def reset(settings, node, scontrol, deadline):
         try:
             write_metrics(setting(settings, 'textfile_dir'), result, started)
         except (OSError, ImportError) as exc:
-            result['outcome'] = 'failed'
-            result['reason'] = '%swrite node_exporter metrics: %s' % (result['reason'] + '; ' if result['reason'] else '', exc)
+            failed(result, 'write node_exporter metrics', exc)
     if setting(settings, 'report_dir'):
         try:
-            os.makedirs(setting(settings, 'report_dir'), mode=0o755, exist_ok=True)
-            write_file(os.path.join(setting(settings, 'report_dir'), '%s.json' % node),
-                       json.dumps(result, indent=2) + '\n')
-        except OSError as exc:
-            result['outcome'] = 'failed'
-            result['reason'] = '%swrite the report on the controller: %s' % (
-                result['reason'] + '; ' if result['reason'] else '', exc)
+            write_report(setting(settings, 'report_dir'), node, result)
+        except (OSError, ValueError) as exc:  # ValueError: ReportPathError, a host name that cannot name a file
+            failed(result, 'write the report on the controller', exc)
     return result
 
 
+def failed(result, step, exc):
+    """Fail result for step, keeping the reason it has, as the role's finishing section does."""
+    result['outcome'] = 'failed'
+    result['reason'] = '%s%s: %s' % (result['reason'] + '; ' if result['reason'] else '', step, exc)
+
+
+def write_report(directory, node, result):
+    """The report in directory, named after node as the role names it (escaped, inside directory)."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._report import report_path
+
+    path = report_path(directory, node)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    write_file(path, json.dumps(result, indent=2) + '\n')
+
+
+# One part of SLURM_JOB_GPUS: an index or a range of them, ASCII digits only.
+GPU_PART_RE = re.compile(r'^\s*([0-9]{1,9})\s*(?:-\s*([0-9]{1,9})\s*)?$')
+
+
 def gpu_list(text):
-    """Slurm's SLURM_JOB_GPUS (0,1,5; a range such as 0-3 too) as a list of indexes."""
+    """Slurm's SLURM_JOB_GPUS (0,1,5; ranges such as 0-3,6 too) as a list of indexes, each once.
+
+    For both runners. ValueError, naming the part, for anything else, and for an index past the
+    MAX_GPUS (64) a node can have: checked before a range is expanded, so 0-2000000 costs nothing."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import MAX_GPUS
+
     indexes = []
     for part in text.split(','):
-        first, dummy, last = part.strip().partition('-')
-        if first:
-            indexes.extend(range(int(first), int(last or first) + 1))
+        indexes.extend(index for index in _gpu_range(part, MAX_GPUS) if index not in indexes)
     return indexes
 
 
-def main(argv=None):
+def _gpu_range(part, limit):
+    """The indexes of one part of SLURM_JOB_GPUS (5, or 0-3), each below limit; ValueError if not."""
+    match = GPU_PART_RE.match(part)
+    if not match:
+        raise ValueError("SLURM_JOB_GPUS: '%s' is not a GPU index or a range of them (such as 0,1,5 or 0-3,6)"
+                         % printable(part, 40))
+    first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+    if last < first:
+        raise ValueError('SLURM_JOB_GPUS: the range %d-%d ends before it starts' % (first, last))
+    if last >= limit:
+        raise ValueError('SLURM_JOB_GPUS: GPU %d is past the %d GPUs a node can have (indexes 0-%d)'
+                         % (last, limit, limit - 1))
+    return range(first, last + 1)
+
+
+def gpus_argument(text):
+    """gpu_list for argparse: its message as the error, no traceback."""
+    try:
+        return gpu_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+
+
+def hook_vars(args):
+    """The variables the hook fixes, over the variables file: drain on failure, the release's
+    time, the job's GPUs."""
+    found = {'gpu_reset_on_failure': 'drain'}
+    if args.gpus is not None:
+        found['gpu_reset_gpus'] = args.gpus
+    if args.timeout is not None:
+        found['gpu_reset_timeout'] = args.timeout
+    return found
+
+
+def write_playbook_vars(path, variables):
+    """The playbook runner's extra variables (-e @path), as JSON: never spliced into a shell word."""
+    with open(path, 'w') as handle:
+        json.dump(variables, handle)
+        handle.write('\n')
+    return 0
+
+
+def parse_args(argv):
     parser = argparse.ArgumentParser(prog='gpu-reset-hook', description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--node', required=True, help='the Slurm node name (SLURMD_NODENAME)')
     parser.add_argument('--vars-file', help='YAML file of gpu_reset_* variables')
-    parser.add_argument('--gpus', type=gpu_list, help="the job's GPUs (SLURM_JOB_GPUS); all when not given")
+    parser.add_argument('--gpus', type=gpus_argument, help="the job's GPUs (SLURM_JOB_GPUS); all when not given")
     parser.add_argument('--timeout', type=float, help='gpu_reset_timeout, the seconds the release may take')
     parser.add_argument('--deadline', type=float, default=60, help='seconds the whole run may take')
     parser.add_argument('--scontrol', default='scontrol', help='the scontrol command')
-    args = parser.parse_args(argv)
-    overrides = {'gpu_reset_on_failure': 'drain'}
-    if args.gpus is not None:
-        overrides['gpu_reset_gpus'] = args.gpus
-    if args.timeout is not None:
-        overrides['gpu_reset_timeout'] = args.timeout
+    parser.add_argument('--playbook-vars', metavar='FILE',
+                        help="only write the hook's variables to FILE as JSON, for ansible-playbook -e @FILE")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.playbook_vars:
+        return write_playbook_vars(args.playbook_vars, hook_vars(args))
     try:
-        settings = load_settings(args.vars_file, overrides)
+        settings = load_settings(args.vars_file, hook_vars(args))
     except NeedsPlaybook as exc:
         sys.stderr.write('gpu_reset: %s needs the playbook\n' % exc)
         return RUNNER_NEEDS_PLAYBOOK
     except (OSError, ValueError) as exc:
-        sys.stderr.write('gpu_reset: cannot read the settings: %s\n' % exc)
+        sys.stderr.write('gpu_reset: cannot read the settings: %s\n' % printable(str(exc)))
         return RUNNER_SETTINGS_UNREADABLE
     result = reset(settings, args.node, args.scontrol, args.deadline)
     sys.stdout.write(json.dumps(result) + '\n')
     if result['outcome'] == 'failed':
-        sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (args.node, result['reason']))
-        return 1
+        sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))
+        return RUNNER_DRAINED if result.get('drained') else RUNNER_NOT_DRAINED
     return 0
 
 

@@ -539,3 +539,62 @@ def test_no_busy_loop_while_the_driver_frees_the_memory(gpuhost, monkeypatch):
     assert result.released is True, result.failure
     # Two seconds of waiting at one look every 0.25 s at most (and the rescans after an exit).
     assert len(scans) < 40, len(scans)
+
+
+# ==============================================================================================
+# Release safety of the hook and the audit log (report names, audit lines, drain reasons, lock
+# directories, the hook's exit statuses and its GPU list).
+# ==============================================================================================
+
+# -- 10. a command line that tries to forge or drown the audit log -----------------------------
+
+# Holds the device under a command line of its own choosing (argv), says ready and waits.
+CHOSEN_COMMAND_LINE = '''
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+print('ready', flush=True)
+time.sleep(120)
+'''
+
+
+@in_private_pid_namespace
+def test_a_command_line_cannot_forge_drown_or_colour_the_audit_log(gpuhost):
+    """A newline and a forged line, terminal escapes, and 260 KB of arguments (each below the
+    kernel's 128 KiB per argument): one audit line per signal, escaped, that fits a datagram."""
+    forged = 'train.py\nDec  1 08:00:00 node gpuops.nvidia[1]: nvidia_device_release: sent SIGKILL to pid 1\x1b]0;x\x07'
+    job = python_job(CHOSEN_COMMAND_LINE, gpuhost.dev_path(0), forged, 'B' * 130000, 'C' * 130000)
+    result = release(gpuhost, grace_period=0.5)
+    assert result.released is True, result.failure
+    assert [entry['pid'] for entry in result.signalled] == [job.pid]
+    assert len(result.logged) >= len(result.signalled[0]['signals_sent']) >= 1
+    for line in result.logged:
+        assert re.match(r'nvidia_device_release: sent SIG[A-Z]+ to pid %d \(user root\) holding \S+, command "' % job.pid, line), line
+        assert not re.search(r'[\x00-\x1f\x7f-\x9f]', line) and 'train.py\\x0aDec' in line
+        assert len(line.encode('utf-8')) <= 2048
+
+
+# -- 11. a lock_file where any user can take the name first -----------------------------------
+
+# Creates the lock file in a directory every user can write (noclobber: only if it is not there),
+# holds a flock on it and waits.
+PLANT_AND_HOLD = ['bash', '-c', 'set -C; exec 3>"$1"; flock -x 3; echo ready; exec sleep 120', '-']
+
+
+@in_private_pid_namespace
+def test_a_lock_file_in_a_sticky_world_writable_dir_is_refused_before_anyone_waits(gpuhost):
+    """/tmp-like: user nobody creates the name first and holds it forever; the release refuses the
+    place itself, naming the option and the directory, at once and before any signal."""
+    shared = tempfile.mkdtemp(prefix='gpuops-shared-', dir='/tmp')
+    os.chmod(shared, 0o1777)
+    try:
+        path = os.path.join(shared, 'release.lock')
+        squatter = start(PLANT_AND_HOLD + [path], user=pwd.getpwnam('nobody').pw_uid)
+        job = gpuhost.hold(gpus=[0], mib=100)
+        started = time.monotonic()
+        with pytest.raises(GpuopsError, match=r'lock_file %s is in %s, which every user can write \(mode 1777, sticky\)'
+                                              % (re.escape(path), re.escape(shared))):
+            release(gpuhost, lock_file=path, timeout=5)
+        assert time.monotonic() - started < 2
+        assert alive(job['pid']) and squatter.poll() is None
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

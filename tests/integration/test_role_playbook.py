@@ -441,7 +441,7 @@ def run_hook(host, tmp, mode, **env_extra):
                GPU_RESET_COLLECTIONS_PATH=os.path.join(REPO, '.build', 'collections'))
     env.update(env_extra)
     proc = subprocess.run([HOOK, mode], capture_output=True, text=True, env=env, timeout=120, check=False)
-    log = (tmp / 'hook.log').read_text()
+    log = (tmp / 'hook.log').read_text() if (tmp / 'hook.log').exists() else None
     return proc, (calls.read_text().splitlines() if calls.exists() else []), log
 
 
@@ -640,3 +640,115 @@ def test_unwritable_textfile_dir_fails_the_host(gpuhost_factory, tmp_path):
     assert report['outcome'] == 'failed' and report['gpus_after'] == [{'index': 0, 'memory_used_mib': 1}]
     assert report['reason'].startswith('write node_exporter metrics: '), report['reason']
     assert run.line('node')[0].startswith('FAILED')
+
+
+# -- release safety: a host name that is a path ----------------------------------------------
+
+def test_a_host_named_with_dot_dot_writes_its_report_inside_the_report_dir(gpuhost_factory, tmp_path):
+    """Inventory host ../victim: the report is %2E.%2Fvictim.json in the report directory, and
+    nothing is written beside it."""
+    host = gpuhost_factory(gpus=1)
+    reports = tmp_path / 'reports'
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'../victim': host_vars(host, tmp_path, 'victim')}}}))
+    run = playbook(inventory, reports)
+    assert run.rc == 0, run.out
+    assert os.listdir(str(reports)) == ['%2E.%2Fvictim.json'], run.out
+    assert not (tmp_path / 'victim.json').exists()
+    assert run.reports['%2E.%2Fvictim']['host'] == '../victim'
+
+
+# -- release safety: the drain reason ---------------------------------------------------------
+
+def test_the_default_drain_command_escapes_and_caps_the_reason(tmp_path):
+    """The role's default gpu_reset_drain_command as Ansible renders it: the reason (text users
+    chose) with its control characters escaped, cut at 200 characters, in one argument."""
+    reason = 'GPU 1: held by pid 5 (x\n\x1b]0;owned\x07\x9b2J)' + 'y' * 400
+    (tmp_path / 'result.json').write_text(json.dumps({'gpu_reset_result': {'reason': reason}}))
+    (tmp_path / 'render.yml').write_text(yaml.safe_dump([{
+        'name': 'Render the default drain command', 'hosts': 'localhost', 'gather_facts': False,
+        'tasks': [{'name': 'Read the defaults', 'ansible.builtin.include_vars':
+                   os.path.join(REPO, 'roles', 'gpu_reset', 'defaults', 'main.yml')},
+                  {'name': 'Write the command', 'ansible.builtin.copy': {
+                      'content': '{{ gpu_reset_drain_command | to_json }}', 'dest': str(tmp_path / 'argv.json'),
+                      'mode': '0644'}}]}]))
+    proc = subprocess.run([os.path.join(BIN, 'ansible-playbook'), '-i', 'localhost,', '-c', 'local',
+                           '-e', '@%s' % (tmp_path / 'result.json'), str(tmp_path / 'render.yml')],
+                          capture_output=True, text=True, env=ansible_env(), timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    argv = json.loads((tmp_path / 'argv.json').read_text())
+    assert argv[:4] == ['scontrol', 'update', 'nodename=localhost', 'state=drain'] and len(argv) == 5
+    escaped = 'GPU 1: held by pid 5 (x\\x0a\\x1b]0;owned\\x07\\x9b2J)'
+    kept = 200 - len(escaped)
+    assert argv[4] == 'reason=gpu_reset: %s%s...(%d more characters)' % (escaped, 'y' * kept, 400 - kept), argv[4]
+
+
+# -- release safety: the hook's exit statuses and its GPU list ---------------------------------
+
+def test_a_hook_whose_collection_cannot_be_imported_drains_saying_so(gpuhost_factory, tmp_path):
+    """Python starts but cannot import the collection and exits 1 itself: not "drained with the
+    reason" (the hook's 1), but 2, and the node is drained saying the hook could not run."""
+    host = gpuhost_factory(gpus=2)
+    proc, calls, log = run_hook(host, tmp_path, 'prolog', SLURM_JOB_GPUS='0',
+                                GPU_RESET_COLLECTIONS_PATH=str(tmp_path / 'no-collection'))
+    assert proc.returncode == 2, log
+    assert 'No module named' in log and log.rstrip().endswith('=== prolog job 4242: hook exit 2'), log
+    assert calls == ['update nodename=node01 state=drain reason=gpu_reset: prolog hook could not check the GPUs '
+                     '(job 4242, GPUs 0), see %s' % (tmp_path / 'hook.log')], calls
+
+
+@pytest.mark.parametrize('text', ['GPU_RESET_BUDGET_S=30\nif then fi (\n', 'GPU_RESET_BUDGET_S=30s\n'])
+def test_a_hook_settings_file_that_is_not_shell_drains_saying_so(gpuhost_factory, tmp_path, text):
+    """Sourcing a file that does not parse, or arithmetic on a budget that is not a number, would
+    end the hook where it stands, with no reason."""
+    host = gpuhost_factory(gpus=2)
+    conf = tmp_path / 'broken.conf'
+    conf.write_text(text)
+    proc, calls, log = run_hook(host, tmp_path, 'epilog', SLURM_JOB_GPUS='1', GPU_RESET_HOOK_CONF=str(conf))
+    assert proc.returncode == 2, (proc.stderr, log)
+    assert '%s is not valid shell' % conf in log, log
+    assert len(calls) == 1 and 'reason=gpu_reset: epilog hook could not check the GPUs (job 4242, GPUs 1)' in calls[0]
+
+
+def test_a_hook_whose_log_cannot_be_written_still_checks_the_gpus(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=2)
+    job = host.hold(gpus=[1], mib=1000)['pid']
+    proc, calls, log = run_hook(host, tmp_path, 'epilog', SLURM_JOB_GPUS='1',
+                                GPU_RESET_LOG=str(tmp_path / 'no-such-dir' / 'hook.log'))
+    assert (proc.returncode, calls) == (0, []), proc.stderr
+    assert not alive(job)
+
+
+@pytest.mark.parametrize('runner', ['module', 'playbook'])
+def test_slurm_job_gpus_with_a_huge_range_is_refused_at_once(gpuhost_factory, tmp_path, runner):
+    host = gpuhost_factory(gpus=2)
+    started = time.monotonic()
+    proc, calls, log = run_hook(host, tmp_path, 'prolog', SLURM_JOB_GPUS='0-2000000', GPU_RESET_RUNNER=runner)
+    assert time.monotonic() - started < 10
+    assert proc.returncode == 2, log
+    assert 'SLURM_JOB_GPUS: GPU 2000000 is past the 64 GPUs a node can have' in log and 'Traceback' not in log, log
+    assert len(calls) == 1 and 'could not check the GPUs (job 4242, GPUs 0-2000000)' in calls[0], calls
+
+
+def test_the_playbook_runner_takes_ranges_as_the_module_runner_does(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=3)
+    job = host.hold(gpus=[1], mib=1000)['pid']
+    neighbour = host.hold(gpus=[2], mib=1000)['pid']
+    proc, calls, log = run_hook(host, tmp_path, 'epilog', SLURM_JOB_GPUS='0-1', GPU_RESET_RUNNER='playbook')
+    assert (proc.returncode, calls) == (0, []), log
+    assert not alive(job) and alive(neighbour)
+
+
+def test_slurm_job_gpus_cannot_inject_a_drain_command_into_the_playbook(gpuhost_factory, tmp_path):
+    """SLURM_JOB_GPUS spliced into -e JSON could close the list and add variables of its own."""
+    host = gpuhost_factory(gpus=2)
+    host.fault('lost', gpu=0)  # the job's GPU: the host fails, and its drain command runs
+    pwned = tmp_path / 'pwned'
+    gpus = '0], "gpu_reset_drain_command": ["touch", "%s"], "x": [0' % pwned
+    proc, calls, log = run_hook(host, tmp_path, 'prolog', SLURM_JOB_GPUS=gpus, GPU_RESET_RUNNER='playbook')
+    assert not pwned.exists(), log
+    assert proc.returncode == 2, log
+    assert "SLURM_JOB_GPUS: '0]' is not a GPU index" in log, log
+    assert len(calls) == 1 and 'could not check the GPUs' in calls[0], calls
+    # The reason shows the list's first 40 characters, each not of a GPU list as '?'.
+    assert '(job 4242, GPUs 0?,??gpu?reset?drain?command?????touch?,)' in calls[0], calls

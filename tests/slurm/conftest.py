@@ -35,12 +35,14 @@ class HookRun:
     def __init__(self, mode, job, gpus, runner):
         self.mode, self.job, self.gpus, self.runner = mode, job, gpus, runner
         self.report = None
-        self.exit = None
+        self.exit = None  # the runner's status
+        self.hook_exit = None  # the hook's own, what slurmd gets
         self.seconds = None
         self.lines = []
 
     def __repr__(self):
-        return 'HookRun(%s job %s, exit %s: %s)' % (self.mode, self.job, self.exit, '\n'.join(self.lines)[-1500:])
+        return 'HookRun(%s job %s, exit %s, hook exit %s: %s)' % (
+            self.mode, self.job, self.exit, self.hook_exit, '\n'.join(self.lines)[-1500:])
 
 
 class Cluster:
@@ -69,6 +71,9 @@ class Cluster:
                     continue
                 if not runs:
                     continue
+                hook_end = re.match(r'=== (prolog|epilog) job (\S+): hook exit (\d+)$', line)
+                if hook_end:
+                    runs[-1].hook_exit = int(hook_end.group(3))
                 end = re.match(r'=== (prolog|epilog) job (\S+): exit (\d+) after (\d+) s$', line)
                 if end:
                     runs[-1].exit = int(end.group(3))
@@ -83,7 +88,7 @@ class Cluster:
         until = time.monotonic() + seconds
         while time.monotonic() < until:
             for run in self.runs():
-                if run.mode == mode and run.job == str(job) and run.exit is not None:
+                if run.mode == mode and run.job == str(job) and run.hook_exit is not None:
                     return run
             time.sleep(0.1)
         raise AssertionError('no %s run for job %s ended within %s s; log:\n%s\n%s' % (

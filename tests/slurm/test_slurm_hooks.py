@@ -10,6 +10,7 @@ Slurm's."""
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -56,7 +57,7 @@ def test_prolog_frees_gpus_a_leftover_holds_before_the_job_starts(node, runner):
                             'echo "GPUS=$CUDA_VISIBLE_DEVICES"' % node.host.smi_path)
     node.bench.wait_job(job, 'COMPLETED', 2 * PLAYBOOK_BUDGET_S)
     prolog = node.wait_run('prolog', job)
-    assert prolog.exit == 0, prolog
+    assert (prolog.exit, prolog.hook_exit) == (0, 0), prolog
     assert prolog.gpus == '0,1,2,3,4,5,6,7'
     with open(out) as handle:
         lines = handle.read().split()
@@ -124,7 +125,8 @@ def test_orphaned_memory_drains_the_node_with_the_reason_and_requeues_the_job(no
     node.host.fault('stuck', gpu=3, mib=4096)
     job = node.bench.sbatch('--gres=gpu:8', '--output', node.path('orphan.out'), '--wrap', 'true')
     prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
-    assert prolog.exit == 1
+    # The runner drained the node with the reason (10); the hook tells slurmd 1.
+    assert (prolog.exit, prolog.hook_exit) == (10, 1), prolog
     assert prolog.report['outcome'] == 'failed'
     assert prolog.report['drained'] is True, prolog.report['reason']
     node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
@@ -146,7 +148,7 @@ def test_a_hung_nvidia_smi_drains_the_node_before_slurm_kills_the_hook(node):
     prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
     took = time.monotonic() - started
     # Ended by itself (not cut off at the budget, 124), within the budget, below Slurm's limit.
-    assert prolog.exit == 1, prolog
+    assert (prolog.exit, prolog.hook_exit) == (10, 1), prolog
     assert prolog.seconds <= BUDGET_S < PROLOG_EPILOG_TIMEOUT, prolog.seconds
     assert took < PROLOG_EPILOG_TIMEOUT, took
     node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
@@ -162,10 +164,59 @@ def test_a_hook_that_cannot_run_its_checks_drains_the_node_saying_so(node):
     node.set_conf(python=node.path('no-such-python'))
     job = node.bench.sbatch('--gres=gpu:2', '--output', node.path('nopython.out'), '--wrap', 'true')
     prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
-    assert prolog.exit == 127, prolog
+    assert (prolog.exit, prolog.hook_exit) == (127, 2), prolog
     assert node.bench.wait_job(job, 'PENDING', PROLOG_EPILOG_TIMEOUT + 10)['Reason'] == 'launch_failed_requeued_held'
     # The Epilog, which fails the same way, has drained the node again by now.
     assert node.wait_run('epilog', job).exit == 127
     node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
     assert re.match(r'gpu_reset: (prolog|epilog) hook could not check the GPUs \(job %s, GPUs [0-9,]+\), see %s$'
                     % (job, re.escape(node.log)), node.bench.reason()), node.bench.reason()
+
+
+# -- release safety: the hook's exit statuses and drain reasons --------------------------------
+
+def test_a_hook_whose_python_cannot_import_the_collection_drains_saying_so(node):
+    """Python starts, cannot import the collection and exits 1 itself, as the hook once did after
+    draining: the hook now exits 2 and drains the node saying it could not run its checks, rather
+    than leaving Slurm's bare 'Prolog error'."""
+    node.set_conf(collections_path=node.path('no-collection'))
+    job = node.bench.sbatch('--gres=gpu:2', '--output', node.path('nocollection.out'), '--wrap', 'true')
+    prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
+    assert node.bench.wait_job(job, 'PENDING', PROLOG_EPILOG_TIMEOUT + 10)['Reason'] == 'launch_failed_requeued_held'
+    node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
+    assert re.match(r'gpu_reset: (prolog|epilog) hook could not check the GPUs \(job %s, GPUs [0-9,]+\), see %s$'
+                    % (job, re.escape(node.log)), node.bench.reason()), node.bench.reason()
+    # Python's own 1, which once read as "drained with the reason".
+    assert (prolog.exit, prolog.hook_exit) == (1, 2), prolog
+    assert 'No module named' in '\n'.join(prolog.lines), prolog
+
+
+# Holds the release lock under a process name (its comm) with a terminal escape and a bell.
+LOCK_HOLDER = r'''
+import ctypes, fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+ctypes.CDLL(None).prctl(15, b'\x1b]0;pwn\x07\x1b[2J', 0, 0, 0)
+print('ready', flush=True)
+time.sleep(600)
+'''
+
+
+def test_control_characters_in_the_reason_reach_slurm_escaped(node):
+    """The release cannot get its lock, held by a process whose name carries terminal escapes: the
+    node is drained with a reason naming it, escaped, as scontrol and sinfo -R show it."""
+    holder = subprocess.Popen([sys.executable, '-c', LOCK_HOLDER, os.path.join(node.dir, 'release.lock')],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'ready'
+        job = node.bench.sbatch('--gres=gpu:1', '--output', node.path('locked.out'), '--wrap', 'true')
+        prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
+        node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
+        reason = node.bench.node_info()['Reason']
+        assert reason.startswith('gpu_reset: Release the GPUs: another process still holds the lock file'), reason
+        assert '(\\x1b]0;pwn\\x07\\x1b[2J, user root (uid 0))' in reason, reason
+        assert not re.search(r'[\x00-\x1f\x7f-\x9f]', reason + node.bench.reason()), reason
+        assert (prolog.exit, prolog.hook_exit) == (10, 1), prolog
+    finally:
+        holder.kill()
+        holder.wait()

@@ -9,6 +9,7 @@ __metaclass__ = type
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -220,11 +221,11 @@ def test_a_user_runtime_directory_is_used_when_it_is_private(tmp_path):
 # -- what a lock_file may be ----------------------------------------------------------------
 
 @root_only
-def test_a_symlink_planted_at_the_lock_path_is_never_followed(shared_dir, tmp_path):
+def test_a_symlink_planted_at_the_lock_path_is_never_followed(tmp_path):
     target = tmp_path / 'shadow'
     target.write_text('root:secret\n')
     target.chmod(0o600)
-    path = os.path.join(shared_dir, 'release.lock')
+    path = str(tmp_path / 'release.lock')
     os.symlink(str(target), path)
     os.lchown(path, NOBODY, NOBODY)
     with pytest.raises(GpuopsError, match='lock file %s is a symbolic link, not a regular file; refusing' % path):
@@ -234,8 +235,8 @@ def test_a_symlink_planted_at_the_lock_path_is_never_followed(shared_dir, tmp_pa
 
 
 @root_only
-def test_a_lock_file_of_another_user_is_refused_and_left_alone(shared_dir):
-    path = os.path.join(shared_dir, 'release.lock')
+def test_a_lock_file_of_another_user_is_refused_and_left_alone(tmp_path):
+    path = str(tmp_path / 'release.lock')
     with open(path, 'w') as handle:
         handle.write('12345\n')
     os.chown(path, NOBODY, NOBODY)
@@ -284,6 +285,48 @@ def test_a_lock_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path, kin
 def test_a_missing_directory_for_lock_file_is_a_clear_error(tmp_path):
     with pytest.raises(GpuopsError, match='cannot open lock file .*No such file or directory'):
         acquire(str(tmp_path / 'absent' / 'release.lock'))
+
+
+# -- where a lock_file may be ---------------------------------------------------------------
+
+@pytest.mark.parametrize('mode, what', [(0o1777, r'mode 1777, sticky'), (0o777, r'mode 0777'), (0o770, r'mode 0770')])
+def test_a_lock_file_in_a_directory_others_can_write_is_refused(tmp_path, mode, what):
+    """flock works on any file a user can open: in /tmp or /run/lock anyone can create the
+    name first (a sticky bit does not stop that) and hold it, blocking every release."""
+    shared = tmp_path / 'shared'
+    shared.mkdir()
+    os.chown(str(shared), os.geteuid(), 100)  # a group that is not root's
+    shared.chmod(mode)
+    path = str(shared / 'release.lock')
+    with pytest.raises(GpuopsError) as info:
+        acquire(path)
+    assert re.match(r'lock_file %s is in %s, which (every user can write|group \d+ can write) \(%s' % (
+        re.escape(path), re.escape(str(shared)), what), str(info.value)), str(info.value)
+    assert 'leave lock_file unset for the default (%s)' % default_lock_file() in str(info.value)
+    assert os.listdir(str(shared)) == []
+
+
+@root_only
+def test_a_lock_file_below_a_directory_another_user_owns_is_refused(tmp_path):
+    """nobody could rename the directory away and put one of their own in its place."""
+    theirs = tmp_path / 'theirs'
+    theirs.mkdir(mode=0o755)
+    os.chown(str(theirs), NOBODY, NOBODY)
+    ours = theirs / 'locks'
+    ours.mkdir(mode=0o700)
+    path = str(ours / 'release.lock')
+    with pytest.raises(GpuopsError, match=r'lock_file %s is in %s, below %s, which is owned by nobody \(uid 65534\)' % (
+            re.escape(path), re.escape(str(ours)), re.escape(str(theirs)))):
+        acquire(path)
+    assert os.listdir(str(ours)) == []
+
+
+def test_a_lock_file_in_a_directory_only_root_writes_below_sticky_tmp_is_used(shared_dir):
+    """A directory of the caller's own inside /tmp: others cannot replace it (sticky /tmp)."""
+    ours = os.path.join(shared_dir, 'locks')
+    os.mkdir(ours, 0o755)
+    acquire(os.path.join(ours, 'release.lock')).release()
+    assert os.listdir(ours) == ['release.lock']
 
 
 # -- who holds it ---------------------------------------------------------------------------

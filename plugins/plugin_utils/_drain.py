@@ -1,0 +1,35 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This plugin_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""The Slurm drain reason, for the role's default gpu_reset_drain_command and the Slurm hook.
+
+The reason is made of text users choose (process names, command lines, paths): it reaches
+scontrol, slurmctld's state and every operator's terminal through sinfo -R. It is one element
+of scontrol's argv (reason=...), never split by a shell: scontrol takes everything after the
+first '=' of that one argument as the reason (dropping one leading and one trailing double
+quote), so no text in it can add a key such as state=resume or nodename=... of its own, and it
+never starts with '-' (scontrol's options), since it starts with 'reason='.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+
+PREFIX = 'gpu_reset: '
+# Characters of the reason kept, once escaped (then "...(N more characters)"). scontrol takes a
+# reason of any length, but its argument must fit execve's MAX_ARG_STRLEN (128 KiB) or the drain
+# command cannot start at all; sinfo -R shows a reason on one line, and 200 characters name the
+# first GPUs and why.
+REASON_CHARS = 200
+
+
+def drain_reason(reason):
+    """'gpu_reset: <reason>', control characters escaped (printable) and capped at REASON_CHARS."""
+    return PREFIX + printable(reason or 'GPUs not clean', REASON_CHARS)
