@@ -81,15 +81,15 @@ UNREPORTED_PROCESS_NAMES = frozenset(['[Not Found]', '[Insufficient Permissions]
 UNPRINTABLE_RE = re.compile(u'[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]')
 
 
-def printable(text, limit=None):
+def printable(text, limit=None, backslashes=True):
     """User-chosen text (a process name, a command line, a path) made safe to print on one line.
 
     Control characters become \\xNN or \\uNNNN escapes, and so does the backslash itself, so
-    that what is printed cannot be mistaken for an escape that was there; limit caps the
-    length, saying how much was left out."""
+    that what is printed cannot be mistaken for an escape that was there (backslashes=False for
+    text made printable once already); limit caps the length, saying how much was left out."""
     if text is None:
         return None
-    text = UNPRINTABLE_RE.sub(_escape, text.replace('\\', '\\\\'))
+    text = UNPRINTABLE_RE.sub(_escape, text.replace('\\', '\\\\') if backslashes else text)
     if limit is not None and len(text) > limit:
         return '%s...(%d more characters)' % (text[:limit], len(text) - limit)
     return text

@@ -31,5 +31,6 @@ REASON_CHARS = 200
 
 
 def drain_reason(reason):
-    """'gpu_reset: <reason>', control characters escaped (printable) and capped at REASON_CHARS."""
-    return PREFIX + printable(reason or 'GPUs not clean', REASON_CHARS)
+    """'gpu_reset: <reason>', control characters escaped (printable) and capped at REASON_CHARS.
+    The verdict's reasons are printable already: their backslashes are not doubled again."""
+    return PREFIX + printable(reason or 'GPUs not clean', REASON_CHARS, backslashes=False)

@@ -222,7 +222,7 @@ def escaped_lock_holder(tmp_path):
 def test_control_characters_in_the_reason_are_escaped_in_the_drain(hook, escaped_lock_holder):
     """The reason names the process that holds the lock by its name, which its owner chose."""
     rc, report, drained = hook('--timeout', '1')
-    assert report['outcome'] == 'failed' and '(\x1b]0;pwn\x07' in report['reason'], report['reason']
+    assert report['outcome'] == 'failed' and '(\\x1b]0;pwn\\x07' in report['reason'], report['reason']
     assert len(drained) == 4 and drained[:3] == ['update', 'nodename=gpu07', 'state=drain']
     assert '(\\x1b]0;pwn\\x07' in drained[3], drained
     assert not re.search(r'[\x00-\x1f\x7f-\x9f]', drained[3])
