@@ -451,7 +451,6 @@ class Release:
             self.scan_incomplete = True
             self._warn('the scan of /proc for holders did not finish within the timeout: processes it did not '
                        'reach are unknown, so the GPUs cannot be called released')
-        self.unreadable_pids = set(scan.unreadable)
         return scan
 
     def _scope_nodes(self):
