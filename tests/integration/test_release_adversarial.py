@@ -345,8 +345,8 @@ def test_a_process_name_cannot_forge_the_driver_s_process_list(public_host):
     gpu0 = _gpu(public_host, 0)
     forged = ''.join('\n%d, x, 100 MiB, %s, %s' % (pid, gpu0['uuid'], gpu0['pci_bus_id'])
                      for pid in (sshd.pid, other_job.pid))
-    attacker = public_host.hold(gpus=[0], mib=100, argv=['python3' + forged, os.path.join(public_host.paths.lib,
-                                                                                           'holder.py')])
+    holder_py = os.path.join(public_host.paths.lib, 'holder.py')
+    attacker = public_host.hold(gpus=[0], mib=100, argv=['python3' + forged, holder_py])
     result = release(public_host, gpus=[0])
     assert sshd.poll() is None and other_job.poll() is None
     assert [entry['pid'] for entry in result.signalled] == [attacker['pid']], (result.warnings, result.failure)
