@@ -500,9 +500,7 @@ class Release:
         was handed a descriptor is no job. A process of the release's own session was started by
         whoever started the release, and is theirs to release; one whose name breaks the driver's
         list into lines is a job that tried to hide."""
-        jobs = [holder for holder in holders if not holder.protected and
-                (holder.pid in placements or _key(holder) in self.targets or holder.session == self.own_session
-                 or not is_system(holder) or _breaks_lines(holder.pid, self.proc))]
+        jobs = [holder for holder in holders if not holder.protected and self._is_job(holder, placements)]
         for holder in holders:
             if holder.protected or holder in jobs or self._belongs_to(holder, jobs) \
                     or self._relative(holder) is not None:
@@ -510,6 +508,10 @@ class Release:
             holder.protected = True
             holder.foreign = True
             self.foreign_seen.setdefault(_key(holder), holder)
+
+    def _is_job(self, holder, placements):
+        return any((holder.pid in placements, _key(holder) in self.targets, holder.session == self.own_session,
+                    not is_system(holder, self.proc), _breaks_lines(holder.pid, self.proc)))
 
     def _belongs_to(self, holder, jobs):
         chain = ancestors(holder.ppid, self.proc) if holder.ppid else set()
@@ -551,8 +553,9 @@ class Release:
             and not gpu.get('processes')
 
     def _clean(self, snapshot, holders):
-        return (snapshot is not None and not self.scan_incomplete and not any(not holder.protected for holder in holders)
-                and all(self._gpu_clean(gpu) for gpu in self._scope(snapshot)))
+        if snapshot is None or self.scan_incomplete or any(not holder.protected for holder in holders):
+            return False
+        return all(self._gpu_clean(gpu) for gpu in self._scope(snapshot))
 
     def _only_lost_left(self, snapshot, holders):
         """True when waiting cannot help: no holder is left and every dirty GPU is lost."""
@@ -917,10 +920,10 @@ class Release:
                    if any(self._blocks(holder, gpu) for gpu in self._scope(snapshot)
                           if gpu.get('index') in result.orphaned_gpus)]
         if result.survivors or foreign:
+            blocking = ['pid %d' % survivor['pid'] for survivor in result.survivors]
+            blocking.extend(_foreign_why(holder) for holder in foreign)
             self._warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
-                ', '.join(str(index) for index in result.orphaned_gpus),
-                ', '.join(['pid %d' % survivor['pid'] for survivor in result.survivors] +
-                          [_foreign_why(holder) for holder in foreign])))
+                ', '.join(str(index) for index in result.orphaned_gpus), ', '.join(blocking)))
             if foreign and result.failure:
                 result.failure += '; GPU reset not attempted: held by %s' % ', '.join(_foreign_why(h) for h in foreign)
             return
@@ -993,8 +996,8 @@ class Release:
         clean = self._clean(snapshot, holders)
         if any(not holder.protected for holder in holders):
             self.last_exit = None
-        self.settled = not self.targets or (self.last_exit is not None and
-                                            self.clock() >= self.last_exit + self.options.settle_time)
+        settle_end = None if self.last_exit is None else self.last_exit + self.options.settle_time
+        self.settled = not self.targets or (settle_end is not None and self.clock() >= settle_end)
         result.released = clean and self.settled
         if self.options.wait:
             result.orphaned_gpus = self._orphaned(scope, survivors)
