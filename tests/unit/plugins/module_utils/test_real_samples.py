@@ -27,6 +27,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._health import (
     read_xid_events,
     recovery_action,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
     EXIT_CODES,
     GPU_FIELDS,
@@ -185,16 +186,52 @@ def test_q01_eight_gpus_with_indexes_and_memory():
                        'temperature_c': 54, 'utilization_gpu_pct': 86, 'memory_used_mib': 10032, 'memory_total_mib': 12206}
 
 
+Q02_FACTS = ('name', 'driver_version', 'temperature_c', 'utilization_gpu_pct', 'memory_utilization',
+             'memory_total_mib', 'memory_free_mib', 'memory_used_mib')
+
+
 def test_q02_insufficient_permissions_in_a_mig_pod_are_null():
     assert read_query_sample('Q02_stableswarm388_a100_mig_pod.csv') == [{
         'name': 'NVIDIA A100-SXM4-80GB', 'driver_version': '535.161.08', 'temperature_c': 47,
         'utilization_gpu_pct': None, 'memory_total_mib': None, 'memory_free_mib': None, 'memory_used_mib': None}]
+    # ... and they are the driver's word that this GPU cannot be read from here: never clean.
+    header, row = sample('smi_query_gpu', 'Q02_stableswarm388_a100_mig_pod.csv').splitlines()
+    fields = [(name.split(' [')[0].strip(), fact) for name, fact in zip(header.split(','), Q02_FACTS)]
+    [gpu], dummy = parse_gpu_csv(row, fields)
+    assert gpu['error'] == ('the driver says: Insufficient Permissions (nvidia-smi, for memory.total, memory.free, '
+                            'memory.used)') and gpu_state(gpu) == 'lost'
 
 
 def test_q03_unknown_error_in_a_field_is_null():
     rows = read_query_sample('Q03_mindminer627_unknown_error.csv')
     assert rows == [{'name': 'GeForce RTX 2080 Ti', 'utilization_gpu_pct': 100, 'temperature_c': 56}]
     assert parse_value('memory_used_mib', ' [Unknown Error]') == (None, None)
+
+
+# A real H100 that needed a reset, as nvidia-smi printed it (Q11):
+# CUDA failed on it for hours while memory.used read 0 MiB.
+Q11_FIELDS = [('index', 'index'), ('temperature.gpu', 'temperature_c'), ('utilization.gpu', 'utilization_gpu_pct'),
+              ('memory.used', 'memory_used_mib')]
+
+
+def test_gpu_requires_reset_is_the_drivers_verdict_not_a_missing_value():
+    # Before: every bracketed cell became null and the GPU was free.
+    header, row = sample('smi_query_gpu', 'Q11_h100_requires_reset.csv').splitlines()
+    assert header.startswith('index, temperature.gpu')
+    [gpu], warnings = parse_gpu_csv(row, Q11_FIELDS)
+    assert warnings == [] and gpu['index'] == 0 and gpu['memory_used_mib'] == 0
+    assert gpu['error'] == 'the driver says: GPU requires reset (nvidia-smi, for temperature.gpu, utilization.gpu)'
+    assert gpu['reset_required'] is True
+    assert gpu_state(dict(gpu, processes=[])) == 'reset_required'
+
+
+def test_q12_the_drivers_recovery_action_reset_is_not_free():
+    # Before: gpu_recovery_action was never read, and GPU 1 of this host read free.
+    fields = [('index', 'index'), ('gpu_recovery_action', 'driver_recovery_action')]
+    gpus, warnings = parse_gpu_csv(sample('smi_query_gpu', 'Q12_dcgm263_recovery_action.csv'), fields)
+    assert warnings == [] and [gpu['driver_recovery_action'] for gpu in gpus] == ['none', 'reset_gpu'] + ['none'] * 6
+    assert [gpu_state(dict(gpu, processes=[])) for gpu in gpus] == ['free', 'reset_required'] + ['free'] * 6
+    assert gpus[1]['error'] == "the driver's GPU recovery action is reset_gpu (nvidia-smi)"
 
 
 def test_q04_bus_id_and_name():
