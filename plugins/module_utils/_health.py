@@ -209,8 +209,13 @@ def read_xid_events(kernel_log=None, timeout=10.0, commands=KERNEL_LOG_COMMANDS)
                   'privilege escalation or set kernel_log' % '; '.join(problems)]
 
 
+# The driver's own recovery action (_reader.DRIVER_RECOVERY_ACTIONS) in this vocabulary.
+DRIVER_ACTIONS = {'none': 'none', 'reset_gpu': 'reset_gpu', 'drain_and_reset': 'reset_gpu', 'reboot': 'reboot',
+                  'system_reboot': 'reboot'}
+
+
 def recovery_action(xid_events, remapped_rows_pending=None, remapped_rows_failure=None,
-                    retired_pages_pending=None, error=None):
+                    retired_pages_pending=None, error=None, reset_required=False, driver_action=None):
     """The most severe action, in RECOVERY_ACTIONS order, that the GPU's state calls for.
 
     Row remapping and page retirement follow NVIDIA's memory error guidance
@@ -236,10 +241,15 @@ def recovery_action(xid_events, remapped_rows_pending=None, remapped_rows_failur
         actions.append('reset_gpu')
     if remapped_rows_failure:
         actions.append('inspect')
+    if driver_action is not None:
+        # The driver's word: what it names, and a person for what it asks beyond a reset or a reboot.
+        actions.append(DRIVER_ACTIONS.get(driver_action, 'inspect'))
     if error:
         # nvidia-smi's own advice for a lost GPU is to reboot, as NVIDIA's for one that has fallen
-        # off the bus (Xid 79); any other unreadable GPU needs a look.
-        actions.append('reboot' if 'GPU is lost' in error or FALLEN_TEXT in error else 'inspect')
+        # off the bus (Xid 79); a GPU the driver says requires a reset needs one; any other
+        # unreadable GPU needs a look.
+        actions.append('reboot' if 'GPU is lost' in error or FALLEN_TEXT in error else
+                       'reset_gpu' if reset_required else 'inspect')
     return max(actions, key=lambda action: _SEVERITY[action])
 
 

@@ -47,6 +47,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     NotPermittedError,
@@ -329,7 +330,10 @@ class Release:
         return snapshot
 
     def _scope(self, snapshot):
-        return gpus_in_scope(snapshot.gpus if snapshot is not None else [], self.options.gpus)
+        # The GPUs the host has but the reader does not list (snapshot.missing) are lost GPUs of
+        # the host: in scope for a release of every GPU (they have no index for gpus: to name).
+        gpus = snapshot.gpus + list(getattr(snapshot, 'missing', [])) if snapshot is not None else []
+        return gpus_in_scope(gpus, self.options.gpus)
 
     def _discover(self, snapshot):
         holders, unreadable = find_holders(self.paths, self.options.protect, self.proc)
@@ -668,8 +672,9 @@ class Release:
             result.diff['after'] = _holders_text([holder for holder in holders if holder.protected])
             if self.options.wait and not would:
                 result.orphaned_gpus = self._orphaned(self._scope(snapshot), [])
-                if self.options.reset_orphaned and result.orphaned_gpus:
-                    result.escalation = would_reset(result.orphaned_gpus)
+                todo = self._to_reset(result, self._scope(snapshot), [])
+                if self.options.reset_orphaned and todo:
+                    result.escalation = would_reset(todo)
                     result.changed = True
             return
 
@@ -723,25 +728,37 @@ class Release:
         return any(not gpu.get('error') for gpu in dirty) and not any(gpu.get('processes') for gpu in dirty)
 
     def _escalate(self, result, snapshot):
-        """With reset_orphaned: reset the GPUs left with orphaned memory, then read everything again."""
-        if not self.options.reset_orphaned or not result.orphaned_gpus:
+        """With reset_orphaned: reset the GPUs left with orphaned memory, and those the driver says
+        need a reset, then read everything again."""
+        todo = self._to_reset(result, self._scope(snapshot), []) if snapshot is not None else []
+        if not self.options.reset_orphaned or not todo:
             return
         if result.survivors:
             self._warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
-                ', '.join(str(index) for index in result.orphaned_gpus),
+                ', '.join(str(index) for index in todo),
                 ', '.join('pid %d' % survivor['pid'] for survivor in result.survivors)))
             return
         runner = self.smi_runner or SmiRunner(self.options.nvidia_smi_path)
         bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
         # The reset ends when the signalling would: the read after it has the time left.
-        reset = GpuReset(runner, bus_ids, result.orphaned_gpus, self.signal_deadline, self.clock)
-        result.escalation = reset.run(result.orphaned_gpus)
+        reasons = dict((index, 'orphaned memory' if index in result.orphaned_gpus else 'the driver says it requires a reset')
+                       for index in todo)
+        reset = GpuReset(runner, bus_ids, todo, self.signal_deadline, self.clock, reasons=reasons)
+        result.escalation = reset.run(todo)
         snapshot, holders = self._observe(force_read=True, final=True)
         result.failure = None
         self._report(result, snapshot, holders)
         result.changed = True
         if result.failure and not result.escalation['ok']:
             result.failure += '; the GPU reset failed: %s' % result.escalation['message']
+
+    def _to_reset(self, result, scope, survivors):
+        """The indexes of the GPUs a reset_orphaned reset is for: orphaned memory, or the driver's
+        word that the GPU needs a reset (state reset_required), with no process left on it."""
+        needs = [gpu.get('index') for gpu in scope if gpu.get('index') is not None
+                 if gpu_state(gpu, self.options.memory_threshold_mib) == 'reset_required'
+                 if not gpu.get('processes') and not any(self._blocks(holder, gpu) for holder in survivors)]
+        return sorted(set(result.orphaned_gpus) | set(needs))
 
     def _orphaned(self, scope, survivors):
         """The indexes of the GPUs of scope with memory used and no process holding them."""
@@ -825,8 +842,11 @@ class Release:
             reported = [process for process in gpu.get('processes') or []
                         if not any(process.get('pid') == survivor['pid'] for survivor in holders)]
             used = gpu.get('memory_used_mib')
-            if gpu.get('error'):
-                problems.append('GPU %s could not be read (%s)' % (index, gpu['error']))
+            name = gpu.get('pci_bus_id') if index is None else index
+            if gpu.get('error') and gpu_state(gpu) == 'reset_required':
+                problems.append('GPU %s needs a GPU reset (%s; reset_orphaned resets it)' % (name, gpu['error']))
+            elif gpu.get('error'):
+                problems.append('GPU %s could not be read (%s)' % (name, gpu['error']))
             elif index in result.orphaned_gpus:
                 problems.append('GPU %s: %s MiB used with no process left (orphaned memory; only a GPU '
                                 'reset frees it)' % (index, used))

@@ -151,6 +151,17 @@ def _escalation(escalation):
     return True, bool(escalation.get('reset_ok')), escalation.get('output') or ''
 
 
+def _needs_reset(gpu, attempted, reset_ok, output, allow_gpu_reset):
+    """The reason line of a GPU the driver says needs a reset."""
+    index = gpu.get('index')
+    text = 'GPU %s needs a GPU reset (%s' % (gpu.get('pci_bus_id') if index is None else index, gpu['error'])
+    if attempted and not reset_ok:
+        text += ', and the reset failed: ' + ' '.join(str(output).split())
+    elif not allow_gpu_reset:
+        text += '; set gpu_reset_allow_gpu_reset to allow it'
+    return text + ')'
+
+
 def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False, signalled=(),
            escalation=None, allow_gpu_reset=False):
     """Why a host is not clean: each dirty GPU and each stray holder, '; '-joined."""
@@ -174,7 +185,9 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
         over = used is not None and used > memory_threshold_mib
         if gpu.get('error') or used is None or over or held or reported:
             count += 1
-        if gpu.get('error'):
+        if gpu.get('error') and gpu.get('state') == 'reset_required':
+            lines.append(_needs_reset(gpu, attempted, reset_ok, output, allow_gpu_reset))
+        elif gpu.get('error'):
             lines.append('GPU %s lost or unreadable (%s)' % (gpu.get('pci_bus_id') if index is None else index, gpu['error']))
         elif used is None:
             lines.append('GPU %s: memory used not reported' % index)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from gpusim import hold as _hold
-from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, Paths,
+from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, RECOVERY_ACTIONS, Paths,
                           build_state, empty_faults, is_alive, load_records, load_state, minor_of, write_json)
 
 SMI_SCRIPT = """\
@@ -18,7 +18,7 @@ main({root!r})
 """
 
 FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
-               "remap", "retired", "xid", "fallen")
+               "remap", "retired", "xid", "fallen", "reset-required", "recovery")
 
 HUNG_JOB_RANK_MIB = 76113
 
@@ -250,7 +250,10 @@ class Host:
         xid (gpu, code, text, when, gpu_instance: an Xid line in the kernel log; with
         gpu_instance, the MIG form "Xid (PCI:0000:01:00 GPU-I:05): ..."),
         fallen (gpu, when, form: the driver's "fallen off the bus" message without an Xid;
-        form "probe" is its three-line form, "line" its one-line form)."""
+        form "probe" is its three-line form, "line" its one-line form),
+        reset-required (gpu, value on/off: the driver says the GPU needs a reset; cleared by
+        nvidia-smi -r), recovery (gpu, value: the driver's GPU Recovery Action, none | reset |
+        reboot | drain-p2p | drain-and-reset, on drivers from 565)."""
         kind = kind.replace("_", "-")
         if kind not in FAULT_KINDS:
             raise ValueError("unknown fault %r (known: %s)" % (kind, ", ".join(FAULT_KINDS)))
@@ -287,6 +290,15 @@ class Host:
                     remap[key] = int(v)
         elif kind == "retired":
             faults.setdefault("retired_pending", {})[str(int(gpu))] = _onoff(value)
+        elif kind == "reset-required":
+            if _onoff(value):
+                faults.setdefault("reset_required", {})[str(int(gpu))] = True
+            else:
+                faults.setdefault("reset_required", {}).pop(str(int(gpu)), None)
+        elif kind == "recovery":
+            if value not in RECOVERY_ACTIONS:
+                raise ValueError("recovery action must be one of %s" % ", ".join(RECOVERY_ACTIONS))
+            faults.setdefault("recovery", {})[str(int(gpu))] = value
         elif kind == "xid":
             self._log_xid(state, int(gpu), int(code), text, when, gpu_instance)
             return
