@@ -48,6 +48,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_e
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     NotPermittedError,
@@ -121,7 +122,7 @@ class ReleaseOptions:
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
                  wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
                  facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
-                 nvidia_smi_path='nvidia-smi', expected_gpus=None):
+                 nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None):
         for problem in (check_seconds('timeout', timeout, positive=True),
                         check_seconds('grace_period', grace_period),
                         check_seconds('settle_time', settle_time)):
@@ -168,6 +169,7 @@ class ReleaseOptions:
         self.reset_orphaned = reset_orphaned
         self.nvidia_smi_path = nvidia_smi_path
         self.expected_gpus = expected_gpus
+        self.state_dir = state_dir
         self.warnings = ['extra_protect: %r looks like a regular expression; protect names are exact names or '
                          'shell globs (e.g. python*), so it matches only a process named exactly that' % (name,)
                          for name in protect if REGEX_HINT_RE.search(name)]
@@ -180,7 +182,7 @@ class ReleaseOptions:
                    params.get('lock_file'), params.get('facts_after', False),
                    params.get('settle_time', DEFAULT_SETTLE_S), params.get('host_root') or '/',
                    params.get('reset_orphaned', False), params.get('nvidia_smi_path') or 'nvidia-smi',
-                   params.get('expected_gpus'))
+                   params.get('expected_gpus'), params.get('state_dir'))
 
 
 class Target:
@@ -627,7 +629,8 @@ class Release:
             # The GPUs as the release read them last (within the timeout), the holders as they are now.
             facts, warnings = gather_facts(self.reader, self.options.devices, self.options.protect,
                                            self.options.memory_threshold_mib, self.deadline - self.clock(),
-                                           holder_warnings=False, snapshot=self.last_snapshot)
+                                           holder_warnings=False, snapshot=self.last_snapshot,
+                                           state=StateDir.for_host(self.options.state_dir, self.options.host_root))
         except GpuopsError as exc:
             self._warn('facts_after: the GPUs could not be read at the end: %s' % exc)
             return
@@ -745,12 +748,24 @@ class Release:
                        for index in todo)
         reset = GpuReset(runner, bus_ids, todo, self.signal_deadline, self.clock, reasons=reasons)
         result.escalation = reset.run(todo)
+        self._record_cures(result.escalation, snapshot)
         snapshot, holders = self._observe(force_read=True, final=True)
         result.failure = None
         self._report(result, snapshot, holders)
         result.changed = True
         if result.failure and not result.escalation['ok']:
             result.failure += '; the GPU reset failed: %s' % result.escalation['message']
+
+    def _record_cures(self, escalation, snapshot):
+        """Record on the host that the GPUs a successful reset reset are cured: their older Xid
+        errors no longer count in their health."""
+        if not escalation.get('ok'):
+            return
+        uuids = [gpu.get('uuid') for gpu in snapshot.gpus if gpu.get('index') in escalation['gpus']]
+        state = StateDir.for_host(self.options.state_dir, self.options.host_root)
+        record_cure(state, uuids, time.time(), 'reset', boot_id())
+        for warning in state.warnings:
+            self._warn(warning)
 
     def _to_reset(self, result, scope, survivors):
         """The indexes of the GPUs a reset_orphaned reset is for: orphaned memory, or the driver's

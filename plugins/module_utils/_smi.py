@@ -60,10 +60,13 @@ HEALTH_FIELDS = [
 # does not know the field refuses the query; it is repeated without it, and the value is null.
 RESERVED_FIELDS = [('memory.reserved', 'memory_reserved_mib')]
 # The driver's GPU Recovery Action (see _reader.DRIVER_RECOVERY_ACTIONS): drivers from 565 on;
-# older ones refuse the field, and it is asked for no more.
+# older ones refuse the field, and it is asked for no more. It comes first of the fields a driver
+# may refuse: nvidia-smi names the first field it does not know, and a driver that does not know
+# this one (before 565) does not know remapped_rows.* in --query-gpu either (590), so both go
+# at once and the first read costs no more calls than before.
 RECOVERY_FIELDS = [('gpu_recovery_action', 'driver_recovery_action')]
 # The fields a driver may refuse; the query is repeated without them.
-OPTIONAL_FIELDS = HEALTH_FIELDS + RESERVED_FIELDS + RECOVERY_FIELDS
+OPTIONAL_FIELDS = RECOVERY_FIELDS + HEALTH_FIELDS + RESERVED_FIELDS
 RESERVED_WARNING = ('nvidia-smi does not know memory.reserved (an older driver): memory_reserved_mib is null, '
                     'and memory used may include the memory the driver reserves, so idle GPUs may look used')
 YES_NO_FACTS = frozenset(fact for dummy, fact in HEALTH_FIELDS)
@@ -320,8 +323,11 @@ class SmiReader(GpuReader):
             match = INVALID_FIELD_RE.search(said)
             optional = [pair for pair in fields if pair in OPTIONAL_FIELDS]
             name = match.group(1) if match else None
-            # The remapped_rows.* fields come and go together (see HEALTH_FIELDS).
+            # The remapped_rows.* fields come and go together (see HEALTH_FIELDS), and with the
+            # recovery action (see RECOVERY_FIELDS).
             family = REMAPPED_ROWS_FIELDS if name in dict(REMAPPED_ROWS_FIELDS) else [(name, None)]
+            if name in dict(RECOVERY_FIELDS):
+                family = RECOVERY_FIELDS + REMAPPED_ROWS_FIELDS
             refused = [pair for pair in optional if pair[0] in dict(family)] or optional
             if not optional:
                 return fields, rejected, (rc, stdout, stderr)

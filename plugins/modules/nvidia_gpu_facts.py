@@ -353,6 +353,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader, device_patterns
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir
 
 
 def main():
@@ -378,7 +379,8 @@ def main():
             facts, read_warnings = gather_facts(
                 reader, device_patterns(params['devices'], params['host_root']),
                 params['protect'] + params['extra_protect'], params['memory_threshold_mib'],
-                params['timeout'], params['kernel_log'], expected_gpus=params['expected_gpus'])
+                params['timeout'], params['kernel_log'], expected_gpus=params['expected_gpus'],
+                state=StateDir.for_host(params['state_dir'], params['host_root']))
         finally:
             reader.close()
     except MissingLibraryError as exc:

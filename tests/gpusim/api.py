@@ -115,6 +115,9 @@ class Host:
                             minors=minors, fallen=fallen)
         for d in (p.dev, p.bin, p.lib, p.procs, p.tracked):
             os.makedirs(d, exist_ok=True)
+        if p.root != "/":
+            # Where a host keeps /run/gpuops (the collection's state directory) on its tmpfs.
+            os.makedirs(os.path.join(p.root, "run"), exist_ok=True)
         nodes = ["nvidia%d" % g["minor"] for g in state["gpus"]]
         for n in ["nvidiactl", "nvidia-uvm"] + nodes:
             path = os.path.join(p.dev, n)

@@ -345,21 +345,18 @@ def test_reader_joins_processes_to_gpus_and_takes_driver_version(tmp_path):
 REFUSING = """for arg in "$@"; do case "$arg" in --query-gpu=*)
   for field in %s; do case "$arg" in *"$field"*) echo "Field \\"$field\\" is not a valid field to query."; echo; exit 2;; esac; done
   echo "$arg" >> %s
-  case "$arg" in
-    *remapped_rows*memory.reserved*) echo "%s, No, No, [N/A], 515";;
-    *remapped_rows*) echo "%s, No, No, [N/A]";;
-    *retired_pages*memory.reserved*) echo "%s, [N/A], 515";;
-    *memory.reserved*) echo "%s, 515";;
-    *) echo "%s";;
-  esac; exit 0;; esac; done"""
+  out="%s"
+  case "$arg" in *gpu_recovery_action*) out="$out, None";; esac
+  case "$arg" in *remapped_rows*) out="$out, No, No";; esac
+  case "$arg" in *retired_pages*) out="$out, [N/A]";; esac
+  case "$arg" in *memory.reserved*) out="$out, 515";; esac
+  echo "$out"; exit 0;; esac; done"""
 
 
 def refusing_smi(tmp_path, refused):
-    # A driver before 565: it does not know gpu_recovery_action either.
-    refused = list(refused) + ['gpu_recovery_action']
     line = gpu_line(0, used=1)
     log = tmp_path / 'queries'
-    script = write_script(tmp_path, REFUSING % (' '.join(refused) or 'none-refused', log, line, line, line, line, line))
+    script = write_script(tmp_path, REFUSING % (' '.join(refused) or 'none-refused', log, line))
     return SmiReader(SmiRunner(script)), log
 
 
@@ -486,6 +483,6 @@ def test_refused_health_fields_are_asked_for_once_per_reader(gpuhost_factory, tm
     assert [gpu['remapped_rows_pending'] for gpu in first.gpus + second.gpus] == [False] * 4
     asked = [line.split('=')[0] + ('+remap' if line.startswith('--query-gpu=') and 'remapped_rows' in line else '')
              for line in calls.read_text().splitlines()]
-    # The first read learns what this driver refuses (remapped_rows.*, then gpu_recovery_action).
-    assert asked == ['--query-gpu+remap', '--query-gpu', '--query-gpu', '--query-remapped-rows', '--query-compute-apps',
+    # The first read learns what this driver refuses (gpu_recovery_action, and with it remapped_rows.*).
+    assert asked == ['--query-gpu+remap', '--query-gpu', '--query-remapped-rows', '--query-compute-apps',
                      '--query-gpu', '--query-remapped-rows', '--query-compute-apps']
