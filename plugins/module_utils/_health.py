@@ -140,7 +140,7 @@ def recovery_action(xid_events, remapped_rows_pending=None, remapped_rows_failur
     if driver_action is not None:
         # The driver's word: what it names, and a person for what it asks beyond a reset or a reboot.
         actions.append(DRIVER_ACTIONS.get(driver_action, 'inspect'))
-    if error:
+    if error and driver_action in (None, 'none'):
         # nvidia-smi's own advice for a lost GPU is to reboot, as NVIDIA's for one that has fallen
         # off the bus (Xid 79); a GPU the driver says requires a reset needs one; any other
         # unreadable GPU needs a look.

@@ -288,8 +288,8 @@ class NvmlReader(GpuReader):
             self._read_fields(handle, gpu)
         except _GpuUnreadable as lost:
             return self._unreadable(gpu, gpu['pci_bus_id'], lost.error)
-        driver_error(gpu, self._said, 'NVML')
-        recovery_verdict(gpu, self._recovery_action(handle), 'NVML')
+        driver_error(gpu, self._said)
+        recovery_verdict(gpu, self._recovery_action(handle))
         gpu['_handle'] = handle
         return gpu
 
@@ -318,7 +318,9 @@ class NvmlReader(GpuReader):
         gpu['persistence_mode'] = None if mode is None else bool(mode)
         compute = self._field(lambda: nv.nvmlDeviceGetComputeMode(handle), what='compute_mode')
         gpu['compute_mode'] = None if compute is None else COMPUTE_MODES.get(compute, str(compute))
-        remapped = self._field(lambda: nv.nvmlDeviceGetRemappedRows(handle), what='remapped_rows')
+        # nvidia-smi before 590 reads remapped rows with a query of their own, whose verdicts it
+        # does not put beside the others: they are left out here too, so both backends agree.
+        remapped = self._field(lambda: nv.nvmlDeviceGetRemappedRows(handle))
         if remapped is not None:
             gpu['remapped_rows_pending'] = bool(remapped[2])
             gpu['remapped_rows_failure'] = bool(remapped[3])

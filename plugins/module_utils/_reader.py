@@ -59,16 +59,16 @@ class GpuReader:
         """Release what the backend holds (NVML handle); nothing by default."""
 
 
-def driver_error(gpu, said, where):
+def driver_error(gpu, said):
     """Record on gpu (a reader's dict) that the driver answered with an error instead of values.
 
     said: {the driver's words ('GPU requires reset', 'Unknown Error', ...): [the values it said
-    them for]}; where: who said it ('nvidia-smi', 'NVML'). The GPU keeps the values it did read;
-    its error names each verdict, and reset_required is set when one of them is the driver's
-    request for a reset."""
+    them for, by their nvidia-smi names]}: the same words through both backends, so that their
+    facts are the same. The GPU keeps the values it did read; its error names each verdict, and
+    reset_required is set when one of them is the driver's request for a reset."""
     if not said:
         return gpu
-    parts = ['%s (%s, for %s)' % (words, where, ', '.join(values)) for words, values in sorted(said.items())]
+    parts = ['%s (for %s)' % (words, ', '.join(values)) for words, values in sorted(said.items())]
     text = 'the driver says: ' + '; '.join(parts)
     gpu['error'] = '%s; %s' % (gpu['error'], text) if gpu.get('error') else text
     if any(RESET_REQUIRED_TEXT.lower() in words.lower() for words in said):
@@ -113,12 +113,12 @@ def parse_recovery_action(text):
     return 'unknown'
 
 
-def recovery_verdict(gpu, action, where):
+def recovery_verdict(gpu, action):
     """Record the driver's recovery action on gpu; an action other than none is an error of it."""
     gpu['driver_recovery_action'] = action
     if action is None or action == 'none':
         return gpu
-    text = "the driver's GPU recovery action is %s (%s)" % (action, where)
+    text = "the driver's GPU recovery action is %s" % action
     gpu['error'] = '%s; %s' % (gpu['error'], text) if gpu.get('error') else text
     if action in RESET_CURES:
         gpu['reset_required'] = True

@@ -151,13 +151,16 @@ def parse_gpu_csv(text, fields=None):
     its position says nothing (SmiReader places it). Raises SmiParseError when no line is usable.
     """
     fields = fields or GPU_FIELDS + OPTIONAL_FIELDS
-    widths = (len(GPU_FIELDS), len(GPU_FIELDS + HEALTH_FIELDS), len(fields))
+    # A line as wide as the fields asked for, or as GPU_FIELDS (+ HEALTH_FIELDS) alone: read by
+    # the field list of its width.
+    widths = {len(GPU_FIELDS): GPU_FIELDS, len(GPU_FIELDS + HEALTH_FIELDS): GPU_FIELDS + HEALTH_FIELDS}
+    widths[len(fields)] = fields
     gpus, warnings = [], []
     lines = [line for line in text.splitlines() if line.strip()]
     for line in lines:
         cells = line.split(',')
         if len(cells) in widths and not line.startswith('Unable to'):
-            gpu, problems = _gpu_from_cells(fields, cells)
+            gpu, problems = _gpu_from_cells(widths[len(cells)], cells)
             for problem in problems:
                 warnings.append('nvidia-smi, GPU %s: %s' % (gpu['index'], problem))
             gpus.append(gpu)
@@ -181,8 +184,8 @@ def _gpu_from_cells(fields, cells):
         if problem:
             problems.append('%s: %s' % (field, problem))
         gpu[fact] = value
-    driver_error(gpu, said, 'nvidia-smi')
-    return recovery_verdict(gpu, gpu['driver_recovery_action'], 'nvidia-smi'), problems
+    driver_error(gpu, said)
+    return recovery_verdict(gpu, gpu['driver_recovery_action']), problems
 
 
 def _unreadable_gpu(line, index=None):
@@ -293,7 +296,7 @@ class SmiReader(GpuReader):
         # may stand in for the whole answer: the GPUs are then read one by one.
         if rc != 0 or any(gpu['error'] and gpu['index'] is None for gpu in gpus):
             gpus, warnings = self._read_one_by_one(gpus, fields, rc, stdout, stderr, timeout)
-        indexes = [gpu['index'] for gpu in gpus if gpu['error'] is None and gpu['index'] is not None]
+        indexes = [gpu['index'] for gpu in gpus if _answered(gpu) and gpu['index'] is not None]
         warnings += self._read_remapped_rows(gpus, fields, rejected, indexes, timeout)
         if RESERVED_FIELDS[0] not in fields:
             warnings.append(RESERVED_WARNING)
@@ -394,7 +397,7 @@ class SmiReader(GpuReader):
             args = ['--query-remapped-rows=gpu_bus_id,' + ','.join(field for field, dummy in wanted),
                     '--format=csv,noheader,nounits']
             rc, stdout, stderr = self._run_each(args, indexes, timeout)
-            by_bus = dict((gpu['pci_bus_id'], gpu) for gpu in gpus if gpu['error'] is None)
+            by_bus = dict((gpu['pci_bus_id'], gpu) for gpu in gpus if _answered(gpu) and gpu['pci_bus_id'])
             read = set()
             for line in stdout.splitlines():
                 cells = [cell.strip() for cell in line.split(',')]
@@ -425,6 +428,12 @@ class SmiReader(GpuReader):
         if rc != 0 and not apps:
             warnings.append('process list unavailable: ' + describe_failure(rc, stdout, stderr))
         return apps, warnings
+
+
+def _answered(gpu):
+    """Whether nvidia-smi answered for the GPU (with values, some of them perhaps the driver's
+    verdict), rather than printing its error line in place of an answer."""
+    return gpu['error'] is None or gpu['error'].startswith('the driver')
 
 
 def _placed(rows, index, seen):

@@ -91,6 +91,7 @@ def _parser():
     f.add_argument("--code", type=int, required=True)
     f.add_argument("--text", default=None)
     f.add_argument("--gpu-instance", type=int, default=None, help="MIG GPU instance the driver names")
+    f.add_argument("--count", type=int, default=1, help="write the line this many times (an Xid storm)")
     f = fs.add_parser("fallen", help="log that a GPU has fallen off the bus, without an Xid")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("--form", choices=("probe", "line"), default="probe")
@@ -154,7 +155,8 @@ def main(argv=None):
             elif k in ("retired", "reset-required", "recovery"):
                 host.fault(k, gpu=args.gpu, value=args.value)
             elif k == "xid":
-                host.fault(k, gpu=args.gpu, code=args.code, text=args.text, gpu_instance=args.gpu_instance)
+                host.fault(k, gpu=args.gpu, code=args.code, text=args.text, gpu_instance=args.gpu_instance,
+                           count=args.count)
             elif k == "fallen":
                 host.fault(k, gpu=args.gpu, form=args.form)
             else:

@@ -280,7 +280,9 @@ class Smi:
             remap = self.faults.get("remap", {}).get(str(g["index"])) or {}
             vals = []
             for f in fields:
-                if f.startswith("remapped_rows."):
+                if f.startswith("remapped_rows.") and self.na_value(f, g["index"]):
+                    vals.append(self.na_value(f, g["index"]))
+                elif f.startswith("remapped_rows."):
                     # 0/1 here, as Azure/azhpc-diagnostics asserts on real VMs (^[01], ...).
                     vals.append(str(int(remap.get(f.split(".", 1)[1], 0))))
                 elif f == "gpu_bus_id":

@@ -211,7 +211,7 @@ def test_an_nvml_code_that_is_a_verdict_is_an_error_of_that_gpu(code, words, sta
     fake = FakeNvml(faults={(2, 'nvmlDeviceGetTemperature'): code, (2, 'nvmlDeviceGetUtilizationRates'): code})
     snapshot = read(fake)
     gpu = snapshot.gpus[2]
-    assert gpu['error'] == 'the driver says: %s (NVML, for utilization.gpu, temperature.gpu)' % words
+    assert gpu['error'] == 'the driver says: %s (for utilization.gpu, temperature.gpu)' % words
     assert gpu['memory_used_mib'] == 76113 and gpu['uuid'] == 'GPU-2'
     assert gpu_state(dict(gpu, processes=[])) == state
     assert [g['error'] for g in snapshot.gpus].count(None) == 3

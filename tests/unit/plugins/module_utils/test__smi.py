@@ -82,7 +82,7 @@ def test_every_other_bracketed_value_is_an_error_of_that_gpu(marker, state):
     line = '0, GPU-x, NVIDIA H200, 00000000:18:00.0, 143771, {m}, {m}, {m}, {m}, {m}, {m}, {m}'.format(m=marker)
     [gpu], warnings = parse_gpu_csv(line)
     assert warnings == [] and gpu['memory_used_mib'] is None and gpu['memory_total_mib'] == 143771
-    assert gpu['error'].startswith('the driver says: %s (nvidia-smi, for memory.used, memory.free' % marker[1:-1])
+    assert gpu['error'].startswith('the driver says: %s (for memory.used, memory.free' % marker[1:-1])
     assert gpu_state(dict(gpu, processes=[])) == state
 
 

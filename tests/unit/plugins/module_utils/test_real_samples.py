@@ -198,7 +198,7 @@ def test_q02_insufficient_permissions_in_a_mig_pod_are_null():
     header, row = sample('smi_query_gpu', 'Q02_stableswarm388_a100_mig_pod.csv').splitlines()
     fields = [(name.split(' [')[0].strip(), fact) for name, fact in zip(header.split(','), Q02_FACTS)]
     [gpu], dummy = parse_gpu_csv(row, fields)
-    assert gpu['error'] == ('the driver says: Insufficient Permissions (nvidia-smi, for memory.total, memory.free, '
+    assert gpu['error'] == ('the driver says: Insufficient Permissions (for memory.total, memory.free, '
                             'memory.used)') and gpu_state(gpu) == 'lost'
 
 
@@ -220,7 +220,7 @@ def test_gpu_requires_reset_is_the_drivers_verdict_not_a_missing_value():
     assert header.startswith('index, temperature.gpu')
     [gpu], warnings = parse_gpu_csv(row, Q11_FIELDS)
     assert warnings == [] and gpu['index'] == 0 and gpu['memory_used_mib'] == 0
-    assert gpu['error'] == 'the driver says: GPU requires reset (nvidia-smi, for temperature.gpu, utilization.gpu)'
+    assert gpu['error'] == 'the driver says: GPU requires reset (for temperature.gpu, utilization.gpu)'
     assert gpu['reset_required'] is True
     assert gpu_state(dict(gpu, processes=[])) == 'reset_required'
 
@@ -231,7 +231,7 @@ def test_q12_the_drivers_recovery_action_reset_is_not_free():
     gpus, warnings = parse_gpu_csv(sample('smi_query_gpu', 'Q12_dcgm263_recovery_action.csv'), fields)
     assert warnings == [] and [gpu['driver_recovery_action'] for gpu in gpus] == ['none', 'reset_gpu'] + ['none'] * 6
     assert [gpu_state(dict(gpu, processes=[])) for gpu in gpus] == ['free', 'reset_required'] + ['free'] * 6
-    assert gpus[1]['error'] == "the driver's GPU recovery action is reset_gpu (nvidia-smi)"
+    assert gpus[1]['error'] == "the driver's GPU recovery action is reset_gpu"
 
 
 def test_q04_bus_id_and_name():
@@ -321,6 +321,14 @@ KERNEL_SAMPLES = {
         (0, 2, 0): 'pid=9962, name=python, GPU has fallen off the bus.'}),
     'K10_old_formats.log': ([((0, 1, 0), 32, '1399.140323', None), ((0, 3, 0), 14, None, None)], 'inspect', {}),
     'K11_mig_attributed.log': ([((0, 1, 0), 94, None, 5), ((0, 1, 0), 94, None, None)], 'restart_app', {}),
+    # Before: no event for these; now the older wording is fallen off the bus, and a failed
+    # initialisation is init_failed (code None).
+    'K13_bumblebee554_gpu_at_fallen.log': ([((0, 1, 0), None, '49.261458', None), ((0, 1, 0), None, '49.261472', None)],
+                                           'reboot', {(0, 1, 0): 'GPU at 0000:01:00.0 has fallen off the bus.'}),
+    'K14_ogkm789_rminitadapter.log': ([((0, 0x98, 0), None, '903.610907', None), ((0, 0x98, 0), None, '903.611884', None)],
+                                      'reset_gpu', {}),
+    'K15_gpuop1146_rminitadapter_syslog.log': ([((0, 0xa, 0), None, 'Dec  2 11:49:53', None)] * 2
+                                               + [((0, 0xa, 0), None, 'Dec  2 11:50:34', None)] * 2, 'reset_gpu', {}),
     'K12_gpud870_dmesg_iso.log': ([((0, 4, 0), 79, '2025-05-27T04:18:56,089671+00:00', None)] * 2, 'reboot',
                                   {(0, 4, 0): 'GPU has fallen off the bus'}),
 }
