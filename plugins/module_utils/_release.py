@@ -254,6 +254,7 @@ class ReleaseResult:
         self.orphaned_gpus = []
         self.gpus_before = []
         self.gpus_after = []
+        self.gpu_states = []
         self.elapsed_s = 0.0
         self.facts_after = None
         self.diff = {'before': '', 'after': ''}
@@ -265,7 +266,8 @@ class ReleaseResult:
         out = dict(changed=self.changed, released=self.released, signalled=self.signalled,
                    protected=self.protected, survivors=self.survivors,
                    orphaned_gpus=self.orphaned_gpus, gpus_before=self.gpus_before,
-                   gpus_after=self.gpus_after, escalation=self.escalation, elapsed_s=self.elapsed_s)
+                   gpus_after=self.gpus_after, gpu_states=self.gpu_states, escalation=self.escalation,
+                   elapsed_s=self.elapsed_s)
         if self.facts_after is not None:
             out['facts_after'] = self.facts_after
         if diff:
@@ -652,6 +654,13 @@ class Release:
                     ', '.join(str(index) for index in unknown),
                     ', '.join(str(index) for index in sorted(known)) or 'none'))
 
+    def _states(self, snapshot):
+        """Each GPU in scope as the release left it: its state and what the driver says of it."""
+        return [{'index': gpu.get('index'), 'pci_bus_id': gpu.get('pci_bus_id'),
+                 'state': gpu_state(gpu, self.options.memory_threshold_mib),
+                 'driver_recovery_action': gpu.get('driver_recovery_action'),
+                 'memory_used_mib': gpu.get('memory_used_mib')} for gpu in self._scope(snapshot)]
+
     def _memory(self, snapshot):
         return [{'index': gpu.get('index'), 'memory_used_mib': gpu.get('memory_used_mib')}
                 for gpu in self._scope(snapshot)]
@@ -670,6 +679,7 @@ class Release:
             result.signalled = [dict(_describe(holder), signals_sent=[], exited=False) for holder in would]
             result.changed = bool(would)
             result.gpus_after = result.gpus_before
+            result.gpu_states = self._states(snapshot)
             result.released = self._clean(snapshot, holders)
             result.protected = [_describe(holder) for holder in holders if holder.protected]
             result.diff['after'] = _holders_text([holder for holder in holders if holder.protected])
@@ -826,6 +836,7 @@ class Release:
         survivors = [holder for holder in holders if not holder.protected]
         result.survivors = [self._survivor(holder, scope) for holder in survivors]
         result.gpus_after = self._memory(snapshot)
+        result.gpu_states = self._states(snapshot)
         result.diff['after'] = _holders_text(holders)
         result.released = self._clean(snapshot, holders)
         if self.options.wait:

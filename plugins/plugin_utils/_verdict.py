@@ -301,10 +301,50 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
         'survivors': survivors,
         'orphaned_gpus': orphaned_gpus(release, escalation),
         'escalation': escalation or None,
+        'gpus': gpu_metrics(release, final, gpus_before, threshold),
         'release_s': release.get('elapsed_s'),
         'duration_s': round(now - float(started), 3) if started is not None else None,
         'drained': False,
     }
+
+
+def _fact_rows(facts):
+    """The per-GPU rows of gpu_metrics from nvidia_gpu_facts."""
+    return [{'index': gpu.get('index'), 'pci_bus_id': gpu.get('pci_bus_id'), 'state': gpu.get('state'),
+             'recovery_action': (gpu.get('health') or {}).get('recovery_action'),
+             'memory_used_mib': gpu.get('memory_used_mib')} for gpu in (facts or {}).get('nvidia_gpus') or []]
+
+
+def _release_rows(release):
+    """The per-GPU rows of gpu_metrics from the release's gpu_states (the driver's recovery action)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._health import DRIVER_ACTIONS
+
+    rows = []
+    for gpu in release.get('gpu_states') or []:
+        action = gpu.get('driver_recovery_action')
+        rows.append(dict(gpu, recovery_action=None if action is None else DRIVER_ACTIONS.get(action, 'inspect')))
+    return rows
+
+
+def gpu_metrics(release, final, gpus_before, threshold):
+    """Per GPU, for the metrics: index, pci_bus_id, state, recovery_action, orphaned_mib (memory
+    held with no process) and seconds_until_free (0 when it was free before the run, the
+    release's time when the run freed it, None when it is not free)."""
+    rows = _fact_rows(final) or _release_rows(release)
+    before = dict((gpu.get('index'), gpu.get('memory_used_mib')) for gpu in gpus_before or [])
+    out = []
+    for row in rows:
+        used = row.get('memory_used_mib')
+        was = before.get(row['index'])
+        free = row.get('state') == 'free'
+        out.append({
+            'index': row['index'], 'pci_bus_id': row.get('pci_bus_id'), 'state': row.get('state'),
+            'recovery_action': row.get('recovery_action'),
+            'orphaned_mib': used if row.get('state') == 'orphaned_memory' and used is not None else 0,
+            'seconds_until_free': None if not free else 0 if was is not None and was <= threshold
+            else release.get('elapsed_s'),
+        })
+    return out
 
 
 SUMMARY_ORDER = ('failed', 'released', 'would_release', 'clean')
