@@ -58,8 +58,8 @@ options:
         last cure, by GPU UUID and boot id).
       - It must be a directory only this user can write, as the release lock's. It is created
         0700 when missing (its parent must exist); one that is a symbolic link, another user's or
-        writable by group or others is not used, with a warning, and then nothing is remembered:
-        the kernel log is read in full each time, and health counts every message of this boot.
+        writable by group or others is not used, with a warning, and then nothing is remembered
+        (the kernel log is read in full each time, and health counts every message of this boot).
       - Not set, it is C(/run/gpuops) under O(host_root).
     type: path
 requirements:

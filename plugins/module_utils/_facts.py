@@ -13,7 +13,8 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import fallen_off_bus, health_facts, read_xid_events
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import fallen_off_bus, health_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, mark_fallen
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
@@ -27,7 +28,7 @@ GPU_KEYS = ('index', 'uuid', 'name', 'pci_bus_id', 'minor_number', 'memory_total
 def gpu_facts(snapshot, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, xid_events=None, cures=None):
     """The nvidia_gpus list: one dict per GPU with every documented key, state included.
 
-    xid_events: the host's Xid events (see _health.read_xid_events), or None when unknown;
+    xid_events: the host's Xid events (see _kernel_log.read_xid_events), or None when unknown;
     cures: {GPU UUID: when it was last cured in this boot} (see _state.load_cures).
     The GPUs the reader does not list but the host has (snapshot.missing, lost, index null)
     come last, in PCI bus order.

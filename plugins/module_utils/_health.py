@@ -15,14 +15,12 @@ __metaclass__ = type
 import re
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import (  # noqa: F401, the names of this module's API
+from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import (
     FALLEN,
     FALLEN_TEXT,
     INIT_FAILED,
-    KERNEL_LOG_COMMANDS,
     bus_key,
     parse_xid_events,
-    read_xid_events,
 )
 
 XID_154_RE = re.compile(r'to 0x([0-9A-Fa-f]+)')

@@ -32,7 +32,7 @@ PROBE = r'''
 import json, sys
 from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gpu_facts
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import read_xid_events
+from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
 smi_path, kernel_log, backends = sys.argv[1], sys.argv[2], sys.argv[3].split(',')
 events, dummy = read_xid_events(kernel_log)
 out = {}
