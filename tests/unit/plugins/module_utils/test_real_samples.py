@@ -446,3 +446,21 @@ def test_exit_codes_follow_the_man_page(version):
     text = sample('smi_real_binary', 'return_values_%s.txt' % version)
     codes = [int(code) for code in re.findall(r'Return\s+code\s+(\d+)', text)]
     assert codes and set(codes) - {0} <= set(EXIT_CODES)
+
+
+def test_a_driver_that_prints_the_lost_gpus_line_for_every_index_lists_it_once(tmp_path):
+    # Whether real drivers print the lost GPU's line again for -i of a healthy GPU is not in the
+    # samples; if one does, the one-by-one read must not list that bus id twice, nor name the
+    # healthy GPU after it (E05's line, ctk#69).
+    line = sample('smi_errors', 'E05_handle_unknown_nospace_ctk69.txt').strip().splitlines()[0]
+    buses = ['00000000:18:00.0', '00000000:65:00.0', '00000000:B3:00.0']
+    answers = {'--query-gpu': (255, line + '\n'), '--query-compute-apps': (255, line + '\n')}
+    for i, bus in enumerate(buses):
+        row = H200.format(i=i, bus=bus)
+        answers['-i %d --query-gpu' % i] = (255, line + '\n') if bus == '00000000:65:00.0' else (0, line + '\n' + row + '\n')
+        answers['-i %d --query-compute-apps' % i] = (0, '')
+        answers['-i %d --query-remapped-rows' % i] = (0, '')
+    answers['-i 3'] = (6, 'No devices were found\n')
+    snapshot = SmiReader(SmiRunner(replay(tmp_path, answers))).read()
+    assert [(gpu['index'], gpu['pci_bus_id'], gpu['error'] is None) for gpu in snapshot.gpus] == [
+        (0, '00000000:18:00.0', True), (1, '00000000:65:00.0', False), (2, '00000000:B3:00.0', True)]
