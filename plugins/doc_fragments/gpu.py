@@ -60,7 +60,8 @@ options:
         0700 when missing (its parent must exist); one that is a symbolic link, another user's or
         writable by group or others is not used, with a warning, and then nothing is remembered
         (the kernel log is read in full each time, and health counts every message of this boot).
-      - Not set, it is C(/run/gpuops) under O(host_root).
+      - Not set, it is C(/run/gpuops) under O(host_root) (for a user other than root, a directory
+        of its own, as for the release lock).
     type: path
 requirements:
   - nvidia-smi (from the NVIDIA driver) for O(backend=nvidia-smi).

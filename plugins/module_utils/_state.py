@@ -27,7 +27,7 @@ import os
 import stat
 import tempfile
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import _private_dir_problem
+from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import _private_dir_problem, default_lock_dir
 
 STATE_DIR = '/run/gpuops'
 BOOT_ID = '/proc/sys/kernel/random/boot_id'
@@ -38,9 +38,10 @@ READ_FLAGS = os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC
 
 
 def default_state_dir(host_root='/'):
-    """/run/gpuops, under host_root when that is set (a simulated host keeps its own)."""
+    """/run/gpuops (for root; another user's own directory, as the lock's), under host_root when
+    that is set (a simulated host keeps its own)."""
     if not host_root or os.path.normpath(host_root) == '/':
-        return STATE_DIR
+        return default_lock_dir()
     return os.path.join(host_root, STATE_DIR.lstrip('/'))
 
 
