@@ -274,9 +274,9 @@ def test_a_gpu_the_driver_says_needs_a_reset_is_named_with_the_setting():
 
 def test_gpus_missing_from_the_reader_fail_the_host_that_the_release_did_not_release():
     # Before: the release said released: true and the summary "clean ... (6 GPU(s) free)".
-    missing = dict(gpu(6, None, 'lost', error='attached by the NVIDIA driver (minor number 6) but absent from '
-                                             'nvidia-smi: still seen on the PCI bus (/sys/bus/pci/devices/0000:16:00.0)'),
-                   index=None)
+    error = ('attached by the NVIDIA driver (minor number 6) but absent from nvidia-smi: still seen on the PCI bus '
+             '(/sys/bus/pci/devices/0000:16:00.0)')
+    missing = dict(gpu(6, None, 'lost', error=error), index=None)
     report = _verdict.verdict('n1', release=release(False), facts=facts([gpu(0), missing]))
     assert report['outcome'] == 'failed' and report['reason'].startswith('GPU 00000000:16:00.0 lost or unreadable (')
     assert _verdict.summary_line(report).startswith('FAILED')
