@@ -246,8 +246,8 @@ def _missing(snapshot, view, reader_name):
     # GPUs the reader lists without a bus id (nor an index to place them by) may be any of the
     # driver's GPUs it does not name: as many of those are not counted twice.
     unnamed = sum(1 for gpu in snapshot.gpus if bus_key(gpu.get('pci_bus_id')) is None)
-    unlisted = [key for key in sorted(view.driver or {}) if key not in listed and key in view.pci
-                and not view.driver[key]['excluded']]
+    unlisted = [key for key in sorted(view.driver or {})
+                if key not in listed and key in view.pci if not view.driver[key]['excluded']]
     missing = []
     for key in sorted(view.pci):
         if key in listed:
