@@ -128,7 +128,7 @@ def test_facts_after_in_check_mode_is_the_state_as_it_is(capsys, gpuhost, tmp_pa
 def test_facts_after_on_failure_and_on_unreadable_gpus(capsys, gpuhost, tmp_path):
     gpuhost.fault('stuck', gpu=6, mib=32)
     result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1, facts_after=True)
-    assert result['failed'] is True
+    assert result['failed'] is True and 'facts_after' in result, (result['msg'], result['warning_text'])
     assert result['facts_after']['nvidia_gpus'][6]['state'] == 'orphaned_memory'
     gpuhost.fault('driver-not-loaded')
     result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1, facts_after=True)
