@@ -51,6 +51,18 @@ options:
       - Lost GPUs (unreadable, or on the PCI bus but not listed by the driver) do not count.
       - Not set, nothing is checked.
     type: int
+  state_dir:
+    description:
+      - The directory where the collection keeps what it remembers on the host between runs
+        (where the kernel log was last read, with the summary of what it said, and each GPU's
+        last cure, by GPU UUID and boot id).
+      - It must be a directory only this user can write, as the release lock's. It is created
+        0700 when missing (its parent must exist); one that is a symbolic link, another user's or
+        writable by group or others is not used, with a warning, and then nothing is remembered
+        (the kernel log is read in full each time, and health counts every message of this boot).
+      - Not set, it is C(/run/gpuops) under O(host_root) (for a user other than root, a directory
+        of its own, as for the release lock).
+    type: path
 requirements:
   - nvidia-smi (from the NVIDIA driver) for O(backend=nvidia-smi).
   - nvidia-ml-py (the C(pynvml) module) and the driver's C(libnvidia-ml.so.1) for O(backend=nvml).

@@ -116,6 +116,7 @@ def reader_argument_spec():
         nvidia_smi_path=dict(type='str', default='nvidia-smi'),
         host_root=dict(type='path', default='/'),
         expected_gpus=dict(type='int'),
+        state_dir=dict(type='path'),
     )
 
 

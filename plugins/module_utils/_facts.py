@@ -13,33 +13,38 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import fallen_off_bus, health_facts, read_xid_events
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import fallen_off_bus, health_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, mark_fallen
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, load_cures
 
 GPU_KEYS = ('index', 'uuid', 'name', 'pci_bus_id', 'minor_number', 'memory_total_mib', 'memory_used_mib',
             'memory_free_mib', 'memory_reserved_mib', 'utilization_gpu_pct', 'temperature_c', 'persistence_mode',
             'compute_mode', 'processes', 'health', 'state', 'error')
 
 
-def gpu_facts(snapshot, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, xid_events=None):
+def gpu_facts(snapshot, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, xid_events=None, cures=None):
     """The nvidia_gpus list: one dict per GPU with every documented key, state included.
 
-    xid_events: the host's Xid events (see _health.read_xid_events), or None when unknown.
+    xid_events: the host's Xid events (see _kernel_log.read_xid_events), or None when unknown;
+    cures: {GPU UUID: when it was last cured in this boot} (see _state.load_cures).
     The GPUs the reader does not list but the host has (snapshot.missing, lost, index null)
     come last, in PCI bus order.
     """
     gpus = []
+    cures = cures or {}
     for gpu in snapshot.gpus:
-        gpus.append(_gpu_fact(gpu, memory_threshold_mib, xid_events))
+        gpus.append(_gpu_fact(gpu, memory_threshold_mib, xid_events, cures))
     # A lost GPU that could not be placed has no index: it comes last.
     gpus.sort(key=lambda gpu: (gpu['index'] is None, gpu['index'] or 0))
-    return gpus + [_gpu_fact(gpu, memory_threshold_mib, xid_events) for gpu in getattr(snapshot, 'missing', [])]
+    return gpus + [_gpu_fact(gpu, memory_threshold_mib, xid_events, cures) for gpu in getattr(snapshot, 'missing', [])]
 
 
-def _gpu_fact(gpu, memory_threshold_mib, xid_events):
-    gpu = dict(gpu, state=gpu_state(gpu, memory_threshold_mib), health=health_facts(gpu, xid_events))
+def _gpu_fact(gpu, memory_threshold_mib, xid_events, cures):
+    health = health_facts(gpu, xid_events, cures.get(gpu.get('uuid')))
+    gpu = dict(gpu, state=gpu_state(gpu, memory_threshold_mib), health=health)
     gpu.setdefault('processes', [])
     return dict((key, gpu.get(key)) for key in GPU_KEYS)
 
@@ -59,15 +64,22 @@ def holder_facts(device_patterns, protect):
 
 
 def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, timeout=None,
-                 kernel_log=None, holder_warnings=True, expected_gpus=None, snapshot=None):
+                 kernel_log=None, holder_warnings=True, expected_gpus=None, snapshot=None, state=None):
     """Return (ansible_facts, warnings). kernel_log: a file to read Xid errors from instead of
     journalctl -k or dmesg. holder_warnings: False leaves out the warnings about unmatched
     globs and uninspectable processes, for callers that give their own. expected_gpus: raise
     GpuopsError when fewer GPUs can be read. snapshot: the GPUs as the reader read them just
-    before, instead of reading them again. A GPU the kernel log says has fallen off the bus is lost."""
+    before, instead of reading them again. A GPU the kernel log says has fallen off the bus is lost.
+    state: the host's _state.StateDir (None: /run/gpuops), where the kernel log's last read and
+    the GPUs' cures are kept."""
     if snapshot is None:
         snapshot = reader.read(timeout=timeout)
-    xid_events, log_warnings = read_xid_events(kernel_log, 10.0 if timeout is None else timeout)
+    state = state if state is not None else StateDir.for_host()
+    boot = boot_id()
+    xid_events, log_warnings = read_xid_events(kernel_log, 10.0 if timeout is None else timeout, state=state, boot=boot)
+    unusable = state.unusable_warning('the kernel log is read in full each time and health counts every message '
+                                      'of this boot')
+    log_warnings = ([unusable] if unusable else []) + log_warnings
     mark_fallen(snapshot.gpus + snapshot.missing, fallen_off_bus(xid_events))
     check_expected_gpus(snapshot.gpus + snapshot.missing, expected_gpus)
     holders, warnings = holder_facts(device_patterns, protect)
@@ -75,7 +87,7 @@ def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_
         warnings = []
     warnings = warnings + log_warnings
     facts = {
-        'nvidia_gpus': gpu_facts(snapshot, memory_threshold_mib, xid_events),
+        'nvidia_gpus': gpu_facts(snapshot, memory_threshold_mib, xid_events, load_cures(state, boot)),
         'nvidia_gpu_count': len(snapshot.gpus) + len(snapshot.missing),
         'nvidia_driver_version': snapshot.driver_version,
         'nvidia_gpu_backend': reader.backend,

@@ -197,6 +197,7 @@ def apply_host(snapshot, view, backend='nvidia-smi'):
     the GPUs on the PCI bus that the reader does not list (lost). Warnings go to the snapshot."""
     reader_name = 'NVML' if backend == 'nvml' else 'nvidia-smi'
     order = [bus_key(info['bus_id']) for info in view.attached()] if view.driver is not None else None
+    _name_by_index(snapshot, view, reader_name)
     misordered = []
     for gpu in snapshot.gpus:
         nvml_minor = gpu.pop('nvml_minor_number', None)
@@ -219,11 +220,34 @@ def apply_host(snapshot, view, backend='nvidia-smi'):
     return snapshot
 
 
+def _name_by_index(snapshot, view, reader_name):
+    """Give a GPU that the reader lists under an index but without a bus id (its row said
+    [Unknown Error] there) the bus id of the driver's GPU of that index, when no other GPU of
+    the reader has it: the reader numbers the driver's GPUs in PCI bus order (see attached)."""
+    attached = view.attached() if view.driver is not None else []
+    listed = set(bus_key(gpu.get('pci_bus_id')) for gpu in snapshot.gpus)
+    for gpu in snapshot.gpus:
+        index = gpu.get('index')
+        if gpu.get('pci_bus_id') or index is None or not 0 <= index < len(attached):
+            continue
+        bus_id = attached[index]['bus_id']
+        if bus_key(bus_id) in listed:
+            continue
+        gpu['pci_bus_id'] = bus_id
+        listed.add(bus_key(bus_id))
+        snapshot.warnings.append('GPU %d: %s gives no bus id; it is taken to be %s, the driver\'s GPU of that '
+                                 'index in PCI bus order' % (index, reader_name, bus_id))
+
+
 def _missing(snapshot, view, reader_name):
     if view.pci is None:
         return []
     listed = set(bus_key(gpu.get('pci_bus_id')) for gpu in snapshot.gpus)
-    unnamed = any(bus_key(gpu.get('pci_bus_id')) is None for gpu in snapshot.gpus)
+    # GPUs the reader lists without a bus id (nor an index to place them by) may be any of the
+    # driver's GPUs it does not name: as many of those are not counted twice.
+    unnamed = sum(1 for gpu in snapshot.gpus if bus_key(gpu.get('pci_bus_id')) is None)
+    unlisted = [key for key in sorted(view.driver or {})
+                if key not in listed and key in view.pci if not view.driver[key]['excluded']]
     missing = []
     for key in sorted(view.pci):
         if key in listed:
@@ -235,20 +259,34 @@ def _missing(snapshot, view, reader_name):
                                      'and not counted' % pci['bus_id'])
             continue
         if info is not None:
-            if unnamed:
+            if len(unlisted) <= unnamed:
                 continue  # the reader lists a GPU it could not name: this one, most likely
-            error = ('attached by the NVIDIA driver (minor number %s) but absent from %s'
-                     % (info['minor'], reader_name))
+            error = ('attached by the NVIDIA driver (minor number %s) but absent from %s: still seen on the PCI '
+                     'bus (%s) and in the driver\'s list (%s)' % (
+                         info['minor'], reader_name, _sysfs_path(pci['bus_id'], view.host_root),
+                         _driver_path(pci['bus_id'], view.host_root)))
+            if unnamed:
+                error += '; %s also lists %d GPU(s) it cannot name, which may be this one' % (reader_name, unnamed)
         elif pci['driver'] is not None:
             # Bound to a driver but not shown here: a GPU that a container does not expose (its
             # /proc/driver/nvidia/gpus lists only its own), or one given to vfio-pci for a VM.
             continue
         else:
-            error = ('on the PCI bus (PCI ID %s) but no driver is bound to it: absent from %s and '
-                     'from %s; a GPU that fell off the bus at boot looks like this (see the kernel log)'
-                     % (pci['pci_id'] or '10de', reader_name, under_root(DRIVER_GPUS, view.host_root)))
+            error = ('on the PCI bus (PCI ID %s) but no driver is bound to it: still seen at %s, absent from %s '
+                     'and from %s; a GPU that fell off the bus at boot looks like this (see the kernel log)'
+                     % (pci['pci_id'] or '10de', _sysfs_path(pci['bus_id'], view.host_root), reader_name,
+                        under_root(DRIVER_GPUS, view.host_root)))
         missing.append(_lost_entry(pci['bus_id'], info or {}, error))
     return missing
+
+
+def _sysfs_path(bus_id, host_root):
+    """Where the kernel lists a GPU on the PCI bus: /sys/bus/pci/devices/0000:5d:00.0."""
+    return under_root('%s/%s' % (PCI_DEVICES, bus_id[4:].lower()), host_root)
+
+
+def _driver_path(bus_id, host_root):
+    return under_root('%s/%s' % (DRIVER_GPUS, bus_id[4:].lower()), host_root)
 
 
 def mark_fallen(gpus, fallen):

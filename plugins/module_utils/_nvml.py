@@ -23,7 +23,14 @@ import traceback
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import EXIT_CODES, UNREPORTED_PROCESS_NAMES, GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import normalize_bus_id
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader, Snapshot
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import (
+    DRIVER_RECOVERY_ACTIONS,
+    RESET_REQUIRED_TEXT,
+    GpuReader,
+    Snapshot,
+    driver_error,
+    recovery_verdict,
+)
 
 try:
     import pynvml
@@ -44,8 +51,18 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
 NVML_ERROR_UNKNOWN = 999
 NVML_TEMPERATURE_GPU = 0
+# The return codes that mean "does not apply to this GPU" (nvidia-smi prints [N/A] or
+# [Not Supported]): the value is null. Every other code is the driver's verdict on the GPU.
+NOT_APPLICABLE_CODES = (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND)
+# nvidia-smi's words for the codes that are a verdict (its cells say [GPU requires reset], ...).
+VERDICT_WORDS = {NVML_ERROR_RESET_REQUIRED: RESET_REQUIRED_TEXT, NVML_ERROR_NO_PERMISSION: 'Insufficient Permissions',
+                 NVML_ERROR_UNKNOWN: 'Unknown Error'}
+# nvmlDeviceGetFieldValues field id of the driver's GPU Recovery Action (drivers 565 and later;
+# see _reader.DRIVER_RECOVERY_ACTIONS). Fixed by the ABI, like the return codes.
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 
 # nvmlComputeMode_t -> the name nvidia-smi prints.
 COMPUTE_MODES = {0: 'Default', 1: 'Exclusive_Thread', 2: 'Prohibited', 3: 'Exclusive_Process'}
@@ -61,7 +78,7 @@ PROC_DRIVER_GPUS = '/proc/driver/nvidia/gpus'
 GPU_FACTS = ('index', 'uuid', 'name', 'pci_bus_id', 'memory_total_mib', 'memory_used_mib',
              'memory_free_mib', 'utilization_gpu_pct', 'temperature_c', 'persistence_mode',
              'compute_mode', 'remapped_rows_pending', 'remapped_rows_failure',
-             'retired_pages_pending', 'memory_reserved_mib')
+             'retired_pages_pending', 'memory_reserved_mib', 'driver_recovery_action')
 
 # The running-process calls, newest first; a driver's library has the ones of its time. The
 # unversioned call (v1 struct) every library has is the last resort (_processes_v1).
@@ -103,6 +120,8 @@ def error_text(exc):
     """nvidia-smi's wording for an NVML error."""
     if error_code(exc) == NVML_ERROR_GPU_IS_LOST:
         return GPU_LOST_TEXT
+    if error_code(exc) == NVML_ERROR_RESET_REQUIRED:
+        return RESET_REQUIRED_TEXT
     try:
         return str(exc)
     except Exception:  # pynvml asks the library for unknown codes; it may be gone
@@ -174,6 +193,8 @@ class NvmlReader(GpuReader):
         # process calls it lacks.
         self._no_memory_v2 = None
         self._missing_calls = set()
+        # The driver's verdicts on the GPU being read ({words: [values]}), for driver_error.
+        self._said = {}
 
     def _call(self, func, timeout, what):
         if self._stuck is not None and self._stuck.is_alive():
@@ -262,33 +283,52 @@ class NvmlReader(GpuReader):
         except nv.NVMLError as exc:
             if error_code(exc) in (NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN):
                 return self._unreadable(gpu, gpu['pci_bus_id'], exc)
+        self._said = {}
         try:
             self._read_fields(handle, gpu)
         except _GpuUnreadable as lost:
             return self._unreadable(gpu, gpu['pci_bus_id'], lost.error)
+        driver_error(gpu, self._said)
+        recovery_verdict(gpu, self._recovery_action(handle))
         gpu['_handle'] = handle
         return gpu
 
+    def _recovery_action(self, handle):
+        """The driver's GPU Recovery Action (None where the driver has no such field)."""
+        nv = self.nvml
+        if not hasattr(nv, 'nvmlDeviceGetFieldValues'):
+            return None
+        values = self._field(lambda: nv.nvmlDeviceGetFieldValues(handle, [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]),
+                             what='gpu_recovery_action')
+        if not values or values[0].nvmlReturn != 0:
+            # Not supported by this driver (before 565), or not for this GPU.
+            return None
+        code = int(values[0].value.uiVal)
+        return DRIVER_RECOVERY_ACTIONS.get(code, 'unknown')
+
     def _read_fields(self, handle, gpu):
         nv = self.nvml
-        gpu['name'] = self._field(lambda: _text(nv.nvmlDeviceGetName(handle)))
+        gpu['name'] = self._field(lambda: _text(nv.nvmlDeviceGetName(handle)), what='name')
         self._read_memory(handle, gpu)
-        rates = self._field(lambda: nv.nvmlDeviceGetUtilizationRates(handle))
+        rates = self._field(lambda: nv.nvmlDeviceGetUtilizationRates(handle), what='utilization.gpu')
         gpu['utilization_gpu_pct'] = None if rates is None else int(rates.gpu)
-        gpu['temperature_c'] = self._field(lambda: int(nv.nvmlDeviceGetTemperature(handle, NVML_TEMPERATURE_GPU)))
-        mode = self._field(lambda: nv.nvmlDeviceGetPersistenceMode(handle))
+        gpu['temperature_c'] = self._field(lambda: int(nv.nvmlDeviceGetTemperature(handle, NVML_TEMPERATURE_GPU)),
+                                           what='temperature.gpu')
+        mode = self._field(lambda: nv.nvmlDeviceGetPersistenceMode(handle), what='persistence_mode')
         gpu['persistence_mode'] = None if mode is None else bool(mode)
-        compute = self._field(lambda: nv.nvmlDeviceGetComputeMode(handle))
+        compute = self._field(lambda: nv.nvmlDeviceGetComputeMode(handle), what='compute_mode')
         gpu['compute_mode'] = None if compute is None else COMPUTE_MODES.get(compute, str(compute))
+        # nvidia-smi before 590 reads remapped rows with a query of their own, whose verdicts it
+        # does not put beside the others: they are left out here too, so both backends agree.
         remapped = self._field(lambda: nv.nvmlDeviceGetRemappedRows(handle))
         if remapped is not None:
             gpu['remapped_rows_pending'] = bool(remapped[2])
             gpu['remapped_rows_failure'] = bool(remapped[3])
-        retired = self._field(lambda: nv.nvmlDeviceGetRetiredPagesPendingStatus(handle))
+        retired = self._field(lambda: nv.nvmlDeviceGetRetiredPagesPendingStatus(handle), what='retired_pages.pending')
         gpu['retired_pages_pending'] = None if retired is None else bool(retired)
         if hasattr(nv, 'nvmlDeviceGetMinorNumber'):
             # Checked against the driver's /proc entry by _host.apply_host, which sets minor_number.
-            gpu['nvml_minor_number'] = self._field(lambda: int(nv.nvmlDeviceGetMinorNumber(handle)))
+            gpu['nvml_minor_number'] = self._field(lambda: int(nv.nvmlDeviceGetMinorNumber(handle)), what='minor_number')
 
     def _read_memory(self, handle, gpu):
         """Memory as nvidia-smi shows it: v2 `used` is allocated memory, `reserved` beside it.
@@ -302,7 +342,8 @@ class NvmlReader(GpuReader):
             self._no_memory_v2 = 'the installed nvidia-ml-py has no nvmlMemory_v2'
         if not self._no_memory_v2:
             try:
-                memory = self._field(lambda: nv.nvmlDeviceGetMemoryInfo(handle, version=version), missing=True)
+                memory = self._field(lambda: nv.nvmlDeviceGetMemoryInfo(handle, version=version), missing=True,
+                                     what='memory')
             except _FunctionMissing:
                 self._no_memory_v2 = "the driver's NVML library has no nvmlDeviceGetMemoryInfo_v2 (an older driver)"
             else:
@@ -310,7 +351,7 @@ class NvmlReader(GpuReader):
                     gpu['memory_reserved_mib'] = memory.reserved // MIB
                     self._set_memory(gpu, memory)
                 return
-        memory = self._field(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+        memory = self._field(lambda: nv.nvmlDeviceGetMemoryInfo(handle), what='memory')
         if memory is not None:
             self._set_memory(gpu, memory)
 
@@ -320,18 +361,23 @@ class NvmlReader(GpuReader):
         gpu['memory_used_mib'] = memory.used // MIB
         gpu['memory_free_mib'] = memory.free // MIB
 
-    def _field(self, call, missing=False):
-        """One query: its value, None when the driver does not report it, or _GpuUnreadable."""
+    def _field(self, call, missing=False, what=None):
+        """One query: its value, None when the driver does not report it, or _GpuUnreadable.
+
+        A code that is the driver's verdict on the GPU (reset required, unknown error, no
+        permission, ...) is kept, under what, for driver_error; the value is None."""
         nv = self.nvml
         try:
             return call()
         except nv.NVMLError as exc:
-            if error_code(exc) == NVML_ERROR_GPU_IS_LOST:
+            code = error_code(exc)
+            if code == NVML_ERROR_GPU_IS_LOST:
                 raise _GpuUnreadable(exc)
-            if missing and error_code(exc) == NVML_ERROR_FUNCTION_NOT_FOUND:
+            if missing and code == NVML_ERROR_FUNCTION_NOT_FOUND:
                 raise _FunctionMissing()
-            # Not supported, no permission, unknown error, an older library without the
-            # function: nvidia-smi prints [N/A] or [...] for these, and so the value is null.
+            if code not in NOT_APPLICABLE_CODES and what is not None:
+                words = VERDICT_WORDS.get(code) or 'NVML error %s' % code
+                getattr(self, '_said', {}).setdefault(words, []).append(what)
             return None
 
     def _read_processes(self, handle):
@@ -394,6 +440,7 @@ class NvmlReader(GpuReader):
         gpu['pci_bus_id'] = bus_id
         where = bus_id[4:] if bus_id else ' %d' % gpu['index']
         gpu['error'] = HANDLE_ERROR % (where, error_text(exc))
+        gpu['reset_required'] = error_code(exc) == NVML_ERROR_RESET_REQUIRED or None
         gpu['processes'] = []
         gpu.pop('_handle', None)
         return gpu

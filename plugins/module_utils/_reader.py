@@ -14,7 +14,15 @@ __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
 
-GPU_STATES = ('free', 'busy', 'idle_holding', 'orphaned_memory', 'lost')
+GPU_STATES = ('free', 'busy', 'idle_holding', 'orphaned_memory', 'reset_required', 'lost')
+
+# What the driver says in place of a value. [N/A] and [Not Supported] mean that the value does not
+# apply to this GPU (nvidia-smi(1)), as do NVML_ERROR_NOT_SUPPORTED and a function the library does
+# not have: the value is null. Every other bracketed value ([GPU requires reset], [GPU is lost],
+# [Unknown Error], [Insufficient Permissions], ...) and every other NVML return code is the
+# driver's verdict on that GPU: the GPU gets an error, and cannot be called clean.
+RESET_REQUIRED_TEXT = 'GPU requires reset'
+LOST_TEXT = 'GPU is lost'
 
 
 class Snapshot:
@@ -23,7 +31,9 @@ class Snapshot:
     gpus: list of dicts with index, uuid, name, pci_bus_id, memory_total_mib,
     memory_used_mib (allocated, as nvidia-smi shows it), memory_free_mib,
     memory_reserved_mib (reserved by the driver), utilization_gpu_pct, temperature_c,
-    persistence_mode, compute_mode, processes (pid, name, used_memory_mib), error.
+    persistence_mode, compute_mode, processes (pid, name, used_memory_mib), error,
+    reset_required (True when the driver says the GPU needs a reset: see driver_error),
+    driver_recovery_action (the driver's GPU Recovery Action, or None where it has none).
     A value the driver does not report is None.
     missing: GPUs the host has (on its PCI bus) that the reader does not list, as lost GPU
     dicts with index None (see _host.HostReader); empty unless the host was read.
@@ -49,15 +59,93 @@ class GpuReader:
         """Release what the backend holds (NVML handle); nothing by default."""
 
 
+def driver_error(gpu, said):
+    """Record on gpu (a reader's dict) that the driver answered with an error instead of values.
+
+    said: {the driver's words ('GPU requires reset', 'Unknown Error', ...): [the values it said
+    them for, by their nvidia-smi names]}: the same words through both backends, so that their
+    facts are the same. The GPU keeps the values it did read; its error names each verdict, and
+    reset_required is set when one of them is the driver's request for a reset."""
+    if not said:
+        return gpu
+    parts = ['%s (for %s)' % (words, ', '.join(values)) for words, values in sorted(said.items())]
+    text = 'the driver says: ' + '; '.join(parts)
+    gpu['error'] = '%s; %s' % (gpu['error'], text) if gpu.get('error') else text
+    if any(RESET_REQUIRED_TEXT.lower() in words.lower() for words in said):
+        gpu['reset_required'] = True
+    return gpu
+
+
+# The driver's own verdict on whether the next job can run: its "GPU Recovery Action"
+# (nvmlGpuRecoveryAction_t, NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230, which replaces
+# the deprecated NVML_FI_DEV_RESET_STATUS and ..._DRAIN_AND_RESET_STATUS). NVIDIA added the field
+# in the 565 drivers ("Changes between v560 and v565", NVML API reference); nvidia-smi prints it
+# as --query-gpu=gpu_recovery_action and as "GPU Recovery Action" in -q on those drivers (a real
+# 8-GPU host: "1, Reset" beside "0, None", NVIDIA/DCGM#263). Older drivers refuse the field
+# (NVML: not supported; nvidia-smi: not a valid field): the action is then null.
+# Values: NVIDIA, "Error Recovery and Response Flags" (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt)
+# and nvidia-ml-py's NVML_GPU_RECOVERY_ACTION_* constants.
+DRIVER_RECOVERY_ACTIONS = {
+    0: 'none', 1: 'reset_gpu', 2: 'reboot', 3: 'drain_p2p', 4: 'drain_and_reset',
+    5: 'recover_imex_domain', 6: 'bus_reset', 7: 'system_reboot',
+}
+# How nvidia-smi spells them (DCGM#263 shows "None" and "Reset"; the others follow NVIDIA's
+# names for them, "Node Reboot", "Drain P2P", "Drain and Reset"), matched by their words.
+_RECOVERY_WORDS = (
+    ('drain and reset', 'drain_and_reset'), ('drain', 'drain_p2p'), ('imex', 'recover_imex_domain'),
+    ('bus', 'bus_reset'), ('system', 'system_reboot'), ('reboot', 'reboot'), ('reset', 'reset_gpu'),
+    ('none', 'none'),
+)
+# The actions a GPU reset carries out: the GPU is reset_required; any other action but none
+# leaves it lost until a person acts (a reboot, draining NVLink peers, the IMEX domain).
+RESET_CURES = frozenset(['reset_gpu', 'drain_and_reset'])
+
+
+def parse_recovery_action(text):
+    """The driver recovery action that nvidia-smi's words name; 'unknown' for words it does not
+    know; None for none given."""
+    words = ' '.join((text or '').lower().replace('_', ' ').split())
+    if not words:
+        return None
+    for key, action in _RECOVERY_WORDS:
+        if key in words:
+            return action
+    return 'unknown'
+
+
+def recovery_verdict(gpu, action):
+    """Record the driver's recovery action on gpu; an action other than none is an error of it."""
+    gpu['driver_recovery_action'] = action
+    if action is None or action == 'none':
+        return gpu
+    text = "the driver's GPU recovery action is %s" % action
+    gpu['error'] = '%s; %s' % (gpu['error'], text) if gpu.get('error') else text
+    if action in RESET_CURES:
+        gpu['reset_required'] = True
+    return gpu
+
+
+def _beyond_reset(gpu):
+    """Whether the driver says more than a reset is needed: the GPU is lost or has fallen off the
+    bus, or its recovery action is one a reset does not carry out."""
+    action = gpu.get('driver_recovery_action')
+    error = gpu.get('error') or ''
+    return LOST_TEXT in error or 'fallen off the bus' in error or (
+        action not in (None, 'none') and action not in RESET_CURES)
+
+
 def gpu_state(gpu, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB):
     """Classify one GPU: one of GPU_STATES.
 
     idle_holding is the deadlock signature: processes hold memory at 0 % utilisation.
     orphaned_memory is memory in use with no process left: only a GPU reset frees it.
+    reset_required: the driver says the GPU needs a reset (a [GPU requires reset] value, NVML's
+    RESET_REQUIRED, or its recovery action); lost: it cannot be read, or the driver says only a
+    reboot brings it back.
     When the driver does not report a value, the state follows from what it does report.
     """
     if gpu.get('error'):
-        return 'lost'
+        return 'reset_required' if gpu.get('reset_required') and not _beyond_reset(gpu) else 'lost'
     used = gpu.get('memory_used_mib')
     if gpu.get('processes'):
         return 'idle_holding' if gpu.get('utilization_gpu_pct') == 0 else 'busy'

@@ -51,6 +51,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     NotPermittedError,
@@ -134,7 +136,7 @@ class ReleaseOptions:
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
                  wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
                  facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
-                 nvidia_smi_path='nvidia-smi', expected_gpus=None):
+                 nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None):
         for problem in (check_seconds('timeout', timeout, positive=True),
                         check_seconds('grace_period', grace_period),
                         check_seconds('settle_time', settle_time)):
@@ -189,6 +191,7 @@ class ReleaseOptions:
         self.reset_orphaned = reset_orphaned
         self.nvidia_smi_path = nvidia_smi_path
         self.expected_gpus = expected_gpus
+        self.state_dir = state_dir
         self.warnings = ['extra_protect: %r looks like a regular expression; protect names are exact names or '
                          'shell globs (e.g. python*), so it matches only a process named exactly that' % (name,)
                          for name in protect if REGEX_HINT_RE.search(name)]
@@ -201,7 +204,7 @@ class ReleaseOptions:
                    params.get('lock_file'), params.get('facts_after', False),
                    params.get('settle_time', DEFAULT_SETTLE_S), params.get('host_root') or '/',
                    params.get('reset_orphaned', False), params.get('nvidia_smi_path') or 'nvidia-smi',
-                   params.get('expected_gpus'))
+                   params.get('expected_gpus'), params.get('state_dir'))
 
 
 class Target:
@@ -318,6 +321,7 @@ class ReleaseResult:
         self.orphaned_gpus = []
         self.gpus_before = []
         self.gpus_after = []
+        self.gpu_states = []
         self.elapsed_s = 0.0
         self.facts_after = None
         self.diff = {'before': '', 'after': ''}
@@ -330,7 +334,8 @@ class ReleaseResult:
         out = dict(changed=self.changed, released=self.released, signalled=self.signalled,
                    protected=self.protected, foreign_holders=self.foreign_holders, survivors=self.survivors,
                    orphaned_gpus=self.orphaned_gpus, gpus_before=self.gpus_before,
-                   gpus_after=self.gpus_after, escalation=self.escalation, elapsed_s=self.elapsed_s)
+                   gpus_after=self.gpus_after, gpu_states=self.gpu_states, escalation=self.escalation,
+                   elapsed_s=self.elapsed_s)
         if self.facts_after is not None:
             out['facts_after'] = self.facts_after
         if diff:
@@ -424,7 +429,10 @@ class Release:
         return snapshot.placements
 
     def _scope(self, snapshot):
-        return gpus_in_scope(snapshot.gpus if snapshot is not None else [], self.options.gpus)
+        # The GPUs the host has but the reader does not list (snapshot.missing) are lost GPUs of
+        # the host: in scope for a release of every GPU (they have no index for gpus: to name).
+        gpus = snapshot.gpus + list(getattr(snapshot, 'missing', [])) if snapshot is not None else []
+        return gpus_in_scope(gpus, self.options.gpus)
 
     def _discover(self, snapshot):
         """The holders of the scope, found on the host by device identity and placed on GPUs by
@@ -808,7 +816,8 @@ class Release:
             # The GPUs as the release read them last (within the timeout), the holders as they are now.
             facts, warnings = gather_facts(self.reader, self.options.devices, self.options.protect,
                                            self.options.memory_threshold_mib, self.deadline - self.clock(),
-                                           holder_warnings=False, snapshot=self.last_snapshot)
+                                           holder_warnings=False, snapshot=self.last_snapshot,
+                                           state=StateDir.for_host(self.options.state_dir, self.options.host_root))
         except GpuopsError as exc:
             self._warn('facts_after: the GPUs could not be read at the end: %s' % exc)
             return
@@ -830,6 +839,13 @@ class Release:
                     ', '.join(str(index) for index in unknown),
                     ', '.join(str(index) for index in sorted(known)) or 'none'))
 
+    def _states(self, snapshot):
+        """Each GPU in scope as the release left it: its state and what the driver says of it."""
+        return [{'index': gpu.get('index'), 'pci_bus_id': gpu.get('pci_bus_id'),
+                 'state': gpu_state(gpu, self.options.memory_threshold_mib),
+                 'driver_recovery_action': gpu.get('driver_recovery_action'),
+                 'memory_used_mib': gpu.get('memory_used_mib')} for gpu in self._scope(snapshot)]
+
     def _memory(self, snapshot):
         return [{'index': gpu.get('index'), 'memory_used_mib': gpu.get('memory_used_mib')}
                 for gpu in self._scope(snapshot)]
@@ -848,13 +864,15 @@ class Release:
             result.signalled = [dict(_describe(holder), signals_sent=[], exited=False) for holder in would]
             result.changed = bool(would)
             result.gpus_after = result.gpus_before
+            result.gpu_states = self._states(snapshot)
             result.released = self._clean(snapshot, holders)
             result.protected = [_describe(holder) for holder in holders if holder.protected]
             result.diff['after'] = _holders_text([holder for holder in holders if holder.protected])
             if self.options.wait and not would:
                 result.orphaned_gpus = self._orphaned(self._scope(snapshot), [])
-                if self.options.reset_orphaned and result.orphaned_gpus:
-                    result.escalation = would_reset(result.orphaned_gpus)
+                todo = self._to_reset(result, self._scope(snapshot), [])
+                if self.options.reset_orphaned and todo:
+                    result.escalation = would_reset(todo)
                     result.changed = True
             return
 
@@ -913,31 +931,54 @@ class Release:
         return any(not gpu.get('error') for gpu in dirty) and not any(gpu.get('processes') for gpu in dirty)
 
     def _escalate(self, result, snapshot):
-        """With reset_orphaned: reset the GPUs left with orphaned memory, then read everything again."""
-        if not self.options.reset_orphaned or not result.orphaned_gpus:
+        """With reset_orphaned: reset the GPUs left with orphaned memory, and those the driver says
+        need a reset, then read everything again."""
+        todo = self._to_reset(result, self._scope(snapshot), []) if snapshot is not None else []
+        if not self.options.reset_orphaned or not todo:
             return
         foreign = [holder for holder in self.foreign_seen.values()
-                   if any(self._blocks(holder, gpu) for gpu in self._scope(snapshot)
-                          if gpu.get('index') in result.orphaned_gpus)]
+                   if any(self._blocks(holder, gpu) for gpu in self._scope(snapshot) if gpu.get('index') in todo)]
         if result.survivors or foreign:
             blocking = ['pid %d' % survivor['pid'] for survivor in result.survivors]
             blocking.extend(_foreign_why(holder) for holder in foreign)
             self._warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
-                ', '.join(str(index) for index in result.orphaned_gpus), ', '.join(blocking)))
+                ', '.join(str(index) for index in todo), ', '.join(blocking)))
             if foreign and result.failure:
                 result.failure += '; GPU reset not attempted: held by %s' % ', '.join(_foreign_why(h) for h in foreign)
             return
         runner = self.smi_runner or SmiRunner(self.options.nvidia_smi_path)
         bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
         # The reset ends when the signalling would: the read after it has the time left.
-        reset = GpuReset(runner, bus_ids, result.orphaned_gpus, self.signal_deadline, self.clock)
-        result.escalation = reset.run(result.orphaned_gpus)
+        reasons = dict((index, 'orphaned memory' if index in result.orphaned_gpus else 'the driver says it requires a reset')
+                       for index in todo)
+        reset = GpuReset(runner, bus_ids, todo, self.signal_deadline, self.clock, reasons=reasons)
+        result.escalation = reset.run(todo)
+        self._record_cures(result.escalation, snapshot)
         snapshot, holders = self._observe(force_read=True, final=True)
         result.failure = None
         self._report(result, snapshot, holders)
         result.changed = True
         if result.failure and not result.escalation['ok']:
             result.failure += '; the GPU reset failed: %s' % result.escalation['message']
+
+    def _record_cures(self, escalation, snapshot):
+        """Record on the host that the GPUs a successful reset reset are cured: their older Xid
+        errors no longer count in their health."""
+        if not escalation.get('ok'):
+            return
+        uuids = [gpu.get('uuid') for gpu in snapshot.gpus if gpu.get('index') in escalation['gpus']]
+        state = StateDir.for_host(self.options.state_dir, self.options.host_root)
+        record_cure(state, uuids, time.time(), 'reset', boot_id())
+        for warning in state.warnings:
+            self._warn(warning)
+
+    def _to_reset(self, result, scope, survivors):
+        """The indexes of the GPUs a reset_orphaned reset is for: orphaned memory, or the driver's
+        word that the GPU needs a reset (state reset_required), with no process left on it."""
+        needs = [gpu.get('index') for gpu in scope if gpu.get('index') is not None
+                 if gpu_state(gpu, self.options.memory_threshold_mib) == 'reset_required'
+                 if not gpu.get('processes') and not any(self._blocks(holder, gpu) for holder in survivors)]
+        return sorted(set(result.orphaned_gpus) | set(needs))
 
     def _orphaned(self, scope, survivors):
         """The indexes of the GPUs of scope with memory used and no process holding them."""
@@ -992,6 +1033,7 @@ class Release:
         survivors = [holder for holder in holders if not holder.protected]
         result.survivors = [self._survivor(holder, scope) for holder in survivors]
         result.gpus_after = self._memory(snapshot)
+        result.gpu_states = self._states(snapshot)
         result.diff['after'] = _holders_text(holders)
         clean = self._clean(snapshot, holders)
         if any(not holder.protected for holder in holders):
@@ -1030,8 +1072,11 @@ class Release:
             reported = [process for process in gpu.get('processes') or []
                         if not any(process.get('pid') == survivor['pid'] for survivor in holders)]
             used = gpu.get('memory_used_mib')
-            if gpu.get('error'):
-                problems.append('GPU %s could not be read (%s)' % (index, gpu['error']))
+            name = gpu.get('pci_bus_id') if index is None else index
+            if gpu.get('error') and gpu_state(gpu) == 'reset_required':
+                problems.append('GPU %s needs a GPU reset (%s; reset_orphaned resets it)' % (name, gpu['error']))
+            elif gpu.get('error'):
+                problems.append('GPU %s could not be read (%s)' % (name, gpu['error']))
             elif index in result.orphaned_gpus:
                 problems.append('GPU %s: %s MiB used with no process left (orphaned memory; only a GPU '
                                 'reset frees it)' % (index, used))

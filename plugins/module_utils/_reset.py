@@ -62,7 +62,7 @@ class GpuReset:
     names; eligible: the indexes that may be reset (the in-scope GPUs with orphaned memory).
     """
 
-    def __init__(self, runner, bus_ids, eligible, deadline, clock=time.monotonic, log=system_log):
+    def __init__(self, runner, bus_ids, eligible, deadline, clock=time.monotonic, log=system_log, reasons=None):
         self.runner = runner
         self.index_of = dict((normalize_bus_id(bus), index) for index, bus in bus_ids.items() if bus)
         self.bus_ids = bus_ids
@@ -70,6 +70,8 @@ class GpuReset:
         self.deadline = deadline
         self.clock = clock
         self.log = log
+        # {index: why it is reset}, for the system log; orphaned memory unless said otherwise.
+        self.reasons = dict(reasons or {})
         # {index: restored} of every GPU whose persistence mode was switched off, the last try counting.
         self.restored = {}
 
@@ -110,7 +112,8 @@ class GpuReset:
                     self._set_persistence(index, False)
                     persistent.append(index)
                     self.restored[index] = False
-            self.log('gpuops.nvidia: resetting GPU %s (orphaned memory) with nvidia-smi --gpu-reset' % _names(group))
+            why = sorted(set(self.reasons.get(index, 'orphaned memory') for index in group))
+            self.log('gpuops.nvidia: resetting GPU %s (%s) with nvidia-smi --gpu-reset' % (_names(group), ', '.join(why)))
             rc, stdout, stderr = self._smi(['--gpu-reset', '-i', ','.join(str(index) for index in group)])
         except GpuopsError as exc:
             outcome = (False, str(exc), [])

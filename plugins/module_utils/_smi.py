@@ -22,7 +22,13 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     printable,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import PCI_BUS_ID_RE, normalize_bus_id
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader, Snapshot
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import (
+    GpuReader,
+    Snapshot,
+    driver_error,
+    parse_recovery_action,
+    recovery_verdict,
+)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 
 
@@ -54,8 +60,14 @@ HEALTH_FIELDS = [
 # Memory the driver reserves, outside memory.used (drivers that report it apart). A driver that
 # does not know the field refuses the query; it is repeated without it, and the value is null.
 RESERVED_FIELDS = [('memory.reserved', 'memory_reserved_mib')]
+# The driver's GPU Recovery Action (see _reader.DRIVER_RECOVERY_ACTIONS): drivers from 565 on;
+# older ones refuse the field, and it is asked for no more. It comes first of the fields a driver
+# may refuse: nvidia-smi names the first field it does not know, and a driver that does not know
+# this one (before 565) does not know remapped_rows.* in --query-gpu either (590), so both go
+# at once and the first read costs no more calls than before.
+RECOVERY_FIELDS = [('gpu_recovery_action', 'driver_recovery_action')]
 # The fields a driver may refuse; the query is repeated without them.
-OPTIONAL_FIELDS = HEALTH_FIELDS + RESERVED_FIELDS
+OPTIONAL_FIELDS = RECOVERY_FIELDS + HEALTH_FIELDS + RESERVED_FIELDS
 RESERVED_WARNING = ('nvidia-smi does not know memory.reserved (an older driver): memory_reserved_mib is null, '
                     'and memory used may include the memory the driver reserves, so idle GPUs may look used')
 YES_NO_FACTS = frozenset(fact for dummy, fact in HEALTH_FIELDS)
@@ -75,6 +87,9 @@ REMAPPED_ROWS_FIELDS = [('remapped_rows.pending', 'remapped_rows_pending'),
 HANDLE_ERROR_RE = re.compile(r'^Unable to determine the device handle for (?:GPU|gpu)')
 # Past this index, probing with -i stops even if nvidia-smi never says "No devices were found".
 MAX_GPUS = 64
+# Cells that say a value does not apply to this GPU (nvidia-smi(1)): null. Every other bracketed
+# cell is the driver's error for the GPU (see _reader.driver_error).
+NOT_APPLICABLE = frozenset(['', 'N/A', '[N/A]', 'Not Supported', '[Not Supported]'])
 NUMBER_RE = re.compile(r'^(-?[0-9]+(?:\.[0-9]+)?)(?:\s*(?:MiB|%|C|W|MHz))?$')
 
 
@@ -82,11 +97,23 @@ class SmiParseError(GpuopsError):
     """nvidia-smi printed something that is not the CSV it was asked for."""
 
 
+def cell_error(raw):
+    """The driver's words in a bracketed cell that is not "does not apply" ('GPU requires reset',
+    'Unknown Error', 'Insufficient Permissions', ...), or None."""
+    raw = raw.strip()
+    if raw in NOT_APPLICABLE or not (raw.startswith('[') and raw.endswith(']')):
+        return None
+    return raw[1:-1].strip() or None
+
+
 def parse_value(fact, raw):
-    """Turn one CSV cell into a fact value; (value, problem) where problem is None or a text."""
+    """Turn one CSV cell into a fact value; (value, problem) where problem is None or a text.
+    A bracketed cell is None (cell_error says whether it is the driver's error)."""
     raw = raw.strip()
     if raw == '' or raw.upper() == 'N/A' or (raw.startswith('[') and raw.endswith(']')):
         return None, None
+    if fact == 'driver_recovery_action':
+        return parse_recovery_action(raw), None
     if fact in INT_FACTS:
         match = NUMBER_RE.match(raw)
         if not match:
@@ -125,13 +152,16 @@ def parse_gpu_csv(text, fields=None):
     its position says nothing (SmiReader places it). Raises SmiParseError when no line is usable.
     """
     fields = fields or GPU_FIELDS + OPTIONAL_FIELDS
-    widths = (len(GPU_FIELDS), len(GPU_FIELDS + HEALTH_FIELDS), len(fields))
+    # A line as wide as the fields asked for, or as GPU_FIELDS (+ HEALTH_FIELDS) alone: read by
+    # the field list of its width.
+    widths = {len(GPU_FIELDS): GPU_FIELDS, len(GPU_FIELDS + HEALTH_FIELDS): GPU_FIELDS + HEALTH_FIELDS}
+    widths[len(fields)] = fields
     gpus, warnings = [], []
     lines = [line for line in text.splitlines() if line.strip()]
     for line in lines:
         cells = line.split(',')
         if len(cells) in widths and not line.startswith('Unable to'):
-            gpu, problems = _gpu_from_cells(fields, cells)
+            gpu, problems = _gpu_from_cells(widths[len(cells)], cells)
             for problem in problems:
                 warnings.append('nvidia-smi, GPU %s: %s' % (gpu['index'], problem))
             gpus.append(gpu)
@@ -145,14 +175,18 @@ def parse_gpu_csv(text, fields=None):
 
 
 def _gpu_from_cells(fields, cells):
-    gpu, problems = dict((fact, None) for dummy, fact in GPU_FIELDS + OPTIONAL_FIELDS), []
+    gpu, problems, said = dict((fact, None) for dummy, fact in GPU_FIELDS + OPTIONAL_FIELDS), [], {}
     gpu['error'] = None
     for (field, fact), raw in zip(fields, cells):
+        error = cell_error(raw)
+        if error:
+            said.setdefault(error, []).append(field)
         value, problem = parse_value(fact, raw)
         if problem:
             problems.append('%s: %s' % (field, problem))
         gpu[fact] = value
-    return gpu, problems
+    driver_error(gpu, said)
+    return recovery_verdict(gpu, gpu['driver_recovery_action']), problems
 
 
 def _unreadable_gpu(line, index=None):
@@ -273,9 +307,11 @@ class SmiReader(GpuReader):
             if rc != 0:
                 raise GpuopsError(describe_failure(rc, stdout, stderr))
             raise SmiParseError('nvidia-smi printed nothing for --query-gpu')
-        if rc != 0 or any(gpu['error'] for gpu in gpus):
+        # A GPU that nvidia-smi could not place (its error line, or a row without an index)
+        # may stand in for the whole answer: the GPUs are then read one by one.
+        if rc != 0 or any(gpu['error'] and gpu['index'] is None for gpu in gpus):
             gpus, warnings = self._read_one_by_one(gpus, fields, rc, stdout, stderr, timeout)
-        indexes = [gpu['index'] for gpu in gpus if gpu['error'] is None and gpu['index'] is not None]
+        indexes = [gpu['index'] for gpu in gpus if _answered(gpu) and gpu['index'] is not None]
         warnings += self._read_remapped_rows(gpus, fields, rejected, indexes, timeout)
         if RESERVED_FIELDS[0] not in fields:
             warnings.append(RESERVED_WARNING)
@@ -305,8 +341,11 @@ class SmiReader(GpuReader):
             match = INVALID_FIELD_RE.search(said)
             optional = [pair for pair in fields if pair in OPTIONAL_FIELDS]
             name = match.group(1) if match else None
-            # The remapped_rows.* fields come and go together (see HEALTH_FIELDS).
+            # The remapped_rows.* fields come and go together (see HEALTH_FIELDS), and with the
+            # recovery action (see RECOVERY_FIELDS).
             family = REMAPPED_ROWS_FIELDS if name in dict(REMAPPED_ROWS_FIELDS) else [(name, None)]
+            if name in dict(RECOVERY_FIELDS):
+                family = RECOVERY_FIELDS + REMAPPED_ROWS_FIELDS
             refused = [pair for pair in optional if pair[0] in dict(family)] or optional
             if not optional:
                 return fields, rejected, (rc, stdout, stderr)
@@ -338,10 +377,7 @@ class SmiReader(GpuReader):
                 if answer[0] not in (2, 6):
                     warnings.append('nvidia-smi -i %d: %s' % (index, describe_failure(*answer)))
                 break
-            for row in rows:
-                if row['error'] or row['index'] is None:
-                    row['index'] = index
-            gpus.extend(rows)
+            gpus.extend(_placed(rows, index, gpus))
             warnings.extend(row_warnings)
         found = set(gpu['pci_bus_id'] for gpu in gpus if gpu['pci_bus_id'])
         indexes = set(gpu['index'] for gpu in gpus)
@@ -376,7 +412,7 @@ class SmiReader(GpuReader):
             args = ['--query-remapped-rows=gpu_bus_id,' + ','.join(field for field, dummy in wanted),
                     '--format=csv,noheader,nounits']
             rc, stdout, stderr = self._run_each(args, indexes, timeout)
-            by_bus = dict((gpu['pci_bus_id'], gpu) for gpu in gpus if gpu['error'] is None)
+            by_bus = dict((gpu['pci_bus_id'], gpu) for gpu in gpus if _answered(gpu) and gpu['pci_bus_id'])
             read = set()
             for line in stdout.splitlines():
                 cells = [cell.strip() for cell in line.split(',')]
@@ -407,6 +443,32 @@ class SmiReader(GpuReader):
         if rc != 0 and not apps:
             warnings.append('process list unavailable: ' + describe_failure(rc, stdout, stderr))
         return apps, warnings
+
+
+def _answered(gpu):
+    """Whether nvidia-smi answered for the GPU (with values, some of them perhaps the driver's
+    verdict), rather than printing its error line in place of an answer."""
+    return gpu['error'] is None or gpu['error'].startswith('the driver')
+
+
+def _placed(rows, index, seen):
+    """The rows of nvidia-smi's answer to -i index that are new: each bus id is listed once.
+
+    The GPU of that index is the row that answers for it (its own index, or the one row left
+    without a readable index); the error line of a GPU already listed, which a driver may print
+    again for every -i, is left out, and so is a row whose bus id is listed already."""
+    known = set(gpu['pci_bus_id'] for gpu in seen if gpu['pci_bus_id'])
+    fresh = [row for row in rows if row['pci_bus_id'] is None or row['pci_bus_id'] not in known]
+    own = [row for row in fresh if row['index'] == index] or [row for row in fresh if row['index'] is None][:1]
+    kept, buses = [], set()
+    for row in fresh:
+        if row['pci_bus_id'] in buses or (row['index'] is None and row not in own):
+            continue
+        if row in own:
+            row['index'] = index
+        buses.add(row['pci_bus_id'])
+        kept.append(row)
+    return kept
 
 
 def _attach_processes(gpus, apps):

@@ -484,6 +484,39 @@ gpus_after:
   sample:
     - index: 0
       memory_used_mib: 1
+gpu_states:
+  description:
+    - Each GPU in scope as the release left it (as it is, in check mode); empty when the GPUs
+      could not be read. The role's per-GPU metrics are made from it.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    index:
+      description: The GPU's index; null for a GPU on the PCI bus that the reader does not list.
+      type: int
+    pci_bus_id:
+      description: The GPU's PCI bus id.
+      type: str
+    state:
+      description:
+        - As RV(gpuops.nvidia.nvidia_gpu_facts#module:ansible_facts.nvidia_gpus[].state).
+      type: str
+      choices: [free, busy, idle_holding, orphaned_memory, reset_required, lost]
+    driver_recovery_action:
+      description:
+        - The driver's GPU Recovery Action, as
+          RV(gpuops.nvidia.nvidia_gpu_facts#module:ansible_facts.nvidia_gpus[].health.driver_recovery_action).
+      type: str
+    memory_used_mib:
+      description: Memory used in MiB, or null when not reported.
+      type: int
+  sample:
+    - index: 0
+      pci_bus_id: "00000000:18:00.0"
+      state: free
+      driver_recovery_action: none
+      memory_used_mib: 1
 facts_after:
   description:
     - The GPUs and their holders at the end, read after everything else (in check mode, as

@@ -15,7 +15,14 @@ version_added: 0.1.0
 description:
   - Reads every NVIDIA GPU on the host (memory, utilisation, temperature, persistence and
     compute mode, compute processes) and classifies it as free, busy, holding memory while
-    idle (the signature of a hung distributed job), holding orphaned memory, or lost.
+    idle (the signature of a hung distributed job), holding orphaned memory, needing a reset
+    (the driver says so), or lost.
+  - Only C([N/A]) and C([Not Supported]) mean that a value does not apply; every other bracketed
+    value of nvidia-smi (C([GPU requires reset]), C([GPU is lost]), C([Unknown Error]),
+    C([Insufficient Permissions]), ...) and every other NVML error is the driver's verdict on that
+    GPU, which is then never free.
+  - The kernel log is read on from where the last read on the host ended (kept in O(state_dir))
+    and summarised per GPU and message, so an Xid storm costs a count.
   - Lists every process that holds a GPU device node, as C(fuser -v /dev/nvidia*) would, and
     marks NVIDIA's own daemons as protected.
   - Reports each GPU's health, Xid errors from the kernel log and the memory repair state
@@ -51,10 +58,12 @@ options:
     description:
       - "A file to read the kernel's C(NVRM:) lines (Xid errors, GPUs fallen off the bus) from,
         such as C(/var/log/kern.log)."
-      - When not set, the module runs C(journalctl -k) (this boot only), and C(dmesg) when
-        that gives nothing. Reading either may need privilege escalation; when no kernel
-        log can be read, RV(ansible_facts.nvidia_gpus[].health.xid_events) is null and the
-        module warns.
+      - When not set, the module runs C(journalctl -k) (this boot only; later runs go on from
+        the cursor kept in O(state_dir)), and C(dmesg) when that gives nothing. Reading either
+        may need privilege escalation; when no kernel log can be read,
+        RV(ansible_facts.nvidia_gpus[].health.xid_events) is null and the module warns.
+      - A file is read on from the offset where the last read ended (a rotated or truncated
+        file from its start).
     type: path
 seealso:
   - module: gpuops.nvidia.nvidia_device_release
@@ -195,7 +204,9 @@ ansible_facts:
           contains:
             xid_events:
               description:
-                - Xid errors of this GPU in the kernel log (matched by PCI bus id), oldest first.
+                - The driver's messages about this GPU in the kernel log (matched by PCI bus id),
+                  one entry per kind and Xid code, in the order of their first appearance (a
+                  storm of one Xid is one entry with its count).
                 - Null when no kernel log could be read (see O(kernel_log)).
               type: list
               elements: dict
@@ -203,23 +214,68 @@ ansible_facts:
                 code:
                   description:
                     - The Xid number.
-                    - "Null for the driver's message that a GPU has fallen off the bus when it
-                      carries no Xid (C(NVRM: The NVIDIA GPU 0000:b3:00.0 ... fallen off the bus))."
+                    - "Null for the driver's messages without one: a GPU fallen off the bus
+                      (C(NVRM: The NVIDIA GPU 0000:b3:00.0 ... fallen off the bus)), or one it
+                      could not initialise (C(NVRM: GPU 0000:98:00.0: RmInitAdapter failed!))."
                   type: int
                   sample: 79
+                kind:
+                  description: What the message is.
+                  type: str
+                  choices: [xid, fallen_off_bus, init_failed]
+                  sample: xid
+                count:
+                  description: How many times the log has it.
+                  type: int
+                  sample: 1
+                first_time:
+                  description: When the first of them was logged, as the last one's RV(ansible_facts.nvidia_gpus[].health.xid_events[].time).
+                  type: str
                 time:
                   description:
-                    - When it was logged, as the log prints it (ISO 8601 from C(journalctl -k)
-                      and C(dmesg), the syslog or seconds-since-boot stamp of a O(kernel_log) file).
+                    - When the last of them was logged, as the log prints it (ISO 8601 from
+                      C(journalctl -k) and C(dmesg), the syslog or seconds-since-boot stamp of a
+                      O(kernel_log) file).
                     - Null when the line has no time stamp.
                   type: str
                   sample: "2025-03-05T12:34:56+0000"
                 text:
                   description:
-                    - The rest of the line after the Xid number; the whole message, joined into
-                      one line, when it carries no Xid.
+                    - The rest of the last line after the Xid number; the whole message, joined
+                      into one line, when it carries no Xid.
                   type: str
                   sample: "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+                texts:
+                  description: The texts of the last few of them (at most 3), oldest first.
+                  type: list
+                  elements: str
+                since_cure:
+                  description:
+                    - False when the last of them was logged before the GPU's last cure
+                      (RV(ansible_facts.nvidia_gpus[].health.last_cure)), history that
+                      RV(ansible_facts.nvidia_gpus[].health.recovery_action) no longer counts.
+                    - True when there was no cure since, or the time stamp cannot be told.
+                  type: bool
+            driver_recovery_action:
+              description:
+                - The driver's own GPU Recovery Action (NVML field
+                  C(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), C(nvidia-smi --query-gpu=gpu_recovery_action)),
+                  on drivers from 565. V(none) the next job can run; V(reset_gpu) and
+                  V(drain_and_reset) a GPU reset is needed
+                  (RV(ansible_facts.nvidia_gpus[].state=reset_required)); V(reboot),
+                  V(system_reboot), V(drain_p2p), V(recover_imex_domain) and V(bus_reset) ask for
+                  more than a GPU reset (RV(ansible_facts.nvidia_gpus[].state=lost)); V(unknown) a
+                  value this collection does not know.
+                - Null on older drivers, which do not have it.
+              type: str
+              sample: none
+            last_cure:
+              description:
+                - When the GPU was last cured in this boot (a successful GPU reset by
+                  M(gpuops.nvidia.nvidia_device_release)), as recorded in O(state_dir), in UTC.
+                - Null when it was not.
+              type: str
+              sample: "2026-11-30T10:00:05Z"
             remapped_rows_pending:
               description:
                 - Whether rows are marked for remapping at the next GPU reset (Ampere and newer).
@@ -238,9 +294,9 @@ ansible_facts:
               type: bool
             recovery_action:
               description:
-                - What the Xid errors, the memory repair state and a lost GPU call for, following
-                  NVIDIA's Xid catalogue and memory error recovery guidance. The most severe
-                  applies, in this order.
+                - What the Xid errors since the last cure, the memory repair state, the driver's
+                  own recovery action and a lost GPU call for, following NVIDIA's Xid catalogue
+                  and memory error recovery guidance. The most severe applies, in this order.
                 - V(none) nothing to do.
                 - V(restart_app) the application that hit the error has to be restarted; the GPU
                   is usable.
@@ -258,11 +314,20 @@ ansible_facts:
             - V(idle_holding) processes hold memory at 0 % utilisation, the signature of a
               hung job.
             - V(orphaned_memory) memory is used but no process holds it; only a GPU reset frees it.
-            - V(lost) the GPU could not be read (see RV(ansible_facts.nvidia_gpus[].error)).
+            - V(reset_required) the driver says the GPU needs a GPU reset (C([GPU requires reset])
+              values, NVML's C(RESET_REQUIRED), its recovery action); the release's
+              O(gpuops.nvidia.nvidia_device_release#module:reset_orphaned) resets it.
+            - V(lost) the GPU could not be read, or the driver says that more than a GPU reset
+              is needed (see RV(ansible_facts.nvidia_gpus[].error)).
+            - A GPU whose RV(ansible_facts.nvidia_gpus[].error) is set is never free.
           type: str
           sample: idle_holding
         error:
-          description: Why the GPU could not be read, or null.
+          description:
+            - "Why the GPU could not be read or cannot be used, or null. Besides nvidia-smi's own
+              lines, C(the driver says: GPU requires reset (for temperature.gpu, ...)) for the
+              driver's bracketed values and NVML errors, C(the driver's GPU recovery action is
+              reset_gpu), and, for a GPU the reader does not list, where it is still seen."
           type: str
           sample: "Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error"
       sample:
@@ -288,6 +353,8 @@ ansible_facts:
             remapped_rows_pending: false
             remapped_rows_failure: false
             retired_pages_pending: null
+            driver_recovery_action: none
+            last_cure: null
             recovery_action: none
           state: idle_holding
           error: null
@@ -353,6 +420,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader, device_patterns
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir
 
 
 def main():
@@ -378,7 +446,8 @@ def main():
             facts, read_warnings = gather_facts(
                 reader, device_patterns(params['devices'], params['host_root']),
                 params['protect'] + params['extra_protect'], params['memory_threshold_mib'],
-                params['timeout'], params['kernel_log'], expected_gpus=params['expected_gpus'])
+                params['timeout'], params['kernel_log'], expected_gpus=params['expected_gpus'],
+                state=StateDir.for_host(params['state_dir'], params['host_root']))
         finally:
             reader.close()
     except MissingLibraryError as exc:

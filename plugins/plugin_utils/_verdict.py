@@ -151,6 +151,17 @@ def _escalation(escalation):
     return True, bool(escalation.get('reset_ok')), escalation.get('output') or ''
 
 
+def _needs_reset(gpu, attempted, reset_ok, output, allow_gpu_reset):
+    """The reason line of a GPU the driver says needs a reset."""
+    index = gpu.get('index')
+    text = 'GPU %s needs a GPU reset (%s' % (gpu.get('pci_bus_id') if index is None else index, gpu['error'])
+    if attempted and not reset_ok:
+        text += ', and the reset failed: ' + ' '.join(str(output).split())
+    elif not allow_gpu_reset:
+        text += '; set gpu_reset_allow_gpu_reset to allow it'
+    return text + ')'
+
+
 def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False, signalled=(),
            escalation=None, allow_gpu_reset=False):
     """Why a host is not clean: each dirty GPU and each stray holder, '; '-joined."""
@@ -174,7 +185,9 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
         over = used is not None and used > memory_threshold_mib
         if gpu.get('error') or used is None or over or held or reported:
             count += 1
-        if gpu.get('error'):
+        if gpu.get('error') and gpu.get('state') == 'reset_required':
+            lines.append(_needs_reset(gpu, attempted, reset_ok, output, allow_gpu_reset))
+        elif gpu.get('error'):
             lines.append('GPU %s lost or unreadable (%s)' % (gpu.get('pci_bus_id') if index is None else index, gpu['error']))
         elif used is None:
             lines.append('GPU %s: memory used not reported' % index)
@@ -288,10 +301,50 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
         'survivors': survivors,
         'orphaned_gpus': orphaned_gpus(release, escalation),
         'escalation': escalation or None,
+        'gpus': gpu_metrics(release, final, gpus_before, threshold),
         'release_s': release.get('elapsed_s'),
         'duration_s': round(now - float(started), 3) if started is not None else None,
         'drained': False,
     }
+
+
+def _fact_rows(facts):
+    """The per-GPU rows of gpu_metrics from nvidia_gpu_facts."""
+    return [{'index': gpu.get('index'), 'pci_bus_id': gpu.get('pci_bus_id'), 'state': gpu.get('state'),
+             'recovery_action': (gpu.get('health') or {}).get('recovery_action'),
+             'memory_used_mib': gpu.get('memory_used_mib')} for gpu in (facts or {}).get('nvidia_gpus') or []]
+
+
+def _release_rows(release):
+    """The per-GPU rows of gpu_metrics from the release's gpu_states (the driver's recovery action)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._health import DRIVER_ACTIONS
+
+    rows = []
+    for gpu in release.get('gpu_states') or []:
+        action = gpu.get('driver_recovery_action')
+        rows.append(dict(gpu, recovery_action=None if action is None else DRIVER_ACTIONS.get(action, 'inspect')))
+    return rows
+
+
+def gpu_metrics(release, final, gpus_before, threshold):
+    """Per GPU, for the metrics: index, pci_bus_id, state, recovery_action, orphaned_mib (memory
+    held with no process) and seconds_until_free (0 when it was free before the run, the
+    release's time when the run freed it, None when it is not free)."""
+    rows = _fact_rows(final) or _release_rows(release)
+    before = dict((gpu.get('index'), gpu.get('memory_used_mib')) for gpu in gpus_before or [])
+    out = []
+    for row in rows:
+        used = row.get('memory_used_mib')
+        was = before.get(row['index'])
+        free = row.get('state') == 'free'
+        out.append({
+            'index': row['index'], 'pci_bus_id': row.get('pci_bus_id'), 'state': row.get('state'),
+            'recovery_action': row.get('recovery_action'),
+            'orphaned_mib': used if row.get('state') == 'orphaned_memory' and used is not None else 0,
+            'seconds_until_free': None if not free else 0 if was is not None and was <= threshold
+            else release.get('elapsed_s'),
+        })
+    return out
 
 
 SUMMARY_ORDER = ('failed', 'released', 'would_release', 'clean')

@@ -172,6 +172,10 @@ def read_nvml():
             for key in ('memory_v1', 'memory_v2'):
                 if isinstance(gpu[key], dict) and 'used' in gpu[key]:
                     gpu[key + '_mib'] = dict((name, gpu[key][name] // (1024 * 1024)) for name in gpu[key])
+            # The driver's GPU Recovery Action, NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230): drivers from 565.
+            values = _nvml_call(pynvml, gpu, 'recovery_action_field', pynvml.nvmlDeviceGetFieldValues, handle, [230])
+            if values is not None:
+                gpu['recovery_action_field'] = {'nvml_return': int(values[0].nvmlReturn), 'value': int(values[0].value.uiVal)}
             procs = _nvml_call(pynvml, gpu, 'compute_processes', pynvml.nvmlDeviceGetComputeRunningProcesses, handle)
             if procs is not None:
                 gpu['compute_processes'] = [{'pid': p.pid, 'used_gpu_memory': p.usedGpuMemory} for p in procs]

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from gpusim import hold as _hold
-from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, Paths,
+from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, RECOVERY_ACTIONS, Paths,
                           build_state, empty_faults, is_alive, load_records, load_state, minor_of, write_json)
 
 SMI_SCRIPT = """\
@@ -18,7 +18,7 @@ main({root!r})
 """
 
 FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
-               "remap", "retired", "xid", "fallen")
+               "remap", "retired", "xid", "fallen", "reset-required", "recovery")
 
 HUNG_JOB_RANK_MIB = 76113
 
@@ -115,6 +115,9 @@ class Host:
                             minors=minors, fallen=fallen)
         for d in (p.dev, p.bin, p.lib, p.procs, p.tracked):
             os.makedirs(d, exist_ok=True)
+        if p.root != "/":
+            # Where a host keeps /run/gpuops (the collection's state directory) on its tmpfs.
+            os.makedirs(os.path.join(p.root, "run"), exist_ok=True)
         nodes = ["nvidia%d" % g["minor"] for g in state["gpus"]]
         for n in ["nvidiactl", "nvidia-uvm"] + nodes:
             path = os.path.join(p.dev, n)
@@ -240,17 +243,21 @@ class Host:
     def fault(self, kind, value=True, gpu=None, message="unknown", seconds=None,
               field=None, mib=None, pending=None, failure=None, correctable=None,
               uncorrectable=None, code=None, text=None, when=None, in_place=False,
-              gpu_instance=None, form="probe"):
+              gpu_instance=None, form="probe", count=1):
         """Inject a fault. kind: lost (gpu, message; in_place=True: the old variant, where the
         error line stands in the GPU's place and the others are listed, for every lost GPU),
         hang (seconds), na (field, gpu, value),
         stuck (gpu, mib), driver-not-loaded|no-devices|mismatch (value on/off), clear,
         remap (gpu, pending, failure, correctable, uncorrectable: row-remapper state),
         retired (gpu, value: retired pages pending, on GPUs that retire pages),
-        xid (gpu, code, text, when, gpu_instance: an Xid line in the kernel log; with
+        xid (gpu, code, text, when, gpu_instance, count: an Xid line in the kernel log, count
+        times (a storm: count 1000000 writes a million lines, one second apart, ending at when); with
         gpu_instance, the MIG form "Xid (PCI:0000:01:00 GPU-I:05): ..."),
         fallen (gpu, when, form: the driver's "fallen off the bus" message without an Xid;
-        form "probe" is its three-line form, "line" its one-line form)."""
+        form "probe" is its three-line form, "line" its one-line form),
+        reset-required (gpu, value on/off: the driver says the GPU needs a reset; cleared by
+        nvidia-smi -r), recovery (gpu, value: the driver's GPU Recovery Action, none | reset |
+        reboot | drain-p2p | drain-and-reset, on drivers from 565)."""
         kind = kind.replace("_", "-")
         if kind not in FAULT_KINDS:
             raise ValueError("unknown fault %r (known: %s)" % (kind, ", ".join(FAULT_KINDS)))
@@ -287,8 +294,17 @@ class Host:
                     remap[key] = int(v)
         elif kind == "retired":
             faults.setdefault("retired_pending", {})[str(int(gpu))] = _onoff(value)
+        elif kind == "reset-required":
+            if _onoff(value):
+                faults.setdefault("reset_required", {})[str(int(gpu))] = True
+            else:
+                faults.setdefault("reset_required", {}).pop(str(int(gpu)), None)
+        elif kind == "recovery":
+            if value not in RECOVERY_ACTIONS:
+                raise ValueError("recovery action must be one of %s" % ", ".join(RECOVERY_ACTIONS))
+            faults.setdefault("recovery", {})[str(int(gpu))] = value
         elif kind == "xid":
-            self._log_xid(state, int(gpu), int(code), text, when, gpu_instance)
+            self._log_xid(state, int(gpu), int(code), text, when, gpu_instance, int(count))
             return
         elif kind == "fallen":
             self._log_fallen(state, int(gpu), when, form)
@@ -297,7 +313,9 @@ class Host:
             faults[kind.replace("-", "_")] = _onoff(value)
         write_json(self.paths.state, state)
 
-    def _log_xid(self, state, gpu, code, text, when, gpu_instance=None):
+    def _log_xid(self, state, gpu, code, text, when, gpu_instance=None, count=1):
+        import time
+
         from gpusim import messages as M
 
         bus = [g for g in state["gpus"] if g["index"] == gpu][0]["pci_bus_id"]
@@ -305,10 +323,12 @@ class Host:
         where = bus[4:-2].lower()
         if gpu_instance is not None:
             where += " GPU-I:%02d" % int(gpu_instance)
-        line = M.XID_LINE.format(time=self._stamp(when), bus=where, code=code,
-                                 text=text if text is not None else M.XID_TEXTS.get(code, M.XID_TEXT_OTHER))
+        text = text if text is not None else M.XID_TEXTS.get(code, M.XID_TEXT_OTHER)
+        end = time.time() if when is None else when
         with open(self.paths.kernel_log, "a") as f:
-            f.write(line + "\n")
+            # A storm: the same line, a second apart (stamps repeat within a second on real hosts too).
+            for n in range(count - 1, -1, -1):
+                f.write(M.XID_LINE.format(time=self._stamp(end - n), bus=where, code=code, text=text) + "\n")
 
     def _log_fallen(self, state, gpu, when, form):
         from gpusim import messages as M

@@ -80,11 +80,18 @@ def _parser():
     f = fs.add_parser("retired", help="retired pages pending (GPUs before Ampere)")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("value", choices=("on", "off"))
+    f = fs.add_parser("reset-required", help="the driver says the GPU needs a reset ([GPU requires reset])")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("value", choices=("on", "off"), nargs="?", default="on")
+    f = fs.add_parser("recovery", help="the driver's GPU Recovery Action (drivers from 565)")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("value", choices=("none", "reset", "reboot", "drain-p2p", "drain-and-reset"))
     f = fs.add_parser("xid", help="log an Xid error for a GPU in the kernel log")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("--code", type=int, required=True)
     f.add_argument("--text", default=None)
     f.add_argument("--gpu-instance", type=int, default=None, help="MIG GPU instance the driver names")
+    f.add_argument("--count", type=int, default=1, help="write the line this many times (an Xid storm)")
     f = fs.add_parser("fallen", help="log that a GPU has fallen off the bus, without an Xid")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("--form", choices=("probe", "line"), default="probe")
@@ -145,10 +152,11 @@ def main(argv=None):
             elif k == "remap":
                 host.fault(k, gpu=args.gpu, pending=args.pending, failure=args.failure,
                            correctable=args.correctable, uncorrectable=args.uncorrectable)
-            elif k == "retired":
+            elif k in ("retired", "reset-required", "recovery"):
                 host.fault(k, gpu=args.gpu, value=args.value)
             elif k == "xid":
-                host.fault(k, gpu=args.gpu, code=args.code, text=args.text, gpu_instance=args.gpu_instance)
+                host.fault(k, gpu=args.gpu, code=args.code, text=args.text, gpu_instance=args.gpu_instance,
+                           count=args.count)
             elif k == "fallen":
                 host.fault(k, gpu=args.gpu, form=args.form)
             else:

@@ -8,8 +8,9 @@ import sys
 import time
 
 from gpusim import messages as M
-from gpusim.state import (Paths, gpu_free, gpu_reserved, gpu_usage, holders_of, load_records, load_state,
-                          minor_of, write_json)
+from gpusim.state import (RECOVERY_ACTION_FROM, RECOVERY_ACTIONS, RESET_REQUIRED_FIELDS, Paths, driver_major,
+                          gpu_free, gpu_reserved, gpu_usage, holders_of, load_records, load_state, minor_of,
+                          recovery_action, write_json)
 
 # canonical field -> (header unit or None, aliases)
 GPU_FIELDS = {
@@ -22,6 +23,7 @@ GPU_FIELDS = {
     "temperature.gpu": None, "power.draw": "W", "power.limit": "W",
     "remapped_rows.correctable": None, "remapped_rows.uncorrectable": None,
     "remapped_rows.pending": None, "remapped_rows.failure": None, "retired_pages.pending": None,
+    "gpu_recovery_action": None,
 }
 GPU_ALIASES = {
     "gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
@@ -96,13 +98,6 @@ def parse_args(argv):
     return opts
 
 
-def driver_major(state):
-    try:
-        return int(str(state.get("driver_version", "0")).split(".", maxsplit=1)[0])
-    except ValueError:
-        return 0
-
-
 def resolve_fields(spec, fields, aliases, refused=()):
     out = []
     for raw in spec.split(","):
@@ -170,6 +165,8 @@ class Smi:
         return True
 
     def na_value(self, field, index):
+        if field in RESET_REQUIRED_FIELDS and self.faults.get("reset_required", {}).get(str(index)):
+            return "[GPU requires reset]"
         for na in self.faults.get("na", ()):
             names = (na["field"], GPU_ALIASES.get(na["field"]), APP_ALIASES.get(na["field"]))
             if field in names and (na.get("gpu") is None or na["gpu"] == index):
@@ -248,6 +245,8 @@ class Smi:
             if key in ("pending", "failure"):
                 return "Yes" if remap.get(key) else "No"
             return str(int(remap.get(key, 0)))
+        if field == "gpu_recovery_action":
+            return RECOVERY_ACTIONS[recovery_action(self.state, idx)][1]
         if field == "retired_pages.pending":
             # Ampere and newer remap rows instead of retiring pages.
             pending = self.faults.get("retired_pending", {}).get(str(idx))
@@ -281,7 +280,9 @@ class Smi:
             remap = self.faults.get("remap", {}).get(str(g["index"])) or {}
             vals = []
             for f in fields:
-                if f.startswith("remapped_rows."):
+                if f.startswith("remapped_rows.") and self.na_value(f, g["index"]):
+                    vals.append(self.na_value(f, g["index"]))
+                elif f.startswith("remapped_rows."):
                     # 0/1 here, as Azure/azhpc-diagnostics asserts on real VMs (^[01], ...).
                     vals.append(str(int(remap.get(f.split(".", 1)[1], 0))))
                 elif f == "gpu_bus_id":
@@ -412,6 +413,10 @@ class Smi:
         reset = {g["index"] for g in ok}
         for g in ok:
             g["stuck_mib"] = 0
+            # A reset carries out what the driver asked for: the GPU answers again.
+            self.faults.get("reset_required", {}).pop(str(g["index"]), None)
+            if self.faults.get("recovery", {}).get(str(g["index"])) in ("reset", "drain-and-reset"):
+                self.faults["recovery"].pop(str(g["index"]))
             # A reset applies the pending row remappings.
             remap = self.faults.get("remap", {}).get(str(g["index"]))
             if remap:
@@ -507,6 +512,9 @@ class Smi:
                          ("Free", gpu_free(g, used[i]))):
                 w("        %-34s: %d MiB" % (k, v))
             w("    Compute Mode                          : %s" % g["compute_mode"])
+            action = recovery_action(self.state, i)
+            if action is not None:
+                w("    %-38s: %s" % ("GPU Recovery Action", RECOVERY_ACTIONS[action][1]))
             w("    Utilization")
             w("        %-34s: %d %%" % ("Gpu", util[i]))
             w("")
@@ -565,6 +573,8 @@ def run(root, argv, out):
         refused = ()
         if driver_major(smi.state) < REMAPPED_ROWS_IN_QUERY_GPU_FROM:
             refused = tuple(f for f in GPU_FIELDS if f.startswith("remapped_rows."))
+        if driver_major(smi.state) < RECOVERY_ACTION_FROM:
+            refused += ("gpu_recovery_action",)
         q_gpu = resolve_fields(opts["query_gpu"], GPU_FIELDS, GPU_ALIASES, refused) if opts["query_gpu"] else None
         q_app = resolve_fields(opts["query_apps"], APP_FIELDS, APP_ALIASES) if opts["query_apps"] else None
         q_remap = (resolve_fields(opts["query_remap"], REMAP_FIELDS, REMAP_ALIASES)

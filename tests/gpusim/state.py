@@ -285,6 +285,8 @@ def empty_faults():
         "mismatch": False,
         "remap": {},           # str(index) -> {"correctable", "uncorrectable", "pending", "failure"}
         "retired_pending": {},  # str(index) -> bool; absent: not supported (Ampere and newer)
+        "reset_required": {},  # str(index) -> True: the driver says the GPU needs a reset
+        "recovery": {},        # str(index) -> the driver's GPU Recovery Action (RECOVERY_ACTIONS)
     }
 
 
@@ -391,6 +393,39 @@ NA_ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"
               "used_memory": "used_gpu_memory"}
 LOST_CODES = {"lost": 15, "unknown": 999}
 
+# The driver's GPU Recovery Action: nvmlGpuRecoveryAction_t and how nvidia-smi prints it ("None"
+# and "Reset" as NVIDIA/DCGM#263 shows them; the others NVIDIA's names, a guess at the spelling).
+RECOVERY_ACTIONS = {"none": (0, "None"), "reset": (1, "Reset"), "reboot": (2, "Node Reboot"),
+                    "drain-p2p": (3, "Drain P2P"), "drain-and-reset": (4, "Drain and Reset")}
+# Drivers that have the field (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, nvidia-smi gpu_recovery_action):
+# 565 and later, NVIDIA's NVML change log ("Changes between v560 and v565").
+RECOVERY_ACTION_FROM = 565
+# What a GPU that needs a reset answers for the values only the GPU itself can give: nvidia-smi's
+# [GPU requires reset] (real-samples smi_query_gpu/Q11: temperature and utilisation; memory.used
+# still read, 0 MiB) and NVML_ERROR_RESET_REQUIRED (16).
+RESET_REQUIRED_FIELDS = ("temperature.gpu", "utilization.gpu", "utilization.memory", "power.draw", "pstate",
+                         "retired_pages.pending", "remapped_rows.correctable", "remapped_rows.uncorrectable",
+                         "remapped_rows.pending", "remapped_rows.failure")
+
+
+def driver_major(state):
+    try:
+        return int(str(state.get("driver_version", "0")).split(".", maxsplit=1)[0])
+    except ValueError:
+        return 0
+
+
+def recovery_action(state, index):
+    """The driver's recovery action for GPU index: a RECOVERY_ACTIONS key, or None on a driver
+    without the field. A GPU that needs a reset says reset unless told otherwise."""
+    if driver_major(state) < RECOVERY_ACTION_FROM:
+        return None
+    faults = state.get("faults") or {}
+    action = (faults.get("recovery") or {}).get(str(index))
+    if action is None and (faults.get("reset_required") or {}).get(str(index)):
+        action = "reset"
+    return action or "none"
+
 
 def flat_text(path, data):
     """The .nvml twin of a state or record file, or None for any other file."""
@@ -436,6 +471,11 @@ def _flat_state(state):
         field = NA_ALIASES.get(na["field"], na["field"])
         gpu = -1 if na.get("gpu") is None else int(na["gpu"])
         lines.append("na %s %d %d" % (field, gpu, NA_CODES.get(na.get("value"), 3)))
+    for key in sorted(faults.get("reset_required") or {}):
+        lines.extend("na %s %d 16" % (field, int(key)) for field in RESET_REQUIRED_FIELDS)
+    for g in state.get("gpus", []):
+        action = recovery_action(state, g["index"])
+        lines.append("recovery %d %d" % (g["index"], -1 if action is None else RECOVERY_ACTIONS[action][0]))
     return "\n".join(lines) + "\n"
 
 

@@ -32,7 +32,7 @@ PROBE = r'''
 import json, sys
 from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gpu_facts
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import read_xid_events
+from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
 smi_path, kernel_log, backends = sys.argv[1], sys.argv[2], sys.argv[3].split(',')
 events, dummy = read_xid_events(kernel_log)
 out = {}
@@ -99,14 +99,16 @@ def test_lost_gpus_and_unreported_fields(nvmlhost):
     nvmlhost.fault('lost', gpu=2, message='lost')
     nvmlhost.fault('lost', gpu=3, message='unknown')
     nvmlhost.fault('na', field='utilization.gpu', gpu=4)
-    nvmlhost.fault('na', field='temperature.gpu', value='[Unknown Error]')
+    nvmlhost.fault('na', field='temperature.gpu', value='[Not Supported]')
     nvmlhost.fault('na', field='persistence_mode', gpu=5, value='[Insufficient Permissions]')
     nvmlhost.fault('na', field='compute_mode', gpu=5, value='[Not Supported]')
     for field in ('memory.total', 'memory.used', 'memory.free', 'memory.reserved'):
         nvmlhost.fault('na', field=field, gpu=6)
     nvmlhost.fault('na', field='used_memory', gpu=0)
     gpus = assert_parity(nvmlhost)
-    assert [g['state'] for g in gpus] == ['busy', 'orphaned_memory', 'lost', 'lost', 'free', 'free', 'free', 'free']
+    # [Insufficient Permissions] is the driver's word that GPU 5 cannot be read from here: never clean.
+    assert [g['state'] for g in gpus] == ['busy', 'orphaned_memory', 'lost', 'lost', 'free', 'lost', 'free', 'free']
+    assert gpus[5]['error'].startswith('the driver says: Insufficient Permissions (')
     assert 'GPU is lost' in gpus[2]['error'] and gpus[2]['pci_bus_id'] == '00000000:3A:00.0'
     assert gpus[3]['error'].endswith('Unknown Error')
     assert gpus[2]['health']['recovery_action'] == 'reboot'
@@ -307,3 +309,22 @@ def test_an_idle_host_is_free_and_released_without_a_change(nvmlhost, tmp_path, 
     nvmlhost.hold(gpus=[3], mib=300)
     facts = run_module(nvmlhost, backend=backend)['ansible_facts']
     assert [g['state'] for g in facts['nvidia_gpus']] == ['free'] * 3 + ['idle_holding'] + ['free'] * 4
+
+
+def test_the_drivers_verdicts_read_the_same_through_both_backends(gpuhost_factory):
+    # Before: [GPU requires reset] and NVML_ERROR_RESET_REQUIRED became null (GPU free), and the
+    # driver's recovery action was never read.
+    host = gpuhost_factory(driver_version='570.172.08')
+    host.install_nvml()
+    host.fault('reset-required', gpu=1)
+    host.fault('recovery', gpu=2, value='reset')
+    host.fault('recovery', gpu=3, value='reboot')
+    host.fault('na', field='utilization.gpu', gpu=4, value='[Unknown Error]')
+    gpus = assert_parity(host)
+    assert [g['state'] for g in gpus] == [
+        'free', 'reset_required', 'reset_required', 'lost', 'lost', 'free', 'free', 'free']
+    assert [g['health']['driver_recovery_action'] for g in gpus] == [
+        'none', 'reset_gpu', 'reset_gpu', 'reboot', 'none', 'none', 'none', 'none']
+    assert [g['health']['recovery_action'] for g in gpus[:5]] == ['none', 'reset_gpu', 'reset_gpu', 'reboot', 'inspect']
+    assert gpus[1]['error'] == ("the driver says: GPU requires reset (for utilization.gpu, temperature.gpu, "
+                                "retired_pages.pending); the driver's GPU recovery action is reset_gpu")

@@ -68,6 +68,7 @@ typedef struct {
     int lost;                 /* 0, or the NVML code every query but PCI info returns */
     unsigned remap_corr, remap_unc, remap_pending, remap_failure;
     int retired_pending;      /* -1: not supported */
+    int recovery;             /* the driver's GPU Recovery Action; -1: no such field (before 565) */
     char bus_id[32];
     char uuid[96];
     char name[96];
@@ -234,6 +235,11 @@ static int load_state(sim_state *st)
                         st->gpus[i].has_minor = 1;
                         st->gpus[i].minor = minor;
                     }
+        } else if (strncmp(line, "recovery ", 9) == 0) {
+            int index, action;
+            if (sscanf(line, "recovery %d %d", &index, &action) == 2)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index) st->gpus[i].recovery = action;
         } else if (strncmp(line, "na ", 3) == 0 && st->nna < MAX_NA) {
             sim_na *n = &st->na[st->nna];
             if (sscanf(line, "na %63s %d %d", n->field, &n->gpu, &n->code) == 3) st->nna++;
@@ -759,6 +765,50 @@ nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, int *pendi
     NA("retired_pages.pending");
     if (g->retired_pending < 0) RETURN(NVML_ERROR_NOT_SUPPORTED);
     *pending = g->retired_pending;
+    RETURN(NVML_SUCCESS);
+}
+
+/* nvmlFieldValue_t, as nvml.h lays it out (and nvidia-ml-py's c_nvmlFieldValue_t). */
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    int valueType;
+    int nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
+
+/* Field values: only the GPU Recovery Action (230) is known; every other field, and that one on a
+   driver before 565, answers NOT_SUPPORTED in its own nvmlReturn, as the real call does. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t *values)
+{
+    DEVICE(dev, 0);
+    if (count < 0 || (count > 0 && !values)) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < count; i++) {
+        values[i].timestamp = (long long)(now_s() * 1e6);
+        values[i].latencyUsec = 0;
+        values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        if (values[i].fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION && g->recovery >= 0) {
+            values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            values[i].value.ullVal = 0;
+            values[i].value.uiVal = (unsigned)g->recovery;
+            values[i].nvmlReturn = NVML_SUCCESS;
+        }
+    }
     RETURN(NVML_SUCCESS);
 }
 

@@ -146,3 +146,33 @@ def test_process_name_that_is_not_utf8_comes_back_as_its_bytes(gpuhost):
     name = ctypes.create_string_buffer(64)
     assert lib.nvmlSystemGetProcessName(info["pid"], name, 64) == 0
     assert name.value == b"\xff\xfejob"
+
+
+class FieldValue(ctypes.Structure):
+    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
+                ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", ctypes.c_ulonglong)]
+
+
+def recovery(lib, index):
+    device = ctypes.c_void_p()
+    assert lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(device)) == 0
+    value = FieldValue(fieldId=230)
+    assert lib.nvmlDeviceGetFieldValues(device, 1, ctypes.byref(value)) == 0
+    return value.nvmlReturn, value.value & 0xFFFFFFFF
+
+
+def test_recovery_action_field_and_reset_required(gpuhost_factory):
+    host = gpuhost_factory(name="new", gpus=3, driver_version="570.172.08")
+    host.fault("recovery", gpu=1, value="drain-p2p")
+    host.fault("reset-required", gpu=2)
+    lib = load(host)
+    assert lib.nvmlInit_v2() == 0
+    assert [recovery(lib, index) for index in range(3)] == [(0, 0), (0, 3), (0, 1)]
+    device = ctypes.c_void_p()
+    lib.nvmlDeviceGetHandleByIndex_v2(2, ctypes.byref(device))
+    temp = ctypes.c_uint()
+    assert lib.nvmlDeviceGetTemperature(device, 0, ctypes.byref(temp)) == 16
+    old = gpuhost_factory(name="old", gpus=1)
+    lib = load(old)
+    assert lib.nvmlInit_v2() == 0 and recovery(lib, 0)[0] == 3

@@ -310,3 +310,35 @@ def test_minors_and_a_gpu_that_fell_off_the_bus(gpuhost_factory):
     assert host.dev_path(0) in {os.readlink("/proc/%d/fd/%s" % (rec["pid"], fd)) for fd in os.listdir("/proc/%d/fd" % rec["pid"])}
     with pytest.raises(ValueError, match="minors"):
         host.init(gpus=2, minors=[0, 0])
+
+
+def test_fault_reset_required_prints_the_drivers_words_until_a_reset(gpuhost):
+    gpuhost.fault("reset-required", gpu=2)
+    out = gpuhost.smi("-i", "2", "--query-gpu=index,temperature.gpu,utilization.gpu,memory.used",
+                      "--format=csv,noheader")
+    # As the real H100 row (real-samples smi_query_gpu/Q11): index and memory still read.
+    assert out.returncode == 0 and out.stdout == "2, [GPU requires reset], [GPU requires reset], 1 MiB\n"
+    gpuhost.smi("-pm", "0", "-i", "2")
+    assert gpuhost.smi("-r", "-i", "2").returncode == 0
+    out = gpuhost.smi("-i", "2", "--query-gpu=temperature.gpu", "--format=csv,noheader")
+    assert "requires reset" not in out.stdout
+
+
+def test_recovery_action_on_drivers_from_565(gpuhost_factory):
+    old = gpuhost_factory(name="old", gpus=2)
+    out = old.smi("--query-gpu=index,gpu_recovery_action", "--format=csv,noheader")
+    assert out.returncode == 2 and out.stdout.startswith('Field "gpu_recovery_action" is not a valid field')
+    new = gpuhost_factory(name="new", gpus=3, driver_version="570.172.08")
+    new.fault("recovery", gpu=1, value="reboot")
+    new.fault("reset-required", gpu=2)
+    out = new.smi("--query-gpu=index,gpu_recovery_action", "--format=csv,noheader")
+    assert out.stdout == "0, None\n1, Node Reboot\n2, Reset\n"
+    assert "    GPU Recovery Action                   : Node Reboot" in new.smi("-q", "-i", "1").stdout
+
+
+def test_an_xid_storm_on_request(gpuhost):
+    gpuhost.fault("xid", gpu=0, code=95, count=2000)
+    with open(gpuhost.kernel_log) as handle:
+        lines = handle.read().splitlines()
+    assert len(lines) == 2000 and all("NVRM: Xid (PCI:0000:18:00): 95, " in line for line in lines)
+    assert lines[0] < lines[-1]

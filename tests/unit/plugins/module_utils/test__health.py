@@ -11,13 +11,13 @@ import stat
 
 import pytest
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import (
     bus_key,
     fallen_off_bus,
     health_facts,
     parse_fallen_off_bus,
     parse_xid_events,
-    read_xid_events,
     recovery_action,
 )
 
@@ -52,7 +52,9 @@ def test_bus_key_matches_every_spelling():
     ([43], 'none'),
     ([13, 46], 'reset_gpu'),
     ([48], 'inspect'),
-    ([45], 'inspect'),
+    ([45], 'restart_app'),
+    ([45, 13], 'restart_app'),
+    ([45, 46], 'reset_gpu'),
     ([151], 'reboot'),
     ([94], 'restart_app'),
     ([95], 'reset_gpu'),
@@ -89,11 +91,12 @@ def test_health_facts_match_events_by_bus_and_keep_unknown_as_null():
     events = parse_xid_events([JOURNAL, DMESG_ISO])
     gpu = {'pci_bus_id': '00000000:3B:00.0', 'remapped_rows_pending': False, 'remapped_rows_failure': False}
     health = health_facts(gpu, events)
+    text = "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
     assert health == {
-        'xid_events': [{'code': 79, 'time': '2025-03-05T12:34:56+0000',
-                        'text': "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."}],
+        'xid_events': [{'code': 79, 'kind': 'xid', 'count': 1, 'first_time': '2025-03-05T12:34:56+0000',
+                        'time': '2025-03-05T12:34:56+0000', 'text': text, 'texts': [text], 'since_cure': True}],
         'remapped_rows_pending': False, 'remapped_rows_failure': False, 'retired_pages_pending': None,
-        'recovery_action': 'reboot',
+        'driver_recovery_action': None, 'last_cure': None, 'recovery_action': 'reboot',
     }
     assert health_facts({'pci_bus_id': '00000000:AB:00.0'}, events)['xid_events'] == []
     unknown = health_facts({'pci_bus_id': '00000000:3B:00.0'}, None)
@@ -156,8 +159,8 @@ def test_gpusim_kernel_log_mig_and_fallen_lines(gpuhost):
     gpuhost.fault('fallen', gpu=2, form='line')
     events, warnings = read_xid_events(gpuhost.kernel_log)
     assert warnings == []
-    assert [(e['bus'], e['code'], e['gpu_instance']) for e in events] == [
-        ((0, 0x18, 0), 94, 3), ((0, 0x2a, 0), None, None), ((0, 0x3a, 0), None, None)]
+    assert [(e['bus'], e['code'], e['kind']) for e in events] == [
+        ((0, 0x18, 0), 94, 'xid'), ((0, 0x2a, 0), None, 'fallen_off_bus'), ((0, 0x3a, 0), None, 'fallen_off_bus')]
     assert fallen_off_bus(events) == {
         (0, 0x2a, 0): 'The NVIDIA GPU 0000:2a:00.0 (PCI ID: 10de:2335) installed in this system has fallen off '
                       'the bus and is not responding to commands.',

@@ -182,7 +182,7 @@ def test_gpu_attached_but_not_listed_and_excluded_gpu(host):
     apply_host(snapshot, read_host(str(host)), backend='nvml')
     [lost] = snapshot.missing
     assert lost['pci_bus_id'] == '00000000:5D:00.0' and lost['minor_number'] == 3 and lost['name'] == 'NVIDIA H100 80GB HBM3'
-    assert lost['error'] == 'attached by the NVIDIA driver (minor number 3) but absent from NVML'
+    assert lost['error'].startswith('attached by the NVIDIA driver (minor number 3) but absent from NVML: still seen on the PCI bus (')
     assert any('00000000:9A:00.0 is excluded' in w for w in snapshot.warnings)
 
 
@@ -245,3 +245,31 @@ def test_host_reader_adds_the_host_to_every_read(host):
 def test_a_negative_expected_gpus_is_refused(expected):
     with pytest.raises(GpuopsError, match='expected_gpus must be zero or more, got %d' % expected):
         check_expected_gpus([gpu(0, '18')], expected)
+
+
+def test_a_gpu_listed_without_a_bus_id_is_placed_by_its_index_and_hides_no_other(host):
+    # Before: one unnamed GPU (a row of [Unknown Error] cells) made the host view skip every GPU
+    # the driver attached but the reader did not list.
+    driver_gpu(host, '5d', 3)
+    pci_device(host, '0000:9a:00.0', driver='nvidia')
+    driver_gpu(host, '9a', 4)
+    unnamed = dict(gpu(1, '2a', error='the driver says: Unknown Error (for pci.bus_id)'), pci_bus_id=None)
+    snapshot = Snapshot([gpu(0, '18'), unnamed], None)
+    apply_host(snapshot, read_host(str(host)))
+    assert snapshot.gpus[1]['pci_bus_id'] == '00000000:2A:00.0'
+    assert any("GPU 1: nvidia-smi gives no bus id; it is taken to be 00000000:2A:00.0" in w for w in snapshot.warnings)
+    assert [g['pci_bus_id'] for g in snapshot.missing] == ['00000000:3A:00.0', '00000000:5D:00.0', '00000000:9A:00.0']
+    assert all('still seen on the PCI bus (%s/sys/bus/pci/devices/0000:' % host in g['error']
+               for g in snapshot.missing if g['minor_number'] is not None)
+
+
+def test_gpus_without_a_bus_id_or_an_index_are_counted_once(host):
+    driver_gpu(host, '5d', 3)
+    nameless = dict(gpu(None, '2a', error='Unknown Error'), pci_bus_id=None)
+    snapshot = Snapshot([gpu(0, '18'), nameless], None)
+    apply_host(snapshot, read_host(str(host)))
+    # Two of the driver's GPUs are not listed by bus id and one GPU is listed without one: both
+    # are reported, each saying that the nameless one may be it.
+    assert [g['pci_bus_id'] for g in snapshot.missing] == ['00000000:2A:00.0', '00000000:3A:00.0', '00000000:5D:00.0']
+    assert all('lists 1 GPU(s) it cannot name, which may be this one' in g['error']
+               for g in snapshot.missing if g['minor_number'] is not None)

@@ -17,6 +17,7 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _backend, _nvml
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._nvml import NvmlReader, NvmlTimeout
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader
 
 MIB = 1024 * 1024
@@ -184,13 +185,13 @@ def test_reads_every_fact_in_the_nvidia_smi_form():
         'memory_total_mib': 143771, 'memory_used_mib': 76113, 'memory_free_mib': 67143, 'memory_reserved_mib': 515,
         'utilization_gpu_pct': 0, 'temperature_c': 34, 'persistence_mode': True,
         'compute_mode': 'Exclusive_Process', 'remapped_rows_pending': True,
-        'remapped_rows_failure': False, 'retired_pages_pending': False, 'error': None,
+        'remapped_rows_failure': False, 'retired_pages_pending': False, 'error': None, 'driver_recovery_action': None,
         'processes': [{'pid': 4243, 'name': 'python3', 'used_memory_mib': 76113},
                       {'pid': 5000, 'name': None, 'used_memory_mib': None}],
     }
 
 
-@pytest.mark.parametrize('code', [3, 4, 999])
+@pytest.mark.parametrize('code', [3, 13])
 def test_unsupported_values_are_null(code):
     fake = FakeNvml(faults={(2, 'nvmlDeviceGetTemperature'): code, (2, 'nvmlDeviceGetMemoryInfo'): code,
                             (None, 'nvmlDeviceGetRetiredPagesPendingStatus'): 3})
@@ -199,6 +200,26 @@ def test_unsupported_values_are_null(code):
     assert (gpu['temperature_c'], gpu['memory_used_mib'], gpu['memory_total_mib']) == (None, None, None)
     assert gpu['memory_reserved_mib'] is None
     assert gpu['retired_pages_pending'] is None and gpu['utilization_gpu_pct'] == 0
+
+
+@pytest.mark.parametrize('code, words, state', [
+    (16, 'GPU requires reset', 'reset_required'), (999, 'Unknown Error', 'lost'),
+    (4, 'Insufficient Permissions', 'lost')])
+def test_an_nvml_code_that_is_a_verdict_is_an_error_of_that_gpu(code, words, state):
+    # Before: every code but GPU_IS_LOST became null, so a GPU whose driver answers
+    # NVML_ERROR_RESET_REQUIRED read as free.
+    fake = FakeNvml(faults={(2, 'nvmlDeviceGetTemperature'): code, (2, 'nvmlDeviceGetUtilizationRates'): code})
+    snapshot = read(fake)
+    gpu = snapshot.gpus[2]
+    assert gpu['error'] == 'the driver says: %s (for utilization.gpu, temperature.gpu)' % words
+    assert gpu['memory_used_mib'] == 76113 and gpu['uuid'] == 'GPU-2'
+    assert gpu_state(dict(gpu, processes=[])) == state
+    assert [g['error'] for g in snapshot.gpus].count(None) == 3
+
+
+def test_a_handle_refused_with_reset_required_is_reset_required():
+    gpu = read(FakeNvml(faults={(1, 'nvmlDeviceGetHandleByIndex'): 16})).gpus[1]
+    assert gpu['error'].endswith(': GPU requires reset') and gpu_state(gpu) == 'reset_required'
 
 
 @pytest.mark.parametrize('function, code, text', [

@@ -26,6 +26,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
     parse_apps_csv,
     parse_gpu_csv,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from processes import gone, kill_left, read_pid
 
 H200 = ('{i}, GPU-5c7f3c52-1f05-0d3c-1f4b-3f2a6c0e9b1{i}, NVIDIA H200, 00000000:{bus}:00.0, 143771, '
@@ -47,12 +48,13 @@ def test_parses_every_field_with_types():
         'persistence_mode': True, 'compute_mode': 'Default', 'driver_version': '550.127.05',
         'memory_reserved_mib': None,
         'remapped_rows_pending': None, 'remapped_rows_failure': None, 'retired_pages_pending': None,
-        'error': None,
+        'driver_recovery_action': None, 'error': None,
     }]
 
 
 def test_parses_memory_reserved_after_the_health_fields():
-    gpus, warnings = parse_gpu_csv(gpu_line(0, used=1) + ', No, No, [N/A], 515\n')
+    gpus, warnings = parse_gpu_csv(gpu_line(0, used=1) + ', No, No, [N/A], 515\n',
+                                   _smi.GPU_FIELDS + _smi.HEALTH_FIELDS + _smi.RESERVED_FIELDS)
     assert warnings == [] and gpus[0]['memory_reserved_mib'] == 515 and gpus[0]['memory_used_mib'] == 1
     assert gpus[0]['remapped_rows_pending'] is False and gpus[0]['retired_pages_pending'] is None
     fields = _smi.GPU_FIELDS + _smi.RESERVED_FIELDS
@@ -60,8 +62,7 @@ def test_parses_memory_reserved_after_the_health_fields():
     assert gpus[0]['memory_reserved_mib'] == 515 and gpus[0]['remapped_rows_pending'] is None
 
 
-@pytest.mark.parametrize('marker', ['[N/A]', '[Not Supported]', '[Insufficient Permissions]',
-                                    '[Unknown Error]', '[GPU requires reset]', 'N/A', ''])
+@pytest.mark.parametrize('marker', ['[N/A]', '[Not Supported]', 'N/A', ''])
 def test_unreported_values_become_none(marker):
     line = '0, GPU-x, NVIDIA H200, 00000000:18:00.0, 143771, {m}, {m}, {m}, {m}, {m}, {m}, {m}'.format(m=marker)
     gpus, warnings = parse_gpu_csv(line)
@@ -72,6 +73,17 @@ def test_unreported_values_become_none(marker):
         assert gpu[key] is None, key
     assert gpu['memory_total_mib'] == 143771
     assert gpu['error'] is None
+
+
+@pytest.mark.parametrize('marker, state', [('[Unknown Error]', 'lost'), ('[GPU is lost]', 'lost'),
+                                           ('[Insufficient Permissions]', 'lost'),
+                                           ('[GPU requires reset]', 'reset_required')])
+def test_every_other_bracketed_value_is_an_error_of_that_gpu(marker, state):
+    line = '0, GPU-x, NVIDIA H200, 00000000:18:00.0, 143771, {m}, {m}, {m}, {m}, {m}, {m}, {m}'.format(m=marker)
+    [gpu], warnings = parse_gpu_csv(line)
+    assert warnings == [] and gpu['memory_used_mib'] is None and gpu['memory_total_mib'] == 143771
+    assert gpu['error'].startswith('the driver says: %s (for memory.used, memory.free' % marker[1:-1])
+    assert gpu_state(dict(gpu, processes=[])) == state
 
 
 def test_units_are_tolerated_when_nounits_is_ignored():
@@ -333,19 +345,18 @@ def test_reader_joins_processes_to_gpus_and_takes_driver_version(tmp_path):
 REFUSING = """for arg in "$@"; do case "$arg" in --query-gpu=*)
   for field in %s; do case "$arg" in *"$field"*) echo "Field \\"$field\\" is not a valid field to query."; echo; exit 2;; esac; done
   echo "$arg" >> %s
-  case "$arg" in
-    *remapped_rows*memory.reserved*) echo "%s, No, No, [N/A], 515";;
-    *remapped_rows*) echo "%s, No, No, [N/A]";;
-    *retired_pages*memory.reserved*) echo "%s, [N/A], 515";;
-    *memory.reserved*) echo "%s, 515";;
-    *) echo "%s";;
-  esac; exit 0;; esac; done"""
+  out="%s"
+  case "$arg" in *gpu_recovery_action*) out="$out, None";; esac
+  case "$arg" in *remapped_rows*) out="$out, No, No";; esac
+  case "$arg" in *retired_pages*) out="$out, [N/A]";; esac
+  case "$arg" in *memory.reserved*) out="$out, 515";; esac
+  echo "$out"; exit 0;; esac; done"""
 
 
 def refusing_smi(tmp_path, refused):
     line = gpu_line(0, used=1)
     log = tmp_path / 'queries'
-    script = write_script(tmp_path, REFUSING % (' '.join(refused) or 'none-refused', log, line, line, line, line, line))
+    script = write_script(tmp_path, REFUSING % (' '.join(refused) or 'none-refused', log, line))
     return SmiReader(SmiRunner(script)), log
 
 
@@ -472,6 +483,7 @@ def test_refused_health_fields_are_asked_for_once_per_reader(gpuhost_factory, tm
     assert [gpu['remapped_rows_pending'] for gpu in first.gpus + second.gpus] == [False] * 4
     asked = [line.split('=')[0] + ('+remap' if line.startswith('--query-gpu=') and 'remapped_rows' in line else '')
              for line in calls.read_text().splitlines()]
+    # The first read learns what this driver refuses (gpu_recovery_action, and with it remapped_rows.*).
     assert asked == ['--query-gpu+remap', '--query-gpu', '--query-remapped-rows', '--query-compute-apps',
                      '--query-gpu', '--query-remapped-rows', '--query-compute-apps']
 

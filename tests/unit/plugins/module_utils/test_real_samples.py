@@ -18,15 +18,16 @@ import stat
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import (
     XID_ACTIONS,
     fallen_off_bus,
     health_facts,
     parse_fallen_off_bus,
     parse_xid_events,
-    read_xid_events,
     recovery_action,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
     EXIT_CODES,
     GPU_FIELDS,
@@ -185,16 +186,52 @@ def test_q01_eight_gpus_with_indexes_and_memory():
                        'temperature_c': 54, 'utilization_gpu_pct': 86, 'memory_used_mib': 10032, 'memory_total_mib': 12206}
 
 
+Q02_FACTS = ('name', 'driver_version', 'temperature_c', 'utilization_gpu_pct', 'memory_utilization',
+             'memory_total_mib', 'memory_free_mib', 'memory_used_mib')
+
+
 def test_q02_insufficient_permissions_in_a_mig_pod_are_null():
     assert read_query_sample('Q02_stableswarm388_a100_mig_pod.csv') == [{
         'name': 'NVIDIA A100-SXM4-80GB', 'driver_version': '535.161.08', 'temperature_c': 47,
         'utilization_gpu_pct': None, 'memory_total_mib': None, 'memory_free_mib': None, 'memory_used_mib': None}]
+    # ... and they are the driver's word that this GPU cannot be read from here: never clean.
+    header, row = sample('smi_query_gpu', 'Q02_stableswarm388_a100_mig_pod.csv').splitlines()
+    fields = [(name.split(' [')[0].strip(), fact) for name, fact in zip(header.split(','), Q02_FACTS)]
+    [gpu], dummy = parse_gpu_csv(row, fields)
+    assert gpu['error'] == ('the driver says: Insufficient Permissions (for memory.total, memory.free, '
+                            'memory.used)') and gpu_state(gpu) == 'lost'
 
 
 def test_q03_unknown_error_in_a_field_is_null():
     rows = read_query_sample('Q03_mindminer627_unknown_error.csv')
     assert rows == [{'name': 'GeForce RTX 2080 Ti', 'utilization_gpu_pct': 100, 'temperature_c': 56}]
     assert parse_value('memory_used_mib', ' [Unknown Error]') == (None, None)
+
+
+# A real H100 that needed a reset, as nvidia-smi printed it (Q11):
+# CUDA failed on it for hours while memory.used read 0 MiB.
+Q11_FIELDS = [('index', 'index'), ('temperature.gpu', 'temperature_c'), ('utilization.gpu', 'utilization_gpu_pct'),
+              ('memory.used', 'memory_used_mib')]
+
+
+def test_gpu_requires_reset_is_the_drivers_verdict_not_a_missing_value():
+    # Before: every bracketed cell became null and the GPU was free.
+    header, row = sample('smi_query_gpu', 'Q11_h100_requires_reset.csv').splitlines()
+    assert header.startswith('index, temperature.gpu')
+    [gpu], warnings = parse_gpu_csv(row, Q11_FIELDS)
+    assert warnings == [] and gpu['index'] == 0 and gpu['memory_used_mib'] == 0
+    assert gpu['error'] == 'the driver says: GPU requires reset (for temperature.gpu, utilization.gpu)'
+    assert gpu['reset_required'] is True
+    assert gpu_state(dict(gpu, processes=[])) == 'reset_required'
+
+
+def test_q12_the_drivers_recovery_action_reset_is_not_free():
+    # Before: gpu_recovery_action was never read, and GPU 1 of this host read free.
+    fields = [('index', 'index'), ('gpu_recovery_action', 'driver_recovery_action')]
+    gpus, warnings = parse_gpu_csv(sample('smi_query_gpu', 'Q12_dcgm263_recovery_action.csv'), fields)
+    assert warnings == [] and [gpu['driver_recovery_action'] for gpu in gpus] == ['none', 'reset_gpu'] + ['none'] * 6
+    assert [gpu_state(dict(gpu, processes=[])) for gpu in gpus] == ['free', 'reset_required'] + ['free'] * 6
+    assert gpus[1]['error'] == "the driver's GPU recovery action is reset_gpu"
 
 
 def test_q04_bus_id_and_name():
@@ -284,6 +321,14 @@ KERNEL_SAMPLES = {
         (0, 2, 0): 'pid=9962, name=python, GPU has fallen off the bus.'}),
     'K10_old_formats.log': ([((0, 1, 0), 32, '1399.140323', None), ((0, 3, 0), 14, None, None)], 'inspect', {}),
     'K11_mig_attributed.log': ([((0, 1, 0), 94, None, 5), ((0, 1, 0), 94, None, None)], 'restart_app', {}),
+    # Before: no event for these; now the older wording is fallen off the bus, and a failed
+    # initialisation is init_failed (code None).
+    'K13_bumblebee554_gpu_at_fallen.log': ([((0, 1, 0), None, '49.261458', None), ((0, 1, 0), None, '49.261472', None)],
+                                           'reboot', {(0, 1, 0): 'GPU at 0000:01:00.0 has fallen off the bus.'}),
+    'K14_ogkm789_rminitadapter.log': ([((0, 0x98, 0), None, '903.610907', None), ((0, 0x98, 0), None, '903.611884', None)],
+                                      'reset_gpu', {}),
+    'K15_gpuop1146_rminitadapter_syslog.log': ([((0, 0xa, 0), None, 'Dec  2 11:49:53', None)] * 2
+                                               + [((0, 0xa, 0), None, 'Dec  2 11:50:34', None)] * 2, 'reset_gpu', {}),
     'K12_gpud870_dmesg_iso.log': ([((0, 4, 0), 79, '2025-05-27T04:18:56,089671+00:00', None)] * 2, 'reboot',
                                   {(0, 4, 0): 'GPU has fallen off the bus'}),
 }
@@ -301,14 +346,22 @@ def test_kernel_log_samples(name, tmp_path):
     path = tmp_path / name
     path.write_text(sample('kernel_xid', name))
     from_file, warnings = read_xid_events(str(path))
-    assert warnings == [] and [(e['bus'], e['code']) for e in from_file] == [e[:2] for e in expected]
+    # ... summarised: one entry per GPU and message, counted, in order of first appearance.
+    kinds = [(e['bus'], e['kind'], e['code']) for e in events]
+    unique = [key for number, key in enumerate(kinds) if key not in kinds[:number]]
+    assert warnings == [] and [(e['bus'], e['kind'], e['code']) for e in from_file] == unique
+    assert [e['count'] for e in from_file] == [kinds.count(key) for key in unique]
+    assert recovery_action(from_file) == action and fallen_off_bus(from_file) == fallen
 
 
 def test_k04_xid_45_follows_the_xid_that_caused_it():
     events = parse_xid_events(sample('kernel_xid', 'K04_ogkm1150_journal.log').splitlines())
     assert events[0]['text'] == 'pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149'
     assert recovery_action([{'code': 45, 'text': 'Ch 00000001 caused by previous Xid 13'}]) == 'restart_app'
-    assert recovery_action([{'code': 45, 'text': 'Ch 00000001'}]) == 'inspect'
+    # Alone, the catalogue's XID_45 workflow restarts the application; beside another Xid of the
+    # GPU it is IGNORE (before: inspect, which drained healthy nodes, NVIDIA/NVSentinel#1629).
+    assert recovery_action([{'code': 45, 'text': 'Ch 00000001'}]) == 'restart_app'
+    assert recovery_action([{'code': 45, 'text': 'Ch 00000001'}, {'code': 43, 'text': ''}]) == 'none'
 
 
 def test_k11_mig_xid_belongs_to_its_gpu():
@@ -322,7 +375,8 @@ def test_k06_fallen_gpu_health_says_reboot():
     events = parse_xid_events(sample('kernel_xid', 'K06_nvsentinel155_fallen_no_xid.log').splitlines())
     health = health_facts({'pci_bus_id': '00000000:B3:00.0'}, events)
     assert health['recovery_action'] == 'reboot'
-    assert health['xid_events'] == [{'code': None, 'time': '1843.308145', 'text': events[0]['text']}]
+    assert [(e['code'], e['kind'], e['time'], e['text'], e['count']) for e in health['xid_events']] == [
+        (None, 'fallen_off_bus', '1843.308145', events[0]['text'], 1)]
 
 
 # ---------------------------------------------------------------- xid_catalog
@@ -331,7 +385,7 @@ CATALOGUE_ACTIONS = {'RESTART_APP': 'restart_app', 'RESET_GPU': 'reset_gpu', 'RE
                      'RESTART_VM': 'reboot', 'IGNORE': 'none'}
 # Where the collection's table deliberately differs from the catalogue: none. (Xid 154 carries
 # the driver's own verdict and Xid 45 with a cause follows that Xid; recovery_action reads both.)
-DELIBERATE = {}
+DELIBERATE = {45: 'restart_app'}  # WORKFLOW_XID_45, alone: see _health.XID_ACTIONS
 
 
 def catalogue():
@@ -392,3 +446,21 @@ def test_exit_codes_follow_the_man_page(version):
     text = sample('smi_real_binary', 'return_values_%s.txt' % version)
     codes = [int(code) for code in re.findall(r'Return\s+code\s+(\d+)', text)]
     assert codes and set(codes) - {0} <= set(EXIT_CODES)
+
+
+def test_a_driver_that_prints_the_lost_gpus_line_for_every_index_lists_it_once(tmp_path):
+    # Whether real drivers print the lost GPU's line again for -i of a healthy GPU is not in the
+    # samples; if one does, the one-by-one read must not list that bus id twice, nor name the
+    # healthy GPU after it (E05's line, ctk#69).
+    line = sample('smi_errors', 'E05_handle_unknown_nospace_ctk69.txt').strip().splitlines()[0]
+    buses = ['00000000:18:00.0', '00000000:65:00.0', '00000000:B3:00.0']
+    answers = {'--query-gpu': (255, line + '\n'), '--query-compute-apps': (255, line + '\n')}
+    for i, bus in enumerate(buses):
+        row = H200.format(i=i, bus=bus)
+        answers['-i %d --query-gpu' % i] = (255, line + '\n') if bus == '00000000:65:00.0' else (0, line + '\n' + row + '\n')
+        answers['-i %d --query-compute-apps' % i] = (0, '')
+        answers['-i %d --query-remapped-rows' % i] = (0, '')
+    answers['-i 3'] = (6, 'No devices were found\n')
+    snapshot = SmiReader(SmiRunner(replay(tmp_path, answers))).read()
+    assert [(gpu['index'], gpu['pci_bus_id'], gpu['error'] is None) for gpu in snapshot.gpus] == [
+        (0, '00000000:18:00.0', True), (1, '00000000:65:00.0', False), (2, '00000000:B3:00.0', True)]

@@ -9,11 +9,15 @@ __metaclass__ = type
 
 import json
 import os
+import time
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import start_time
+from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader, SmiRunner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir
 from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_device_release
 from gpusim.state import is_alive as alive
 
@@ -124,7 +128,7 @@ def test_facts_after_in_check_mode_is_the_state_as_it_is(capsys, gpuhost, tmp_pa
 def test_facts_after_on_failure_and_on_unreadable_gpus(capsys, gpuhost, tmp_path):
     gpuhost.fault('stuck', gpu=6, mib=32)
     result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1, facts_after=True)
-    assert result['failed'] is True
+    assert result['failed'] is True and 'facts_after' in result, (result['msg'], result['warning_text'])
     assert result['facts_after']['nvidia_gpus'][6]['state'] == 'orphaned_memory'
     gpuhost.fault('driver-not-loaded')
     result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1, facts_after=True)
@@ -230,3 +234,46 @@ def test_expected_gpus_are_checked_by_the_releases_first_read(capsys, gpuhost, t
     result = run_module(capsys, gpuhost, tmp_path, timeout=2, grace_period=0.5, expected_gpus=8)
     assert result['failed'] is True and result['msg'].startswith('expected_gpus: 8 GPUs expected, 7 seen'), result
     assert alive(job)
+
+
+def state_dir(host):
+    return os.path.join(host.root, 'run', 'gpuops')
+
+
+def test_a_gpu_that_requires_a_reset_is_not_released(capsys, gpuhost, tmp_path):
+    # Before: its [GPU requires reset] cells read as null, and the release said released: true.
+    gpuhost.fault('reset-required', gpu=3)
+    result = run_module(capsys, gpuhost, tmp_path, gpus=[3], timeout=2, grace_period=0.3, state_dir=state_dir(gpuhost))
+    assert result['failed'] is True and result['released'] is False
+    assert 'GPU 3 needs a GPU reset (the driver says: GPU requires reset (for utilization.gpu' in result['msg']
+    assert result['escalation'] is None
+
+
+def test_reset_orphaned_resets_a_gpu_that_requires_it_and_records_the_cure(capsys, gpuhost, tmp_path):
+    gpuhost.fault('xid', gpu=3, code=95, when=time.time() - 60)
+    gpuhost.fault('reset-required', gpu=3)
+    result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, timeout=5, grace_period=0.3, state_dir=state_dir(gpuhost),
+                        facts_after=True, host_root=gpuhost.root, devices=['/dev/nvidia*'])
+    assert result.get('failed') is not True, result
+    assert result['released'] is True and result['escalation']['gpus'] == [3] and result['escalation']['ok'] is True
+    cures = json.load(open(os.path.join(state_dir(gpuhost), 'cures.json')))['gpus']
+    uuid = gpuhost.state['gpus'][3]['uuid']
+    assert list(cures) == [uuid] and cures[uuid]['how'] == 'reset'
+    # The facts of the host now: the Xid before the reset is history, not the GPU's health.
+    reader = SmiReader(SmiRunner(gpuhost.smi_path))
+    facts, dummy = gather_facts(reader, [gpuhost.dev_glob], [], kernel_log=gpuhost.kernel_log,
+                                state=StateDir(state_dir(gpuhost)))
+    gpu = facts['nvidia_gpus'][3]
+    assert gpu['state'] == 'free' and gpu['health']['recovery_action'] == 'none' and gpu['health']['last_cure']
+    assert [(e['code'], e['count'], e['since_cure']) for e in gpu['health']['xid_events']] == [(95, 1, False)]
+
+
+def test_gpus_the_reader_does_not_list_are_never_released(capsys, gpuhost_factory, tmp_path):
+    # Before: 8 GPUs on the PCI bus, 6 listed, and the release said released: true (a warning only).
+    host = gpuhost_factory(gpus=8, fallen=(2, 5))
+    result = run_module(capsys, host, tmp_path, timeout=2, grace_period=0.3, host_root=host.root, state_dir=state_dir(host),
+                        devices=['/dev/nvidia*'])
+    assert result['failed'] is True and result['released'] is False
+    assert 'GPU 00000000:3A:00.0 could not be read (on the PCI bus (PCI ID 10de:2335) but no driver is bound' in result['msg']
+    assert 'still seen at %s/sys/bus/pci/devices/0000:3a:00.0' % host.root in result['msg']
+    assert [gpu['index'] for gpu in result['gpus_after']] == [0, 1, 2, 3, 4, 5, None, None]

@@ -12,7 +12,7 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _verdict
 
 KEYS = ['host', 'outcome', 'reason', 'check_mode', 'gpus_before', 'gpus_after', 'gpus_free', 'gpus_held', 'signalled', 'survivors',
-        'orphaned_gpus', 'escalation', 'release_s', 'duration_s', 'drained']
+        'orphaned_gpus', 'escalation', 'gpus', 'release_s', 'duration_s', 'drained']
 
 
 def gpu(index, used=1, state='free', error=None, processes=()):
@@ -271,3 +271,60 @@ def test_user_chosen_names_reach_the_reason_escaped():
     text = _verdict.reason(final, [], 32, error='module failed:\x1b[31m red')
     assert '\n' not in text and '\x1b' not in text and '\x07' not in text
     assert 'pid 7 (job\\x0a7, forged line\\x1b[2J)' in text
+
+
+def test_a_gpu_the_driver_says_needs_a_reset_is_named_with_the_setting():
+    sick = gpu(1, 0, 'reset_required', error='the driver says: GPU requires reset (for temperature.gpu)')
+    report = _verdict.verdict('n1', release=release(False), facts=facts([gpu(0), sick]))
+    assert report['outcome'] == 'failed'
+    assert report['reason'] == ('GPU 1 needs a GPU reset (the driver says: GPU requires reset (for temperature.gpu); '
+                                'set gpu_reset_allow_gpu_reset to allow it)')
+
+
+def test_gpus_missing_from_the_reader_fail_the_host_that_the_release_did_not_release():
+    # Before: the release said released: true and the summary "clean ... (6 GPU(s) free)".
+    error = ('attached by the NVIDIA driver (minor number 6) but absent from nvidia-smi: still seen on the PCI bus '
+             '(/sys/bus/pci/devices/0000:16:00.0)')
+    missing = dict(gpu(6, None, 'lost', error=error), index=None)
+    report = _verdict.verdict('n1', release=release(False), facts=facts([gpu(0), missing]))
+    assert report['outcome'] == 'failed' and report['reason'].startswith('GPU 00000000:16:00.0 lost or unreadable (')
+    assert _verdict.summary_line(report).startswith('FAILED')
+
+
+def test_per_gpu_metrics_from_the_release_and_from_the_facts():
+    states = [dict(index=0, pci_bus_id='00000000:18:00.0', state='free', driver_recovery_action=None, memory_used_mib=1),
+              dict(index=1, pci_bus_id='00000000:2A:00.0', state='free', driver_recovery_action='none', memory_used_mib=1),
+              dict(index=2, pci_bus_id='00000000:3A:00.0', state='reset_required', driver_recovery_action='reset_gpu',
+                   memory_used_mib=0)]
+    report = _verdict.verdict('n1', release=release(False, before=(1, 4000, 0), after=(1, 1, 0), gpu_states=states))
+    assert report['gpus'] == [
+        {'index': 0, 'pci_bus_id': '00000000:18:00.0', 'state': 'free', 'recovery_action': None, 'orphaned_mib': 0,
+         'seconds_until_free': 0},
+        {'index': 1, 'pci_bus_id': '00000000:2A:00.0', 'state': 'free', 'recovery_action': 'none', 'orphaned_mib': 0,
+         'seconds_until_free': 0.5},
+        {'index': 2, 'pci_bus_id': '00000000:3A:00.0', 'state': 'reset_required', 'recovery_action': 'reset_gpu',
+         'orphaned_mib': 0, 'seconds_until_free': None}]
+    held = dict(gpu(1, 700, 'orphaned_memory'), health={'recovery_action': 'reset_gpu'})
+    report = _verdict.verdict('n1', release=release(False), facts=facts([gpu(0), held]))
+    assert [(row['state'], row['orphaned_mib'], row['recovery_action']) for row in report['gpus']] == [
+        ('free', 0, None), ('orphaned_memory', 700, 'reset_gpu')]
+
+
+def test_the_metrics_template_has_per_gpu_gauges():
+    import os
+
+    import jinja2
+
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook import ROLE
+    states = [dict(index=0, pci_bus_id='00000000:18:00.0', state='orphaned_memory', driver_recovery_action='none',
+                   memory_used_mib=700)]
+    report = _verdict.verdict('n1', release=release(False, before=(700,), after=(700,), gpu_states=states))
+    report['gpus'][0]['orphaned_mib'] = 700
+    with open(os.path.join(ROLE, 'templates', 'gpu_reset.prom.j2')) as handle:
+        template = jinja2.Environment(trim_blocks=True, keep_trailing_newline=True).from_string(handle.read())
+    text = template.render(gpu_reset__started=100.0, gpu_reset_result=report)
+    assert 'gpu_reset_gpu_state{gpu="0",pci_bus_id="00000000:18:00.0",state="orphaned_memory"} 1' in text
+    assert 'gpu_reset_gpu_state{gpu="0",pci_bus_id="00000000:18:00.0",state="free"} 0' in text
+    assert 'gpu_reset_gpu_recovery_action{gpu="0",pci_bus_id="00000000:18:00.0",action="none"} 1' in text
+    assert 'gpu_reset_gpu_orphaned_mib{gpu="0",pci_bus_id="00000000:18:00.0"} 700' in text
+    assert 'gpu_reset_gpu_seconds_until_free' in text and 'gpu_reset_gpu_seconds_until_free{' not in text
