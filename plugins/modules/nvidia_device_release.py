@@ -320,27 +320,12 @@ foreign_holders:
   description: Holders left alone because they are root or system processes that the driver
     places on no GPU and that share no session, cgroup or ancestry with a job (a daemon that
     was handed a device descriptor, a root monitoring agent). They are never signalled; one
-    that holds a GPU still holding memory, or a GPU to reset, is named in the failure.
+    that holds a GPU still holding memory, or a GPU to reset, is named in the failure. Each
+    entry has the fields of an entry of RV(protected), and RV(foreign_holders[].reason).
   returned: always
   type: list
   elements: dict
   contains:
-    pid:
-      description: Process id.
-      type: int
-    user:
-      description: The user the process runs as.
-      type: str
-    comm:
-      description: The process name as the kernel keeps it.
-      type: str
-    cmdline:
-      description: The command line.
-      type: str
-    devices:
-      description: The matching device nodes it holds.
-      type: list
-      elements: str
     reason:
       description: Always V(foreign_holder).
       type: str
