@@ -86,6 +86,9 @@ READ_MIN_S = 1.0
 # After the last signals at the deadline, how long to wait for the processes to exit before
 # the final reading.
 FINAL_EXIT_S = 0.2
+# /proc/uptime (when a target was signalled or seen gone) and a process's start time are read
+# off the boot clock apart and rounded apart: they can disagree by a tick.
+TICK_SKEW = 1
 # Rescans of the frozen set before the final KILL: each finds processes forked before SIGSTOP landed.
 FREEZE_RESCANS = 5
 
@@ -588,12 +591,12 @@ class Release:
             other = target.holder
             if other.pid in chain:
                 return target
-            if target.gone_tick is not None and holder.starttime > target.gone_tick:
+            if target.gone_tick is not None and holder.starttime > target.gone_tick + TICK_SKEW:
                 continue
             if holder.session and holder.session == other.session and holder.session != self.own_session:
                 return target
             if holder.uid == other.uid and target.signalled_tick is not None \
-                    and holder.starttime >= target.signalled_tick:
+                    and holder.starttime >= target.signalled_tick - TICK_SKEW:
                 return target
             if target.cgroup and target.cgroup not in ('/', self.own_cgroup):
                 if holder_cgroup is None:
