@@ -302,18 +302,20 @@ def find_holders(devices, protect=(), proc='/proc'):
     """Every process holding one of the device paths, sorted by pid.
 
     Processes with a verified protected identity (see verify_protected), and this process with
-    its ancestors, are marked protected. Returns (holders, unreadable) where unreadable counts
-    the processes whose descriptors could not be inspected (not running as root).
+    its ancestors, are marked protected. Returns (holders, unreadable) where unreadable lists
+    (pid, comm) of the processes whose descriptors could not be inspected (permission denied;
+    see uninspectable_warning).
     """
     wanted = set(devices)
     if not wanted:
-        return [], 0
+        return [], []
     own = ancestors(os.getpid(), proc)
-    holders, unreadable = [], 0
+    holders, unreadable = [], []
     for pid in _pids(proc):
         opened = _open_paths(pid, proc)
         if opened is None:
-            unreadable += 1
+            if not _kernel_thread(pid, proc):
+                unreadable.append((pid, _comm(pid, proc)))
             continue
         held = (opened | _mapped_paths(pid, proc)) & wanted
         if not held:
@@ -322,6 +324,64 @@ def find_holders(devices, protect=(), proc='/proc'):
         if holder is not None:
             holders.append(holder)
     return holders, unreadable
+
+
+# PF_KTHREAD in the flags of /proc/PID/stat: a kernel thread, which holds no device node.
+PF_KTHREAD = 0x00200000
+
+
+def _kernel_thread(pid, proc='/proc'):
+    try:
+        with open(os.path.join(proc, str(pid), 'stat'), 'rb') as handle:
+            fields = handle.read().rsplit(b')', 1)[1].split()
+    except (IOError, OSError, IndexError):
+        return False
+    return len(fields) > 6 and int(fields[6]) & PF_KTHREAD != 0
+
+
+def _comm(pid, proc='/proc'):
+    try:
+        with open(os.path.join(proc, str(pid), 'comm'), errors='replace') as handle:
+            return handle.read().strip()
+    except (IOError, OSError):
+        return '?'
+
+
+# CAP_SYS_PTRACE lets root read every process's descriptors (linux/capability.h).
+CAP_SYS_PTRACE = 19
+NAMED_AT_MOST = 5
+
+
+def can_inspect_every_process(status='/proc/self/status'):
+    """Whether this process runs as root with CAP_SYS_PTRACE: what reading any process's
+    descriptors takes. What it still cannot read is hidden from it by the kernel (another
+    namespace's init, a security module), and no setting of the collection would change that."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open(status) as handle:
+            found = re.search(r'^CapEff:\s*([0-9a-fA-F]+)', handle.read(), re.M)
+    except (IOError, OSError):
+        return False
+    return bool(found) and bool(int(found.group(1), 16) >> CAP_SYS_PTRACE & 1)
+
+
+def uninspectable_warning(unreadable, purpose='see', status='/proc/self/status'):
+    """The warning about the processes whose descriptors could not be read ((pid, comm) pairs),
+    naming them and the remedy; None when there is none or when no remedy exists (root with
+    CAP_SYS_PTRACE). purpose: what the remedy allows, 'see' or 'release' (every holder)."""
+    unreadable = sorted(set(unreadable))
+    if not unreadable or can_inspect_every_process(status):
+        return None
+    named = ', '.join('pid %s (%s)' % (pid, comm) for pid, comm in unreadable[:NAMED_AT_MOST])
+    if len(unreadable) > NAMED_AT_MOST:
+        named += ' and %d more' % (len(unreadable) - NAMED_AT_MOST)
+    if os.geteuid() == 0:
+        remedy = 'give this root the capability CAP_SYS_PTRACE (a container: --cap-add SYS_PTRACE)'
+    else:
+        remedy = 'run as root (become: true)'
+    return ('%d process(es) could not be inspected for open device nodes (permission denied): %s; '
+            '%s to %s every holder' % (len(unreadable), named, remedy, purpose))
 
 
 def load_holder(pid, devices, protect, own, proc='/proc'):

@@ -43,6 +43,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     find_holders,
     load_holder,
     read_process,
+    uninspectable_warning,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
@@ -292,7 +293,7 @@ class Release:
         self.respawns = {}
         self.protected_seen = {}
         self.impersonators = set()
-        self.unreadable = 0
+        self.unreadable = set()
         self.read_error = None
         self.read_error_permanent = False
         self.last_snapshot = None
@@ -333,7 +334,7 @@ class Release:
 
     def _discover(self, snapshot):
         holders, unreadable = find_holders(self.paths, self.options.protect, self.proc)
-        self.unreadable = max(self.unreadable, unreadable)
+        self.unreadable.update(unreadable)
         if self.options.gpus is None:
             return holders
         nodes = set(self.gpu_nodes[index] for index in self.options.gpus if index in self.gpu_nodes)
@@ -607,9 +608,9 @@ class Release:
                 target.ref.close()
         self._read_facts_after(result)
         result.elapsed_s = round(self.clock() - started, 3)
-        if self.unreadable:
-            self._warn('%d process(es) could not be inspected for open device nodes (permission '
-                       'denied); run with become: true to release every holder' % self.unreadable)
+        warning = uninspectable_warning(self.unreadable, 'release')
+        if warning:
+            self._warn(warning)
         result.warnings = self.warnings
         return result
 
