@@ -146,11 +146,20 @@ run_playbook() {
 ) >>"$log" 2>&1
 rc=$?
 
+# Why GPU_RESET_PYTHON cannot run the hook (empty when it can): said in the drain reason.
+python_problem() {
+  if [ ! -x "$python" ]; then
+    echo "cannot run GPU_RESET_PYTHON $python: no such executable; set GPU_RESET_PYTHON to the Python that has ansible-core"
+  elif ! "$python" -c 'import ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook' >/dev/null 2>&1; then
+    echo "GPU_RESET_PYTHON $python cannot import gpuops.nvidia; install the collection for it or set GPU_RESET_COLLECTIONS_PATH"
+  fi
+}
+
 case $rc in
   0) exit 0 ;;
   1) ;;
   124) why="gave up after ${budget} s" ;;
-  *) why="could not check the GPUs" ;;
+  *) why=$(python_problem); why=${why:-could not check the GPUs} ;;
 esac
 if [ "$rc" -ne 1 ]; then
   # Ended before the node could be drained with the reason: drain it here, saying so.

@@ -27,6 +27,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpuops.nvidia.plugins.filter.gpu_scope import gpu_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import spec_problems
 
 # The option a release module message starts with ("timeout must be ...", "signals: ...").
 OPTION_NAME_RE = re.compile(r'^(devices|gpus|signals|grace_period|timeout|memory_threshold_mib)\b')
@@ -62,13 +63,16 @@ SETTING_TYPES = dict(grace_period=float, timeout=float, memory_threshold_mib=int
                      gpus=lambda indexes: [int(index) for index in indexes])
 
 
-def problems(settings):
-    """What is wrong with the role's settings that its argument specs cannot tell (a list of texts).
+def problems(settings, variables=None):
+    """What is wrong with the role's settings (a list of texts).
 
     settings: the gpu_reset_* variables, without the prefix (timeout, grace_period, ...). Those
     the release module takes are checked by its own rules (ReleaseOptions), before any host is
-    touched; the texts name the role's variables."""
-    found = []
+    touched; the texts name the role's variables. variables: every gpu_reset_* variable by its
+    name, checked against the role's argument spec first (a value of the wrong type ends there)."""
+    found = spec_problems(variables or {})
+    if found:
+        return found
     options = {}
     for name in RELEASE_SETTINGS:
         value = settings.get(name)
@@ -200,6 +204,27 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
     return '; '.join(line.strip() for line in lines if line.strip())
 
 
+# What Ansible says when a module gave no result at all: the host's Python did not run it.
+NO_RESULT = ('Module result deserialization failed', 'The module interpreter', 'MODULE FAILURE')
+
+
+def task_error(failure):
+    """Why a task of the role failed, in one line. failure: {task, result, python} (the task's
+    name, its result and the host's ansible_python_interpreter). A module that gave no result
+    because the host's Python could not run it is said to be so, with how to pin another."""
+    result = failure.get('result') if isinstance(failure.get('result'), Mapping) else {}
+    text = ' '.join(str(result.get('msg') or 'failed').split())
+    output = str(result.get('module_stderr') or result.get('module_stdout') or '')
+    said = ' '.join(output.split())
+    if text.startswith(NO_RESULT) and 'Traceback' in said:
+        text += ': ' + output.strip().splitlines()[-1].strip()
+    elif text.startswith(NO_RESULT):
+        python = failure.get('python') or "the Python Ansible found"
+        text = ('%s could not run the module: %s; set ansible_python_interpreter for this host to a Python 3 that '
+                'can, for example /usr/bin/python3' % (python, said[-200:] or 'it gave no result and printed nothing'))
+    return '%s: %s' % (failure.get('task') or 'the role', text)
+
+
 def verdict(host, release=None, facts_before=None, facts=None, error=None, gpus=None,
             query=None, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, allow_gpu_reset=False,
             check_mode=False, started=None, now=None):
@@ -209,9 +234,12 @@ def verdict(host, release=None, facts_before=None, facts=None, error=None, gpus=
     escalation (the GPU reset of reset_orphaned) is reported when allow_gpu_reset.
     facts_before: nvidia_gpu_facts read before the release (with a clean query of the user's own).
     facts: nvidia_gpu_facts read after the release (waiting for clean).
-    error: why the role could not finish (a misconfiguration, a module that failed).
+    error: why the role could not finish (a misconfiguration, a module that failed): a text, or
+    {task, result, python} of the task that failed (see task_error).
     query: gpu_reset_clean_query (None: the release module's own test)."""
     release = plain(release) if isinstance(release, Mapping) else {}
+    if isinstance(error, Mapping):
+        error = task_error(plain(error))
     threshold = int(memory_threshold_mib)
     escalation = report_escalation(plain(release.get('escalation')), allow_gpu_reset)
     before = _facts(facts_before)

@@ -464,6 +464,32 @@ def test_slurm_prolog_drains_a_node_with_a_lost_gpu(gpuhost_factory, tmp_path):
     assert calls[0].startswith('update nodename=node01 state=drain reason=gpu_reset: GPU 2 lost or unreadable')
 
 
+def test_slurm_hook_names_a_python_that_cannot_run_it(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    proc, calls, log = run_hook(host, tmp_path, 'prolog', SLURM_JOB_GPUS='0', GPU_RESET_PYTHON='/opt/none/bin/python')
+    assert proc.returncode == 1, log
+    assert calls == ['update nodename=node01 state=drain reason=gpu_reset: prolog hook cannot run GPU_RESET_PYTHON '
+                     '/opt/none/bin/python: no such executable; set GPU_RESET_PYTHON to the Python that has ansible-core '
+                     '(job 4242, GPUs 0), see %s' % (tmp_path / 'hook.log')], calls
+
+
+def test_host_whose_python_cannot_run_the_modules_is_told_how_to_pin_one(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    python2 = tmp_path / 'python2'
+    python2.write_text('#!/bin/sh\necho \'  File "<stdin>", line 4\' >&2\necho "SyntaxError: invalid syntax" >&2\nexit 1\n')
+    python2.chmod(0o755)
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(
+        host, tmp_path, 'node', ansible_python_interpreter=str(python2))}}}))
+    run = playbook(inventory, tmp_path / 'reports')
+    assert run.rc == 2
+    assert run.line('node')[0].startswith(
+        'FAILED    node  Release the GPUs: %s could not run the module: File "<stdin>", line 4 SyntaxError: invalid '
+        'syntax; set ansible_python_interpreter for this host to a Python 3 that can, for example /usr/bin/python3'
+        % python2), run.line('node')
+    assert 'deserialization' not in ' '.join(run.summary)
+
+
 def test_target_matching_nothing_fails(tmp_path):
     inventory = tmp_path / 'inventory.yml'
     inventory.write_text('{"gpu_hosts": {"hosts": {"a": {"ansible_connection": "local"}, "b": {}}}}')
@@ -482,6 +508,23 @@ def test_bad_setting_fails_the_host_clearly(gpuhost_factory, tmp_path):
     assert run.rc == 2
     line = run.line('node')[0]
     assert line.startswith('FAILED') and 'gpu_reset_on_failure' in line and 'fail, drain' in line, line
+
+
+def test_wrong_value_on_the_command_line_is_named_in_one_short_line(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    job = host.hold(gpus=[0], mib=1024)['pid']
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(host, tmp_path, 'node')}}}))
+    run = playbook(inventory, tmp_path / 'reports', '-e', 'gpu_reset_timeout=5s', '-e', 'gpu_reset_backend=nvml2')
+    assert run.rc == 2
+    assert run.line('node')[0].startswith(
+        "FAILED    node  gpu_reset is misconfigured: gpu_reset_backend is 'nvml2', expected one of auto, nvml, "
+        "nvidia-smi; gpu_reset_timeout is '5s', expected a number"), run.line('node')
+    # No dump of the argument spec, no Python class names, nothing signalled.
+    for noise in ('argument_spec_data', 'Validating arguments', '_AnsibleTaggedStr', 'cannot be converted'):
+        assert noise not in run.out, run.out
+    assert max(len(line) for line in run.out.splitlines()) < 300, run.out
+    assert alive(job)
 
 
 @pytest.mark.parametrize('timeout, problem', [

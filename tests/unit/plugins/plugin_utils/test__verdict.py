@@ -262,3 +262,27 @@ def test_summary_of_a_slice_says_so():
     lines = _verdict.summary(['gpu-a'], {'gpu-a': {'gpu_reset_result': _verdict.verdict('gpu-a', release=release(True))}},
                              sliced=True)
     assert lines[0] == '1 of 1 host(s) in this slice: 1 clean, 0 released, 0 failed'
+
+
+@pytest.mark.parametrize('result, said', [
+    ({'msg': 'Module result deserialization failed: No start of json char found',
+      'module_stderr': '  File "<stdin>", line 1\nSyntaxError: invalid syntax\n', 'rc': 1},
+     'File "<stdin>", line 1 SyntaxError: invalid syntax'),
+    ({'msg': "The module interpreter '/opt/py/bin/python' was not found.",
+      'module_stderr': '/bin/sh: 1: /opt/py/bin/python: not found\n', 'rc': 127},
+     '/bin/sh: 1: /opt/py/bin/python: not found'),
+    ({'msg': 'Module result deserialization failed: No start of json char found', 'module_stderr': '', 'rc': 0},
+     'it gave no result and printed nothing'),
+])
+def test_a_python_that_cannot_run_the_module_is_named_with_how_to_pin_another(result, said):
+    report = _verdict.verdict('n1', error={'task': 'Release the GPUs', 'result': result, 'python': '/opt/py/bin/python'})
+    assert report['reason'] == (
+        'Release the GPUs: /opt/py/bin/python could not run the module: %s; set ansible_python_interpreter '
+        'for this host to a Python 3 that can, for example /usr/bin/python3' % said)
+
+
+def test_a_module_that_failed_or_crashed_keeps_its_own_words():
+    assert _verdict.task_error({'task': 'Release the GPUs', 'result': {'msg': 'nvidia-smi\n  not found'}}) == (
+        'Release the GPUs: nvidia-smi not found')
+    crashed = {'msg': 'MODULE FAILURE', 'module_stderr': 'Traceback (most recent call last):\nKeyError: 1'}
+    assert _verdict.task_error({'task': 'Release the GPUs', 'result': crashed}) == 'Release the GPUs: MODULE FAILURE: KeyError: 1'
