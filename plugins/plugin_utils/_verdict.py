@@ -340,13 +340,47 @@ def _unique(values):
     return kept
 
 
+HOST_NUMBER_RE = re.compile(r'^(.*?)([0-9]+)([^0-9]*)$')
+
+
+def _ranges(numbers, width):
+    """'001-003,007' for [1, 2, 3, 7] at width 3."""
+    runs = []
+    for number in sorted(numbers):
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ','.join(str(low).zfill(width) + ('-' + str(high).zfill(width) if high > low else '') for low, high in runs)
+
+
+def host_list(names):
+    """names as Slurm's hostlists write them: numbered names of one pattern in ranges
+    (gpu[001-095,097]), the others as they are, sorted."""
+    groups, others = {}, []
+    for name in names:
+        match = HOST_NUMBER_RE.match(name)
+        if match is None:
+            others.append(name)
+            continue
+        groups.setdefault((match.group(1), len(match.group(2)), match.group(3)), []).append(int(match.group(2)))
+    parts = others + ['%s%s%s' % (prefix, ('[%s]' if len(numbers) > 1 else '%s') % _ranges(numbers, width), suffix)
+                      for (prefix, width, suffix), numbers in groups.items()]
+    return ','.join(sorted(parts))
+
+
+def clean_line(found):
+    """The one line for every clean host: how many, their GPUs, their names as a hostlist."""
+    gpus = sum(report.get('gpus_free', 0) for report in found)
+    return 'clean     %d host(s), nothing to do (%d GPU(s) free): %s' % (
+        len(found), gpus, host_list(report['host'] for report in found))
+
+
 def summary_line(report, width=0):
-    """One line for a host's report: what happened, in a few words."""
+    """One line for a host's report that is not clean: what happened, in a few words."""
     host = str(report.get('host')).ljust(width)
     outcome = report.get('outcome')
     signalled = report.get('signalled') or []
-    if outcome == 'clean':
-        return 'clean     %s  nothing to do (%s)' % (host, _gpu_count(report))
     if outcome == 'released':
         text = '%d process(es) stopped' % len(signalled)
         if signalled:
@@ -362,7 +396,8 @@ def summary_line(report, width=0):
         if signalled:
             text += ' (%s)' % ', '.join(_unique(process.get('comm') for process in signalled))
         return 'checked   %s  %s, %s' % (host, text, _gpu_count(report))
-    return 'FAILED    %s  %s' % (host, ' '.join(str(report.get('reason') or 'failed').split()))
+    took = 'after %s s: ' % round(report['duration_s'], 1) if report.get('duration_s') is not None else ''
+    return 'FAILED    %s  %s%s' % (host, took, ' '.join(str(report.get('reason') or 'failed').split()))
 
 
 def reports(hosts, hostvars):
@@ -376,7 +411,8 @@ def reports(hosts, hostvars):
 
 
 def summary(hosts, hostvars, sliced=False):
-    """The playbook's summary: a count line, then a line per host, failed hosts first.
+    """The playbook's summary: a count line, a line per host that is not clean (failed hosts
+    first), then one line for all the clean hosts.
 
     hosts: the play's hosts; hostvars: their variables, where the role left gpu_reset_result;
     sliced: the inventory is one slice of a sliced job."""
@@ -387,9 +423,12 @@ def summary(hosts, hostvars, sliced=False):
         len(found), len(hosts), ' in this slice' if sliced else '', counts['clean'], counts['released'], counts['failed'])
     if counts['would_release']:
         head += ', %d would be released (check mode)' % counts['would_release']
-    width = max([len(host) for host in found] or [0])
     ordered = sorted(found.values(), key=lambda report: (SUMMARY_ORDER.index(report['outcome']), report['host']))
-    lines = [head] + [summary_line(report, width) for report in ordered]
+    named = [report for report in ordered if report['outcome'] != 'clean']
+    width = max([len(report['host']) for report in named] or [0])
+    lines = [head] + [summary_line(report, width) for report in named]
+    if counts['clean']:
+        lines.append(clean_line([report for report in ordered if report['outcome'] == 'clean']))
     if missing:
         lines.append('no result from %s (unreachable, or in a later serial batch)' % ', '.join(missing))
     return lines

@@ -111,7 +111,10 @@ class Run:
                 self.tasks.setdefault(match.group(2), []).append(task)
 
     def line(self, host):
-        return [line for line in self.summary if line[10:].split(' ', 1)[0] == host]
+        """The summary's line for host: its own, or the one line of the clean hosts naming it."""
+        own = [line for line in self.summary if line[10:].split(' ', 1)[0] == host]
+        return own or [line for line in self.summary
+                       if line.startswith('clean ') and host in line.rsplit(': ', 1)[-1].split(',')]
 
 
 def playbook(inventory, report_dir, *args, **kwargs):
@@ -483,10 +486,11 @@ def test_host_whose_python_cannot_run_the_modules_is_told_how_to_pin_one(gpuhost
         host, tmp_path, 'node', ansible_python_interpreter=str(python2))}}}))
     run = playbook(inventory, tmp_path / 'reports')
     assert run.rc == 2
-    assert run.line('node')[0].startswith(
-        'FAILED    node  Release the GPUs: %s could not run the module: File "<stdin>", line 4 SyntaxError: invalid '
+    assert re.match(r'FAILED    node  after [0-9.]+ s: ', run.line('node')[0]), run.line('node')
+    assert run.line('node')[0].split(' s: ', 1)[1] == (
+        'Release the GPUs: %s could not run the module: File "<stdin>", line 4 SyntaxError: invalid '
         'syntax; set ansible_python_interpreter for this host to a Python 3 that can, for example /usr/bin/python3'
-        % python2), run.line('node')
+        % python2)
     assert 'deserialization' not in ' '.join(run.summary)
 
 
@@ -517,9 +521,10 @@ def test_wrong_value_on_the_command_line_is_named_in_one_short_line(gpuhost_fact
     inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(host, tmp_path, 'node')}}}))
     run = playbook(inventory, tmp_path / 'reports', '-e', 'gpu_reset_timeout=5s', '-e', 'gpu_reset_backend=nvml2')
     assert run.rc == 2
-    assert run.line('node')[0].startswith(
-        "FAILED    node  gpu_reset is misconfigured: gpu_reset_backend is 'nvml2', expected one of auto, nvml, "
-        "nvidia-smi; gpu_reset_timeout is '5s', expected a number"), run.line('node')
+    assert re.match(r'FAILED    node  after [0-9.]+ s: ', run.line('node')[0]), run.line('node')
+    assert run.line('node')[0].split(' s: ', 1)[1] == (
+        "gpu_reset is misconfigured: gpu_reset_backend is 'nvml2', expected one of auto, nvml, "
+        "nvidia-smi; gpu_reset_timeout is '5s', expected a number")
     # No dump of the argument spec, no Python class names, nothing signalled.
     for noise in ('argument_spec_data', 'Validating arguments', '_AnsibleTaggedStr', 'cannot be converted'):
         assert noise not in run.out, run.out
