@@ -494,6 +494,26 @@ def test_host_whose_python_cannot_run_the_modules_is_told_how_to_pin_one(gpuhost
     assert 'deserialization' not in ' '.join(run.summary)
 
 
+def test_example_configuration_keeps_one_line_per_reason_and_no_skipped_lines(gpuhost_factory, tmp_path):
+    hosts = dict(('gpu%02d' % n, gpuhost_factory('gpu%02d' % n, gpus=1)) for n in range(1, 5))
+    hosts['gpu04'].fault('lost', gpu=0)
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': dict(
+        (name, host_vars(host, tmp_path, name)) for name, host in hosts.items())}}))
+    env = dict(ansible_env(), ANSIBLE_CONFIG=os.path.join(REPO, 'examples', 'ansible.cfg'))
+    del env['ANSIBLE_STDOUT_CALLBACK']
+    proc = subprocess.run([os.path.join(BIN, 'ansible-playbook'), '-i', str(inventory), PLAYBOOK],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stdout
+    failed = [line for line in proc.stdout.splitlines() if 'FAILED    gpu04' in line]
+    assert len(failed) == 1, proc.stdout
+    # The whole reason on that one line, however long.
+    assert re.search(r'after [0-9.]+ s: GPU 0 lost or unreadable \(.*\)"?,?$', failed[0]), failed[0]
+    assert len(failed[0]) > 100
+    assert 'clean     3 host(s), nothing to do (3 GPU(s) free): gpu[01-03]' in proc.stdout
+    assert 'skipping:' not in proc.stdout
+
+
 def test_target_matching_nothing_fails(tmp_path):
     inventory = tmp_path / 'inventory.yml'
     inventory.write_text('{"gpu_hosts": {"hosts": {"a": {"ansible_connection": "local"}, "b": {}}}}')
