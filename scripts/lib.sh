@@ -6,6 +6,10 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD="$REPO/.build"
 COLLECTIONS="$BUILD/collections"
 
+# The tools' own state stays in the checkout: Ansible's (its temporary files, the galaxy cache),
+# and every cache that follows XDG (pip's, Molecule's, the real NVIDIA packages the tests fetch).
+export ANSIBLE_HOME="$BUILD/ansible-home" XDG_CACHE_HOME="$BUILD/cache"
+
 say() { printf '==> %s\n' "$*"; }
 
 apt_install() {
@@ -72,16 +76,17 @@ link_collection() {
 }
 
 # ansible-test bootstraps pip in its sanity environments with a get-pip.py from its own
-# download site; where that site is out of reach, put the offline stand-in in its cache.
+# download site; where that site is out of reach, put the offline stand-in in its cache
+# (under HOME, the home ansible-test is given: see stage_sanity).
 offline_get_pip() {
-  local version cache
+  local home=$1 version cache
   version=$("$REPO/.venv-sanity/bin/python" - <<'PY'
 import os, re, ansible_test
 source = os.path.join(os.path.dirname(ansible_test.__file__), '_internal', 'python_requirements.py')
 print(re.search(r"pip='([0-9.]+)'", open(source).read()).group(1))
 PY
 )
-  cache="$HOME/.ansible/test/cache/get_pip_${version//./_}.py"
+  cache="$home/.ansible/test/cache/get_pip_${version//./_}.py"
   if [ ! -f "$cache" ]; then
     say "writing ansible-test's offline get-pip stand-in to $cache"
     mkdir -p "$(dirname "$cache")"
