@@ -93,3 +93,34 @@ PY
     cp "$REPO/tests/sanity/get_pip_offline.py" "$cache"
   fi
 }
+
+# Podman's settings for the test hosts, for this checkout's runs only: CONTAINERS_CONF names
+# .build/containers.conf (podman then reads that file instead of the system's), nothing is
+# written to /etc/containers. runc with cgroupfs (crun refuses the hybrid cgroup layout of
+# these machines) and ulimits below the machine's hard limits (podman's defaults are above
+# them, and every container would fail to start).
+configure_podman() {
+  local conf="$BUILD/containers.conf" old=/etc/containers/containers.conf.d/50-gpuops-nvidia.conf runtime
+  mkdir -p "$BUILD"
+  cat >"$conf" <<'CONF'
+# Written by gpuops.nvidia scripts/lib.sh (configure_podman), used through CONTAINERS_CONF.
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+CONF
+  export CONTAINERS_CONF="$conf"
+  # The system-wide drop-in that earlier versions of this script wrote: theirs to remove.
+  if head -n 1 "$old" 2>/dev/null | grep -q '^# Written by gpuops.nvidia'; then
+    say "removing $old, written by an earlier version of these tests"
+    rm -f "$old"
+    rmdir --ignore-fail-on-non-empty "$(dirname "$old")"
+  fi
+  runtime=$(podman info --format '{{.Host.OCIRuntime.Name}}' 2>/dev/null || true)
+  if [ "$runtime" != "runc" ]; then
+    echo "podman does not pick up $conf (runtime: ${runtime:-unknown})" >&2
+    return 1
+  fi
+}
