@@ -52,8 +52,8 @@ options:
       - Not set, nothing is checked.
     type: int
 requirements:
-  - nvidia-smi (from the NVIDIA driver) for O(backend=nvidia-smi).
-  - nvidia-ml-py (the C(pynvml) module) and the driver's C(libnvidia-ml.so.1) for O(backend=nvml).
+  - nvidia-smi (from the NVIDIA driver) for O(backend=nvidia-smi)
+  - nvidia-ml-py (the C(pynvml) module) and the driver's C(libnvidia-ml.so.1) for O(backend=nvml)
 notes:
   - Every nvidia-smi call runs under a deadline. nvidia-smi can hang inside the driver on a
     sick GPU; a call that misses its deadline is killed and reported as an error, never waited

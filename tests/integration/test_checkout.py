@@ -21,9 +21,11 @@ BIN = os.path.dirname(sys.executable)
 
 
 def plain_env():
-    """The environment of a shell that exported nothing for Ansible."""
-    env = dict((key, value) for key, value in os.environ.items() if not key.startswith('ANSIBLE_'))
-    env.pop('PYTHONPATH', None)
+    """The environment of a shell that exported nothing that says where the collection is
+    (ANSIBLE_HOME, where Ansible keeps its own files, stays)."""
+    env = dict(os.environ)
+    for name in ('ANSIBLE_COLLECTIONS_PATH', 'ANSIBLE_CONFIG', 'PYTHONPATH'):
+        env.pop(name, None)
     return env
 
 
