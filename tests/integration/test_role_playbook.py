@@ -495,8 +495,11 @@ def test_host_whose_python_cannot_run_the_modules_is_told_how_to_pin_one(gpuhost
 
 
 def test_example_configuration_keeps_one_line_per_reason_and_no_skipped_lines(gpuhost_factory, tmp_path):
-    hosts = dict(('gpu%02d' % n, gpuhost_factory('gpu%02d' % n, gpus=1)) for n in range(1, 5))
+    # A small fleet: 21 clean hosts, 2 with a job left, 1 with a lost GPU.
+    hosts = dict(('gpu%02d' % n, gpuhost_factory('gpu%02d' % n, gpus=1)) for n in range(1, 25))
     hosts['gpu04'].fault('lost', gpu=0)
+    for name in ('gpu10', 'gpu20'):
+        hosts[name].hold(gpus=[0], mib=1024)
     inventory = tmp_path / 'inventory.yml'
     inventory.write_text(json.dumps({'gpu_hosts': {'hosts': dict(
         (name, host_vars(host, tmp_path, name)) for name, host in hosts.items())}}))
@@ -510,7 +513,11 @@ def test_example_configuration_keeps_one_line_per_reason_and_no_skipped_lines(gp
     # The whole reason on that one line, however long.
     assert re.search(r'after [0-9.]+ s: GPU 0 lost or unreadable \(.*\)"?,?$', failed[0]), failed[0]
     assert len(failed[0]) > 100
-    assert 'clean     3 host(s), nothing to do (3 GPU(s) free): gpu[01-03]' in proc.stdout
+    summary = json.loads(re.search(r'TASK \[Summary\][^\n]*\n[^\n]*=> (\{.*?\n\})', proc.stdout, re.S).group(1))['msg']
+    assert len(summary) == 5, summary
+    assert summary[0] == '24 of 24 host(s): 21 clean, 2 released, 1 failed'
+    assert [line.split()[:2] for line in summary[2:4]] == [['released', 'gpu10'], ['released', 'gpu20']]
+    assert summary[4] == 'clean     21 host(s), nothing to do (21 GPU(s) free): gpu[01-03,05-09,11-19,21-24]'
     assert 'skipping:' not in proc.stdout
 
 

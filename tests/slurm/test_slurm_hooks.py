@@ -158,7 +158,7 @@ def test_a_hung_nvidia_smi_drains_the_node_before_slurm_kills_the_hook(node):
 
 def test_a_hook_that_cannot_run_its_checks_drains_the_node_saying_so(node):
     """A Python that is not there (a node set up half-way): the hook still drains the node with a
-    reason that points to its log, rather than Slurm's bare 'Prolog error'."""
+    reason that names it and points to its log, rather than Slurm's bare 'Prolog error'."""
     node.set_conf(python=node.path('no-such-python'))
     job = node.bench.sbatch('--gres=gpu:2', '--output', node.path('nopython.out'), '--wrap', 'true')
     prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
@@ -167,5 +167,7 @@ def test_a_hook_that_cannot_run_its_checks_drains_the_node_saying_so(node):
     # The Epilog, which fails the same way, has drained the node again by now.
     assert node.wait_run('epilog', job).exit == 127
     node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
-    assert re.match(r'gpu_reset: (prolog|epilog) hook could not check the GPUs \(job %s, GPUs [0-9,]+\), see %s$'
-                    % (job, re.escape(node.log)), node.bench.reason()), node.bench.reason()
+    assert re.match(r'gpu_reset: (prolog|epilog) hook cannot run GPU_RESET_PYTHON %s: no such executable; set '
+                    r'GPU_RESET_PYTHON to the Python that has ansible-core \(job %s, GPUs [0-9,]+\), see %s$'
+                    % (re.escape(node.path('no-such-python')), job, re.escape(node.log)),
+                    node.bench.reason()), node.bench.reason()
