@@ -31,7 +31,7 @@ options:
   variables:
     description:
       - Every C(gpu_reset_*) variable by its name, checked against the role's argument spec
-        first: a value that does not fit its type or choices gives one text naming the variable,
+        first. A value that does not fit its type or choices gives one text naming the variable,
         its value and what it must be, and the other checks are left out.
     type: dict
 '''

@@ -21,9 +21,9 @@ description:
     hosts first, then released and checked (check mode) ones; a failed host's line gives how long
     it took and its reason, the others the processes stopped, the GPUs free and held and how long
     the release took.
-  - Then one line for all the clean hosts, however many: their count, their GPUs and their names,
-    numbered names written in ranges as Slurm writes hostlists (V(gpu[001-095,097])). A summary
-    of 100 hosts of which 95 are clean is 7 lines.
+  - Then one line for all the clean hosts, however many, with their count, their GPUs and their
+    names, numbered names written in ranges as Slurm writes hostlists (V(gpu[001-095,097])). A
+    summary of 100 hosts of which 95 are clean is 7 lines.
   - A last line names the hosts without a report (unreachable, or in a later serial batch).
   - Runs on the controller only.
 options:
