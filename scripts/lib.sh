@@ -102,7 +102,9 @@ PY
 configure_podman() {
   local conf="$BUILD/containers.conf" old=/etc/containers/containers.conf.d/50-gpuops-nvidia.conf runtime
   mkdir -p "$BUILD"
-  cat >"$conf" <<'CONF'
+  mkdir -p "$BUILD/podman-networks"
+  # network_config_dir: netavark's network files and lock, otherwise in /etc/containers/networks.
+  cat >"$conf" <<CONF
 # Written by gpuops.nvidia scripts/lib.sh (configure_podman), used through CONTAINERS_CONF.
 [containers]
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
@@ -110,6 +112,9 @@ default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
+
+[network]
+network_config_dir = "$BUILD/podman-networks"
 CONF
   export CONTAINERS_CONF="$conf"
   # The system-wide drop-in that earlier versions of this script wrote: theirs to remove.

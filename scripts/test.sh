@@ -32,10 +32,15 @@ plan() {
     echo "    private apt configuration and unpacked under .build/cache, never installed; as root they"
     echo "    run in a private mount namespace with a /dev of their own."
   fi
+  if [ "$stage" = sanity ] || [ "$stage" = all ]; then
+    echo "  - ansible-test runs on a copy of the collection in ${TMPDIR:-/tmp}/gpuops-nvidia-sanity (it"
+    echo "    needs one outside a git work tree), kept and refreshed by the next run."
+  fi
   if [ "$stage" = molecule ] || [ "$stage" = all ]; then
     echo "  - for Molecule (as root), when missing: Debian's podman runc debootstrap gcc tar, and the"
     echo "    podman images localhost/gpuops-nvidia-base and localhost/gpuops-nvidia-gpuhost (kept for"
-    echo "    the next run); podman's settings come from .build/containers.conf (CONTAINERS_CONF)."
+    echo "    the next run); podman's settings come from .build/containers.conf (CONTAINERS_CONF),"
+    echo "    its network files go to .build/podman-networks."
   fi
 }
 

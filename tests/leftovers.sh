@@ -19,12 +19,14 @@ dev_nodes() {
     xargs -0 stat -c '%n %F %t:%T' | sort
 }
 
-# The files of /etc/containers that no Debian package owns, with their content.
+# What in /etc/containers no Debian package owns (podman's own state included, such as the
+# networks directory netavark makes), files with their content.
 containers_conf() {
   local path
   [ -d /etc/containers ] || return 0
-  find /etc/containers \( -type f -o -type l \) -print | sort | while read -r path; do
-    dpkg -S "$path" >/dev/null 2>&1 || echo "$path $(sha256sum <"$path" | cut -c1-16)"
+  find /etc/containers -mindepth 1 -print | sort | while read -r path; do
+    dpkg -S "$path" >/dev/null 2>&1 && continue
+    if [ -f "$path" ]; then echo "$path $(sha256sum <"$path" | cut -c1-16)"; else echo "$path"; fi
   done
 }
 
