@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs a command (default: scripts/demo.sh, then scripts/test.sh) and checks that it left the
 # machine as README says: git status as before, /dev as before (no device node left by NVIDIA's
-# library), no file in /etc/containers that no Debian package owns, nothing new in ~/.ansible
-# or ~/.cache. Prints what changed and exits 1 when anything did.
+# library), no file in /etc/containers that no Debian package owns, nothing new in the home
+# directory itself, ~/.ansible or ~/.cache. Prints what changed and exits 1 when anything did.
 # Usage: tests/leftovers.sh [COMMAND [ARGS...]]
 set -euo pipefail
 
@@ -30,7 +30,10 @@ containers_conf() {
   done
 }
 
-home_state() { find "$HOME/.ansible" "$HOME/.cache" -mindepth 1 -print 2>/dev/null | sort; }
+# The home directory's own entries (a log file a tool drops there), ~/.ansible and ~/.cache.
+home_state() {
+  { find "$HOME" -mindepth 1 -maxdepth 1 -print; find "$HOME/.ansible" "$HOME/.cache" -mindepth 1 -print; } 2>/dev/null | sort
+}
 
 snapshot() {
   local dir=$1
