@@ -220,8 +220,9 @@ def task_error(failure):
         text += ': ' + output.strip().splitlines()[-1].strip()
     elif text.startswith(NO_RESULT):
         python = failure.get('python') or "the Python Ansible found"
-        text = ('%s could not run the module: %s; set ansible_python_interpreter for this host to a Python 3 that '
-                'can, for example /usr/bin/python3' % (python, said[-200:] or 'it gave no result and printed nothing'))
+        # The remedy first: a drain reason keeps only the start of the text.
+        text = ('%s could not run the module; set ansible_python_interpreter for this host to a Python 3 that can, '
+                'for example /usr/bin/python3 (it printed: %s)' % (python, said[-200:] or 'nothing'))
     return '%s: %s' % (failure.get('task') or 'the role', text)
 
 

@@ -488,8 +488,8 @@ def test_host_whose_python_cannot_run_the_modules_is_told_how_to_pin_one(gpuhost
     assert run.rc == 2
     assert re.match(r'FAILED    node  after [0-9.]+ s: ', run.line('node')[0]), run.line('node')
     assert run.line('node')[0].split(' s: ', 1)[1] == (
-        'Release the GPUs: %s could not run the module: File "<stdin>", line 4 SyntaxError: invalid '
-        'syntax; set ansible_python_interpreter for this host to a Python 3 that can, for example /usr/bin/python3'
+        'Release the GPUs: %s could not run the module; set ansible_python_interpreter for this host to a Python 3 '
+        'that can, for example /usr/bin/python3 (it printed: File "<stdin>", line 4 SyntaxError: invalid syntax)'
         % python2)
     assert 'deserialization' not in ' '.join(run.summary)
 
@@ -521,13 +521,23 @@ def test_example_configuration_keeps_one_line_per_reason_and_no_skipped_lines(gp
     assert 'skipping:' not in proc.stdout
 
 
-def test_target_matching_nothing_fails(tmp_path):
-    inventory = tmp_path / 'inventory.yml'
-    inventory.write_text('{"gpu_hosts": {"hosts": {"a": {"ansible_connection": "local"}, "b": {}}}}')
-    run = playbook(inventory, tmp_path / 'reports', '-e', 'target=rack9')
-    assert run.rc != 0
-    assert "No host in the inventory matches 'rack9'" in run.out
-    assert run.summary is None
+def test_slurm_hook_playbook_runner_names_a_python_that_cannot_run_the_modules(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    python2 = tmp_path / 'python2'
+    python2.write_text('#!/bin/sh\necho "SyntaxError: invalid syntax" >&2\nexit 1\n')
+    python2.chmod(0o755)
+    variables = tmp_path / 'node.yml'
+    variables.write_text(json.dumps(dict(
+        ansible_python_interpreter=str(python2), gpu_reset_nvidia_smi_path=host.smi_path,
+        gpu_reset_devices=[host.dev_glob], gpu_reset_lock_file=str(tmp_path / 'hook.lock'))))
+    proc, calls, log = run_hook(host, tmp_path, 'prolog', SLURM_JOB_GPUS='0', GPU_RESET_RUNNER='playbook',
+                                GPU_RESET_VARS_FILE=str(variables))
+    assert proc.returncode == 1, log
+    # The hook's log has the summary; the drain itself is a module too, run by that Python.
+    assert ('FAILED    node01  after' in log and 'Release the GPUs: %s could not run the module; set '
+            'ansible_python_interpreter for this host to a Python 3 that can, for example /usr/bin/python3 (it '
+            'printed: SyntaxError: invalid syntax)' % python2 in log), log
+    assert 'deserialization failed' not in log.split('TASK [Summary]')[1]
 
 
 def test_bad_setting_fails_the_host_clearly(gpuhost_factory, tmp_path):

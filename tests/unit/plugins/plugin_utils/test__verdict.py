@@ -295,13 +295,13 @@ def test_summary_of_a_slice_says_so():
       'module_stderr': '/bin/sh: 1: /opt/py/bin/python: not found\n', 'rc': 127},
      '/bin/sh: 1: /opt/py/bin/python: not found'),
     ({'msg': 'Module result deserialization failed: No start of json char found', 'module_stderr': '', 'rc': 0},
-     'it gave no result and printed nothing'),
+     'nothing'),
 ])
 def test_a_python_that_cannot_run_the_module_is_named_with_how_to_pin_another(result, said):
     report = _verdict.verdict('n1', error={'task': 'Release the GPUs', 'result': result, 'python': '/opt/py/bin/python'})
     assert report['reason'] == (
-        'Release the GPUs: /opt/py/bin/python could not run the module: %s; set ansible_python_interpreter '
-        'for this host to a Python 3 that can, for example /usr/bin/python3' % said)
+        'Release the GPUs: /opt/py/bin/python could not run the module; set ansible_python_interpreter '
+        'for this host to a Python 3 that can, for example /usr/bin/python3 (it printed: %s)' % said)
 
 
 def test_a_module_that_failed_or_crashed_keeps_its_own_words():
