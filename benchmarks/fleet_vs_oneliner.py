@@ -58,10 +58,12 @@ def bootstrap():
     setup = ('set -e; . scripts/lib.sh; '
              'ensure_commands podman:podman runc:runc debootstrap:debootstrap gcc:gcc fuser:psmisc '
              'ssh:openssh-client ssh-keygen:openssh-client; '
-             'tests/containers/configure-podman.sh; '
+             'configure_podman; '
              'ensure_venv "$REPO/.venv-bench" "$REPO/requirements/bench.txt"; '
              'PYTHON="$REPO/.venv-bench/bin/python" tests/containers/build-image.sh')
     subprocess.run(['bash', '-c', setup], cwd=REPO, check=True)
+    # podman's settings for these runs (scripts/lib.sh configure_podman wrote them).
+    os.environ['CONTAINERS_CONF'] = os.path.join(REPO, '.build', 'containers.conf')
     os.execv(os.path.join(VENV, 'bin', 'python'), [os.path.join(VENV, 'bin', 'python')] + sys.argv)
 
 

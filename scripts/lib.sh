@@ -6,6 +6,10 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD="$REPO/.build"
 COLLECTIONS="$BUILD/collections"
 
+# The tools' own state stays in the checkout: Ansible's (its temporary files, the galaxy cache),
+# and every cache that follows XDG (pip's, Molecule's, the real NVIDIA packages the tests fetch).
+export ANSIBLE_HOME="$BUILD/ansible-home" XDG_CACHE_HOME="$BUILD/cache"
+
 say() { printf '==> %s\n' "$*"; }
 
 apt_install() {
@@ -72,19 +76,56 @@ link_collection() {
 }
 
 # ansible-test bootstraps pip in its sanity environments with a get-pip.py from its own
-# download site; where that site is out of reach, put the offline stand-in in its cache.
+# download site; where that site is out of reach, put the offline stand-in in its cache
+# (under HOME, the home ansible-test is given: see stage_sanity).
 offline_get_pip() {
-  local version cache
+  local home=$1 version cache
   version=$("$REPO/.venv-sanity/bin/python" - <<'PY'
 import os, re, ansible_test
 source = os.path.join(os.path.dirname(ansible_test.__file__), '_internal', 'python_requirements.py')
 print(re.search(r"pip='([0-9.]+)'", open(source).read()).group(1))
 PY
 )
-  cache="$HOME/.ansible/test/cache/get_pip_${version//./_}.py"
+  cache="$home/.ansible/test/cache/get_pip_${version//./_}.py"
   if [ ! -f "$cache" ]; then
     say "writing ansible-test's offline get-pip stand-in to $cache"
     mkdir -p "$(dirname "$cache")"
     cp "$REPO/tests/sanity/get_pip_offline.py" "$cache"
+  fi
+}
+
+# Podman's settings for the test hosts, for this checkout's runs only: CONTAINERS_CONF names
+# .build/containers.conf (podman then reads that file instead of the system's), nothing is
+# written to /etc/containers. runc with cgroupfs (crun refuses the hybrid cgroup layout of
+# these machines) and ulimits below the machine's hard limits (podman's defaults are above
+# them, and every container would fail to start).
+configure_podman() {
+  local conf="$BUILD/containers.conf" old=/etc/containers/containers.conf.d/50-gpuops-nvidia.conf runtime
+  mkdir -p "$BUILD"
+  mkdir -p "$BUILD/podman-networks"
+  # network_config_dir: netavark's network files and lock, otherwise in /etc/containers/networks.
+  cat >"$conf" <<CONF
+# Written by gpuops.nvidia scripts/lib.sh (configure_podman), used through CONTAINERS_CONF.
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+
+[network]
+network_config_dir = "$BUILD/podman-networks"
+CONF
+  export CONTAINERS_CONF="$conf"
+  # The system-wide drop-in that earlier versions of this script wrote: theirs to remove.
+  if head -n 1 "$old" 2>/dev/null | grep -q '^# Written by gpuops.nvidia'; then
+    say "removing $old, written by an earlier version of these tests"
+    rm -f "$old"
+    rmdir --ignore-fail-on-non-empty "$(dirname "$old")"
+  fi
+  runtime=$(podman info --format '{{.Host.OCIRuntime.Name}}' 2>/dev/null || true)
+  if [ "$runtime" != "runc" ]; then
+    echo "podman does not pick up $conf (runtime: ${runtime:-unknown})" >&2
+    return 1
   fi
 }

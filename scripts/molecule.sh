@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the Molecule scenarios of extensions/molecule (default, fleet) against podman
 # containers of the simulated GPU host image. Installs what it needs (podman, runc, debootstrap,
-# gcc; the pinned .venv-molecule), configures podman, and builds the image once, reusing it
-# while it exists and its inputs are unchanged. Runs as root (podman and debootstrap need it).
+# gcc; the pinned .venv-molecule), gives podman its settings for these runs only
+# (CONTAINERS_CONF=.build/containers.conf), and builds the image once, reusing it while it
+# exists and its inputs are unchanged. Runs as root (podman and debootstrap need it).
 # Usage: scripts/molecule.sh [SCENARIO...]     (default: default fleet)
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -14,7 +15,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 ensure_commands podman:podman runc:runc debootstrap:debootstrap gcc:gcc tar:tar
-"$REPO/tests/containers/configure-podman.sh"
+configure_podman
 ensure_venv "$REPO/.venv-molecule" "$REPO/requirements/molecule.txt"
 link_collection
 

@@ -9,15 +9,49 @@
 #   molecule     the Molecule scenarios in podman containers (as root)
 # Usage: scripts/test.sh [unit|integration|sanity|lint|molecule|all] [pytest arguments...]
 #        (default all; the pytest arguments go to the unit and integration stages)
-# It installs what is missing (Debian packages, the pinned virtual environments .venv,
-# .venv-sanity, .venv-docs, .venv-molecule, the podman configuration) and says so first.
-# Collections it builds or installs stay under .build in this checkout: nothing lands in
-# ~/.ansible/collections.
+# Before anything else it says what it will install or change (see plan below); everything
+# else it writes stays in this checkout (.venv*, .build: the tools' caches, the collection
+# link, ansible-test's home), and nothing is left in /dev, /etc/containers, ~/.ansible or
+# ~/.cache (tests/leftovers.sh checks that).
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 
 usage() { sed -n '2,15s/^# \{0,1\}//p' "$0"; }
+
+# What the stage will install or change outside this checkout, said before it does.
+plan() {
+  local stage=$1
+  say "scripts/test.sh $stage: what it installs or changes outside this checkout"
+  echo "  - Debian packages, when missing: procps psmisc gcc git rsync shellcheck"
+  if [ "$stage" = integration ] || [ "$stage" = all ]; then
+    echo "  - for tests/slurm, when missing (as root): Debian's munge slurmctld slurmd slurm-client;"
+    echo "    their installation creates /etc/munge/munge.key, /etc/slurm and the users munge and slurm."
+    echo "    The tests' own cluster runs from a temporary directory and is stopped at the end."
+    echo "  - NVIDIA's nvidia-smi and libnvidia-ml1 packages (Debian non-free) are downloaded with a"
+    echo "    private apt configuration and unpacked under .build/cache, never installed; as root they"
+    echo "    run in a private mount namespace with a /dev of their own."
+  fi
+  if [ "$stage" = sanity ] || [ "$stage" = all ]; then
+    echo "  - ansible-test runs on a copy of the collection in ${TMPDIR:-/tmp}/gpuops-nvidia-sanity (it"
+    echo "    needs one outside a git work tree), kept and refreshed by the next run."
+  fi
+  if [ "$stage" = molecule ] || [ "$stage" = all ]; then
+    echo "  - for Molecule (as root), when missing: Debian's podman runc debootstrap gcc tar, and the"
+    echo "    podman images localhost/gpuops-nvidia-base and localhost/gpuops-nvidia-gpuhost (kept for"
+    echo "    the next run); podman's settings come from .build/containers.conf (CONTAINERS_CONF),"
+    echo "    its network files go to .build/podman-networks."
+  fi
+}
+
+# tests/slurm runs a real Slurm node: its packages, installed here (said in plan), not from a test.
+ensure_slurm() {
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "tests/slurm needs root and apt-get to install Slurm; its tests are skipped, saying why"
+    return 0
+  fi
+  ensure_commands munged:munge mungekey:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client
+}
 
 stage=all
 if [ $# -gt 0 ]; then
@@ -28,6 +62,7 @@ if [ $# -gt 0 ]; then
   esac
 fi
 
+plan "$stage"
 ensure_commands fuser:psmisc ps:procps gcc:gcc git:git rsync:rsync shellcheck:shellcheck
 ensure_venv "$REPO/.venv" "$REPO/requirements/test.txt"
 link_collection
@@ -39,7 +74,8 @@ stage_unit() {
 }
 
 stage_integration() {
-  say "pytest: integration and device-check tests"
+  ensure_slurm
+  say "pytest: integration, device-check and Slurm hook tests"
   python -m pytest -p no:cacheprovider "$@" tests/integration tests/device tests/slurm
 }
 
@@ -48,20 +84,20 @@ stage_sanity() {
   # ansible-test wants the collection at .../ansible_collections/gpuops/nvidia, outside any git
   # work tree that would hide untracked files, and runs in an environment of its own.
   ensure_venv "$REPO/.venv-sanity" "$REPO/requirements/sanity.txt"
-  offline_get_pip
+  # ansible-test keeps its environments and caches under ~/.ansible/test: a home of its own here.
+  local home="$BUILD/ansible-test-home"
+  mkdir -p "$home"
+  offline_get_pip "$home"
   local sanity="${TMPDIR:-/tmp}/gpuops-nvidia-sanity/ansible_collections/gpuops/nvidia"
   mkdir -p "$sanity"
   rsync -a --delete --delete-excluded --exclude=/.git --exclude=/.build --exclude='/.venv*' \
     --exclude=__pycache__ --exclude=/.pytest_cache --exclude=/.hypothesis --exclude=/tests/output \
     --exclude=/.ansible "$REPO/" "$sanity/"
-  (cd "$sanity" && "$REPO/.venv-sanity/bin/ansible-test" sanity --requirements --color no \
+  (cd "$sanity" && HOME="$home" "$REPO/.venv-sanity/bin/ansible-test" sanity --requirements --color no \
     --python "$("$REPO/.venv-sanity/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')")
 }
 
 stage_lint() (
-  # Ansible's own state (galaxy cache, temporary files, ansible-lint's cache) for these tools
-  # stays in the checkout too.
-  export ANSIBLE_HOME="$BUILD/ansible-home"
   mkdir -p "$ANSIBLE_HOME"
 
   say "ansible-doc"
@@ -126,7 +162,9 @@ stage_lint() (
   echo "galaxy-importer: no warnings, no errors"
 
   say "antsibull-docs lint-collection-docs --plugin-docs"
-  antsibull-docs lint-collection-docs --plugin-docs "$COLLECTIONS/ansible_collections/gpuops/nvidia"
+  # antsibull's default logging writes ~/antsibull.log: a home of its own here.
+  mkdir -p "$BUILD/antsibull-home"
+  HOME="$BUILD/antsibull-home" antsibull-docs lint-collection-docs --plugin-docs "$COLLECTIONS/ansible_collections/gpuops/nvidia"
   echo "antsibull-docs: no findings"
 )
 

@@ -184,12 +184,21 @@ run_playbook() {
 ) >>"$log" 2>&1
 rc=$?
 
+# Why GPU_RESET_PYTHON cannot run the hook (empty when it can): said in the drain reason.
+python_problem() {
+  if [ ! -x "$python" ]; then
+    echo "cannot run GPU_RESET_PYTHON $python: no such executable; set GPU_RESET_PYTHON to the Python that has ansible-core"
+  elif ! "$python" -c 'import ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook' >/dev/null 2>&1; then
+    echo "GPU_RESET_PYTHON $python cannot import gpuops.nvidia; install the collection for it or set GPU_RESET_COLLECTIONS_PATH"
+  fi
+}
+
 case $rc in
   0) status=0 ;;
   10) status=1 ;;
   11) status=1 why="found the GPUs not clean and could not drain the node with the reason" ;;
   124) status=3 why="gave up after ${budget} s" ;;
-  *) status=2 why="could not check the GPUs" ;;
+  *) status=2 why=$(python_problem); why=${why:-could not check the GPUs} ;;
 esac
 if [ -n "${why:-}" ]; then
   # Ended without draining the node with the reason: drain it here, saying so.

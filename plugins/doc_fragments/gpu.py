@@ -64,8 +64,8 @@ options:
         of its own, as for the release lock).
     type: path
 requirements:
-  - nvidia-smi (from the NVIDIA driver) for O(backend=nvidia-smi).
-  - nvidia-ml-py (the C(pynvml) module) and the driver's C(libnvidia-ml.so.1) for O(backend=nvml).
+  - nvidia-smi (from the NVIDIA driver) for O(backend=nvidia-smi)
+  - nvidia-ml-py (the C(pynvml) module) and the driver's C(libnvidia-ml.so.1) for O(backend=nvml)
 notes:
   - Every nvidia-smi call runs under a deadline. nvidia-smi can hang inside the driver on a
     sick GPU; a call that misses its deadline is killed and reported as an error, never waited

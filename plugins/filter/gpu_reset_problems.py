@@ -28,6 +28,12 @@ options:
         C(on_failure) and C(drain_command).
     type: dict
     required: true
+  variables:
+    description:
+      - Every C(gpu_reset_*) variable by its name, checked against the role's argument spec
+        first. A value that does not fit its type or choices gives one text naming the variable,
+        its value and what it must be, and the other checks are left out.
+    type: dict
 '''
 
 EXAMPLES = r'''
@@ -49,8 +55,8 @@ _value:
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import problems
 
 
-def gpu_reset_problems(settings):
-    return problems(settings)
+def gpu_reset_problems(settings, variables=None):
+    return problems(settings, variables)
 
 
 class FilterModule(object):

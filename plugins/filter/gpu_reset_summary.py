@@ -17,9 +17,13 @@ description:
   - Takes the hosts of a play and their variables, where the role P(gpuops.nvidia.gpu_reset#role)
     left each host's report in C(gpu_reset_result), and returns the summary the playbook
     C(gpuops.nvidia.reset_gpus) prints.
-  - The first line counts the hosts by outcome. Then one line per host, failed hosts first, then
-    released, checked (check mode) and clean ones; a failed host's line gives its reason, the
-    others the processes stopped and the GPUs free and held.
+  - The first line counts the hosts by outcome. Then one line per host that is not clean, failed
+    hosts first, then released and checked (check mode) ones; a failed host's line gives how long
+    it took and its reason, the others the processes stopped, the GPUs free and held and how long
+    the release took.
+  - Then one line for all the clean hosts, however many, with their count, their GPUs and their
+    names, numbered names written in ranges as Slurm writes hostlists (V(gpu[001-095,097])). A
+    summary of 100 hosts of which 95 are clean is 7 lines.
   - A last line names the hosts without a report (unreachable, or in a later serial batch).
   - Runs on the controller only.
 options:
@@ -55,9 +59,9 @@ _value:
   elements: str
   sample:
     - "3 of 3 host(s): 1 clean, 1 released, 1 failed"
-    - "FAILED    gpu03  GPU 3: 512 MiB held with no process left (orphaned memory; only a GPU reset frees it)"
+    - "FAILED    gpu03  after 4.1 s: GPU 3: 512 MiB held with no process left (orphaned memory; only a GPU reset frees it)"
     - "released  gpu02  8 process(es) stopped (python3; TERM), 8 GPU(s) free in 1.2 s"
-    - "clean     gpu01  nothing to do (8 GPU(s) free)"
+    - "clean     1 host(s), nothing to do (8 GPU(s) free): gpu01"
 '''
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import summary

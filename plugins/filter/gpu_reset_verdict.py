@@ -36,8 +36,12 @@ options:
     description: The registered result of M(gpuops.nvidia.nvidia_gpu_facts) read after the release, if any.
     type: dict
   error:
-    description: Why the role could not finish; the host fails with it.
-    type: str
+    description:
+      - Why the role could not finish; the host fails with it.
+      - A text, or the task that failed as C(task) (its name), C(result) (its result) and C(python)
+        (the host's C(ansible_python_interpreter)). A module that gave no result because that
+        Python could not run it is then said to be so, with how to pin another.
+    type: raw
   gpus:
     description: The GPU indexes in scope; null for every GPU.
     type: list

@@ -15,7 +15,7 @@ __metaclass__ = type
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import fallen_off_bus, health_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
-from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders, uninspectable_warning
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, mark_fallen
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, load_cures
@@ -57,9 +57,9 @@ def holder_facts(device_patterns, protect):
         warnings.append('devices: no device node matches %s; this host may have no NVIDIA GPU '
                         'or driver' % ', '.join(device_patterns))
     holders, unreadable = find_holders(paths, protect)
-    if unreadable:
-        warnings.append('%d process(es) could not be inspected for open device nodes (permission '
-                        'denied); run with become: true to see every holder' % unreadable)
+    warning = uninspectable_warning(unreadable, 'see')
+    if warning:
+        warnings.append(warning)
     return [holder.to_dict() for holder in holders], warnings
 
 

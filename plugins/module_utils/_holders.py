@@ -27,7 +27,7 @@ import stat
 import time
 from collections import namedtuple
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
 
 COMM_LEN = 15  # the kernel truncates /proc/PID/comm to 15 characters
 
@@ -377,7 +377,8 @@ def _pids(proc):
 
 
 class Scan:
-    """One pass over /proc: the holders found, and the pids whose descriptors could not be read.
+    """One pass over /proc: the holders found, and (pid, comm) of the processes whose descriptors
+    could not be read (kernel threads, which hold no device, left out).
 
     complete is False when the pass stopped at its deadline: what it did not reach is unknown."""
 
@@ -386,8 +387,8 @@ class Scan:
         self.unreadable = []
         self.complete = True
 
-    def pids_seen(self):
-        return set(holder.pid for holder in self.holders) | set(self.unreadable)
+    def unreadable_pids(self):
+        return set(pid for pid, dummy in self.unreadable)
 
 
 # The deadline is looked at once per this many processes: a clock read costs about as much as
@@ -402,9 +403,9 @@ def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.mo
     its ancestors, are marked protected. With a deadline the pass stops there, incomplete.
     """
     scan = Scan()
-    nodes = NodeSet(devices)
-    if not nodes:
+    if not devices:
         return scan
+    nodes = NodeSet(devices)  # empty when none can be looked at: the processes are still counted
     own = ancestors(os.getpid(), proc)
     for count, pid in enumerate(_pids(proc)):
         if deadline is not None and count % SCAN_CLOCK_EVERY == 0 and clock() >= deadline:
@@ -412,7 +413,8 @@ def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.mo
             break
         held = _open_nodes(pid, proc, nodes)
         if held is None:
-            scan.unreadable.append(pid)
+            if not _kernel_thread(pid, proc):
+                scan.unreadable.append((pid, _comm(pid, proc)))
             continue
         held |= _mapped_nodes(pid, proc, nodes)
         if held:
@@ -423,10 +425,69 @@ def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.mo
 
 
 def find_holders(devices, protect=(), proc='/proc'):
-    """(holders, unreadable): every process holding one of the device paths, and how many
-    processes could not be inspected (not running as root). See scan_holders."""
+    """(holders, unreadable): every process holding one of the device paths, and (pid, comm) of
+    the processes whose descriptors could not be inspected (permission denied; see
+    uninspectable_warning). See scan_holders."""
     scan = scan_holders(devices, protect, proc)
-    return scan.holders, len(scan.unreadable)
+    return scan.holders, scan.unreadable
+
+
+# PF_KTHREAD in the flags of /proc/PID/stat: a kernel thread, which holds no device node.
+PF_KTHREAD = 0x00200000
+
+
+def _kernel_thread(pid, proc='/proc'):
+    try:
+        with open(os.path.join(proc, str(pid), 'stat'), 'rb') as handle:
+            fields = handle.read().rsplit(b')', 1)[1].split()
+    except (IOError, OSError, IndexError):
+        return False
+    return len(fields) > 6 and int(fields[6]) & PF_KTHREAD != 0
+
+
+def _comm(pid, proc='/proc'):
+    try:
+        with open(os.path.join(proc, str(pid), 'comm'), errors='replace') as handle:
+            return handle.read().strip()
+    except (IOError, OSError):
+        return '?'
+
+
+# CAP_SYS_PTRACE lets root read every process's descriptors (linux/capability.h).
+CAP_SYS_PTRACE = 19
+NAMED_AT_MOST = 5
+
+
+def can_inspect_every_process(status='/proc/self/status'):
+    """Whether this process runs as root with CAP_SYS_PTRACE: what reading any process's
+    descriptors takes. What it still cannot read is hidden from it by the kernel (another
+    namespace's init, a security module), and no setting of the collection would change that."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open(status) as handle:
+            found = re.search(r'^CapEff:\s*([0-9a-fA-F]+)', handle.read(), re.M)
+    except (IOError, OSError):
+        return False
+    return bool(found) and bool(int(found.group(1), 16) >> CAP_SYS_PTRACE & 1)
+
+
+def uninspectable_warning(unreadable, purpose='see', status='/proc/self/status'):
+    """The warning about the processes whose descriptors could not be read ((pid, comm) pairs),
+    naming them and the remedy; None when there is none or when no remedy exists (root with
+    CAP_SYS_PTRACE). purpose: what the remedy allows, 'see' or 'release' (every holder)."""
+    unreadable = sorted(set(unreadable))
+    if not unreadable or can_inspect_every_process(status):
+        return None
+    named = ', '.join('pid %s (%s)' % (pid, printable(comm)) for pid, comm in unreadable[:NAMED_AT_MOST])
+    if len(unreadable) > NAMED_AT_MOST:
+        named += ' and %d more' % (len(unreadable) - NAMED_AT_MOST)
+    if os.geteuid() == 0:
+        remedy = 'give this root the capability CAP_SYS_PTRACE (a container: --cap-add SYS_PTRACE)'
+    else:
+        remedy = 'run as root (become: true)'
+    return ('%d process(es) could not be inspected for open device nodes (permission denied): %s; '
+            '%s to %s every holder' % (len(unreadable), named, remedy, purpose))
 
 
 def load_holder(pid, devices, protect, own, proc='/proc'):

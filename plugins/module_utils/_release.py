@@ -47,6 +47,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     real_and_effective_uid,
     scan_holders,
     uid_min,
+    uninspectable_warning,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
@@ -375,7 +376,7 @@ class Release:
         self.reported_before = {}  # (pid, start time) -> the driver reported it on a scoped GPU
         self.last_keys = set()
         self.scan_incomplete = False
-        self.unreadable = 0
+        self.unreadable = set()
         self.read_error = None
         self.read_error_permanent = False
         self.last_snapshot = None
@@ -457,7 +458,7 @@ class Release:
 
     def _scan(self):
         scan = scan_holders(self.paths, self.options.protect, self.proc, self.deadline, self.clock)
-        self.unreadable = max(self.unreadable, len(scan.unreadable))
+        self.unreadable.update(scan.unreadable)
         if not scan.complete and not self.scan_incomplete:
             self.scan_incomplete = True
             self._warn('the scan of /proc for holders did not finish within the timeout: processes it did not '
@@ -494,7 +495,7 @@ class Release:
         found = set(holder.pid for holder in scan.holders)
         admitted = []
         for pid, placed in sorted(trusted.items()):
-            if pid in found or pid not in scan.unreadable or not placed & set(self.options.gpus):
+            if pid in found or pid not in scan.unreadable_pids() or not placed & set(self.options.gpus):
                 continue
             holder = load_holder(pid, [], self.options.protect, ancestors(os.getpid(), self.proc), self.proc)
             if holder is None or holder.starttime >= snapshot.read_tick:
@@ -803,9 +804,9 @@ class Release:
                 target.ref.close()
         self._read_facts_after(result)
         result.elapsed_s = round(self.clock() - started, 3)
-        if self.unreadable:
-            self._warn('%d process(es) could not be inspected for open device nodes (permission '
-                       'denied); run with become: true to release every holder' % self.unreadable)
+        warning = uninspectable_warning(self.unreadable, 'release')
+        if warning:
+            self._warn(warning)
         result.warnings = self.warnings
         return result
 

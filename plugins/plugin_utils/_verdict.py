@@ -27,6 +27,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpuops.nvidia.plugins.filter.gpu_scope import gpu_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import spec_problems
 
 # The option a release module message starts with ("timeout must be ...", "signals: ...").
 OPTION_NAME_RE = re.compile(r'^(devices|gpus|signals|grace_period|timeout|memory_threshold_mib)\b')
@@ -62,13 +63,16 @@ SETTING_TYPES = dict(grace_period=float, timeout=float, memory_threshold_mib=int
                      gpus=lambda indexes: [int(index) for index in indexes])
 
 
-def problems(settings):
-    """What is wrong with the role's settings that its argument specs cannot tell (a list of texts).
+def problems(settings, variables=None):
+    """What is wrong with the role's settings (a list of texts).
 
     settings: the gpu_reset_* variables, without the prefix (timeout, grace_period, ...). Those
     the release module takes are checked by its own rules (ReleaseOptions), before any host is
-    touched; the texts name the role's variables."""
-    found = []
+    touched; the texts name the role's variables. variables: every gpu_reset_* variable by its
+    name, checked against the role's argument spec first (a value of the wrong type ends there)."""
+    found = spec_problems(variables or {})
+    if found:
+        return found
     options = {}
     for name in RELEASE_SETTINGS:
         value = settings.get(name)
@@ -213,6 +217,28 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
     return '; '.join(line.strip() for line in lines if line.strip())
 
 
+# What Ansible says when a module gave no result at all: the host's Python did not run it.
+NO_RESULT = ('Module result deserialization failed', 'The module interpreter', 'MODULE FAILURE')
+
+
+def task_error(failure):
+    """Why a task of the role failed, in one line. failure: {task, result, python} (the task's
+    name, its result and the host's ansible_python_interpreter). A module that gave no result
+    because the host's Python could not run it is said to be so, with how to pin another."""
+    result = failure.get('result') if isinstance(failure.get('result'), Mapping) else {}
+    text = ' '.join(str(result.get('msg') or 'failed').split())
+    output = str(result.get('module_stderr') or result.get('module_stdout') or '')
+    said = ' '.join(output.split())
+    if text.startswith(NO_RESULT) and 'Traceback' in said:
+        text += ': ' + output.strip().splitlines()[-1].strip()
+    elif text.startswith(NO_RESULT):
+        python = failure.get('python') or "the Python Ansible found"
+        # The remedy first: a drain reason keeps only the start of the text.
+        text = ('%s could not run the module; set ansible_python_interpreter for this host to a Python 3 that can, '
+                'for example /usr/bin/python3 (it printed: %s)' % (python, said[-200:] or 'nothing'))
+    return '%s: %s' % (failure.get('task') or 'the role', text)
+
+
 def verdict(host, release=None, facts_before=None, facts=None, error=None, gpus=None,
             query=None, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, allow_gpu_reset=False,
             check_mode=False, started=None, now=None):
@@ -222,9 +248,12 @@ def verdict(host, release=None, facts_before=None, facts=None, error=None, gpus=
     escalation (the GPU reset of reset_orphaned) is reported when allow_gpu_reset.
     facts_before: nvidia_gpu_facts read before the release (with a clean query of the user's own).
     facts: nvidia_gpu_facts read after the release (waiting for clean).
-    error: why the role could not finish (a misconfiguration, a module that failed).
+    error: why the role could not finish (a misconfiguration, a module that failed): a text, or
+    {task, result, python} of the task that failed (see task_error).
     query: gpu_reset_clean_query (None: the release module's own test)."""
     release = plain(release) if isinstance(release, Mapping) else {}
+    if isinstance(error, Mapping):
+        error = task_error(plain(error))
     threshold = int(memory_threshold_mib)
     escalation = report_escalation(plain(release.get('escalation')), allow_gpu_reset)
     before = _facts(facts_before)
@@ -365,13 +394,47 @@ def _unique(values):
     return kept
 
 
+HOST_NUMBER_RE = re.compile(r'^(.*?)([0-9]+)([^0-9]*)$')
+
+
+def _ranges(numbers, width):
+    """'001-003,007' for [1, 2, 3, 7] at width 3."""
+    runs = []
+    for number in sorted(numbers):
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ','.join(str(low).zfill(width) + ('-' + str(high).zfill(width) if high > low else '') for low, high in runs)
+
+
+def host_list(names):
+    """names as Slurm's hostlists write them: numbered names of one pattern in ranges
+    (gpu[001-095,097]), the others as they are, sorted."""
+    groups, others = {}, []
+    for name in names:
+        match = HOST_NUMBER_RE.match(name)
+        if match is None:
+            others.append(name)
+            continue
+        groups.setdefault((match.group(1), len(match.group(2)), match.group(3)), []).append(int(match.group(2)))
+    parts = others + ['%s%s%s' % (prefix, ('[%s]' if len(numbers) > 1 else '%s') % _ranges(numbers, width), suffix)
+                      for (prefix, width, suffix), numbers in groups.items()]
+    return ','.join(sorted(parts))
+
+
+def clean_line(found):
+    """The one line for every clean host: how many, their GPUs, their names as a hostlist."""
+    gpus = sum(report.get('gpus_free', 0) for report in found)
+    return 'clean     %d host(s), nothing to do (%d GPU(s) free): %s' % (
+        len(found), gpus, host_list(report['host'] for report in found))
+
+
 def summary_line(report, width=0):
-    """One line for a host's report: what happened, in a few words."""
+    """One line for a host's report that is not clean: what happened, in a few words."""
     host = str(report.get('host')).ljust(width)
     outcome = report.get('outcome')
     signalled = report.get('signalled') or []
-    if outcome == 'clean':
-        return 'clean     %s  nothing to do (%s)' % (host, _gpu_count(report))
     if outcome == 'released':
         text = '%d process(es) stopped' % len(signalled)
         if signalled:
@@ -387,7 +450,8 @@ def summary_line(report, width=0):
         if signalled:
             text += ' (%s)' % ', '.join(_unique(process.get('comm') for process in signalled))
         return 'checked   %s  %s, %s' % (host, text, _gpu_count(report))
-    return 'FAILED    %s  %s' % (host, ' '.join(str(report.get('reason') or 'failed').split()))
+    took = 'after %s s: ' % round(report['duration_s'], 1) if report.get('duration_s') is not None else ''
+    return 'FAILED    %s  %s%s' % (host, took, ' '.join(str(report.get('reason') or 'failed').split()))
 
 
 def reports(hosts, hostvars):
@@ -401,7 +465,8 @@ def reports(hosts, hostvars):
 
 
 def summary(hosts, hostvars, sliced=False):
-    """The playbook's summary: a count line, then a line per host, failed hosts first.
+    """The playbook's summary: a count line, a line per host that is not clean (failed hosts
+    first), then one line for all the clean hosts.
 
     hosts: the play's hosts; hostvars: their variables, where the role left gpu_reset_result;
     sliced: the inventory is one slice of a sliced job."""
@@ -412,9 +477,12 @@ def summary(hosts, hostvars, sliced=False):
         len(found), len(hosts), ' in this slice' if sliced else '', counts['clean'], counts['released'], counts['failed'])
     if counts['would_release']:
         head += ', %d would be released (check mode)' % counts['would_release']
-    width = max([len(host) for host in found] or [0])
     ordered = sorted(found.values(), key=lambda report: (SUMMARY_ORDER.index(report['outcome']), report['host']))
-    lines = [head] + [summary_line(report, width) for report in ordered]
+    named = [report for report in ordered if report['outcome'] != 'clean']
+    width = max([len(report['host']) for report in named] or [0])
+    lines = [head] + [summary_line(report, width) for report in named]
+    if counts['clean']:
+        lines.append(clean_line([report for report in ordered if report['outcome'] == 'clean']))
     if missing:
         lines.append('no result from %s (unreachable, or in a later serial batch)' % ', '.join(missing))
     return lines

@@ -14,6 +14,11 @@ unpacks them under a cache directory keyed by suite and version, so reruns need 
 
 Skipped, with the reason, when not root, without apt or a Debian mirror in the sources, or when
 the mirror cannot be reached; under CI (CI set in the environment) those are failures instead.
+
+NVIDIA's library, run as root, creates the device node /dev/nvidiactl (195, 255) when it finds
+none, and leaves it: afterwards the collection would see a node no driver registered. So the
+binaries run in a private mount namespace whose /dev is a tmpfs of their own (null, zero, full,
+random, urandom), gone when they exit; the host's /dev is left as it was found.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -38,9 +43,50 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReade
 SUITES = {'bookworm': '535.', 'trixie': '550.'}
 PACKAGES = ('nvidia-smi', 'libnvidia-ml1')
 KEYRING = '/usr/share/keyrings/debian-archive-keyring.gpg'
-CACHE = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'),
-                     'gpuops-nvidia', 'real-nvidia')
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# In the checkout (scripts/test.sh sets XDG_CACHE_HOME to .build/cache), not in ~/.cache.
+CACHE = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.join(REPO, '.build', 'cache'),
+                     'gpuops-nvidia', 'real-nvidia')
+
+# Runs "$@" with a /dev of its own: a tmpfs in a private mount namespace, holding the usual
+# character devices only.
+PRIVATE_DEV = """
+set -e
+mount -t tmpfs -o mode=0755,nosuid,size=64k gpuops-private-dev /dev
+for node in null:3 zero:5 full:7 random:8 urandom:9; do
+  mknod -m 0666 "/dev/${node%%:*}" c 1 "${node#*:}"
+done
+exec "$@"
+"""
+
+
+def private_dev(argv):
+    """argv run in a private mount namespace with a /dev of its own (see PRIVATE_DEV)."""
+    if not shutil.which('unshare'):
+        unavailable('unshare (util-linux) is needed to give the real binaries a /dev of their own')
+    return ['unshare', '--mount', '--propagation', 'private', 'bash', '-c', PRIVATE_DEV, 'private-dev'] + list(argv)
+
+
+def smi_in_private_dev(directory, smi):
+    """A program named nvidia-smi in directory that runs the real smi with a /dev of its own."""
+    wrapper = os.path.join(str(directory), 'nvidia-smi')
+    with open(wrapper, 'w') as handle:
+        handle.write('#!/bin/sh\nexec %s "$@"\n' % ' '.join("'%s'" % arg for arg in private_dev([smi])))
+    os.chmod(wrapper, 0o755)
+    return wrapper
+
+
+def device_nodes(dev='/dev'):
+    """The NVIDIA device nodes in dev."""
+    return sorted(name for name in os.listdir(dev) if name.startswith('nvidia'))
+
+
+@pytest.fixture(autouse=True)
+def host_dev_left_as_found():
+    """Every test here leaves the host's /dev as it found it."""
+    before = device_nodes()
+    yield
+    assert device_nodes() == before, 'the real NVIDIA binaries changed the host /dev'
 
 
 def unavailable(reason):
@@ -178,22 +224,33 @@ def test_the_mirror_comes_from_the_hosts_sources(tmp_path):
     assert debian_mirror(str(tmp_path)) == ('http://old.example/debian', None)
 
 
-def test_nvidia_smi_reader_says_the_driver_is_not_loaded(real_nvidia, monkeypatch):
+def test_private_dev_keeps_what_is_made_there_from_the_host(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip('mounting a /dev of its own needs root')
+    marker = 'nvidia-gpuops-test-%d' % os.getpid()
+    proc = subprocess.run(private_dev(['sh', '-c', 'mknod -m 0666 /dev/%s c 195 255 && ls /dev' % marker]),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split()) == sorted(['full', marker, 'null', 'random', 'urandom', 'zero'])
+    assert not os.path.exists('/dev/' + marker)
+
+
+def test_nvidia_smi_reader_says_the_driver_is_not_loaded(real_nvidia, monkeypatch, tmp_path):
     assert real_nvidia['version'].startswith(SUITES[real_nvidia['suite']])
     monkeypatch.setenv('LD_LIBRARY_PATH', real_nvidia['lib_dir'])
     with pytest.raises(GpuopsError) as info:
-        SmiReader(SmiRunner(real_nvidia['smi'])).read()
+        SmiReader(SmiRunner(smi_in_private_dev(tmp_path, real_nvidia['smi']))).read()
     assert str(info.value).startswith(
         "nvidia-smi exited with 9 (the NVIDIA driver is not loaded): NVIDIA-SMI has failed because it "
         "couldn't communicate with the NVIDIA driver.")
 
 
-def test_nvidia_smi_reader_says_the_library_is_missing(real_nvidia, monkeypatch):
+def test_nvidia_smi_reader_says_the_library_is_missing(real_nvidia, monkeypatch, tmp_path):
     if ctypes.util.find_library('nvidia-ml'):
         pytest.skip('this host has a libnvidia-ml of its own')
     monkeypatch.delenv('LD_LIBRARY_PATH', raising=False)
     with pytest.raises(GpuopsError) as info:
-        SmiReader(SmiRunner(real_nvidia['smi'])).read()
+        SmiReader(SmiRunner(smi_in_private_dev(tmp_path, real_nvidia['smi']))).read()
     assert str(info.value).startswith(
         "nvidia-smi exited with 12 (the NVML shared library could not be found or loaded): NVIDIA-SMI "
         "couldn't find libnvidia-ml.so library in your system.")
@@ -227,7 +284,7 @@ def test_nvml_reader_through_nvidia_ml_py(real_nvidia, with_library, expected):
         env['LD_LIBRARY_PATH'] = real_nvidia['lib_dir']
     collections = os.path.join(REPO, '.build', 'collections')
     env['PYTHONPATH'] = collections + os.pathsep + env.get('PYTHONPATH', '')
-    proc = subprocess.run([sys.executable, '-c', NVML_PROBE], capture_output=True, text=True, env=env, timeout=60,
-                          check=False)
+    proc = subprocess.run(private_dev([sys.executable, '-c', NVML_PROBE]), capture_output=True, text=True, env=env,
+                          timeout=60, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().startswith(expected)

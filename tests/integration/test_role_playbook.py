@@ -111,7 +111,10 @@ class Run:
                 self.tasks.setdefault(match.group(2), []).append(task)
 
     def line(self, host):
-        return [line for line in self.summary if line[10:].split(' ', 1)[0] == host]
+        """The summary's line for host: its own, or the one line of the clean hosts naming it."""
+        own = [line for line in self.summary if line[10:].split(' ', 1)[0] == host]
+        return own or [line for line in self.summary
+                       if line.startswith('clean ') and host in line.rsplit(': ', 1)[-1].split(',')]
 
 
 def playbook(inventory, report_dir, *args, **kwargs):
@@ -468,6 +471,80 @@ def test_slurm_prolog_drains_a_node_with_a_lost_gpu(gpuhost_factory, tmp_path):
     assert calls[0].startswith('update nodename=node01 state=drain reason=gpu_reset: GPU 2 lost or unreadable')
 
 
+def test_slurm_hook_names_a_python_that_cannot_run_it(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    proc, calls, log = run_hook(host, tmp_path, 'prolog', SLURM_JOB_GPUS='0', GPU_RESET_PYTHON='/opt/none/bin/python')
+    assert proc.returncode == 1, log
+    assert calls == ['update nodename=node01 state=drain reason=gpu_reset: prolog hook cannot run GPU_RESET_PYTHON '
+                     '/opt/none/bin/python: no such executable; set GPU_RESET_PYTHON to the Python that has ansible-core '
+                     '(job 4242, GPUs 0), see %s' % (tmp_path / 'hook.log')], calls
+
+
+def test_host_whose_python_cannot_run_the_modules_is_told_how_to_pin_one(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    python2 = tmp_path / 'python2'
+    python2.write_text('#!/bin/sh\necho \'  File "<stdin>", line 4\' >&2\necho "SyntaxError: invalid syntax" >&2\nexit 1\n')
+    python2.chmod(0o755)
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(
+        host, tmp_path, 'node', ansible_python_interpreter=str(python2))}}}))
+    run = playbook(inventory, tmp_path / 'reports')
+    assert run.rc == 2
+    assert re.match(r'FAILED    node  after [0-9.]+ s: ', run.line('node')[0]), run.line('node')
+    assert run.line('node')[0].split(' s: ', 1)[1] == (
+        'Release the GPUs: %s could not run the module; set ansible_python_interpreter for this host to a Python 3 '
+        'that can, for example /usr/bin/python3 (it printed: File "<stdin>", line 4 SyntaxError: invalid syntax)'
+        % python2)
+    assert 'deserialization' not in ' '.join(run.summary)
+
+
+def test_example_configuration_keeps_one_line_per_reason_and_no_skipped_lines(gpuhost_factory, tmp_path):
+    # A small fleet: 21 clean hosts, 2 with a job left, 1 with a lost GPU.
+    hosts = dict(('gpu%02d' % n, gpuhost_factory('gpu%02d' % n, gpus=1)) for n in range(1, 25))
+    hosts['gpu04'].fault('lost', gpu=0)
+    for name in ('gpu10', 'gpu20'):
+        hosts[name].hold(gpus=[0], mib=1024)
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': dict(
+        (name, host_vars(host, tmp_path, name)) for name, host in hosts.items())}}))
+    env = dict(ansible_env(), ANSIBLE_CONFIG=os.path.join(REPO, 'examples', 'ansible.cfg'))
+    del env['ANSIBLE_STDOUT_CALLBACK']
+    proc = subprocess.run([os.path.join(BIN, 'ansible-playbook'), '-i', str(inventory), PLAYBOOK],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stdout
+    failed = [line for line in proc.stdout.splitlines() if 'FAILED    gpu04' in line]
+    assert len(failed) == 1, proc.stdout
+    # The whole reason on that one line, however long.
+    assert re.search(r'after [0-9.]+ s: GPU 0 lost or unreadable \(.*\)"?,?$', failed[0]), failed[0]
+    assert len(failed[0]) > 100
+    summary = json.loads(re.search(r'TASK \[Summary\][^\n]*\n[^\n]*=> (\{.*?\n\})', proc.stdout, re.S).group(1))['msg']
+    assert len(summary) == 5, summary
+    assert summary[0] == '24 of 24 host(s): 21 clean, 2 released, 1 failed'
+    assert [line.split()[:2] for line in summary[2:4]] == [['released', 'gpu10'], ['released', 'gpu20']]
+    assert summary[4] == 'clean     21 host(s), nothing to do (21 GPU(s) free): gpu[01-03,05-09,11-19,21-24]'
+    assert 'skipping:' not in proc.stdout
+
+
+def test_slurm_hook_playbook_runner_names_a_python_that_cannot_run_the_modules(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    python2 = tmp_path / 'python2'
+    python2.write_text('#!/bin/sh\necho "SyntaxError: invalid syntax" >&2\nexit 1\n')
+    python2.chmod(0o755)
+    variables = tmp_path / 'node.yml'
+    variables.write_text(json.dumps(dict(
+        ansible_python_interpreter=str(python2), gpu_reset_nvidia_smi_path=host.smi_path,
+        gpu_reset_devices=[host.dev_glob], gpu_reset_lock_file=str(tmp_path / 'hook.lock'))))
+    proc, calls, log = run_hook(host, tmp_path, 'prolog', SLURM_JOB_GPUS='0', GPU_RESET_RUNNER='playbook',
+                                GPU_RESET_VARS_FILE=str(variables))
+    assert proc.returncode == 1, log
+    # Drained by the role all the same (its drain needs no Python), with the reason: its first 200
+    # characters, the remedy among them.
+    assert len(calls) == 1, log
+    assert calls[0].startswith('update nodename=node01 state=drain reason=gpu_reset: Release the GPUs: %s could not '
+                               'run the module; set ansible_python_interpreter for this host' % python2), calls
+    assert 'deserialization failed' not in log.split('TASK [Summary]')[1]
+
+
 def test_target_matching_nothing_fails(tmp_path):
     inventory = tmp_path / 'inventory.yml'
     inventory.write_text('{"gpu_hosts": {"hosts": {"a": {"ansible_connection": "local"}, "b": {}}}}')
@@ -475,6 +552,22 @@ def test_target_matching_nothing_fails(tmp_path):
     assert run.rc != 0
     assert "No host in the inventory matches 'rack9'" in run.out
     assert run.summary is None
+
+
+def test_drain_command_words_reach_it_as_they_are(gpuhost_factory, tmp_path):
+    # The drain runs through the host's shell (raw, no Python needed), every word quoted.
+    host = gpuhost_factory(gpus=1)
+    host.fault('lost', gpu=0)
+    written = tmp_path / 'drained.txt'
+    words = ["x'; touch %s; '" % (tmp_path / 'quote'), '$(touch %s)' % (tmp_path / 'subst'), '`id`', 'a  b', '*']
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(
+        host, tmp_path, 'node', gpu_reset_on_failure='drain',
+        gpu_reset_drain_command=['sh', '-c', 'printf "%s\\n" "$@" >> "$0"', str(written)] + words)}}}))
+    run = playbook(inventory, tmp_path / 'reports')
+    assert run.rc == 2 and run.reports['node']['drained'] is True, run.out
+    assert written.read_text().splitlines() == words
+    assert not (tmp_path / 'quote').exists() and not (tmp_path / 'subst').exists()
 
 
 def test_bad_setting_fails_the_host_clearly(gpuhost_factory, tmp_path):
@@ -486,6 +579,24 @@ def test_bad_setting_fails_the_host_clearly(gpuhost_factory, tmp_path):
     assert run.rc == 2
     line = run.line('node')[0]
     assert line.startswith('FAILED') and 'gpu_reset_on_failure' in line and 'fail, drain' in line, line
+
+
+def test_wrong_value_on_the_command_line_is_named_in_one_short_line(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    job = host.hold(gpus=[0], mib=1024)['pid']
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(host, tmp_path, 'node')}}}))
+    run = playbook(inventory, tmp_path / 'reports', '-e', 'gpu_reset_timeout=5s', '-e', 'gpu_reset_backend=nvml2')
+    assert run.rc == 2
+    assert re.match(r'FAILED    node  after [0-9.]+ s: ', run.line('node')[0]), run.line('node')
+    assert run.line('node')[0].split(' s: ', 1)[1] == (
+        "gpu_reset is misconfigured: gpu_reset_backend is 'nvml2', expected one of auto, nvml, "
+        "nvidia-smi; gpu_reset_timeout is '5s', expected a number")
+    # No dump of the argument spec, no Python class names, nothing signalled.
+    for noise in ('argument_spec_data', 'Validating arguments', '_AnsibleTaggedStr', 'cannot be converted'):
+        assert noise not in run.out, run.out
+    assert max(len(line) for line in run.out.splitlines()) < 300, run.out
+    assert alive(job)
 
 
 @pytest.mark.parametrize('timeout, problem', [

@@ -160,7 +160,7 @@ def test_a_hung_nvidia_smi_drains_the_node_before_slurm_kills_the_hook(node):
 
 def test_a_hook_that_cannot_run_its_checks_drains_the_node_saying_so(node):
     """A Python that is not there (a node set up half-way): the hook still drains the node with a
-    reason that points to its log, rather than Slurm's bare 'Prolog error'."""
+    reason that names it and points to its log, rather than Slurm's bare 'Prolog error'."""
     node.set_conf(python=node.path('no-such-python'))
     job = node.bench.sbatch('--gres=gpu:2', '--output', node.path('nopython.out'), '--wrap', 'true')
     prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
@@ -169,8 +169,11 @@ def test_a_hook_that_cannot_run_its_checks_drains_the_node_saying_so(node):
     # The Epilog, which fails the same way, has drained the node again by now.
     assert node.wait_run('epilog', job).exit == 127
     node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
-    assert re.match(r'gpu_reset: (prolog|epilog) hook could not check the GPUs \(job %s, GPUs [0-9,]+\), see %s$'
-                    % (job, re.escape(node.log)), node.bench.reason()), node.bench.reason()
+    assert re.match(r'gpu_reset: (prolog|epilog) hook cannot run GPU_RESET_PYTHON %s: no such executable; set '
+                    r'GPU_RESET_PYTHON to the Python that has ansible-core \(job %s, GPUs [0-9,]+\), see %s$'
+                    % (re.escape(node.path('no-such-python')), job, re.escape(node.log)),
+                    node.bench.reason()), node.bench.reason()
+
 
 
 # -- release safety: the hook's exit statuses and drain reasons --------------------------------
@@ -184,7 +187,8 @@ def test_a_hook_whose_python_cannot_import_the_collection_drains_saying_so(node)
     prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
     assert node.bench.wait_job(job, 'PENDING', PROLOG_EPILOG_TIMEOUT + 10)['Reason'] == 'launch_failed_requeued_held'
     node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
-    assert re.match(r'gpu_reset: (prolog|epilog) hook could not check the GPUs \(job %s, GPUs [0-9,]+\), see %s$'
+    assert re.match(r'gpu_reset: (prolog|epilog) hook GPU_RESET_PYTHON \S+ cannot import gpuops.nvidia; install '
+                    r'the collection for it or set GPU_RESET_COLLECTIONS_PATH \(job %s, GPUs [0-9,]+\), see %s$'
                     % (job, re.escape(node.log)), node.bench.reason()), node.bench.reason()
     # Python's own 1, which once read as "drained with the reason".
     assert (prolog.exit, prolog.hook_exit) == (1, 2), prolog

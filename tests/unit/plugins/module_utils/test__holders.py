@@ -7,6 +7,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
 import os
 import pwd
 import re
@@ -24,6 +25,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     find_holders,
     scan_holders,
     start_time,
+    uninspectable_warning,
 )
 
 
@@ -229,3 +231,74 @@ def test_a_node_is_found_by_identity_whatever_path_opened_it(devroot, spawn, tmp
     opener = spawn([link])
     holders, dummy = find_holders(expand_devices([str(devroot / 'nvidia1')]))
     assert [(holder.pid, holder.devices) for holder in holders] == [(opener.pid, [str(devroot / 'nvidia1')])]
+
+
+def cap_status(tmp_path, caps):
+    status = tmp_path / 'status'
+    status.write_text('Name:\tpython3\nCapEff:\t%016x\n' % caps)
+    return str(status)
+
+
+def test_root_with_cap_sys_ptrace_gets_no_warning(tmp_path, monkeypatch):
+    # What root with CAP_SYS_PTRACE cannot read (a sandbox's init), nothing it can do would show.
+    monkeypatch.setattr(os, 'geteuid', lambda: 0)
+    status = cap_status(tmp_path, 0x1fffeffffff)
+    assert uninspectable_warning([(1, 'init')], 'see', status) is None
+
+
+def test_root_without_cap_sys_ptrace_is_told_to_grant_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, 'geteuid', lambda: 0)
+    status = cap_status(tmp_path, 0x1fffeffffff & ~(1 << 19))
+    assert uninspectable_warning([(412, 'python3')], 'release', status) == (
+        '1 process(es) could not be inspected for open device nodes (permission denied): pid 412 (python3); '
+        'give this root the capability CAP_SYS_PTRACE (a container: --cap-add SYS_PTRACE) to release every holder')
+
+
+def test_a_user_is_told_to_become_root_and_sees_at_most_five_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, 'geteuid', lambda: 1000)
+    unreadable = [(pid, 'job%d' % pid) for pid in range(10, 17)] + [(10, 'job10')]
+    assert uninspectable_warning(unreadable, 'see', cap_status(tmp_path, 0)) == (
+        '7 process(es) could not be inspected for open device nodes (permission denied): pid 10 (job10), '
+        'pid 11 (job11), pid 12 (job12), pid 13 (job13), pid 14 (job14) and 2 more; run as root (become: true) '
+        'to see every holder')
+    assert uninspectable_warning([], 'see', cap_status(tmp_path, 0)) is None
+
+
+def as_user(uid, function, *args):
+    """function(*args) in a fork of this process that runs as uid (no exec: this Python may sit
+    where uid cannot read it); its return value, as text."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_end)
+            os.setgid(uid)
+            os.setuid(uid)
+            os.write(write_end, str(function(*args)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as handle:
+        text = handle.read()
+    os.waitpid(pid, 0)
+    return text
+
+
+def discovery_as_user(path, pid):
+    """The warning, whether pid is among the uninspectable (pid, comm) and any kernel thread is."""
+    dummy, unreadable = find_holders([path])
+    comms = dict(unreadable)
+    return json.dumps([uninspectable_warning(unreadable, 'see'), comms.get(pid), 2 in comms])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='runs a process as root and looks at it as nobody')
+def test_a_users_discovery_names_the_root_processes_it_cannot_inspect(devroot, spawn):
+    held = spawn([devroot / 'nvidia0'], name='root-job')
+    text, comm, kthreadd = json.loads(as_user(pwd.getpwnam('nobody').pw_uid, discovery_as_user,
+                                              str(devroot / 'nvidia0'), held.pid))
+    assert comm == 'root-job'
+    assert not kthreadd  # kernel threads hold no device node: not counted
+    count = int(re.match(r'^(\d+) process\(es\) could not be inspected for open device nodes '
+                         r'\(permission denied\): pid ', text).group(1))
+    assert len(re.findall(r'pid \d+ \([^)]*\)', text)) == min(count, 5), text
+    assert text.endswith('; run as root (become: true) to see every holder')

@@ -224,16 +224,39 @@ def test_summary_lists_failed_hosts_first_and_counts_every_outcome():
     lines = summary_of({
         'gpu-a': _verdict.verdict('gpu-a', release=release(True)),
         'gpu-b2': _verdict.verdict('gpu-b2', release=release(True, changed=True, before=(4000, 1), signalled=signalled)),
-        'gpu-c': _verdict.verdict('gpu-c', error='Release the GPUs: nvidia-smi\n  not found'),
+        'gpu-c': _verdict.verdict('gpu-c', error='Release the GPUs: nvidia-smi\n  not found', started=100, now=103.26),
         'gpu-d': None,
     })
     assert lines == [
         '3 of 4 host(s): 1 clean, 1 released, 1 failed',
-        'FAILED    gpu-c   Release the GPUs: nvidia-smi; not found',
+        'FAILED    gpu-c   after 3.3 s: Release the GPUs: nvidia-smi; not found',
         'released  gpu-b2  2 process(es) stopped (python3; TERM+KILL), 2 GPU(s) free in 0.5 s',
-        'clean     gpu-a   nothing to do (2 GPU(s) free)',
+        'clean     1 host(s), nothing to do (2 GPU(s) free): gpu-a',
         'no result from gpu-d (unreachable, or in a later serial batch)',
     ]
+
+
+def test_summary_of_100_hosts_with_95_clean_groups_them_in_one_line():
+    reports = dict(('gpu%03d' % n, _verdict.verdict('gpu%03d' % n, release=release(True))) for n in range(1, 101)
+                   if n not in (7, 8, 50, 99, 100))
+    reports['gpu007'] = _verdict.verdict('gpu007', error='GPU 3 lost or unreadable (GPU is lost)', started=0, now=12)
+    reports['login1'] = _verdict.verdict('login1', error='the role failed', started=0, now=1)
+    for n in (8, 50, 99):
+        reports['gpu%03d' % n] = _verdict.verdict('gpu%03d' % n, release=release(True, changed=True, before=(4000, 1)))
+    lines = summary_of(reports)
+    assert len(lines) == 7 < 30
+    assert lines[0] == '100 of 100 host(s): 95 clean, 3 released, 2 failed'
+    assert lines[1] == 'FAILED    gpu007  after 12.0 s: GPU 3 lost or unreadable (GPU is lost)'
+    assert lines[2] == 'FAILED    login1  after 1.0 s: the role failed'
+    assert [line.split()[1] for line in lines[3:6]] == ['gpu008', 'gpu050', 'gpu099']
+    assert lines[6] == ('clean     95 host(s), nothing to do (190 GPU(s) free): '
+                        'gpu[001-006,009-049,051-098]')
+
+
+def test_host_list_writes_numbered_names_in_ranges():
+    assert _verdict.host_list(['n3', 'n1', 'n2', 'n10', 'gpu-a', 'rack2-gpu07', 'rack2-gpu08']) == (
+        'gpu-a,n10,n[1-3],rack2-gpu[07-08]')
+    assert _verdict.host_list(['10.0.0.5']) == '10.0.0.5'
 
 
 def test_summary_in_check_mode_is_one_short_line_per_host():
@@ -328,3 +351,27 @@ def test_the_metrics_template_has_per_gpu_gauges():
     assert 'gpu_reset_gpu_recovery_action{gpu="0",pci_bus_id="00000000:18:00.0",action="none"} 1' in text
     assert 'gpu_reset_gpu_orphaned_mib{gpu="0",pci_bus_id="00000000:18:00.0"} 700' in text
     assert 'gpu_reset_gpu_seconds_until_free' in text and 'gpu_reset_gpu_seconds_until_free{' not in text
+
+
+@pytest.mark.parametrize('result, said', [
+    ({'msg': 'Module result deserialization failed: No start of json char found',
+      'module_stderr': '  File "<stdin>", line 1\nSyntaxError: invalid syntax\n', 'rc': 1},
+     'File "<stdin>", line 1 SyntaxError: invalid syntax'),
+    ({'msg': "The module interpreter '/opt/py/bin/python' was not found.",
+      'module_stderr': '/bin/sh: 1: /opt/py/bin/python: not found\n', 'rc': 127},
+     '/bin/sh: 1: /opt/py/bin/python: not found'),
+    ({'msg': 'Module result deserialization failed: No start of json char found', 'module_stderr': '', 'rc': 0},
+     'nothing'),
+])
+def test_a_python_that_cannot_run_the_module_is_named_with_how_to_pin_another(result, said):
+    report = _verdict.verdict('n1', error={'task': 'Release the GPUs', 'result': result, 'python': '/opt/py/bin/python'})
+    assert report['reason'] == (
+        'Release the GPUs: /opt/py/bin/python could not run the module; set ansible_python_interpreter '
+        'for this host to a Python 3 that can, for example /usr/bin/python3 (it printed: %s)' % said)
+
+
+def test_a_module_that_failed_or_crashed_keeps_its_own_words():
+    assert _verdict.task_error({'task': 'Release the GPUs', 'result': {'msg': 'nvidia-smi\n  not found'}}) == (
+        'Release the GPUs: nvidia-smi not found')
+    crashed = {'msg': 'MODULE FAILURE', 'module_stderr': 'Traceback (most recent call last):\nKeyError: 1'}
+    assert _verdict.task_error({'task': 'Release the GPUs', 'result': crashed}) == 'Release the GPUs: MODULE FAILURE: KeyError: 1'
