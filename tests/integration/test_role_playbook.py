@@ -474,7 +474,7 @@ def test_slurm_prolog_drains_a_node_with_a_lost_gpu(gpuhost_factory, tmp_path):
 def test_slurm_hook_names_a_python_that_cannot_run_it(gpuhost_factory, tmp_path):
     host = gpuhost_factory(gpus=1)
     proc, calls, log = run_hook(host, tmp_path, 'prolog', SLURM_JOB_GPUS='0', GPU_RESET_PYTHON='/opt/none/bin/python')
-    assert proc.returncode == 1, log
+    assert proc.returncode == 2, log  # could not run its checks
     assert calls == ['update nodename=node01 state=drain reason=gpu_reset: prolog hook cannot run GPU_RESET_PYTHON '
                      '/opt/none/bin/python: no such executable; set GPU_RESET_PYTHON to the Python that has ansible-core '
                      '(job 4242, GPUs 0), see %s' % (tmp_path / 'hook.log')], calls
@@ -804,8 +804,9 @@ def test_a_hook_whose_collection_cannot_be_imported_drains_saying_so(gpuhost_fac
                                 GPU_RESET_COLLECTIONS_PATH=str(tmp_path / 'no-collection'))
     assert proc.returncode == 2, log
     assert 'No module named' in log and log.rstrip().endswith('=== prolog job 4242: hook exit 2'), log
-    assert calls == ['update nodename=node01 state=drain reason=gpu_reset: prolog hook could not check the GPUs '
-                     '(job 4242, GPUs 0), see %s' % (tmp_path / 'hook.log')], calls
+    assert calls == ['update nodename=node01 state=drain reason=gpu_reset: prolog hook GPU_RESET_PYTHON %s cannot '
+                     'import gpuops.nvidia; install the collection for it or set GPU_RESET_COLLECTIONS_PATH '
+                     '(job 4242, GPUs 0), see %s' % (sys.executable, tmp_path / 'hook.log')], calls
 
 
 @pytest.mark.parametrize('text', ['GPU_RESET_BUDGET_S=30\nif then fi (\n', 'GPU_RESET_BUDGET_S=30s\n'])
