@@ -175,7 +175,6 @@ def test_a_hook_that_cannot_run_its_checks_drains_the_node_saying_so(node):
                     node.bench.reason()), node.bench.reason()
 
 
-
 # -- release safety: the hook's exit statuses and drain reasons --------------------------------
 
 def test_a_hook_whose_python_cannot_import_the_collection_drains_saying_so(node):
