@@ -11,7 +11,7 @@ __metaclass__ = type
 DOCUMENTATION = r'''
 module: nvidia_gpu_probe
 short_description: Prove that the next job can use each NVIDIA GPU, by allocating on it
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Counters (memory used, processes listed, Xids logged) can read clean on a GPU that still
     fails the next job's first CUDA call. This module asks CUDA itself, on each GPU and in
