@@ -348,6 +348,9 @@ def checks(run_dir, holder_pid, index=0, threshold=None, smi_path='nvidia-smi', 
     return results
 
 
+PROBE_FIELDS = ('index', 'pci_bus_id', 'ok', 'ms', 'mib', 'released', 'call', 'error_name', 'error_string')
+
+
 def probe_summary(result):
     """The figures of one probe run: the module's time, each GPU's time and answer."""
     gpus = (result or {}).get('gpus') or []
@@ -355,8 +358,7 @@ def probe_summary(result):
     return {
         'duration_ms': (result or {}).get('duration_ms'),
         'slowest_gpu_ms': max(times) if times else None,
-        'gpus': [dict((key, gpu.get(key)) for key in ('index', 'pci_bus_id', 'ok', 'ms', 'mib', 'released', 'call',
-                                                       'error_name', 'error_string')) for gpu in gpus],
+        'gpus': [dict((key, gpu.get(key)) for key in PROBE_FIELDS) for gpu in gpus],
         'msg': (result or {}).get('msg'),
     }
 

@@ -79,8 +79,8 @@ def test_exclusive_process_gpu_held_by_another_process_is_unavailable(cudahost):
     result, proc = run_probe(cudahost)
     assert result['failed'], proc.stdout
     gpus = by_index(result)
-    assert (gpus[1]['ok'], gpus[1]['call'], gpus[1]['error_name']) == (False, 'cuCtxCreate_v2',
-                                                                        'CUDA_ERROR_DEVICE_UNAVAILABLE')
+    assert (gpus[1]['ok'], gpus[1]['call']) == (False, 'cuCtxCreate_v2')
+    assert gpus[1]['error_name'] == 'CUDA_ERROR_DEVICE_UNAVAILABLE'
     assert gpus[1]['error_code'] == 46
     assert gpus[1]['error_string'] == 'CUDA-capable device(s) is/are busy or unavailable'
     assert gpus[2]['ok'] is True  # exclusive, but nobody else there
