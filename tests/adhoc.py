@@ -11,12 +11,13 @@ import subprocess
 import sys
 
 
-def run_module(module, args, *flags):
+def run_module(module, args, *flags, **kwargs):
     """Run gpuops.nvidia.MODULE ad hoc on localhost; return (result dict, completed process).
 
     The result gains 'failed' (from the status word) and 'warning_text' (stderr, unwrapped).
+    env= (keyword): the environment to run in instead of this process's.
     """
-    env = dict(os.environ, ANSIBLE_NOCOLOR='1', ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    env = dict(kwargs.get('env') or os.environ, ANSIBLE_NOCOLOR='1', ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     proc = subprocess.run(['ansible', 'localhost', '-c', 'local', '-i', 'localhost,'] + list(flags)
                           + ['-m', 'gpuops.nvidia.' + module, '-a', json.dumps(args)],
                           capture_output=True, text=True, env=env, timeout=120, check=False)

@@ -38,7 +38,8 @@ options:
       - The PCI bus (C(/sys/bus/pci/devices)) and the driver's C(/proc/driver/nvidia/gpus) are
         read under it to tell each GPU's minor number (the N of C(/dev/nvidiaN)) and the GPUs
         the host has but the driver or O(backend) does not list.
-      - O(devices) globs are resolved under it. Processes are always looked up in the real C(/proc).
+      - Device node globs (the C(devices) option, in the modules that have it) are resolved under it.
+        Processes are always looked up in the real C(/proc).
       - Without C(/sys) or C(/proc/driver) under it, minor numbers are unknown, C(/dev/nvidiaN) is
         taken to be the GPU of index N (with a warning where that matters) and no GPU is found
         missing, as before these were read.

@@ -46,7 +46,8 @@ class Runner:
     cause, followed by hint.
 
     path: the program (a name looked up on PATH, or a path); name: how messages call it (the
-    base name of path by default); env: variables added to the environment.
+    base name of path by default); env: variables added to the environment; unset: variables
+    taken out of it.
     """
 
     POLL_S = 0.05
@@ -54,12 +55,13 @@ class Runner:
     # Added to the message of a timeout: what it may mean.
     TIMEOUT_NOTE = ''
 
-    def __init__(self, path, timeout=10.0, name=None, hint=None, env=None):
+    def __init__(self, path, timeout=10.0, name=None, hint=None, env=None, unset=()):
         self.path = path
         self.timeout = timeout
         self.name = name or os.path.basename(path)
         self.hint = hint
         self.env = dict(env or {})
+        self.unset = tuple(unset)
 
     def _hinted(self, text):
         return '%s: %s' % (text, self.hint) if self.hint else text
@@ -84,6 +86,8 @@ class Runner:
         timeout = self.timeout if timeout is None else timeout
         path = self.resolve()
         env = dict(os.environ, LC_ALL='C', LANG='C', **self.env)
+        for name in self.unset:
+            env.pop(name, None)
         try:
             proc = subprocess.Popen([path] + list(args), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,

@@ -20,7 +20,12 @@ usual path (no clean query of the user's own) with the same pieces, on the node 
 3. when the release did not leave the GPUs clean, one read with gpuops.nvidia.nvidia_gpu_facts,
    as the role's "Read the GPUs and check that they are clean" does then;
 4. the verdict: plugin_utils/_verdict.verdict, the role's report and reason;
-5. on failure, the role's default drain command (scontrol ... state=drain reason="gpu_reset: <why>");
+5. when the GPUs read clean, the proof by allocation: gpuops.nvidia.nvidia_gpu_probe on the same
+   GPUs (HOOK_SETTINGS: gpu_reset_probe, on by default; gpu_reset_probe_mib); a GPU whose probe
+   fails makes the node failed, with the CUDA error in the reason. A host without libcuda.so.1
+   is probed with a note in the report, not drained (gpu_reset_probe_missing_library: fail
+   drains it);
+6. on failure, the role's default drain command (scontrol ... state=drain reason="gpu_reset: <why>");
    then the node_exporter metrics (the role's template) and the JSON report, when asked for.
 
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
@@ -71,6 +76,14 @@ COLLECTIONS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION)))
 ROLE = os.path.join(COLLECTION, 'roles', 'gpu_reset')
 # Seconds kept for the drain command at the end of the hook's time (at most a tenth of it).
 DRAIN_RESERVE_S = 5
+# The hook's own settings, beside the role's (whose defaults do not have them yet), with their
+# defaults: the probe is on, with the module's allocation size.
+HOOK_SETTINGS = {
+    'gpu_reset_probe': True,
+    'gpu_reset_probe_mib': 1024,
+    'gpu_reset_probe_missing_library': 'skip',
+    'gpu_reset_probe_cuda_library': 'libcuda.so.1',
+}
 
 
 class NeedsPlaybook(Exception):
@@ -83,7 +96,7 @@ def load_settings(vars_file=None, overrides=None):
 
     with open(os.path.join(ROLE, 'defaults', 'main.yml')) as handle:
         defaults = yaml.safe_load(handle)
-    settings = dict(defaults)
+    settings = dict(HOOK_SETTINGS, **defaults)
     if vars_file:
         with open(vars_file) as handle:
             try:
@@ -257,6 +270,8 @@ def reset(settings, node, scontrol, deadline):
     result = verdict(node, release=release if release and 'released' in release else None, facts=verify,
                      error=error, gpus=gpus, query=None, memory_threshold_mib=threshold,
                      allow_gpu_reset=bool(setting(settings, 'allow_gpu_reset')), started=started)
+    if not found:
+        prove(result, settings, left())
     # A misconfigured node is drained too (see above).
     if result['outcome'] == 'failed' and setting(settings, 'on_failure') == 'drain':
         drain(result, scontrol, node, min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1)))
@@ -270,6 +285,35 @@ def reset(settings, node, scontrol, deadline):
             write_report(setting(settings, 'report_dir'), node, result)
         except (OSError, ValueError) as exc:  # ValueError: ReportPathError, a host name that cannot name a file
             failed(result, 'write the report on the controller', exc)
+    return result
+
+
+def probe_args(settings):
+    """The arguments of the probe, on the GPUs the release was about."""
+    args = dict((name, setting(settings, name)) for name in (
+        'backend', 'nvidia_smi_path', 'host_root', 'memory_threshold_mib'))
+    args.update(probe_mib=setting(settings, 'probe_mib'), missing_library=setting(settings, 'probe_missing_library'),
+                cuda_library=setting(settings, 'probe_cuda_library'))
+    if setting(settings, 'gpus') is not None:
+        args['gpus'] = setting(settings, 'gpus')
+    return args
+
+
+def prove(result, settings, seconds):
+    """After a clean verdict, the proof by allocation: a failed probe fails the node, naming the
+    GPU and the CUDA error; a probe that found no library is noted in the report."""
+    if result['outcome'] == 'failed' or not setting(settings, 'probe'):
+        return result
+    args = probe_args(settings)
+    args['timeout'] = max(1, seconds - 1)
+    try:
+        probe = run_module('nvidia_gpu_probe', args, seconds)
+    except ModuleError as exc:
+        failed(result, 'Prove the GPUs by allocation', exc)
+        return result
+    result['probe'] = dict((key, probe.get(key)) for key in ('probed', 'library_missing', 'gpus', 'duration_ms'))
+    if probe.get('failed'):
+        failed(result, 'Prove the GPUs by allocation', probe.get('msg', 'failed'))
     return result
 
 

@@ -5,7 +5,9 @@
 #
 # The collection on a host with a real NVIDIA GPU: record what the driver says (idle, then with a
 # real CUDA holder on GPU 0), then run nvidia_gpu_facts and nvidia_device_release through the
-# ansible CLI with each backend and check that the holder is stopped and GPU 0 reads free.
+# ansible CLI with each backend and check that the holder is stopped and GPU 0 reads free; then
+# the allocation probe (nvidia_gpu_probe): on the free GPUs (result and latency), and with a
+# holder that fills GPU 0 (its answer). Nothing changes a GPU setting: no compute mode, no reset.
 #
 # Usage: tests/device/check.sh [WHEELS_DIR]
 #
@@ -89,6 +91,7 @@ KERNEL_LOG_ARG=
 if [[ -n $SIM ]]; then
     [[ -f $SIM/var/lib/gpusim/state.json ]] || die "GPUOPS_DEVICE_CHECK_SIM=$SIM is not a gpusim host (run gpusim init)"
     [[ -f $SIM/lib/libnvidia-ml.so.1 ]] || PYTHONPATH="$REPO/tests" "$PYTHON" -m gpusim nvml --root "$SIM" >/dev/null
+    [[ -f $SIM/lib/libcuda.so.1 ]] || PYTHONPATH="$REPO/tests" "$PYTHON" -m gpusim cuda --root "$SIM" >/dev/null
     export PATH="$SIM/bin:$PATH"
     export LD_LIBRARY_PATH="$SIM/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     HOST_ROOT=$SIM
@@ -241,6 +244,57 @@ for backend in nvidia-smi nvml; do
     [[ $rc -le 1 ]] || verdict FAIL "$backend: the checks could not run (rc $rc)"
     stop_holder
 done
+
+# --- the allocation probe: free GPUs, then GPU 0 filled by a holder -------------------------------
+say "== the allocation probe (nvidia_gpu_probe)"
+dir="$OUT/probe"
+mkdir -p "$dir"
+probe_args="{\"backend\": \"nvidia-smi\", \"host_root\": \"$HOST_ROOT\", \"timeout\": 60}"
+run_module "$dir" free nvidia_gpu_probe "$probe_args"
+FREE0=$("$SMI" --query-gpu=memory.free -i 0 --format=csv,noheader,nounits 2>/dev/null | head -n 1 | tr -d ' ') || true
+if [[ -n $SIM ]]; then
+    # What the probe's 1024 MiB cannot fit in: all but 512 MiB of GPU 0's free memory.
+    [[ $FREE0 =~ ^[0-9]+$ ]] || die "nvidia-smi cannot read GPU 0's memory.free"
+    PYTHONPATH="$REPO/tests" step "$PYTHON" -m gpusim hold --root "$SIM" --gpus 0 --mib $((FREE0 - 512)) \
+        --name cuda-filler >"$dir/filler.log" || die "gpusim hold failed (see $dir/filler.log)"
+    HOLDER_PID=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["pid"])' "$dir/filler.log")
+elif [[ $COMPUTE_HOLDER -eq 1 ]]; then
+    # PyTorch takes GPU 0's memory in 1 GiB, then 64 MiB, pieces until none is left.
+    env -u CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER=PCI_BUS_ID "$PYTHON" -c '
+import time, torch
+keep = []
+for size in (1 << 30, 64 << 20):
+    while True:
+        try:
+            keep.append(torch.empty(size, dtype=torch.uint8, device="cuda:0"))
+        except RuntimeError:
+            break
+torch.cuda.synchronize()
+print("ready", flush=True)
+time.sleep(3600)
+' >"$dir/filler.log" 2>&1 &
+    HOLDER_PID=$!
+    waited=0
+    until grep -qx ready "$dir/filler.log" 2>/dev/null; do
+        kill -0 "$HOLDER_PID" 2>/dev/null || die "the filler died before it was ready (see $dir/filler.log)"
+        ((waited++ < 240)) || die "the filler was not ready after 120 s (see $dir/filler.log)"
+        sleep 0.5
+    done
+fi
+if [[ -n $HOLDER_PID ]]; then
+    say "  filler pid $HOLDER_PID on GPU 0: memory.free $("$SMI" --query-gpu=memory.free -i 0 --format=csv,noheader 2>/dev/null | head -n 1) left (was $FREE0 MiB)"
+    run_module "$dir" full nvidia_gpu_probe "$probe_args"
+    stop_holder
+    rc=0
+    record probe-check "$dir" --index 0 >"$dir/checks.txt" || rc=$?
+    while IFS= read -r line; do
+        verdict "${line%% *}" "${line#* }"
+    done <"$dir/checks.txt"
+    [[ $rc -le 1 ]] || verdict FAIL "probe: the checks could not run (rc $rc)"
+    say "  probe figures in $dir/summary.json"
+else
+    verdict SKIP "probe: no holder can fill GPU 0 without torch (the free run is in $dir/free.json)"
+fi
 
 record smi "$OUT/after/smi" --smi "$SMI" >/dev/null
 record nvml "$OUT/after" >/dev/null

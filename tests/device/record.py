@@ -352,6 +352,50 @@ def checks(run_dir, holder_pid, index=0, threshold=None, smi_path='nvidia-smi', 
     return results
 
 
+PROBE_FIELDS = ('index', 'pci_bus_id', 'ok', 'ms', 'mib', 'released', 'call', 'error_name', 'error_string')
+
+
+def probe_summary(result):
+    """The figures of one probe run: the module's time, each GPU's time and answer."""
+    gpus = (result or {}).get('gpus') or []
+    times = [gpu['ms'] for gpu in gpus if gpu.get('ms') is not None]
+    return {
+        'duration_ms': (result or {}).get('duration_ms'),
+        'slowest_gpu_ms': max(times) if times else None,
+        'gpus': [dict((key, gpu.get(key)) for key in PROBE_FIELDS) for gpu in gpus],
+        'msg': (result or {}).get('msg'),
+    }
+
+
+def probe_checks(run_dir, index=0):
+    """Judge the probe's two runs in run_dir: free.json (every GPU free: every probe passes and its
+    memory is released) and full.json (GPU index nearly full: its probe fails with a CUDA error,
+    the other GPUs pass). Writes summary.json beside them; returns [(verdict, name, detail)]."""
+    free, full = _load(os.path.join(run_dir, 'free.json')), _load(os.path.join(run_dir, 'full.json'))
+    summary = {'free': probe_summary(free), 'full': probe_summary(full)}
+    with open(os.path.join(run_dir, 'summary.json'), 'w') as f:
+        json.dump(summary, f, indent=1, sort_keys=True)
+    results = []
+
+    def check(name, ok, detail):
+        results.append(('PASS' if ok else 'FAIL', name, detail))
+
+    gpus = summary['free']['gpus']
+    check('probe, free GPUs: every GPU proven and its probe memory released',
+          bool(gpus) and not (free or {}).get('failed') and all(gpu['ok'] and gpu['released'] for gpu in gpus),
+          'module %s ms, slowest GPU %s ms, msg %s' % (summary['free']['duration_ms'], summary['free']['slowest_gpu_ms'],
+                                                       summary['free']['msg']))
+    full_gpus = dict((gpu['index'], gpu) for gpu in summary['full']['gpus'])
+    held = full_gpus.get(index) or {}
+    check('probe, GPU %d nearly full: fails with a CUDA error' % index,
+          held.get('ok') is False and str(held.get('error_name')).startswith('CUDA_ERROR_'),
+          '%s at %s (%s)' % (held.get('error_name'), held.get('call'), held.get('error_string')))
+    others = [gpu for gpu in full_gpus.values() if gpu['index'] != index]
+    check('probe, GPU %d nearly full: the other GPUs still proven' % index,
+          all(gpu['ok'] for gpu in others), '%d other GPU(s)' % len(others))
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='record.py', description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest='cmd', required=True)
@@ -378,6 +422,9 @@ def main(argv=None):
     p.add_argument('--label', default='')
     p.add_argument('--backend')
     p.add_argument('--no-compute-holder', dest='compute_holder', action='store_false')
+    p = sub.add_parser('probe-check', help="judge the probe's runs; write summary.json; exit 1 on a FAIL")
+    p.add_argument('run_dir')
+    p.add_argument('--index', type=int, default=0)
     args = parser.parse_args(argv)
 
     if args.cmd == 'smi':
@@ -408,6 +455,11 @@ def main(argv=None):
                          compute_holder=args.compute_holder, backend=args.backend)
         for verdict, name, detail in results:
             print('%s %s%s (%s)' % (verdict, args.label, name, detail))
+        return 1 if any(verdict == 'FAIL' for verdict, dummy, dummy in results) else 0
+    elif args.cmd == 'probe-check':
+        results = probe_checks(args.run_dir, args.index)
+        for verdict, name, detail in results:
+            print('%s %s (%s)' % (verdict, name, detail))
         return 1 if any(verdict == 'FAIL' for verdict, dummy, dummy in results) else 0
     return 0
 

@@ -222,6 +222,16 @@ def test_check_sh_passes_on_a_gpusim_host(gpuhost_factory, tmp_path):
     holder_pid = json.loads((out / 'ansible' / 'nvidia-smi' / 'holder.log').read_text())['pid']
     assert (out / 'holder' / 'smi' / 'query_compute_apps.stdout').read_text().startswith('%d, ' % holder_pid)
     assert (out / 'idle' / 'smi' / 'query_compute_apps.stdout').read_text() == ''
+    # The probe: proven on the free GPUs, and GPU 0's answer once a holder leaves it 512 MiB.
+    assert [line.split(' (')[0] for line in lines if 'probe' in line and line.startswith(('PASS', 'FAIL'))] == [
+        'PASS probe, free GPUs: every GPU proven and its probe memory released',
+        'PASS probe, GPU 0 nearly full: fails with a CUDA error',
+        'PASS probe, GPU 0 nearly full: the other GPUs still proven']
+    probe = json.loads((out / 'probe' / 'summary.json').read_text())
+    assert [(gpu['index'], gpu['ok'], gpu['released']) for gpu in probe['free']['gpus']] == [(0, True, True), (1, True, True)]
+    assert probe['free']['duration_ms'] > 0 and probe['free']['slowest_gpu_ms'] > 0
+    assert [(gpu['ok'], gpu['call'], gpu['error_name']) for gpu in probe['full']['gpus']] == [
+        (False, 'cuMemAlloc_v2', 'CUDA_ERROR_OUT_OF_MEMORY'), (True, None, None)]
 
 
 @needs_cc

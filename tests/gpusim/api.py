@@ -7,7 +7,7 @@ import sys
 
 from gpusim import hold as _hold
 from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, RECOVERY_ACTIONS, Paths,
-                          build_state, empty_faults, is_alive, load_records, load_state, minor_of, write_json)
+                          build_state, cuda_code, empty_faults, is_alive, load_records, load_state, minor_of, write_json)
 
 SMI_SCRIPT = """\
 #!{python} -S
@@ -18,7 +18,10 @@ main({root!r})
 """
 
 FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
-               "remap", "retired", "xid", "fallen", "reset-required", "recovery")
+               "remap", "retired", "xid", "fallen", "reset-required", "recovery", "cuda-init", "cuda-hang", "cuda",
+               "compute-mode")
+
+COMPUTE_MODE_NAMES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
 
 HUNG_JOB_RANK_MIB = 76113
 
@@ -66,15 +69,32 @@ class Host:
     def kernel_log(self):
         return self.paths.kernel_log
 
-    def env(self, base=None, nvml=False):
+    def env(self, base=None, nvml=False, cuda=False):
         """Environment for a process on this host: the fake nvidia-smi first on PATH and, with
-        nvml=True, the simulated libnvidia-ml.so.1 first on LD_LIBRARY_PATH (see install_nvml)."""
+        nvml=True or cuda=True, the directory of the simulated libnvidia-ml.so.1 and libcuda.so.1
+        first on LD_LIBRARY_PATH (see install_nvml, install_cuda)."""
         env = dict(os.environ if base is None else base)
         env["PATH"] = self.paths.bin + os.pathsep + env.get("PATH", "/usr/bin:/bin")
-        if nvml:
+        if nvml or cuda:
             old = env.get("LD_LIBRARY_PATH")
             env["LD_LIBRARY_PATH"] = self.paths.nvml_dir + (os.pathsep + old if old else "")
         return env
+
+    def install_cuda(self, cache_dir=None):
+        """Build (once, with gcc) and install the simulated libcuda.so.1 beside libnvidia-ml.so.1;
+        returns its path. env(cuda=True) puts it first on LD_LIBRARY_PATH."""
+        return self._install_library("cuda", cache_dir)
+
+    def _install_library(self, library, cache_dir=None, flavor="current"):
+        from gpusim.nvml_build import LIBRARIES, build
+
+        lib = build(cache_dir, flavor=flavor, library=library)
+        os.makedirs(self.paths.nvml_dir, exist_ok=True)
+        dest = os.path.join(self.paths.nvml_dir, LIBRARIES[library]["soname"])
+        tmp = dest + ".tmp.%d" % os.getpid()
+        shutil.copyfile(lib, tmp)
+        os.replace(tmp, dest)
+        return dest
 
     def install_nvml(self, cache_dir=None, flavor="current"):
         """Build (once, with gcc) and install the simulated libnvidia-ml.so.1; returns its path.
@@ -82,15 +102,7 @@ class Host:
         flavor: "current" (every entry point), "old" (no nvmlDeviceGetMemoryInfo_v2 and no
         nvmlDeviceGetComputeRunningProcesses_v3) or "oldest" (no _v2 process call either);
         see nvml_build.FLAVORS."""
-        from gpusim.nvml_build import SONAME, build
-
-        lib = build(cache_dir, flavor=flavor)
-        os.makedirs(self.paths.nvml_dir, exist_ok=True)
-        dest = os.path.join(self.paths.nvml_dir, SONAME)
-        tmp = dest + ".tmp.%d" % os.getpid()
-        shutil.copyfile(lib, tmp)
-        os.replace(tmp, dest)
-        return dest
+        return self._install_library("nvml", cache_dir, flavor)
 
     @property
     def state(self):
@@ -257,7 +269,13 @@ class Host:
         form "probe" is its three-line form, "line" its one-line form),
         reset-required (gpu, value on/off: the driver says the GPU needs a reset; cleared by
         nvidia-smi -r), recovery (gpu, value: the driver's GPU Recovery Action, none | reset |
-        reboot | drain-p2p | drain-and-reset, on drivers from 565)."""
+        reboot | drain-p2p | drain-and-reset, on drivers from 565),
+        cuda-init (code: the CUresult cuInit returns, by cuda.h name or number; 0 clears),
+        cuda-hang (seconds cuInit sleeps first; 0 clears),
+        cuda (gpu, code: the CUresult the fake libcuda gives on that GPU: CUDA_ERROR_ECC_UNCORRECTABLE
+        when the probe reads back, any other when it creates its context; 0 clears),
+        compute-mode (gpu, value: Default, Exclusive_Process, Prohibited; a context on an
+        Exclusive_Process GPU that another live process holds is CUDA_ERROR_DEVICE_UNAVAILABLE)."""
         kind = kind.replace("_", "-")
         if kind not in FAULT_KINDS:
             raise ValueError("unknown fault %r (known: %s)" % (kind, ", ".join(FAULT_KINDS)))
@@ -306,6 +324,17 @@ class Host:
         elif kind == "xid":
             self._log_xid(state, int(gpu), int(code), text, when, gpu_instance, int(count))
             return
+        elif kind == "cuda-init":
+            faults["cuda_init"] = cuda_code(code if code is not None else "CUDA_ERROR_UNKNOWN")
+        elif kind == "cuda-hang":
+            faults["cuda_hang_s"] = float(seconds if seconds is not None else value)
+        elif kind == "cuda":
+            faults.setdefault("cuda_gpu", {})[str(int(gpu))] = cuda_code(code)
+            faults["cuda_gpu"] = {k: v for k, v in faults["cuda_gpu"].items() if v}
+        elif kind == "compute-mode":
+            if value not in COMPUTE_MODE_NAMES:
+                raise ValueError("compute mode must be one of %s" % ", ".join(COMPUTE_MODE_NAMES))
+            state["gpus"][indexes.index(int(gpu))]["compute_mode"] = value
         elif kind == "fallen":
             self._log_fallen(state, int(gpu), when, form)
             return

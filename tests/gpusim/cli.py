@@ -95,11 +95,22 @@ def _parser():
     f = fs.add_parser("fallen", help="log that a GPU has fallen off the bus, without an Xid")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("--form", choices=("probe", "line"), default="probe")
+    f = fs.add_parser("cuda-init", help="the CUresult cuInit of the fake libcuda returns")
+    f.add_argument("--code", default="CUDA_ERROR_UNKNOWN", help="cuda.h name or number; 0 clears")
+    f = fs.add_parser("cuda-hang", help="cuInit of the fake libcuda sleeps first")
+    f.add_argument("--seconds", type=float, required=True)
+    f = fs.add_parser("cuda", help="the CUresult the fake libcuda gives on a GPU")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("--code", required=True, help="cuda.h name or number; 0 clears")
+    f = fs.add_parser("compute-mode", help="a GPU's compute mode")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("value", choices=("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process"))
 
     c = cmd("scenario", help="start a ready-made situation")
     c.add_argument("name", choices=("hung-job",))
     c.add_argument("--release-delay", type=float, default=0.0)
 
+    cmd("cuda", help="build and install the simulated libcuda.so.1 (needs gcc)")
     c = cmd("nvml", help="build and install the simulated libnvidia-ml.so.1 (needs gcc)")
     c.add_argument("--flavor", choices=("current", "old", "oldest"), default="current",
                    help="old: no memory _v2, no processes _v3; oldest: no processes _v2 either")
@@ -159,10 +170,21 @@ def main(argv=None):
                            count=args.count)
             elif k == "fallen":
                 host.fault(k, gpu=args.gpu, form=args.form)
+            elif k == "cuda-init":
+                host.fault(k, code=args.code)
+            elif k == "cuda-hang":
+                host.fault(k, seconds=args.seconds)
+            elif k == "cuda":
+                host.fault(k, gpu=args.gpu, code=args.code)
+            elif k == "compute-mode":
+                host.fault(k, gpu=args.gpu, value=args.value)
             else:
                 host.fault(k, value=args.value)
         elif args.cmd == "scenario":
             print(json.dumps(host.scenario(args.name, release_delay=args.release_delay)))
+        elif args.cmd == "cuda":
+            lib = host.install_cuda()
+            print(json.dumps({"lib": lib, "LD_LIBRARY_PATH": os.path.dirname(lib)}))
         elif args.cmd == "nvml":
             lib = host.install_nvml(flavor=args.flavor)
             print(json.dumps({"lib": lib, "LD_LIBRARY_PATH": os.path.dirname(lib)}))

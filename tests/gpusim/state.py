@@ -287,6 +287,11 @@ def empty_faults():
         "retired_pending": {},  # str(index) -> bool; absent: not supported (Ampere and newer)
         "reset_required": {},  # str(index) -> True: the driver says the GPU needs a reset
         "recovery": {},        # str(index) -> the driver's GPU Recovery Action (RECOVERY_ACTIONS)
+        # The fake libcuda (libcuda/cuda.c): what cuInit returns (0: success), how long it
+        # hangs first, and the CUresult each GPU's probe meets (str(index) -> code).
+        "cuda_init": 0,
+        "cuda_hang_s": 0.0,
+        "cuda_gpu": {},
     }
 
 
@@ -350,21 +355,29 @@ def gpu_usage(paths, state, records=None, now=None):
         mib = int(rec.get("mib", 0))
         alive = record_alive(rec)
         rec["alive"] = alive
+        freed = _freed(rec)
         if alive:
-            live.append(rec)
+            # A process of the fake libcuda that freed its allocation on a GPU no longer holds it.
+            rec["gpus"] = [i for i in rec["gpus"] if i not in freed]
+            if rec["gpus"]:
+                live.append(rec)
             for i in rec["gpus"]:
                 if i in used:
                     used[i] += mib
                     util[i] = max(util[i], int(rec.get("util", 0)))
-            continue
-        rec.update(mark_dead(paths, rec, now))
+        else:
+            rec.update(mark_dead(paths, rec, now))
         cleared = set(rec.get("reset_gpus", ()))
-        counts = rec.get("leak") or (now < rec["died_at"] + delay)
-        if counts:
-            for i in rec["gpus"]:
-                if i in used and i not in cleared:
-                    used[i] += mib
+        for i in rec["gpus"] if not alive else freed:
+            released_at = freed.get(i, rec.get("died_at"))
+            if i in used and i not in cleared and (rec.get("leak") or now < released_at + delay):
+                used[i] += mib
     return used, util, live
+
+
+def _freed(rec):
+    """{GPU index: time} of the allocations a live process freed (records of the fake libcuda)."""
+    return {int(i): float(at) for i, at in (rec.get("freed") or {}).items()}
 
 
 def gpu_reserved(gpu):
@@ -425,6 +438,35 @@ def recovery_action(state, index):
     if action is None and (faults.get("reset_required") or {}).get(str(index)):
         action = "reset"
     return action or "none"
+# CUresult numbers of the CUDA driver API (cuda.h of CUDA 12.4, enum cudaError_enum), for the
+# faults of the fake libcuda; libcuda/cuda.c carries the same table with cuGetErrorString's texts.
+CUDA_ERRORS = {
+    "CUDA_SUCCESS": 0,
+    "CUDA_ERROR_INVALID_VALUE": 1,
+    "CUDA_ERROR_OUT_OF_MEMORY": 2,
+    "CUDA_ERROR_NOT_INITIALIZED": 3,
+    "CUDA_ERROR_DEVICE_UNAVAILABLE": 46,
+    "CUDA_ERROR_NO_DEVICE": 100,
+    "CUDA_ERROR_INVALID_DEVICE": 101,
+    "CUDA_ERROR_ECC_UNCORRECTABLE": 214,
+    "CUDA_ERROR_OPERATING_SYSTEM": 304,
+    "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+    "CUDA_ERROR_LAUNCH_FAILED": 719,
+    "CUDA_ERROR_SYSTEM_NOT_READY": 802,
+    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": 803,
+    "CUDA_ERROR_UNKNOWN": 999,
+}
+
+
+def cuda_code(code):
+    """A CUresult from its cuda.h name (CUDA_ERROR_ECC_UNCORRECTABLE, or ECC_UNCORRECTABLE) or number."""
+    if isinstance(code, int) or str(code).isdigit():
+        return int(code)
+    name = str(code).upper().replace("-", "_")
+    name = name if name.startswith("CUDA_") else "CUDA_ERROR_" + name
+    if name not in CUDA_ERRORS:
+        raise ValueError("unknown CUDA error %r (known: %s)" % (code, ", ".join(sorted(CUDA_ERRORS))))
+    return CUDA_ERRORS[name]
 
 
 def flat_text(path, data):
@@ -451,6 +493,8 @@ def _flat_state(state):
         "driver_not_loaded %d" % bool(faults.get("driver_not_loaded")),
         "no_devices %d" % bool(faults.get("no_devices")),
         "mismatch %d" % bool(faults.get("mismatch")),
+        "cuda_init %d" % int(faults.get("cuda_init") or 0),
+        "cuda_hang %r" % float(faults.get("cuda_hang_s") or 0.0),
     ]
     for g in state.get("gpus", []):
         key = str(g["index"])
@@ -467,6 +511,9 @@ def _flat_state(state):
     for g in state.get("gpus", []):
         lines.append("mem %d %d %d" % (g["index"], int(g.get("idle_used_mib", 0)), gpu_reserved(g)))
         lines.append("minor %d %d" % (g["index"], g.get("minor", g["index"])))
+    # After the gpu lines: the C library applies each to a GPU it has read.
+    for key, code in sorted((faults.get("cuda_gpu") or {}).items()):
+        lines.append("cuda_gpu %d %d" % (int(key), int(code)))
     for na in faults.get("na", []):
         field = NA_ALIASES.get(na["field"], na["field"])
         gpu = -1 if na.get("gpu") is None else int(na["gpu"])
@@ -491,5 +538,6 @@ def _flat_record(rec):
         "died_at %r" % (-1.0 if died is None else float(died)),
         "gpus %s" % " ".join(str(i) for i in rec.get("gpus", ())),
         "reset %s" % " ".join(str(i) for i in rec.get("reset_gpus", ())),
+        "freed %s" % " ".join("%d %r" % (int(i), float(at)) for i, at in sorted((rec.get("freed") or {}).items())),
         "name %s" % _one_line(rec.get("process_name") or rec.get("comm") or ""),
     ]) + "\n"

@@ -88,11 +88,13 @@ def hook(gpuhost, tmp_path):
     scontrol.write_text('#!%s\nimport json, sys\njson.dump(sys.argv[1:], open(%r, "w"))\n' % (sys.executable, str(drained)))
     scontrol.chmod(0o755)
     variables = tmp_path / 'gpu_reset.yml'
+    cuda = gpuhost.install_cuda()
 
     def run(*args, **more):
         """more: gpu_reset_* variables over the fixture's own."""
         variables.write_text(yaml.safe_dump(dict({
             'gpu_reset_nvidia_smi_path': gpuhost.smi_path, 'gpu_reset_host_root': gpuhost.root,
+            'gpu_reset_backend': 'nvidia-smi', 'gpu_reset_probe_cuda_library': cuda,
             'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_grace_period': 0.5}, **more)))
         proc = subprocess.run([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook',
                                '--node', 'gpu07', '--vars-file', str(variables), '--scontrol', str(scontrol)] + list(args),
@@ -105,6 +107,58 @@ def hook(gpuhost, tmp_path):
 def test_a_clean_host_is_clean_and_nothing_is_drained(hook):
     rc, report, drained = hook('--timeout', '5')
     assert (rc, report['outcome'], report['signalled'], drained) == (0, 'clean', [], None)
+    # Proven by allocation, every GPU.
+    assert report['probe']['probed'] is True
+    assert [(gpu['ok'], gpu['released']) for gpu in report['probe']['gpus']] == [(True, True)] * 8
+
+
+@pytest.mark.parametrize('fault, reason', [
+    (dict(kind='cuda', gpu=2, code='ECC_UNCORRECTABLE'),
+     'Prove the GPUs by allocation: the allocation probe failed on 1 of 2 GPUs: GPU 2 (00000000:3A:00.0): '
+     'CUDA_ERROR_ECC_UNCORRECTABLE at cuMemcpyDtoH_v2 (uncorrectable ECC error encountered)'),
+    (dict(kind='cuda', gpu=1, code='DEVICE_UNAVAILABLE'),
+     'Prove the GPUs by allocation: the allocation probe failed on 1 of 2 GPUs: GPU 1 (00000000:2A:00.0): '
+     'CUDA_ERROR_DEVICE_UNAVAILABLE at cuCtxCreate_v2 (CUDA-capable device(s) is/are busy or unavailable)'),
+    (dict(kind='stuck', gpu=1, mib=143200),
+     None),  # orphaned memory: the counters already fail it, before any probe
+    (dict(kind='cuda-init', code='CUDA_ERROR_NO_DEVICE'),
+     'Prove the GPUs by allocation: the allocation probe failed on 2 of 2 GPUs: GPU 1 (00000000:2A:00.0): '
+     'CUDA_ERROR_NO_DEVICE at cuInit (no CUDA-capable device is detected); GPU 2 (00000000:3A:00.0): '
+     'CUDA_ERROR_NO_DEVICE at cuInit (no CUDA-capable device is detected)'),
+])
+def test_a_failed_probe_drains_with_the_cuda_error(gpuhost, hook, fault, reason):
+    gpuhost.fault(fault.pop('kind'), **fault)
+    rc, report, drained = hook('--gpus', '1,2', '--timeout', '5')
+    assert rc == _slurm_hook.RUNNER_DRAINED and report['outcome'] == 'failed'
+    if reason is None:
+        assert 'probe' not in report and 'orphaned memory' in report['reason']
+    else:
+        assert report['reason'] == reason
+    assert drained == ['update', 'nodename=gpu07', 'state=drain', 'reason=' + drain_reason(report['reason'])]
+
+
+def test_a_hung_probe_drains_naming_the_timeout(gpuhost, hook):
+    gpuhost.fault('cuda-hang', seconds=300)
+    rc, report, drained = hook('--gpus', '0', '--timeout', '5', '--deadline', '8')
+    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert 'GPU 0 (00000000:18:00.0): PROBE_TIMEOUT' in report['reason'] and drained
+
+
+def test_the_probe_can_be_turned_off(gpuhost, hook):
+    gpuhost.fault('cuda', gpu=0, code='ECC_UNCORRECTABLE')
+    rc, report, drained = hook('--timeout', '5', gpu_reset_probe=False)
+    assert (rc, report['outcome'], drained) == (0, 'clean', None)
+    assert 'probe' not in report
+
+
+def test_a_host_without_libcuda_is_noted_not_drained_unless_asked(hook):
+    rc, report, drained = hook('--timeout', '5', gpu_reset_probe_cuda_library='libcuda-absent.so.1')
+    assert (rc, report['outcome'], drained) == (0, 'clean', None)
+    assert (report['probe']['probed'], report['probe']['library_missing']) == (False, True)
+    rc, report, drained = hook('--timeout', '5', gpu_reset_probe_cuda_library='libcuda-absent.so.1',
+                               gpu_reset_probe_missing_library='fail')
+    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert 'libcuda-absent.so.1 cannot be loaded' in report['reason']
 
 
 def test_only_the_jobs_gpus_are_released(gpuhost, hook):

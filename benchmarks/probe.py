@@ -1,0 +1,154 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""What the proof by allocation costs, on a clean simulated 8-GPU host (gpusim, its libcuda.so.1).
+
+Times, interleaved so that a change in the machine's load hits every variant alike:
+
+  child        the probe's child alone (python -I -S -c <_cuda.py>): cuInit, then context,
+               allocation, write, read back, free and destroy on the 8 GPUs in parallel
+  module       gpuops.nvidia.nvidia_gpu_probe run as a program, as the Slurm hook's runner runs
+               it: read the GPUs, the child, wait until the probe's memory reads released
+  hook         the Slurm hook's module runner (plugin_utils/_slurm_hook) for one job, probe off
+  hook+probe   the same with the probe on (its default)
+
+Prints the median (and min, max) of each, and what the probe adds to the hook. The figures are
+gpusim's: on a real host the child's time is the driver's (context creation dominates), which
+tests/device/check.sh records.
+
+Usage: python3 benchmarks/probe.py [--runs 7] [--mib 1024]
+Needs gcc (gpusim's libcuda.so.1) and ansible-core (the repository's .venv is used when present).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, 'tests'))
+
+from gpusim.api import Host  # noqa: E402
+
+COLLECTIONS = os.path.join(REPO, '.build', 'collections')
+VARIANTS = ('child', 'module', 'hook', 'hook+probe')
+
+
+def reexec_in_venv():
+    """Run under the repository's .venv (ansible-core) when this Python has no ansible."""
+    import importlib.util
+
+    venv = os.path.join(REPO, '.venv', 'bin', 'python')
+    if importlib.util.find_spec('ansible') is None:
+        if os.path.exists(venv) and os.path.realpath(sys.executable) != os.path.realpath(venv):
+            os.execv(venv, [venv] + sys.argv)
+        sys.exit('ansible-core is not installed for %s (nor is %s there)' % (sys.executable, venv))
+
+
+def link_collection():
+    link = os.path.join(COLLECTIONS, 'ansible_collections', 'gpuops', 'nvidia')
+    if not os.path.exists(link):
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        os.symlink(REPO, link)
+
+
+def timed(argv, env):
+    started = time.monotonic()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+    took = time.monotonic() - started
+    return took, proc
+
+
+class Bench:
+    def __init__(self, host, mib, workdir):
+        self.host = host
+        self.mib = mib
+        self.workdir = workdir
+        self.env = dict(host.env(cuda=True), PYTHONPATH=COLLECTIONS, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS)
+        self.gpus = [dict(index=g['index'], pci_bus_id=g['pci_bus_id']) for g in host.state['gpus']]
+
+    def child(self):
+        with open(os.path.join(REPO, 'plugins', 'module_utils', '_cuda.py')) as handle:
+            source = handle.read()
+        request = json.dumps(dict(library='libcuda.so.1', mib=self.mib, gpus=self.gpus))
+        took, proc = timed([sys.executable, '-I', '-S', '-c', source, request], self.env)
+        answer = json.loads(proc.stdout)
+        assert all(gpu['ok'] for gpu in answer['gpus']), proc.stdout
+        return took
+
+    def module(self):
+        args = os.path.join(self.workdir, 'args.json')
+        with open(args, 'w') as handle:
+            json.dump({'ANSIBLE_MODULE_ARGS': dict(nvidia_smi_path=self.host.smi_path, backend='nvidia-smi',
+                                                   host_root=self.host.root, probe_mib=self.mib)}, handle)
+        took, proc = timed([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.modules.nvidia_gpu_probe',
+                            args], self.env)
+        result = json.loads(proc.stdout)
+        assert not result.get('failed') and all(gpu['released'] for gpu in result['gpus']), proc.stdout
+        return took
+
+    def hook(self, probe):
+        variables = os.path.join(self.workdir, 'gpu_reset.yml')
+        with open(variables, 'w') as handle:
+            json.dump({'gpu_reset_nvidia_smi_path': self.host.smi_path, 'gpu_reset_host_root': self.host.root,
+                       'gpu_reset_backend': 'nvidia-smi', 'gpu_reset_lock_file': os.path.join(self.workdir, 'lock'),
+                       'gpu_reset_probe': probe, 'gpu_reset_probe_mib': self.mib}, handle)
+        took, proc = timed([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook',
+                            '--node', 'bench', '--vars-file', variables, '--scontrol', '/bin/true'], self.env)
+        report = json.loads(proc.stdout)
+        assert proc.returncode == 0 and report['outcome'] == 'clean', proc.stdout + proc.stderr
+        assert ('probe' in report) is probe
+        return took
+
+    def run(self, variant):
+        if variant == 'child':
+            return self.child()
+        if variant == 'module':
+            return self.module()
+        return self.hook(variant == 'hook+probe')
+
+
+def line(name, values):
+    return '%-11s median %6.3f s   min %6.3f   max %6.3f   (%d runs)' % (
+        name, statistics.median(values), min(values), max(values), len(values))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
+    parser.add_argument('--runs', type=int, default=7)
+    parser.add_argument('--mib', type=int, default=1024)
+    args = parser.parse_args()
+    reexec_in_venv()
+    link_collection()
+    workdir = tempfile.mkdtemp(prefix='gpuops-probe-bench-')
+    host = Host(os.path.join(workdir, 'host'))
+    try:
+        host.init(gpus=8)
+        host.install_cuda()
+        bench = Bench(host, args.mib, workdir)
+        times = dict((variant, []) for variant in VARIANTS)
+        for variant in VARIANTS:  # warm up: the library build, the page cache
+            bench.run(variant)
+        for dummy in range(args.runs):
+            for variant in VARIANTS:
+                times[variant].append(bench.run(variant))
+        print('Proof by allocation on a clean simulated 8-GPU host (gpusim), %d MiB per GPU, %d CPUs:'
+              % (args.mib, os.cpu_count()))
+        for variant in VARIANTS:
+            print(line(variant, times[variant]))
+        print('the probe adds %.3f s to the hook per job (medians)'
+              % (statistics.median(times['hook+probe']) - statistics.median(times['hook'])))
+    finally:
+        host.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,331 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""Proof by allocation: each GPU in scope is opened through the CUDA driver API by its PCI bus id,
+in a child process bounded by a deadline (_cuda.py is the child), and the GPU counts as proven
+only once the reader shows the probe's own memory released again."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import inspect
+import json
+import signal
+import sys
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _cuda
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
+    DEFAULT_MEMORY_THRESHOLD_MIB,
+    GpuopsError,
+    check_seconds,
+    printable,
+    reader_argument_spec,
+)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
+
+# MiB each GPU's probe allocates and writes. The point is to prove that memory the counters call
+# free can be allocated and written, not to test all of it: a CUDA context alone costs a few
+# hundred MiB (about 500 MiB on an H100), and 1 GiB more spans hundreds of the driver's 2 MiB
+# pages across every memory partition. Writing it takes about a millisecond at HBM speed
+# (0.3 ms at 3.3 TB/s on an H100, 3 ms at 300 GB/s on a T4), so the time is in context creation,
+# not here. A job that races the probe loses 1 GiB for well under a second: under 1 % of an
+# 80 GiB GPU and about 6 % of a 16 GiB one. Orphaned memory large enough to leave less than
+# this is already a counter's finding; what this proves is that the rest really works.
+DEFAULT_PROBE_MIB = 1024
+DEFAULT_TIMEOUT_S = 30.0
+# How often the GPUs are read while the probe's memory is being released.
+RELEASE_POLL_S = 0.05
+PROBE_NAME = 'the CUDA probe'
+# CUDA reads these to number and hide devices; the probe addresses GPUs by bus id and ignores both.
+CUDA_ENVIRONMENT = ('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER')
+MISSING_LIBRARY_CHOICES = ('fail', 'skip')
+
+
+def probe_argument_spec():
+    spec = dict(
+        gpus=dict(type='list', elements='int'),
+        probe_mib=dict(type='int', default=DEFAULT_PROBE_MIB),
+        timeout=dict(type='float', default=DEFAULT_TIMEOUT_S),
+        memory_threshold_mib=dict(type='int', default=DEFAULT_MEMORY_THRESHOLD_MIB),
+        missing_library=dict(type='str', default='fail', choices=list(MISSING_LIBRARY_CHOICES)),
+        cuda_library=dict(type='str', default=_cuda.LIBRARY),
+    )
+    spec.update(reader_argument_spec())
+    return spec
+
+
+class ProbeOptions:
+    """Validated options of a probe."""
+
+    def __init__(self, gpus=None, probe_mib=DEFAULT_PROBE_MIB, timeout=DEFAULT_TIMEOUT_S,
+                 memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, missing_library='fail',
+                 cuda_library=_cuda.LIBRARY, expected_gpus=None):
+        problem = check_seconds('timeout', timeout, positive=True)
+        if problem:
+            raise GpuopsError(problem)
+        if probe_mib is None or probe_mib < 1:
+            raise GpuopsError('probe_mib must be 1 or more, got %s' % probe_mib)
+        if gpus is not None and not gpus:
+            raise GpuopsError('gpus is an empty list: name the GPUs to probe, or leave gpus out to probe every GPU')
+        if memory_threshold_mib < 0:
+            raise GpuopsError('memory_threshold_mib must be zero or more, got %s' % memory_threshold_mib)
+        if missing_library not in MISSING_LIBRARY_CHOICES:
+            raise GpuopsError('missing_library must be fail or skip, got %r' % (missing_library,))
+        check_expected_gpus(None, expected_gpus)
+        self.gpus, self.probe_mib, self.timeout = gpus, probe_mib, timeout
+        self.memory_threshold_mib, self.missing_library = memory_threshold_mib, missing_library
+        self.cuda_library, self.expected_gpus = cuda_library, expected_gpus
+
+    @classmethod
+    def from_params(cls, params):
+        return cls(params.get('gpus'), params['probe_mib'], params['timeout'], params['memory_threshold_mib'],
+                   params['missing_library'], params['cuda_library'], params.get('expected_gpus'))
+
+
+def gpu_name(gpu):
+    """How messages name a GPU: its index and its bus id."""
+    if gpu.get('index') is None:
+        return 'GPU %s' % gpu.get('pci_bus_id')
+    return 'GPU %s (%s)' % (gpu['index'], gpu.get('pci_bus_id'))
+
+
+def blank_result(gpu):
+    """A GPU's result before its probe: nothing proven yet."""
+    return dict(index=gpu.get('index'), pci_bus_id=gpu.get('pci_bus_id'), ok=None, ms=None, mib=0, call=None,
+                error_code=None, error_name=None, error_string=None, released=None)
+
+
+def describe_failure(result):
+    """One line for a failed GPU: the GPU, the CUDA error's name, the call, the driver's text."""
+    text = result.get('error_name') or 'failed'
+    if result.get('call'):
+        text += ' at %s' % result['call']
+    if result.get('error_string'):
+        text += ' (%s)' % printable(result['error_string'], limit=300)
+    return '%s: %s' % (gpu_name(result), text)
+
+
+class ProbeResult:
+    """What a probe found: one result per GPU in scope, and what to say about it."""
+
+    def __init__(self, gpus):
+        self.gpus = gpus
+        self.warnings = []
+        self.probed = False
+        self.skipped = False
+        self.library_error = None
+        self.started = time.monotonic()
+        self.duration_ms = None
+
+    @property
+    def failure(self):
+        """The message that fails the task, or None when every GPU was proven (or nothing was probed)."""
+        if self.library_error and not self.skipped:
+            return self.library_error
+        failed = [describe_failure(gpu) for gpu in self.gpus if gpu['ok'] is False]
+        if not failed:
+            return None
+        return 'the allocation probe failed on %d of %d GPUs: %s' % (len(failed), len(self.gpus), '; '.join(failed))
+
+    def dump(self):
+        return dict(changed=False, probed=self.probed, library_missing=self.skipped, gpus=self.gpus,
+                    duration_ms=self.duration_ms)
+
+
+def select_gpus(snapshot, wanted):
+    """The GPUs in scope: every GPU the reader and the host know (lost ones included), or those
+    whose index is in wanted; an index that is not there is an error."""
+    known = snapshot.gpus + snapshot.missing
+    if wanted is None:
+        return known
+    indexes = set(gpu.get('index') for gpu in known)
+    unknown = sorted(set(wanted) - indexes)
+    if unknown:
+        raise GpuopsError('gpus: no GPU of index %s on this host (indexes seen: %s)' % (
+            ', '.join(str(index) for index in unknown),
+            ', '.join(str(index) for index in sorted(index for index in indexes if index is not None)) or 'none'))
+    return [gpu for gpu in known if gpu.get('index') in set(wanted)]
+
+
+def child_source():
+    """The child's program: the source of _cuda, which runs main() as __main__."""
+    return inspect.getsource(_cuda)
+
+
+class ProbeChild:
+    """Runs the child with a deadline and returns its answer; a child that hangs is killed with
+    everything it started, one that dies or prints garbage is said in words (GpuopsError)."""
+
+    def __init__(self, python=None, library=_cuda.LIBRARY):
+        self.runner = Runner(python or sys.executable, name=PROBE_NAME, unset=CUDA_ENVIRONMENT)
+        self.library = library
+        self.pid = None
+
+    def run(self, gpus, mib, timeout):
+        request = dict(library=self.library, mib=mib,
+                       gpus=[dict(index=gpu.get('index'), pci_bus_id=gpu['pci_bus_id']) for gpu in gpus])
+        rc, stdout, stderr = self.runner.run(['-I', '-S', '-c', child_source(), json.dumps(request)], timeout=timeout)
+        if rc != 0:
+            raise GpuopsError('%s %s%s' % (PROBE_NAME, exit_words(rc), said(stderr)))
+        answer = parse_answer(stdout, stderr)
+        self.pid = answer.get('pid')
+        return answer
+
+
+def exit_words(rc):
+    if rc < 0:
+        try:
+            return 'was killed by %s' % signal.Signals(-rc).name
+        except ValueError:
+            return 'was killed by signal %d' % -rc
+    return 'exited with status %d' % rc
+
+
+def said(stderr):
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return ': %s' % printable(lines[-1], limit=300) if lines else ''
+
+
+def parse_answer(stdout, stderr):
+    """The child's JSON answer; GpuopsError when it printed something else."""
+    try:
+        answer = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or not isinstance(answer.get('gpus'), list):
+        raise GpuopsError('%s gave no answer that can be read (it printed %r)%s' % (
+            PROBE_NAME, printable(stdout.strip(), limit=200), said(stderr)))
+    return answer
+
+
+def fail_all(results, **fields):
+    for result in results:
+        result.update(ok=False, mib=0)
+        result.update(fields)
+        result['ok'] = False
+
+
+def merge(results, answer):
+    """Put the child's answer into the results of the GPUs it probed (same order)."""
+    if answer.get('init'):
+        fail_all(results, **answer['init'])
+        return
+    if len(answer['gpus']) != len(results):
+        fail_all(results, error_name='PROBE_ERROR', error_string='%s answered for %d GPUs, asked for %d' % (
+            PROBE_NAME, len(answer['gpus']), len(results)))
+        return
+    for result, found in zip(results, answer['gpus']):
+        fields = dict((key, found.get(key)) for key in ('ok', 'ms', 'mib', 'call', 'error_code', 'error_name',
+                                                        'error_string'))
+        fields['ok'] = fields['ok'] is True
+        result.update(fields)
+
+
+class Prober:
+    """One probe: read, allocate on each GPU in the child, wait until the probe's memory is
+    released, say what was found. The reader is the one seam to the GPUs' counters, the child
+    the one to CUDA."""
+
+    def __init__(self, reader, options, child=None):
+        self.reader = reader
+        self.options = options
+        self.child = child or ProbeChild(library=options.cuda_library)
+        self.deadline = time.monotonic() + options.timeout
+
+    def left(self):
+        return max(0.0, self.deadline - time.monotonic())
+
+    def run(self, check_mode=False):
+        snapshot = self.reader.read(timeout=self.left())
+        check_expected_gpus(snapshot.gpus + snapshot.missing, self.options.expected_gpus)
+        scope = select_gpus(snapshot, self.options.gpus)
+        result = ProbeResult([blank_result(gpu) for gpu in scope])
+        result.warnings.extend(snapshot.warnings)
+        if not check_mode:
+            self._probe(scope, result)
+        result.duration_ms = round((time.monotonic() - result.started) * 1000.0, 1)
+        return result
+
+    def _probe(self, scope, result):
+        readable = [(gpu, res) for gpu, res in zip(scope, result.gpus) if not self._lost(gpu, res)]
+        if not readable:
+            return
+        answer = self._answer([gpu for gpu, dummy in readable], [res for dummy, res in readable])
+        if answer is not None and answer.get('library_error'):
+            self._missing_library(answer['library_error'], result)
+            return
+        result.probed = True
+        self._wait_released(readable)
+
+    @staticmethod
+    def _lost(gpu, res):
+        if not gpu.get('error') and gpu.get('index') is not None and gpu.get('pci_bus_id'):
+            return False
+        res.update(ok=False, error_name='GPU_LOST', error_string=gpu.get('error') or 'not readable')
+        return True
+
+    def _answer(self, gpus, results):
+        """The child's answer merged into results; None when it gave none (results say why)."""
+        try:
+            answer = self.child.run(gpus, self.options.probe_mib, self.left())
+        except CommandTimeout as exc:
+            fail_all(results, error_name='PROBE_TIMEOUT', error_string='%s did not answer within %.1f s and was '
+                     'killed (a CUDA call hung in the driver)' % (PROBE_NAME, exc.timeout))
+            return None
+        except GpuopsError as exc:
+            fail_all(results, error_name='PROBE_ERROR', error_string=str(exc))
+            return None
+        if not answer.get('library_error'):
+            merge(results, answer)
+        return answer
+
+    def _missing_library(self, message, result):
+        if self.options.missing_library == 'skip':
+            result.skipped = True
+            result.warnings.append('%s; nothing was probed (missing_library=skip)' % message)
+        else:
+            result.library_error = '%s (set missing_library=skip to go on without the probe)' % message
+
+    def _wait_released(self, probed):
+        """Poll the reader until no probed GPU shows the probe's memory, or the deadline; a GPU
+        that still does when time is up has failed (the probe must not be what the next job finds)."""
+        baseline = dict((gpu.get('index'), gpu.get('memory_used_mib')) for gpu, dummy in probed)
+        pending = dict((gpu.get('index'), res) for gpu, res in probed)
+        while pending:
+            snapshot = self.reader.read(timeout=max(self.left(), 0.1))
+            for gpu in snapshot.gpus:
+                if gpu.get('index') in pending and self._released(gpu, baseline[gpu.get('index')]):
+                    pending.pop(gpu.get('index'))['released'] = True
+            if not pending or self.left() <= 0:
+                break
+            time.sleep(min(RELEASE_POLL_S, self.left()))
+        for res in pending.values():
+            self._not_released(res)
+
+    def _released(self, gpu, before):
+        pids = set(process.get('pid') for process in gpu.get('processes') or [])
+        if self.child.pid is not None and self.child.pid in pids:
+            return False
+        used = gpu.get('memory_used_mib')
+        return used is None or used <= max(before or 0, self.options.memory_threshold_mib)
+
+    def _not_released(self, res):
+        res['released'] = False
+        if res['ok'] is not False:
+            res.update(ok=False, call=None, error_code=None, error_name='PROBE_MEMORY_HELD',
+                       error_string="the probe's memory still read as used %.1f s after the probe began "
+                                    '(timeout)' % self.options.timeout)
+
+
+def probe(reader, options, check_mode=False, child=None):
+    """Run the allocation probe; returns a ProbeResult. Raises GpuopsError when the GPUs cannot
+    be read or an option is wrong."""
+    return Prober(reader, options, child).run(check_mode)

@@ -1,0 +1,383 @@
+/*
+ * What gpusim's C libraries share (libnvml/nvml.c, libcuda/cuda.c): the simulated host's flat
+ * state files (gpusim/state.py, flat_text), the allocation records, liveness in /proc, and
+ * memory used as the fake nvidia-smi computes it (gpusim/state.py, gpu_usage).
+ *
+ * Included by each library's one source file; its functions are static, and marked unused
+ * for the library that does not call one.
+ */
+#ifndef GPUSIM_SIM_H
+#define GPUSIM_SIM_H
+
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+
+#define MAX_GPUS 64
+#define MAX_NA 256
+#define MAX_RECS 1024
+#define MIB (1024ULL * 1024ULL)
+#define NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL
+#define NOT_AVAILABLE_UINT 0xFFFFFFFFU
+
+typedef struct {
+    int index;
+    int has_minor, minor;     /* the driver's minor number ("minor" lines); else the index */
+    long long total_mib;
+    int persistence;
+    int compute_mode;
+    int temperature;
+    long long stuck_mib;
+    long long idle_mib;       /* what an idle GPU reads as used (v2, nvidia-smi) */
+    long long reserved_mib;   /* reserved by driver and firmware: in v1 used, not in v2 used */
+    int lost;                 /* 0, or the NVML code every query but PCI info returns */
+    int cuda_error;           /* 0, or the CUresult the fake libcuda gives on this GPU */
+    unsigned remap_corr, remap_unc, remap_pending, remap_failure;
+    int retired_pending;      /* -1: not supported */
+    int recovery;             /* the driver's GPU Recovery Action; -1: no such field (before 565) */
+    char bus_id[32];
+    char uuid[96];
+    char name[96];
+} sim_gpu;
+
+typedef struct {
+    char field[64];
+    int gpu;                  /* -1: every GPU */
+    int code;
+} sim_na;
+
+typedef struct {
+    long pid;
+    long long starttime;      /* -1: unknown */
+    double created;
+    long long mib;
+    int util;
+    int leak;
+    double died_at;           /* -1: not recorded yet */
+    int gpus[MAX_GPUS];
+    int ngpus;
+    int reset[MAX_GPUS];
+    int nreset;
+    int freed[MAX_GPUS];      /* GPUs whose allocation the process freed (fake libcuda) ... */
+    double freed_at[MAX_GPUS];  /* ... and when: released like a death, with the delay */
+    int nfreed;
+    char name[256];
+    int alive;
+} sim_rec;
+
+typedef struct {
+    char driver[80];
+    double release_delay;
+    double hang;
+    int driver_not_loaded, no_devices, mismatch;
+    int cuda_init;            /* 0, or the CUresult cuInit returns (fake libcuda) */
+    double cuda_hang;         /* seconds cuInit sleeps before it answers */
+    sim_gpu gpus[MAX_GPUS];
+    int ngpus;
+    sim_na na[MAX_NA];
+    int nna;
+} sim_state;
+
+
+static char root_dir[PATH_MAX];
+
+
+/* ------------------------------------------------------------------ state files */
+
+__attribute__((unused)) static void find_root(void)
+{
+    const char *env = getenv("GPUSIM_ROOT");
+    char probe[PATH_MAX + 64];
+    Dl_info info;
+
+    if (env && *env) {
+        snprintf(root_dir, sizeof root_dir, "%s", env);
+        return;
+    }
+    if (dladdr((void *)find_root, &info) && info.dli_fname) {
+        char lib[PATH_MAX];
+        if (realpath(info.dli_fname, lib)) {
+            char *slash = strrchr(lib, '/');
+            if (slash) {
+                *slash = '\0';
+                slash = strrchr(lib, '/');
+                if (slash) {
+                    *slash = '\0';
+                    snprintf(probe, sizeof probe, "%s/var/lib/gpusim/state.nvml", lib);
+                    if (access(probe, R_OK) == 0) {
+                        snprintf(root_dir, sizeof root_dir, "%s", lib);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    snprintf(root_dir, sizeof root_dir, "%s", "");
+}
+
+/* Copies src into dst, cut to fit. */
+__attribute__((unused)) static void set_str(char *dst, size_t size, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= size) n = size - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+__attribute__((unused)) static char *rest_of(char *line, int skip_words)
+{
+    while (skip_words-- > 0) {
+        while (*line && *line != ' ') line++;
+        while (*line == ' ') line++;
+    }
+    line[strcspn(line, "\n")] = '\0';
+    return line;
+}
+
+/* Returns 0, or -1 when there is no simulated host (no driver). */
+__attribute__((unused)) static int load_state(sim_state *st)
+{
+    char path[PATH_MAX + 64], line[1024];
+    FILE *f;
+
+    memset(st, 0, sizeof *st);
+    snprintf(path, sizeof path, "%s/var/lib/gpusim/state.nvml", root_dir);
+    f = fopen(path, "r");
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "driver ", 7) == 0) {
+            set_str(st->driver, sizeof st->driver, rest_of(line, 1));
+        } else if (sscanf(line, "release_delay %lf", &st->release_delay) == 1) {
+        } else if (sscanf(line, "hang %lf", &st->hang) == 1) {
+        } else if (sscanf(line, "driver_not_loaded %d", &st->driver_not_loaded) == 1) {
+        } else if (sscanf(line, "no_devices %d", &st->no_devices) == 1) {
+        } else if (sscanf(line, "mismatch %d", &st->mismatch) == 1) {
+        } else if (sscanf(line, "cuda_init %d", &st->cuda_init) == 1) {
+        } else if (sscanf(line, "cuda_hang %lf", &st->cuda_hang) == 1) {
+        } else if (strncmp(line, "cuda_gpu ", 9) == 0) {
+            int index, code;
+            if (sscanf(line, "cuda_gpu %d %d", &index, &code) == 2)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index) st->gpus[i].cuda_error = code;
+        } else if (strncmp(line, "gpu ", 4) == 0 && st->ngpus < MAX_GPUS) {
+            sim_gpu *g = &st->gpus[st->ngpus];
+            if (sscanf(line, "gpu %d %lld %d %d %d %lld %d %u %u %u %u %d %31s %95s",
+                       &g->index, &g->total_mib, &g->persistence, &g->compute_mode,
+                       &g->temperature, &g->stuck_mib, &g->lost, &g->remap_corr,
+                       &g->remap_unc, &g->remap_pending, &g->remap_failure,
+                       &g->retired_pending, g->bus_id, g->uuid) == 14) {
+                set_str(g->name, sizeof g->name, rest_of(line, 15));
+                st->ngpus++;
+            }
+        } else if (strncmp(line, "mem ", 4) == 0) {
+            int index;
+            long long idle, reserved;
+            if (sscanf(line, "mem %d %lld %lld", &index, &idle, &reserved) == 3) {
+                for (int i = 0; i < st->ngpus; i++) {
+                    if (st->gpus[i].index == index) {
+                        st->gpus[i].idle_mib = idle;
+                        st->gpus[i].reserved_mib = reserved;
+                    }
+                }
+            }
+        } else if (strncmp(line, "minor ", 6) == 0) {
+            int index, minor;
+            if (sscanf(line, "minor %d %d", &index, &minor) == 2)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index) {
+                        st->gpus[i].has_minor = 1;
+                        st->gpus[i].minor = minor;
+                    }
+        } else if (strncmp(line, "recovery ", 9) == 0) {
+            int index, action;
+            if (sscanf(line, "recovery %d %d", &index, &action) == 2)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index) st->gpus[i].recovery = action;
+        } else if (strncmp(line, "na ", 3) == 0 && st->nna < MAX_NA) {
+            sim_na *n = &st->na[st->nna];
+            if (sscanf(line, "na %63s %d %d", n->field, &n->gpu, &n->code) == 3) st->nna++;
+        }
+    }
+    fclose(f);
+    return 0;
+}
+
+/* The NVML code an injected N/A fault gives for field on GPU index, or 0. */
+__attribute__((unused)) static int na_code(const sim_state *st, const char *field, int index)
+{
+    for (int i = 0; i < st->nna; i++)
+        if (strcmp(st->na[i].field, field) == 0 && (st->na[i].gpu < 0 || st->na[i].gpu == index))
+            return st->na[i].code;
+    return 0;
+}
+
+__attribute__((unused)) static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Alive: the pid runs, is not a zombie and, when known, still has the recorded start time. */
+__attribute__((unused)) static int pid_alive(long pid, long long starttime)
+{
+    char path[64], buf[4096];
+    FILE *f;
+    size_t n;
+    char *p, *tok, *save = NULL;
+    char state = 0;
+    long long start = -1;
+
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    f = fopen(path, "r");
+    if (!f) return 0;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    p = strrchr(buf, ')');
+    if (!p) return 0;
+    p += 2;
+    /* Field 3 (state) is token 0; field 22 (starttime) is token 19. */
+    tok = strtok_r(p, " ", &save);
+    for (int i = 0; tok; i++, tok = strtok_r(NULL, " ", &save)) {
+        if (i == 0) state = tok[0];
+        if (i == 19) { start = atoll(tok); break; }
+    }
+    if (state == 'Z' || state == 'X' || state == 'x' || state == 0) return 0;
+    return starttime < 0 || start == starttime;
+}
+
+__attribute__((unused)) static void parse_ints(char *text, int *out, int *count)
+{
+    char *save = NULL;
+    *count = 0;
+    for (char *tok = strtok_r(text, " \n", &save); tok && *count < MAX_GPUS;
+         tok = strtok_r(NULL, " \n", &save))
+        out[(*count)++] = atoi(tok);
+}
+
+__attribute__((unused)) static int load_record(const char *path, sim_rec *r)
+{
+    char line[1024];
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    memset(r, 0, sizeof *r);
+    r->starttime = -1;
+    r->died_at = -1;
+    r->pid = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "pid %ld", &r->pid) == 1) {
+        } else if (sscanf(line, "starttime %lld", &r->starttime) == 1) {
+        } else if (sscanf(line, "created %lf", &r->created) == 1) {
+        } else if (sscanf(line, "mib %lld", &r->mib) == 1) {
+        } else if (sscanf(line, "util %d", &r->util) == 1) {
+        } else if (sscanf(line, "leak %d", &r->leak) == 1) {
+        } else if (sscanf(line, "died_at %lf", &r->died_at) == 1) {
+        } else if (strncmp(line, "gpus", 4) == 0) {
+            parse_ints(line + 4, r->gpus, &r->ngpus);
+        } else if (strncmp(line, "reset", 5) == 0) {
+            parse_ints(line + 5, r->reset, &r->nreset);
+        } else if (strncmp(line, "freed", 5) == 0) {
+            char *save = NULL;
+            for (char *tok = strtok_r(line + 5, " \n", &save); tok && r->nfreed < MAX_GPUS;
+                 tok = strtok_r(NULL, " \n", &save)) {
+                char *at = strtok_r(NULL, " \n", &save);
+                if (!at) break;
+                r->freed[r->nfreed] = atoi(tok);
+                r->freed_at[r->nfreed++] = atof(at);
+            }
+        } else if (strncmp(line, "name ", 5) == 0) {
+            set_str(r->name, sizeof r->name, rest_of(line, 1));
+        }
+    }
+    fclose(f);
+    return r->pid < 0 ? -1 : 0;
+}
+
+__attribute__((unused)) static int cmp_rec(const void *a, const void *b)
+{
+    const sim_rec *x = a, *y = b;
+    if (x->created != y->created) return x->created < y->created ? -1 : 1;
+    return (x->pid > y->pid) - (x->pid < y->pid);
+}
+
+/* Every allocation record, in gpusim's order (created, pid), each with alive set. */
+__attribute__((unused)) static sim_rec *load_records(int *count)
+{
+    char dir[PATH_MAX + 64], path[PATH_MAX + 400];
+    DIR *d;
+    struct dirent *e;
+    sim_rec *recs = calloc(MAX_RECS, sizeof *recs);
+    *count = 0;
+    if (!recs) return NULL;
+    snprintf(dir, sizeof dir, "%s/var/lib/gpusim/procs", root_dir);
+    d = opendir(dir);
+    if (!d) return recs;
+    while ((e = readdir(d)) && *count < MAX_RECS) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".nvml") != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (load_record(path, &recs[*count]) == 0) {
+            recs[*count].alive = pid_alive(recs[*count].pid, recs[*count].starttime);
+            (*count)++;
+        }
+    }
+    closedir(d);
+    qsort(recs, *count, sizeof *recs, cmp_rec);
+    return recs;
+}
+
+__attribute__((unused)) static int has(const int *list, int n, int value)
+{
+    for (int i = 0; i < n; i++)
+        if (list[i] == value) return 1;
+    return 0;
+}
+
+/* When the process freed its allocation on GPU index, or -1 while it holds it. */
+__attribute__((unused)) static double freed_at(const sim_rec *r, int index)
+{
+    for (int i = 0; i < r->nfreed; i++)
+        if (r->freed[i] == index) return r->freed_at[i];
+    return -1;
+}
+
+/* Whether a live process holds its allocation on GPU index (a compute app there). */
+__attribute__((unused)) static int holds(const sim_rec *r, int index)
+{
+    return r->alive && has(r->gpus, r->ngpus, index) && freed_at(r, index) < 0;
+}
+
+/* Memory used (MiB) and utilisation (%) of GPU index, as gpusim's nvidia-smi computes them. */
+__attribute__((unused)) static void usage(const sim_state *st, const sim_gpu *g, long long *used, int *util)
+{
+    int n;
+    double now = now_s();
+    sim_rec *recs = load_records(&n);
+    *used = g->stuck_mib + g->idle_mib;
+    *util = 0;
+    for (int i = 0; recs && i < n; i++) {
+        sim_rec *r = &recs[i];
+        if (!has(r->gpus, r->ngpus, g->index)) continue;
+        if (holds(r, g->index)) {
+            *used += r->mib;
+            if (r->util > *util) *util = r->util;
+            continue;
+        }
+        /* Dead before anyone recorded when: it died now, as far as this reader can tell. */
+        double died = freed_at(r, g->index) >= 0 ? freed_at(r, g->index) : r->died_at < 0 ? now : r->died_at;
+        if ((r->leak || now < died + st->release_delay) && !has(r->reset, r->nreset, g->index))
+            *used += r->mib;
+    }
+    free(recs);
+}
+
+#endif
