@@ -30,6 +30,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
 
 # MiB each GPU's probe allocates and writes. The point is to prove that memory the counters call
 # free can be allocated and written, not to test all of it: a CUDA context alone costs a few
@@ -67,7 +68,7 @@ class ProbeOptions:
 
     def __init__(self, gpus=None, probe_mib=DEFAULT_PROBE_MIB, timeout=DEFAULT_TIMEOUT_S,
                  memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, missing_library='fail',
-                 cuda_library=_cuda.LIBRARY, expected_gpus=None):
+                 cuda_library=_cuda.LIBRARY, expected_gpus=None, state_dir=None, host_root='/'):
         problem = check_seconds('timeout', timeout, positive=True)
         if problem:
             raise GpuopsError(problem)
@@ -83,11 +84,13 @@ class ProbeOptions:
         self.gpus, self.probe_mib, self.timeout = gpus, probe_mib, timeout
         self.memory_threshold_mib, self.missing_library = memory_threshold_mib, missing_library
         self.cuda_library, self.expected_gpus = cuda_library, expected_gpus
+        self.state_dir, self.host_root = state_dir, host_root or '/'
 
     @classmethod
     def from_params(cls, params):
         return cls(params.get('gpus'), params['probe_mib'], params['timeout'], params['memory_threshold_mib'],
-                   params['missing_library'], params['cuda_library'], params.get('expected_gpus'))
+                   params['missing_library'], params['cuda_library'], params.get('expected_gpus'),
+                   params.get('state_dir'), params.get('host_root'))
 
 
 def gpu_name(gpu):
@@ -264,6 +267,17 @@ class Prober:
             return
         result.probed = True
         self._wait_released(readable)
+        self._record_cures(readable, result)
+
+    def _record_cures(self, probed, result):
+        """A GPU proven by allocation is cured as a reset cures it: its older Xid errors no longer
+        count in its health (see the state directory)."""
+        uuids = [gpu.get('uuid') for gpu, res in probed if res.get('ok') and res.get('released')]
+        if not uuids:
+            return
+        state = StateDir.for_host(self.options.state_dir, self.options.host_root)
+        record_cure(state, uuids, time.time(), 'probe', boot_id())
+        result.warnings.extend(state.warnings)
 
     @staticmethod
     def _lost(gpu, res):

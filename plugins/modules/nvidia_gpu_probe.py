@@ -31,8 +31,11 @@ description:
   - A GPU whose probe fails, or whose probe memory is still held when O(timeout) runs out, fails
     the task with a message that names the GPU (index and bus id), the CUDA call and the CUDA
     error (C(cuGetErrorName), C(cuGetErrorString)); every GPU's result is still returned.
-  - Changes nothing on the host. In check mode nothing is probed; the GPUs in scope are read
-    and listed with RV(gpus[].ok) null.
+  - A GPU proven so (its probe passed and its memory was released) is recorded as cured in
+    O(state_dir), as a successful GPU reset is, so that its older Xid errors no longer count in
+    its health (see M(gpuops.nvidia.nvidia_gpu_facts)). Nothing else on the host changes. In
+    check mode nothing is probed or recorded; the GPUs in scope are read and listed with
+    RV(gpus[].ok) null.
 author:
   - gpuops maintainers (@gpuops)
 extends_documentation_fragment:

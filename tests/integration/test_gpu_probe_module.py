@@ -230,3 +230,20 @@ def test_nvml_backend_sees_the_probe_released(cudahost):
         pytest.skip('nvidia-ml-py is not installed')
     assert proc.returncode == 0, proc.stdout
     assert [gpu['released'] for gpu in result['gpus']] == [True, True]
+
+
+def test_a_gpu_proven_by_allocation_is_cured_of_its_older_xids(cudahost):
+    cudahost.fault('xid', gpu=2, code=95, text='Uncontained: FBHUB. RST: No, D-RST: No')
+
+    def health():
+        facts, proc = run_module('nvidia_gpu_facts', dict(nvidia_smi_path=cudahost.smi_path, backend='nvidia-smi',
+                                                          host_root=cudahost.root, kernel_log=cudahost.kernel_log))
+        assert proc.returncode == 0, proc.stdout
+        return [gpu for gpu in facts['ansible_facts']['nvidia_gpus'] if gpu['index'] == 2][0]['health']
+
+    assert health()['recovery_action'] == 'reset_gpu'
+    result, proc = run_probe(cudahost, gpus=[2])
+    assert proc.returncode == 0 and by_index(result)[2]['ok'] is True, proc.stdout
+    after = health()
+    assert after['recovery_action'] == 'none' and after['last_cure'] is not None
+    assert [(event['code'], event['since_cure']) for event in after['xid_events']] == [(95, False)]
