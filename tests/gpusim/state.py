@@ -438,6 +438,8 @@ def recovery_action(state, index):
     if action is None and (faults.get("reset_required") or {}).get(str(index)):
         action = "reset"
     return action or "none"
+
+
 # CUresult numbers of the CUDA driver API (cuda.h of CUDA 12.4, enum cudaError_enum), for the
 # faults of the fake libcuda; libcuda/cuda.c carries the same table with cuGetErrorString's texts.
 CUDA_ERRORS = {

@@ -15,6 +15,7 @@ from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_gpu_probe
 
+
 def run_module(capsys, host, check_mode=False, **args):
     """Run main() in-process; return the JSON it printed."""
     params = dict(nvidia_smi_path=host.smi_path, backend='nvidia-smi', host_root=host.root,
