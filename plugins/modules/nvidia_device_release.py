@@ -545,9 +545,7 @@ elapsed_s:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import MissingLibraryError, select_reader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._module import run_with_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release import (
     ReleaseOptions,
     release,
@@ -557,19 +555,9 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._release import (
 
 def main():
     module = AnsibleModule(argument_spec=release_argument_spec(), supports_check_mode=True)
-    params = module.params
-    try:
-        options = ReleaseOptions.from_params(params)
-        reader, warnings = select_reader(params['backend'], params['nvidia_smi_path'], params['timeout'])
-        reader = HostReader(reader, params['host_root'])
-        try:
-            result = release(reader, options, check_mode=module.check_mode)
-        finally:
-            reader.close()
-    except MissingLibraryError as exc:
-        module.fail_json(msg=exc.library, exception=exc.exception)
-    except GpuopsError as exc:
-        module.fail_json(msg=str(exc))
+    result, warnings = run_with_reader(
+        module, lambda reader, options: release(reader, options, check_mode=module.check_mode),
+        ReleaseOptions.from_params)
     for warning in warnings + result.warnings:
         module.warn(warning)
     values = result.dump(diff=module._diff)

@@ -410,16 +410,15 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import MissingLibraryError, select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     DEFAULT_MEMORY_THRESHOLD_MIB,
-    GpuopsError,
     check_non_negative,
     holders_argument_spec,
     reader_argument_spec,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
-from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader, device_patterns
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import device_patterns
+from ansible_collections.gpuops.nvidia.plugins.module_utils._module import run_with_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir
 
 
@@ -439,21 +438,11 @@ def main():
     problem = check_non_negative(params, ['memory_threshold_mib', 'expected_gpus'])
     if problem:
         module.fail_json(msg=problem)
-    try:
-        reader, warnings = select_reader(params['backend'], params['nvidia_smi_path'], params['timeout'])
-        reader = HostReader(reader, params['host_root'])
-        try:
-            facts, read_warnings = gather_facts(
-                reader, device_patterns(params['devices'], params['host_root']),
-                params['protect'] + params['extra_protect'], params['memory_threshold_mib'],
-                params['timeout'], params['kernel_log'], expected_gpus=params['expected_gpus'],
-                state=StateDir.for_host(params['state_dir'], params['host_root']))
-        finally:
-            reader.close()
-    except MissingLibraryError as exc:
-        module.fail_json(msg=exc.library, exception=exc.exception)
-    except GpuopsError as exc:
-        module.fail_json(msg=str(exc))
+    (facts, read_warnings), warnings = run_with_reader(module, lambda reader: gather_facts(
+        reader, device_patterns(params['devices'], params['host_root']),
+        params['protect'] + params['extra_protect'], params['memory_threshold_mib'],
+        params['timeout'], params['kernel_log'], expected_gpus=params['expected_gpus'],
+        state=StateDir.for_host(params['state_dir'], params['host_root'])))
     for warning in warnings + read_warnings:
         module.warn(warning)
     module.exit_json(changed=False, ansible_facts=facts)
