@@ -15,6 +15,7 @@ os.environ['ANSIBLE_COLLECTIONS_PATH'] = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '.build', 'collections')
 
 from gpusim.api import Host  # noqa: E402
+from processes import await_ready  # noqa: E402
 
 
 @pytest.fixture
@@ -108,7 +109,7 @@ def spawn(tmp_path):
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env,
                                 preexec_fn=None if user is None else as_user)
         procs.append(proc)
-        assert proc.stdout.readline().strip() == b'ready'
+        await_ready(proc, argv)
         return proc
 
     yield start

@@ -37,3 +37,24 @@ def kill_left(pidfile):
     pid = read_pid(pidfile)
     if alive(pid):
         os.kill(pid, signal.SIGKILL)
+
+
+def await_ready(proc, argv):
+    """Read the 'ready' line proc prints; where argv is a shell script that execs its program
+    right after printing it, wait for that exec too (until then the process is still bash)."""
+    assert proc.stdout.readline().strip() == b'ready'
+    if argv[0] == 'bash' and argv[2].partition('echo ready;')[2].lstrip().startswith('exec '):
+        wait_exec(proc.pid)
+
+
+def wait_exec(pid, seconds=10):
+    """Wait until pid no longer runs bash."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        try:
+            if os.path.basename(os.readlink('/proc/%d/exe' % pid)) != 'bash':
+                return
+        except OSError:
+            return
+        time.sleep(0.01)
+    raise AssertionError('pid %d still runs bash' % pid)

@@ -32,6 +32,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._release import Rele
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import Signaller
 from gpusim.api import Host
 from gpusim.state import is_alive as alive
+from processes import await_ready
 
 INSIDE = 'GPUOPS_PRIVATE_PID_NAMESPACE'
 
@@ -83,7 +84,7 @@ def start(argv, user=None):
         os.setuid(user)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, process_group=0,
                             preexec_fn=None if user is None else as_user)
-    assert proc.stdout.readline().strip() == b'ready'
+    await_ready(proc, argv)
     return proc
 
 
@@ -334,7 +335,7 @@ def _gpu(host, index):
 def _daemon(argv):
     """A root process in a session of its own, as a system daemon runs."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True)
-    assert proc.stdout.readline().strip() == b'ready'
+    await_ready(proc, argv)
     return proc
 
 

@@ -27,6 +27,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     start_time,
     uninspectable_warning,
 )
+from processes import await_ready
 
 
 @pytest.fixture
@@ -98,10 +99,10 @@ def test_protection_needs_a_root_owned_program_and_a_system_account(devroot, spa
     program = os.path.join(public, 'nvidia-persistenced')
     shutil.copyfile('/bin/sleep', program)
     os.chmod(program, 0o755)
-    as_user = subprocess.Popen(['bash', '-c', 'exec 3<>"$1"; echo ready; exec "$2" 60', '-', node, program],
-                               stdout=subprocess.PIPE, preexec_fn=lambda: (os.setgid(nobody), os.setuid(nobody)))
+    argv = ['bash', '-c', 'exec 3<>"$1"; echo ready; exec "$2" 60', '-', node, program]
+    as_user = subprocess.Popen(argv, stdout=subprocess.PIPE, preexec_fn=lambda: (os.setgid(nobody), os.setuid(nobody)))
     try:
-        assert as_user.stdout.readline().strip() == b'ready'
+        await_ready(as_user, argv)
         holders, dummy = find_holders([node], DEFAULT_PROTECT)
         assert [(h.pid, h.protected, h.impersonates) for h in holders] == [
             (as_user.pid, False, 'nvidia-persistenced')]
