@@ -13,6 +13,10 @@ short_description: What is wrong with the settings of the gpu_reset role
 version_added: 0.1.0
 author:
   - gpuops maintainers
+deprecated:
+  removed_in: 1.0.0
+  why: The action M(gpuops.nvidia.gpu_reset) checks the role's settings itself; the role no longer uses this filter.
+  alternative: Use M(gpuops.nvidia.gpu_reset), or the role, which checks its settings.
 description:
   - The checks of the role P(gpuops.nvidia.gpu_reset#role) that its argument specs cannot express
     (ranges, lists that must not be empty, settings that depend on each other).
@@ -52,11 +56,15 @@ _value:
   elements: str
 '''
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import problems
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import settings_problems
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import PREFIX
 
 
 def gpu_reset_problems(settings, variables=None):
-    return problems(settings, variables)
+    """settings_problems over the settings and the variables, naming the role's variables."""
+    given = dict(settings)
+    given.update((name[len(PREFIX):], value) for name, value in (variables or {}).items() if name.startswith(PREFIX))
+    return settings_problems(given, lambda option: PREFIX + option)[1]
 
 
 class FilterModule(object):

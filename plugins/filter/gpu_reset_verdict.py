@@ -13,6 +13,10 @@ short_description: The per-host report of the gpu_reset role
 version_added: 0.1.0
 author:
   - gpuops maintainers
+deprecated:
+  removed_in: 1.0.0
+  why: The action M(gpuops.nvidia.gpu_reset) judges the host and returns the report; the role no longer uses this filter.
+  alternative: Use M(gpuops.nvidia.gpu_reset) and its result.
 description:
   - Judges one host from what the role P(gpuops.nvidia.gpu_reset#role) registered and returns its
     report. The outcome is C(failed) when O(error) is set; C(clean) when the release signalled

@@ -61,38 +61,7 @@ _value:
   type: dict
 '''
 
-from collections.abc import Mapping
-
-from ansible.errors import AnsibleFilterError
-
-from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpu_node_number, gpus_in_scope
-
-
-def gpu_scope(facts, gpus=None):
-    if not isinstance(facts, Mapping):
-        raise AnsibleFilterError('gpu_scope: expects the GPU facts (a dict), got %s' % type(facts).__name__)
-    scoped = dict(facts)
-    if gpus is None:
-        return scoped
-    if isinstance(gpus, (str, bytes)) or not hasattr(gpus, '__iter__'):
-        raise AnsibleFilterError('gpu_scope: gpus must be a list of GPU indexes, got %r' % (gpus,))
-    try:
-        wanted = set(int(index) for index in gpus)
-    except (TypeError, ValueError):
-        raise AnsibleFilterError('gpu_scope: gpus must be a list of GPU indexes, got %r' % (list(gpus),))
-    all_gpus = list(facts.get('nvidia_gpus') or [])
-    known = set(gpu.get('index') for gpu in all_gpus if gpu.get('index') is not None)
-    unknown = sorted(wanted - known)
-    if unknown:
-        raise AnsibleFilterError('gpu_scope: no GPU %s on this host (it has %s)' % (
-            ', '.join(str(index) for index in unknown),
-            ', '.join(str(index) for index in sorted(known)) or 'none'))
-    kept = gpus_in_scope(all_gpus, wanted)
-    nodes = set(gpu_node_number(gpu) for gpu in kept)
-    scoped['nvidia_gpus'] = kept
-    scoped['nvidia_device_holders'] = [holder for holder in facts.get('nvidia_device_holders') or []
-                                       if blocks(holder.get('devices') or [], holder.get('pid'), nodes, kept)]
-    return scoped
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import gpu_scope
 
 
 class FilterModule(object):

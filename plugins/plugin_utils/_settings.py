@@ -6,51 +6,52 @@
 # This plugin_utils is PRIVATE and should only be used by this collection. Breaking
 # changes can occur at any time.
 
-"""The gpu_reset role's variables checked against its argument spec, in one short line each.
+"""The gpu_reset settings checked against the one spec (_spec.py), in one short line each, and
+by the release's own rules, before any host is touched.
 
-Ansible's own check of a role's argument spec fails with the whole spec in its result and a
-message about Python classes; this one says which variable, what it is and what it must be,
-by the same spec (roles/gpu_reset/meta/argument_specs.yml) and the same conversions."""
+Ansible's own check of an argument spec fails with the whole spec in its result and a message
+about Python classes; this one says which setting, what it is and what it must be, by the same
+conversions Ansible makes (extra variables arrive as text: '5' is a number, '0,2' a list)."""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import os
+import re
 
 from ansible.module_utils.common.parameters import DEFAULT_TYPE_VALIDATORS
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain
-
-SPEC_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'roles', 'gpu_reset', 'meta',
-                         'argument_specs.yml')
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import SETTINGS_SPEC
 
 EXPECTED = {'float': 'a number', 'int': 'a whole number', 'bool': 'true or false', 'list': 'a list',
             'dict': 'a mapping', 'str': 'a string', 'path': 'a path'}
 ELEMENTS = {'int': 'whole numbers', 'str': 'strings', 'float': 'numbers'}
 
-_SPEC = {}
+# The option a release module message starts with ("timeout must be ...", "signals: ...").
+RELEASE_OPTION_RE = re.compile(r'^(devices|gpus|signals|grace_period|timeout|memory_threshold_mib)\b')
+# The settings that are options of the release module, checked by the module's own rules.
+RELEASE_SETTINGS = ('devices', 'gpus', 'signals', 'grace_period', 'timeout', 'memory_threshold_mib')
 
 
-def role_options():
-    """The options of the role's main entry point, read once."""
-    if not _SPEC:
-        import yaml
-        with open(SPEC_FILE) as handle:
-            _SPEC.update(yaml.safe_load(handle)['argument_specs']['main']['options'])
-    return _SPEC
-
-
-def _converts(kind, value):
-    """Whether Ansible's conversion for kind accepts value."""
+def _convert(kind, value):
+    """value as Ansible converts it to kind; TypeError or ValueError when it cannot."""
     checker = DEFAULT_TYPE_VALIDATORS.get(kind)
-    if checker is None:
-        return True
+    return value if checker is None else checker(value)
+
+
+def _converted(option, value):
+    """value converted as option says; ValueError when it does not fit."""
     try:
-        checker(value)
+        converted = _convert(option.get('type', 'str'), value)
+        if option.get('elements'):
+            converted = [_convert(option['elements'], item) for item in converted]
     except (TypeError, ValueError):
-        return False
-    return True
+        raise ValueError(value)
+    if option.get('choices') and converted not in option['choices']:
+        raise ValueError(value)
+    return converted
 
 
 def _expected(option):
@@ -63,24 +64,44 @@ def _expected(option):
     return EXPECTED.get(kind, 'a %s' % kind)
 
 
-def _fits(option, value):
-    kind = option.get('type', 'str')
-    if not _converts(kind, value):
-        return False
-    if kind == 'list' and option.get('elements'):
-        items = DEFAULT_TYPE_VALIDATORS['list'](value)
-        return all(_converts(option['elements'], item) for item in items)
-    return not option.get('choices') or value in option['choices']
-
-
-def spec_problems(variables, options=None):
-    """One text per role variable (name: value) whose value does not fit the argument spec,
-    naming the variable, its value and what it must be. None is every option's 'not set'."""
-    options = role_options() if options is None else options
-    found = []
-    for name in sorted(variables):
-        option, value = options.get(name), plain(variables[name])
-        if option is None or value is None or _fits(option, value):
+def convert(settings, name=None, spec=None):
+    """(options, problems): every option of spec (SETTINGS_SPEC) from settings ({option: value},
+    those not given at their default, None meaning not set), converted; one text per value that
+    does not fit, naming the setting as name(option) says, its value and what it must be (the
+    option then keeps its default)."""
+    spec = SETTINGS_SPEC if spec is None else spec
+    name = name or (lambda option: option)
+    options, found = {}, []
+    for option in sorted(spec):
+        value = plain(settings.get(option, spec[option].get('default')))
+        options[option] = spec[option].get('default')
+        if value is None:
+            options[option] = None
             continue
-        found.append('%s is %r, expected %s' % (name, value, _expected(option)))
-    return found
+        try:
+            options[option] = _converted(spec[option], value)
+        except ValueError:
+            found.append('%s is %r, expected %s' % (name(option), value, _expected(spec[option])))
+    return options, found
+
+
+def settings_problems(settings, name=None):
+    """(options, problems) of convert, then, when every value fits, the release's own rules
+    (ReleaseOptions: the same limits the module applies on the host) and the rules between
+    settings."""
+    name = name or (lambda option: option)
+    options, found = convert(settings, name)
+    if found:
+        return options, found
+    # Imported here: only the settings check needs the release code on the controller.
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._release import ReleaseOptions
+    try:
+        ReleaseOptions(**dict((option, options[option]) for option in RELEASE_SETTINGS if options[option] is not None))
+    except GpuopsError as exc:
+        found.append(RELEASE_OPTION_RE.sub(lambda match: name(match.group(1)), str(exc), count=1))
+    query = options['clean_query']
+    if query is not None and not query.strip():
+        found.append('%s must be a JMESPath expression or null, it is empty' % name('clean_query'))
+    if options['on_failure'] == 'drain' and not options['drain_command']:
+        found.append('%s is drain but %s is empty' % (name('on_failure'), name('drain_command')))
+    return options, found

@@ -6,27 +6,22 @@
 # This plugin_utils is PRIVATE and should only be used by this collection. Breaking
 # changes can occur at any time.
 
-"""The gpu_reset role's usual path without ansible-playbook, for Slurm's Prolog and Epilog.
+"""The gpu_reset sequence without ansible-playbook, for Slurm's Prolog and Epilog.
 
 A Prolog runs before every job, so its start-up counts: ansible-playbook alone takes longer to
-start than the release takes on a clean node. This program does what the role does on its
-usual path (no clean query of the user's own) with the same pieces, on the node itself:
+start than the release takes on a clean node. This program runs the one sequence
+(plugin_utils/_sequence.py, the action gpuops.nvidia.gpu_reset's) on the node itself, its
+modules run as programs (run_module below), then the role's finishing section:
 
-1. the role's settings: roles/gpu_reset/defaults/main.yml, then the hook's variables file,
-   then what the hook fixes (the job's GPUs, the release's time, drain on failure); checked with
-   the role's own checks (plugin_utils/_verdict.problems);
-2. the release: the module gpuops.nvidia.nvidia_device_release, run as a program with the
-   arguments the role's task gives it;
-3. when the release did not leave the GPUs clean, one read with gpuops.nvidia.nvidia_gpu_facts,
-   as the role's "Read the GPUs and check that they are clean" does then;
-4. the verdict: plugin_utils/_verdict.verdict, the role's report and reason;
-5. when the GPUs read clean, the proof by allocation: gpuops.nvidia.nvidia_gpu_probe on the same
-   GPUs (HOOK_SETTINGS: gpu_reset_probe, on by default; gpu_reset_probe_mib); a GPU whose probe
-   fails makes the node failed, with the CUDA error in the reason. A host without libcuda.so.1
-   is probed with a note in the report, not drained (gpu_reset_probe_missing_library: fail
-   drains it);
-6. on failure, the role's default drain command (scontrol ... state=drain reason="gpu_reset: <why>");
-   then the node_exporter metrics (the role's template) and the JSON report, when asked for.
+1. the settings: the spec's defaults (plugin_utils/_spec.py; the probe on), then the hook's
+   variables file, then what the hook fixes (the job's GPUs, the release's time, drain on
+   failure), checked by the sequence as the action checks them;
+2. the sequence: release, read again when the release did not leave the GPUs clean, judge, and
+   prove the GPUs judged clean by allocation (gpu_reset_probe, on by default here;
+   gpu_reset_probe_mib). A host without libcuda.so.1 is probed with a note in the report, not
+   drained (gpu_reset_probe_missing_library: fail drains it);
+3. on failure, the role's default drain command (scontrol ... state=drain reason="gpu_reset: <why>");
+   then the node_exporter metrics and the JSON report, when asked for.
 
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
         --node NODE [--vars-file FILE] [--gpus 0,1] [--timeout S] [--deadline S] [--scontrol PATH]
@@ -54,12 +49,14 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _sequence
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._sequence import ModuleError
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import DRAIN_COMMAND, PREFIX, defaults
 
 # The runner's exit statuses (gpu-reset-hook.sh maps them to its own, see examples/slurm/README.md).
 # Not 1: that is what a Python that crashes or cannot import the collection exits with, and it
@@ -73,17 +70,12 @@ MODULES = 'ansible_collections.gpuops.nvidia.plugins.modules.'
 # plugins/plugin_utils/_slurm_hook.py -> the collection, and the directory that holds ansible_collections/
 COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COLLECTIONS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION)))
-ROLE = os.path.join(COLLECTION, 'roles', 'gpu_reset')
+# The role's metrics, one template for both.
+METRICS_TEMPLATE = os.path.join(COLLECTION, 'roles', 'gpu_reset', 'templates', 'gpu_reset.prom.j2')
 # Seconds kept for the drain command at the end of the hook's time (at most a tenth of it).
 DRAIN_RESERVE_S = 5
-# The hook's own settings, beside the role's (whose defaults do not have them yet), with their
-# defaults: the probe is on, with the module's allocation size.
-HOOK_SETTINGS = {
-    'gpu_reset_probe': True,
-    'gpu_reset_probe_mib': 1024,
-    'gpu_reset_probe_missing_library': 'skip',
-    'gpu_reset_probe_cuda_library': 'libcuda.so.1',
-}
+# The hook's own defaults over the spec's: the probe is on.
+HOOK_DEFAULTS = {'probe': True}
 
 
 class NeedsPlaybook(Exception):
@@ -91,12 +83,10 @@ class NeedsPlaybook(Exception):
 
 
 def load_settings(vars_file=None, overrides=None):
-    """The role's defaults, the variables file over them, then overrides: {name: value}."""
+    """The spec's defaults (the hook's over them), the variables file, then overrides: {gpu_reset_name: value}."""
     import yaml
 
-    with open(os.path.join(ROLE, 'defaults', 'main.yml')) as handle:
-        defaults = yaml.safe_load(handle)
-    settings = dict(HOOK_SETTINGS, **defaults)
+    settings = dict((PREFIX + name, value) for name, value in dict(defaults(), **HOOK_DEFAULTS).items())
     if vars_file:
         with open(vars_file) as handle:
             try:
@@ -106,7 +96,7 @@ def load_settings(vars_file=None, overrides=None):
         if not isinstance(given, dict):
             raise ValueError('%s must be a YAML mapping of gpu_reset_* variables' % vars_file)
         for name, value in given.items():
-            if name == 'gpu_reset_drain_command' and value != defaults[name]:
+            if name == 'gpu_reset_drain_command' and value != DRAIN_COMMAND:
                 raise NeedsPlaybook('a gpu_reset_drain_command of your own')
             if name == 'gpu_reset_clean_query' and value is not None:
                 raise NeedsPlaybook('a gpu_reset_clean_query of your own')
@@ -118,71 +108,43 @@ def load_settings(vars_file=None, overrides=None):
 
 
 def setting(settings, name):
-    return settings.get('gpu_reset_' + name)
+    return settings.get(PREFIX + name)
 
 
-def release_args(settings):
-    """The arguments of the role's task "Release the GPUs"."""
-    args = {
-        'backend': setting(settings, 'backend'),
-        'nvidia_smi_path': setting(settings, 'nvidia_smi_path'),
-        'host_root': setting(settings, 'host_root'),
-        'devices': setting(settings, 'devices'),
-        'signals': setting(settings, 'signals'),
-        'grace_period': setting(settings, 'grace_period'),
-        'timeout': setting(settings, 'timeout'),
-        'memory_threshold_mib': setting(settings, 'memory_threshold_mib'),
-        'extra_protect': setting(settings, 'extra_protect'),
-        'reset_orphaned': bool(setting(settings, 'allow_gpu_reset')),
-        'facts_after': False,
-    }
-    for name, option in (('expected_gpus', 'expected_gpus'), ('gpus', 'gpus'), ('lock_file', 'lock_file')):
-        if setting(settings, name) is not None:
-            args[option] = setting(settings, name)
-    return args
+class ModuleRunner:
+    """The sequence's seam on the node: a module of the collection run as a program, within the
+    time left before ends (time.monotonic())."""
 
+    def __init__(self, ends):
+        self.ends = ends
 
-def facts_args(settings):
-    """The arguments of the role's task "Read the GPUs and check that they are clean"."""
-    args = dict((name, setting(settings, name)) for name in (
-        'backend', 'nvidia_smi_path', 'host_root', 'devices', 'extra_protect', 'memory_threshold_mib', 'timeout'))
-    if setting(settings, 'expected_gpus') is not None:
-        args['expected_gpus'] = setting(settings, 'expected_gpus')
-    return args
+    def __call__(self, name, args):
+        """The module's result (a dict; one that failed too, with failed and msg); ModuleError
+        when it gives none (stopped at the deadline, with what it started, or a crash)."""
+        from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+        from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
 
-
-class ModuleError(Exception):
-    pass
-
-
-def run_module(name, args, seconds):
-    """Run the collection's module name with args as a program; returns its result (a dict).
-
-    A module that fails returns its result too (with failed and msg); ModuleError when it gives
-    no result at all (stopped after seconds, with what it started, or a crash)."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
-
-    with tempfile.NamedTemporaryFile('w', prefix='gpuops-args-', suffix='.json', delete=False) as handle:
-        json.dump({'ANSIBLE_MODULE_ARGS': args}, handle)
-    runner = Runner(sys.executable, name='gpuops.nvidia.%s' % name, env={
-        'PYTHONPATH': COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else '')})
-    try:
-        rc, stdout, stderr = runner.run(['-m', MODULES + name, handle.name], timeout=max(seconds, 1))
-    except CommandTimeout as exc:
-        raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped' % (name, exc.timeout))
-    except GpuopsError as exc:
-        raise ModuleError(str(exc))
-    finally:
-        os.unlink(handle.name)
-    out = stdout.strip()
-    try:
-        result = json.loads(out[out.index('{'):])
-    except ValueError:
-        raise ModuleError('gpuops.nvidia.%s gave no result (rc %d): %s' % (name, rc, ' '.join((stderr or out).split())[-500:]))
-    if not isinstance(result, dict):
-        raise ModuleError('gpuops.nvidia.%s gave no result (rc %d)' % (name, rc))
-    return result
+        with tempfile.NamedTemporaryFile('w', prefix='gpuops-args-', suffix='.json', delete=False) as handle:
+            json.dump({'ANSIBLE_MODULE_ARGS': args}, handle)
+        runner = Runner(sys.executable, name='gpuops.nvidia.%s' % name, env={
+            'PYTHONPATH': COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else '')})
+        try:
+            rc, stdout, stderr = runner.run(['-m', MODULES + name, handle.name],
+                                            timeout=max(self.ends - time.monotonic(), 1))
+        except CommandTimeout as exc:
+            raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped' % (name, exc.timeout))
+        except GpuopsError as exc:
+            raise ModuleError(str(exc))
+        finally:
+            os.unlink(handle.name)
+        out = stdout.strip()
+        try:
+            result = json.loads(out[out.index('{'):])
+        except ValueError:
+            raise ModuleError('gpuops.nvidia.%s gave no result (rc %d): %s' % (name, rc, ' '.join((stderr or out).split())[-500:]))
+        if not isinstance(result, dict):
+            raise ModuleError('gpuops.nvidia.%s gave no result (rc %d)' % (name, rc))
+        return result
 
 
 def drain_command(scontrol, node, reason):
@@ -194,11 +156,14 @@ def drain_command(scontrol, node, reason):
 
 def drain(result, scontrol, node, seconds):
     """Run the drain command and note it in the report as the role does."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
+
+    argv = drain_command(scontrol, node, result['reason'])
     try:
-        proc = subprocess.run(drain_command(scontrol, node, result['reason']), capture_output=True, text=True,
-                              timeout=max(seconds, 1), check=False)
-        ok, why = proc.returncode == 0, (proc.stderr.strip() or 'rc %d' % proc.returncode)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        rc, dummy, stderr = Runner(argv[0]).run(argv[1:], timeout=max(seconds, 1))
+        ok, why = rc == 0, (stderr.strip() or 'rc %d' % rc)
+    except GpuopsError as exc:
         ok, why = False, str(exc)
     result['drained'] = ok
     if not ok:
@@ -206,13 +171,13 @@ def drain(result, scontrol, node, seconds):
     return result
 
 
-def write_metrics(directory, result, started):
+def write_metrics(directory, result):
     """The role's node_exporter metrics (its template gpu_reset.prom.j2), written atomically."""
     import jinja2
 
-    with open(os.path.join(ROLE, 'templates', 'gpu_reset.prom.j2')) as handle:
+    with open(METRICS_TEMPLATE) as handle:
         template = jinja2.Environment(trim_blocks=True, keep_trailing_newline=True).from_string(handle.read())
-    text = template.render(gpu_reset__started=started, gpu_reset_result=result)
+    text = template.render(gpu_reset_result=result)
     write_file(os.path.join(directory, 'gpu_reset.prom'), text)
 
 
@@ -230,97 +195,27 @@ def write_file(path, text):
 
 
 def reset(settings, node, scontrol, deadline):
-    """The role on one node; returns its report (gpu_reset_result)."""
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import problems, verdict
-
-    started = time.time()
+    """The sequence on one node, then the finishing section; returns its report (gpu_reset_result)."""
     ends = time.monotonic() + deadline
-
-    def left():
-        return ends - time.monotonic() - min(DRAIN_RESERVE_S, deadline / 10.0)
-
-    release = verify = error = None
-    gpus = setting(settings, 'gpus')
-    threshold = setting(settings, 'memory_threshold_mib')
-    found = problems(dict((name, setting(settings, name)) for name in (
-        'timeout', 'grace_period', 'memory_threshold_mib', 'signals', 'devices', 'gpus', 'clean_query',
-        'on_failure', 'drain_command')))
-    if found:
-        error = 'gpu_reset is misconfigured: %s' % '; '.join(found)
-    else:
-        try:
-            release = run_module('nvidia_device_release', release_args(settings), left())
-        except ModuleError as exc:
-            error = 'Release the GPUs: %s' % exc
-        if release is not None and 'released' not in release:
-            error = 'Release the GPUs: %s' % release.get('msg', 'failed')
-        elif release is not None and not release['released']:
-            # The read is limited to the time left, so that a hung nvidia-smi is reported by the
-            # module (which names it) rather than cut off here.
-            args = facts_args(settings)
-            args['timeout'] = max(1, min(float(args['timeout']), left() - 1))
-            try:
-                verify = run_module('nvidia_gpu_facts', args, left())
-                if verify.get('failed'):
-                    error = 'Read the GPUs and check that they are clean: %s' % verify.get('msg', 'failed')
-            except ModuleError as exc:
-                # No time left to read again: the release's own account of why stands.
-                verify = None
-                error = 'Release the GPUs: %s' % release.get('msg', exc)
-    result = verdict(node, release=release if release and 'released' in release else None, facts=verify,
-                     error=error, gpus=gpus, query=None, memory_threshold_mib=threshold,
-                     allow_gpu_reset=bool(setting(settings, 'allow_gpu_reset')), started=started)
-    if not found:
-        prove(result, settings, left())
+    # The modules end that much before the hook's time does, for the drain command.
+    modules_end = ends - min(DRAIN_RESERVE_S, deadline / 10.0)
+    run = _sequence.Run(node, dict((name[len(PREFIX):], value) for name, value in settings.items()),
+                        ModuleRunner(modules_end), name=lambda option: PREFIX + option, deadline=modules_end)
+    result = _sequence.run(run)
     # A misconfigured node is drained too (see above).
     if result['outcome'] == 'failed' and setting(settings, 'on_failure') == 'drain':
         drain(result, scontrol, node, min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1)))
     if setting(settings, 'textfile_dir'):
         try:
-            write_metrics(setting(settings, 'textfile_dir'), result, started)
+            write_metrics(setting(settings, 'textfile_dir'), result)
         except (OSError, ImportError) as exc:
-            failed(result, 'write node_exporter metrics', exc)
+            _sequence.failed(result, 'write node_exporter metrics', exc)
     if setting(settings, 'report_dir'):
         try:
             write_report(setting(settings, 'report_dir'), node, result)
         except (OSError, ValueError) as exc:  # ValueError: ReportPathError, a host name that cannot name a file
-            failed(result, 'write the report on the controller', exc)
+            _sequence.failed(result, 'write the report on the controller', exc)
     return result
-
-
-def probe_args(settings):
-    """The arguments of the probe, on the GPUs the release was about."""
-    args = dict((name, setting(settings, name)) for name in (
-        'backend', 'nvidia_smi_path', 'host_root', 'memory_threshold_mib'))
-    args.update(probe_mib=setting(settings, 'probe_mib'), missing_library=setting(settings, 'probe_missing_library'),
-                cuda_library=setting(settings, 'probe_cuda_library'))
-    if setting(settings, 'gpus') is not None:
-        args['gpus'] = setting(settings, 'gpus')
-    return args
-
-
-def prove(result, settings, seconds):
-    """After a clean verdict, the proof by allocation: a failed probe fails the node, naming the
-    GPU and the CUDA error; a probe that found no library is noted in the report."""
-    if result['outcome'] == 'failed' or not setting(settings, 'probe'):
-        return result
-    args = probe_args(settings)
-    args['timeout'] = max(1, seconds - 1)
-    try:
-        probe = run_module('nvidia_gpu_probe', args, seconds)
-    except ModuleError as exc:
-        failed(result, 'Prove the GPUs by allocation', exc)
-        return result
-    result['probe'] = dict((key, probe.get(key)) for key in ('probed', 'library_missing', 'gpus', 'duration_ms'))
-    if probe.get('failed'):
-        failed(result, 'Prove the GPUs by allocation', probe.get('msg', 'failed'))
-    return result
-
-
-def failed(result, step, exc):
-    """Fail result for step, keeping the reason it has, as the role's finishing section does."""
-    result['outcome'] = 'failed'
-    result['reason'] = '%s%s: %s' % (result['reason'] + '; ' if result['reason'] else '', step, exc)
 
 
 def write_report(directory, node, result):

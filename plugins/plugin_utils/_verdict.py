@@ -24,15 +24,43 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.nvidia.plugins.filter.gpu_scope import gpu_scope
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpu_node_number, gpus_in_scope
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import spec_problems
-
-# The option a release module message starts with ("timeout must be ...", "signals: ...").
-OPTION_NAME_RE = re.compile(r'^(devices|gpus|signals|grace_period|timeout|memory_threshold_mib)\b')
 
 OUTCOMES = ('clean', 'released', 'would_release', 'failed')
+
+
+class VerdictError(AnsibleFilterError):
+    """Facts or a clean query the verdict cannot judge (also what the filters over it raise)."""
+
+
+def gpu_scope(facts, gpus=None):
+    """facts (of nvidia_gpu_facts) narrowed to the GPUs gpus (None: all) and their holders."""
+    if not isinstance(facts, Mapping):
+        raise VerdictError('gpu_scope: expects the GPU facts (a dict), got %s' % type(facts).__name__)
+    scoped = dict(facts)
+    if gpus is None:
+        return scoped
+    if isinstance(gpus, (str, bytes)) or not hasattr(gpus, '__iter__'):
+        raise VerdictError('gpu_scope: gpus must be a list of GPU indexes, got %r' % (gpus,))
+    try:
+        wanted = set(int(index) for index in gpus)
+    except (TypeError, ValueError):
+        raise VerdictError('gpu_scope: gpus must be a list of GPU indexes, got %r' % (list(gpus),))
+    all_gpus = list(facts.get('nvidia_gpus') or [])
+    known = set(gpu.get('index') for gpu in all_gpus if gpu.get('index') is not None)
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise VerdictError('gpu_scope: no GPU %s on this host (it has %s)' % (
+            ', '.join(str(index) for index in unknown),
+            ', '.join(str(index) for index in sorted(known)) or 'none'))
+    kept = gpus_in_scope(all_gpus, wanted)
+    nodes = set(gpu_node_number(gpu) for gpu in kept)
+    scoped['nvidia_gpus'] = kept
+    scoped['nvidia_device_holders'] = [holder for holder in facts.get('nvidia_device_holders') or []
+                                       if blocks(holder.get('devices') or [], holder.get('pid'), nodes, kept)]
+    return scoped
 
 # The release module's own test of clean: every GPU in scope readable and at or below the
 # threshold, no holder that is not protected.
@@ -51,54 +79,12 @@ def is_clean(facts, query=None, gpus=None, memory_threshold_mib=DEFAULT_MEMORY_T
     """Whether facts (of nvidia_gpu_facts, narrowed to gpus) pass the clean query."""
     verdict = search(gpu_scope(facts, gpus), clean_query(query, memory_threshold_mib))
     if not isinstance(verdict, bool):
-        raise AnsibleFilterError('gpu_reset_clean_query must give true or false, it gave %s for these GPUs'
+        raise VerdictError('gpu_reset_clean_query must give true or false, it gave %s for these GPUs'
                                  % json.dumps(verdict))
     return verdict
 
 
-# The role's variables that are options of the release module, checked by the module's own rules.
-RELEASE_SETTINGS = ('devices', 'gpus', 'signals', 'grace_period', 'timeout', 'memory_threshold_mib')
-# Extra variables (-e name=value) arrive as text.
-SETTING_TYPES = dict(grace_period=float, timeout=float, memory_threshold_mib=int,
-                     gpus=lambda indexes: [int(index) for index in indexes])
-
-
-def problems(settings, variables=None):
-    """What is wrong with the role's settings (a list of texts).
-
-    settings: the gpu_reset_* variables, without the prefix (timeout, grace_period, ...). Those
-    the release module takes are checked by its own rules (ReleaseOptions), before any host is
-    touched; the texts name the role's variables. variables: every gpu_reset_* variable by its
-    name, checked against the role's argument spec first (a value of the wrong type ends there)."""
-    found = spec_problems(variables or {})
-    if found:
-        return found
-    options = {}
-    for name in RELEASE_SETTINGS:
-        value = settings.get(name)
-        if value is None:
-            continue
-        try:
-            options[name] = SETTING_TYPES[name](value) if name in SETTING_TYPES else value
-        except (TypeError, ValueError):
-            found.append('gpu_reset_%s must be %s, got %r' % (name, 'a list of GPU indexes' if name == 'gpus' else 'a number', value))
-    if found:
-        return found
-    # Imported here: only the settings check needs the release code on the controller.
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._release import ReleaseOptions
-    try:
-        ReleaseOptions(**options)
-    except GpuopsError as exc:
-        found.append(OPTION_NAME_RE.sub(lambda match: 'gpu_reset_' + match.group(1), str(exc), count=1))
-    query = settings.get('clean_query')
-    if query is not None and not str(query).strip():
-        found.append('gpu_reset_clean_query must be a JMESPath expression or null, it is empty')
-    if settings.get('on_failure') == 'drain' and not settings.get('drain_command'):
-        found.append('gpu_reset_on_failure is drain but gpu_reset_drain_command is empty')
-    return found
-
-
-def _facts(result):
+def facts_of(result):
     """The facts in a registered result of nvidia_gpu_facts, or None when it has none."""
     if isinstance(result, Mapping):
         if isinstance(result.get('ansible_facts'), Mapping):
@@ -256,8 +242,8 @@ def verdict(host, release=None, facts_before=None, facts=None, error=None, gpus=
         error = task_error(plain(error))
     threshold = int(memory_threshold_mib)
     escalation = report_escalation(plain(release.get('escalation')), allow_gpu_reset)
-    before = _facts(facts_before)
-    after = _facts(facts)
+    before = facts_of(facts_before)
+    after = facts_of(facts)
     if error is None:
         try:
             return _judged(host, release, before, after, escalation, gpus, query, threshold, allow_gpu_reset,
@@ -274,7 +260,7 @@ def _judged(host, release, before, after, escalation, gpus, query, threshold, al
     released = release.get('released')
     before = gpu_scope(before, gpus) if before is not None else None
     after = gpu_scope(after, gpus) if after is not None else None
-    at_end = _facts(release.get('facts_after'))
+    at_end = facts_of(release.get('facts_after'))
     final = after if after is not None else gpu_scope(at_end, gpus) if at_end is not None else before
     if query is None and released is True:
         # The release's own verdict on what it read at its end is the default query already.
@@ -294,7 +280,7 @@ def _judged(host, release, before, after, escalation, gpus, query, threshold, al
 def _report(host, outcome, release, before, after, escalation, threshold, error, allow_gpu_reset, check_mode,
             started, now, final=None):
     if final is None:
-        final = after if after is not None else _scoped(_facts(release.get('facts_after')), None) or before
+        final = after if after is not None else _scoped(facts_of(release.get('facts_after')), None) or before
     if before is not None:
         gpus_before = _memory(before)
     else:
@@ -332,6 +318,7 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
         'escalation': escalation or None,
         'gpus': gpu_metrics(release, final, gpus_before, threshold),
         'release_s': release.get('elapsed_s'),
+        'started': round(float(started), 3) if started is not None else None,
         'duration_s': round(now - float(started), 3) if started is not None else None,
         'drained': False,
     }

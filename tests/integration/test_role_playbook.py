@@ -110,6 +110,12 @@ class Run:
             if match and task:
                 self.tasks.setdefault(match.group(2), []).append(task)
 
+    def module_calls(self, host):
+        """What ran a module on host: the steps of gpuops.nvidia.gpu_reset (its report's steps),
+        then the tasks of the finishing section that run one."""
+        return list(self.reports[host].get('steps') or []) + [
+            task for task in self.tasks.get(host, []) if task in HOST_MODULE_TASKS]
+
     def line(self, host):
         """The summary's line for host: its own, or the one line of the clean hosts naming it."""
         own = [line for line in self.summary if line[10:].split(' ', 1)[0] == host]
@@ -255,7 +261,7 @@ def test_fleet_exits_non_zero_and_summarises_every_host(fleet):
 def test_clean_host_is_one_module_call_and_no_change(fleet):
     run = fleet['runs']['first']
     assert run.recap['clean']['changed'] == '0'
-    ran = [task for task in run.tasks['clean'] if task in HOST_MODULE_TASKS]
+    ran = run.module_calls('clean')
     assert ran == ['Release the GPUs']
     report = run.reports['clean']
     assert report['reason'] is None and report['signalled'] == [] and report['escalation'] is None
@@ -266,7 +272,7 @@ def test_clean_host_is_one_module_call_and_no_change(fleet):
 
 def test_hung_job_released_in_one_module_call(fleet):
     run = fleet['runs']['first']
-    assert [task for task in run.tasks['hung'] if task in HOST_MODULE_TASKS] == [
+    assert run.module_calls('hung') == [
         'Release the GPUs', 'Write node_exporter metrics']
     report = run.reports['hung']
     scenario = fleet['info']['hung']
@@ -388,8 +394,7 @@ def test_second_run_changes_nothing_on_released_hosts(fleet):
         assert run.reports[name]['outcome'] == 'clean', name
         assert run.recap[name]['changed'] == '0', name
         # hung also writes its node_exporter metrics; strict reads first (a query of its own).
-        assert [task for task in run.tasks[name] if task in HOST_MODULE_TASKS
-                and task != 'Write node_exporter metrics'] == [
+        assert [task for task in run.module_calls(name) if task != 'Write node_exporter metrics'] == [
             'Read the GPUs and who holds them' if name == 'strict' else 'Release the GPUs'], name
     assert run.reports['lost']['outcome'] == 'failed'
     assert run.summary[0] == '9 of 9 host(s): 8 clean, 0 released, 1 failed'
@@ -398,11 +403,11 @@ def test_second_run_changes_nothing_on_released_hosts(fleet):
 def test_own_clean_query_is_judged_before_anything_is_signalled(fleet):
     run = fleet['runs']['first']
     # The sidecar passes the query, so nothing is released: one module call, the sidecar lives.
-    assert [task for task in run.tasks['tolerant'] if task in HOST_MODULE_TASKS] == [
+    assert run.module_calls('tolerant') == [
         'Read the GPUs and who holds them']
     assert run.reports['tolerant']['signalled'] == [] and alive(fleet['info']['tolerant']['pid'])
     # A dirty host is read, then released; the release's own final read proves it clean.
-    assert [task for task in run.tasks['strict'] if task in HOST_MODULE_TASKS] == [
+    assert run.module_calls('strict') == [
         'Read the GPUs and who holds them', 'Release the GPUs']
     report = run.reports['strict']
     assert [entry['pid'] for entry in report['signalled']] == [fleet['info']['strict']['pid']]

@@ -7,41 +7,103 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import pytest
+import os
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import role_options, spec_problems
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import problems
+import pytest
+import yaml
+
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import convert, settings_problems
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import (
+    PREFIX, SETTINGS_SPEC, defaults, unknown_variables)
+
+ROLE = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'roles', 'gpu_reset')
+
+
+def role_name(option):
+    return PREFIX + option
 
 
 @pytest.mark.parametrize('name, value, expected', [
-    ('gpu_reset_timeout', '5s', "gpu_reset_timeout is '5s', expected a number"),
-    ('gpu_reset_memory_threshold_mib', '1.5', "gpu_reset_memory_threshold_mib is '1.5', expected a whole number"),
-    ('gpu_reset_backend', 'nvml2', "gpu_reset_backend is 'nvml2', expected one of auto, nvml, nvidia-smi"),
-    ('gpu_reset_gpus', [0, 'two'], "gpu_reset_gpus is [0, 'two'], expected a list of whole numbers"),
-    ('gpu_reset_allow_gpu_reset', 'maybe', "gpu_reset_allow_gpu_reset is 'maybe', expected true or false"),
-    ('gpu_reset_drain_command', {'argv': 'x'}, "gpu_reset_drain_command is {'argv': 'x'}, expected a list of strings"),
+    ('timeout', '5s', "gpu_reset_timeout is '5s', expected a number"),
+    ('memory_threshold_mib', '1.5', "gpu_reset_memory_threshold_mib is '1.5', expected a whole number"),
+    ('backend', 'nvml2', "gpu_reset_backend is 'nvml2', expected one of auto, nvml, nvidia-smi"),
+    ('gpus', [0, 'two'], "gpu_reset_gpus is [0, 'two'], expected a list of whole numbers"),
+    ('allow_gpu_reset', 'maybe', "gpu_reset_allow_gpu_reset is 'maybe', expected true or false"),
+    ('drain_command', {'argv': 'x'}, "gpu_reset_drain_command is {'argv': 'x'}, expected a list of strings"),
 ])
 def test_a_wrong_value_is_named_with_what_it_must_be(name, value, expected):
-    assert spec_problems({name: value}) == [expected]
+    assert convert({name: value}, role_name)[1] == [expected]
 
 
-@pytest.mark.parametrize('name, value', [
-    ('gpu_reset_timeout', '5'),            # -e gives text; Ansible converts it
-    ('gpu_reset_timeout', 2.5),
-    ('gpu_reset_allow_gpu_reset', 'yes'),
-    ('gpu_reset_gpus', '0,2'),             # a list given as text, as Ansible splits it
-    ('gpu_reset_gpus', None),              # not set
-    ('gpu_reset_serial', 'anything'),      # a playbook variable, not the role's
+@pytest.mark.parametrize('name, value, expected', [
+    ('timeout', '5', 5.0),            # -e gives text; Ansible converts it
+    ('timeout', 2.5, 2.5),
+    ('allow_gpu_reset', 'yes', True),
+    ('gpus', '0,2', [0, 2]),           # a list given as text, as Ansible splits it
+    ('gpus', None, None),              # not set
 ])
-def test_what_ansible_accepts_is_no_problem(name, value):
-    assert spec_problems({name: value}) == []
+def test_what_ansible_accepts_is_converted_as_ansible_does(name, value, expected):
+    options, found = convert({name: value})
+    assert found == [] and options[name] == expected
 
 
-def test_every_role_variable_has_a_type_the_check_knows():
-    for name, option in role_options().items():
-        assert option.get('type', 'str') in ('float', 'int', 'bool', 'list', 'dict', 'str', 'path', 'raw'), name
+def test_what_is_not_given_takes_its_default():
+    options, found = convert({})
+    assert found == [] and options == defaults()
 
 
 def test_a_wrong_type_ends_the_check_before_the_release_rules():
     # The release's rules would add a second text about the same value.
-    assert problems({'timeout': '5s'}, {'gpu_reset_timeout': '5s'}) == ["gpu_reset_timeout is '5s', expected a number"]
+    assert settings_problems({'timeout': '5s'}, role_name)[1] == ["gpu_reset_timeout is '5s', expected a number"]
+
+
+@pytest.mark.parametrize('settings, problem', [
+    (dict(timeout=0), 'gpu_reset_timeout must be more than 0 seconds, got 0'),
+    (dict(timeout='nan'), 'gpu_reset_timeout must be a finite number of seconds, got nan'),
+    (dict(timeout=float('inf')), 'got inf'),
+    (dict(timeout=2147484), 'gpu_reset_timeout must be at most 2147483 seconds'),
+    (dict(timeout='soon'), "gpu_reset_timeout is 'soon', expected a number"),
+    (dict(grace_period=-1), 'gpu_reset_grace_period must be zero or more, got -1'),
+    (dict(grace_period=60, signals=['TERM', 'KILL']), 'gpu_reset_signals [TERM, KILL] with grace_period 60.0 s'),
+    (dict(memory_threshold_mib=-1), 'gpu_reset_memory_threshold_mib must be between 0 and 16384 MiB'),
+    (dict(signals=[]), 'gpu_reset_signals must name at least one signal'),
+    (dict(signals=['STOP']), 'gpu_reset_signals: '),
+    (dict(devices=[]), 'gpu_reset_devices must name at least one device node glob'),
+    (dict(devices=['nvidia*']), "gpu_reset_devices: 'nvidia*' is not an absolute path"),
+    (dict(gpus=[]), 'gpu_reset_gpus: name at least one GPU index'),
+    (dict(gpus=['two']), "gpu_reset_gpus is ['two'], expected a list of whole numbers"),
+    (dict(clean_query='  '), 'gpu_reset_clean_query must be a JMESPath expression or null, it is empty'),
+    (dict(on_failure='drain', drain_command=[]), 'gpu_reset_drain_command is empty'),
+])
+def test_each_problem_is_named_once(settings, problem):
+    good = dict(timeout=60, grace_period=5, memory_threshold_mib=32, signals=['TERM'], devices=['/dev/nvidia*'],
+                gpus=None, clean_query=None, on_failure='fail', drain_command=['true'])
+    assert settings_problems(good, role_name)[1] == []
+    # Extra variables (-e) arrive as text.
+    assert settings_problems(dict(good, timeout='60', memory_threshold_mib='32', gpus=['1']), role_name)[1] == []
+    found = settings_problems(dict(good, **settings), role_name)[1]
+    assert len(found) == 1 and problem in found[0]
+
+
+def test_the_role_argument_spec_is_the_one_spec():
+    with open(os.path.join(ROLE, 'meta', 'argument_specs.yml')) as handle:
+        options = yaml.safe_load(handle)['argument_specs']['main']['options']
+    spec = dict((PREFIX + name, option) for name, option in SETTINGS_SPEC.items())
+    assert sorted(options) == sorted(spec)
+    for name, option in spec.items():
+        role = options[name]
+        for key in ('type', 'elements', 'choices'):
+            assert role.get(key) == option.get(key), (name, key)
+        assert role.get('default') == option.get('default'), name
+
+
+def test_the_role_defaults_are_the_spec_s():
+    with open(os.path.join(ROLE, 'defaults', 'main.yml')) as handle:
+        role = yaml.safe_load(handle)
+    assert role == dict((PREFIX + name, value) for name, value in defaults().items())
+
+
+def test_a_typo_is_named_and_the_other_variables_are_not():
+    names = ['gpu_reset_timout', 'gpu_reset_timeout', 'gpu_reset_result', 'gpu_reset__release', 'gpu_reset_serial',
+             'gpu_reset_sliced', 'other', 'gpu_reset_probe_mib']
+    assert unknown_variables(names) == ['gpu_reset_timout']

@@ -28,36 +28,7 @@ from processes import gone
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 
-def role_task(name):
-    with open(os.path.join(REPO, 'roles', 'gpu_reset', 'tasks', 'main.yml')) as handle:
-        tasks = yaml.safe_load(handle)
-    todo = list(tasks)
-    while todo:
-        task = todo.pop()
-        if task.get('name') == name:
-            return task
-        for section in ('block', 'rescue', 'always'):
-            todo.extend(task.get(section) or [])
-    raise AssertionError('no task %r in the role' % name)
-
-
-def module_options(task):
-    return set(next(value for key, value in task.items() if key.startswith('gpuops.nvidia.')))
-
-
-def test_the_release_gets_the_options_the_role_gives_it():
-    """The runner calls the release module with the options of the role's task, no more, no less
-    (expected_gpus, gpus and lock_file are omitted when null, as the role omits them)."""
-    settings = _slurm_hook.load_settings(overrides={'gpu_reset_gpus': [0], 'gpu_reset_expected_gpus': 8,
-                                                    'gpu_reset_lock_file': '/run/x.lock'})
-    assert set(_slurm_hook.release_args(settings)) == module_options(role_task('Release the GPUs'))
-    assert set(_slurm_hook.facts_args(settings)) == module_options(
-        role_task('Read the GPUs and check that they are clean'))
-    defaults = _slurm_hook.release_args(_slurm_hook.load_settings())
-    assert not set(['expected_gpus', 'gpus', 'lock_file']) & set(defaults)
-
-
-def test_settings_are_the_role_defaults_then_the_file_then_the_hook(tmp_path):
+def test_settings_are_the_spec_defaults_then_the_file_then_the_hook(tmp_path):
     path = tmp_path / 'vars.yml'
     path.write_text('gpu_reset_grace_period: 2\ngpu_reset_timeout: 99\n')
     settings = _slurm_hook.load_settings(str(path), {'gpu_reset_timeout': 7})
@@ -217,7 +188,7 @@ def test_a_module_cut_off_takes_its_children_with_it(gpuhost):
     gpuhost.fault('hang', seconds=60)
     args = dict(nvidia_smi_path=gpuhost.smi_path, backend='nvidia-smi', devices=[gpuhost.dev_glob], timeout=30)
     with pytest.raises(_slurm_hook.ModuleError, match='gave no result within 1.0 s and was stopped'):
-        _slurm_hook.run_module('nvidia_gpu_facts', args, 1)
+        _slurm_hook.ModuleRunner(time.monotonic() + 1)('nvidia_gpu_facts', args)
     for dummy in range(40):
         if not smi_processes(gpuhost):
             break

@@ -12,7 +12,7 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _verdict
 
 KEYS = ['host', 'outcome', 'reason', 'check_mode', 'gpus_before', 'gpus_after', 'gpus_free', 'gpus_held', 'signalled', 'survivors',
-        'orphaned_gpus', 'escalation', 'gpus', 'release_s', 'duration_s', 'drained']
+        'orphaned_gpus', 'escalation', 'gpus', 'release_s', 'started', 'duration_s', 'drained']
 
 
 def gpu(index, used=1, state='free', error=None, processes=()):
@@ -174,34 +174,6 @@ def test_error_fails_the_host_with_it_first():
     assert report['reason'] == 'gpu_reset is misconfigured: gpu_reset_signals must name at least one signal'
 
 
-@pytest.mark.parametrize('settings, problem', [
-    (dict(timeout=0), 'gpu_reset_timeout must be more than 0 seconds, got 0'),
-    (dict(timeout='nan'), 'gpu_reset_timeout must be a finite number of seconds, got nan'),
-    (dict(timeout=float('inf')), 'got inf'),
-    (dict(timeout=2147484), 'gpu_reset_timeout must be at most 2147483 seconds'),
-    (dict(timeout='soon'), "gpu_reset_timeout must be a number, got 'soon'"),
-    (dict(grace_period=-1), 'gpu_reset_grace_period must be zero or more, got -1'),
-    (dict(grace_period=60, signals=['TERM', 'KILL']), 'gpu_reset_signals [TERM, KILL] with grace_period 60.0 s'),
-    (dict(memory_threshold_mib=-1), 'gpu_reset_memory_threshold_mib must be between 0 and 16384 MiB'),
-    (dict(signals=[]), 'gpu_reset_signals must name at least one signal'),
-    (dict(signals=['STOP']), 'gpu_reset_signals: '),
-    (dict(devices=[]), 'gpu_reset_devices must name at least one device node glob'),
-    (dict(devices=['nvidia*']), "gpu_reset_devices: 'nvidia*' is not an absolute path"),
-    (dict(gpus=[]), 'gpu_reset_gpus: name at least one GPU index'),
-    (dict(gpus=['two']), "gpu_reset_gpus must be a list of GPU indexes, got ['two']"),
-    (dict(clean_query='  '), 'gpu_reset_clean_query must be a JMESPath expression or null, it is empty'),
-    (dict(on_failure='drain', drain_command=[]), 'gpu_reset_drain_command is empty'),
-])
-def test_settings_problems(settings, problem):
-    good = dict(timeout=60, grace_period=5, memory_threshold_mib=32, signals=['TERM'], devices=['/dev/nvidia*'],
-                gpus=None, clean_query=None, on_failure='fail', drain_command=['true'])
-    assert _verdict.problems(good) == []
-    # Extra variables (-e) arrive as text.
-    assert _verdict.problems(dict(good, timeout='60', memory_threshold_mib='32', gpus=['1'])) == []
-    found = _verdict.problems(dict(good, **settings))
-    assert len(found) == 1 and problem in found[0]
-
-
 def test_free_and_held_gpus_are_counted_by_the_threshold():
     clean = _verdict.verdict('n1', release=release(True, before=(1, 32)), memory_threshold_mib=32)
     assert (clean['gpus_free'], clean['gpus_held']) == (2, 0)
@@ -334,18 +306,17 @@ def test_per_gpu_metrics_from_the_release_and_from_the_facts():
 
 
 def test_the_metrics_template_has_per_gpu_gauges():
-    import os
 
     import jinja2
 
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook import ROLE
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook import METRICS_TEMPLATE
     states = [dict(index=0, pci_bus_id='00000000:18:00.0', state='orphaned_memory', driver_recovery_action='none',
                    memory_used_mib=700)]
     report = _verdict.verdict('n1', release=release(False, before=(700,), after=(700,), gpu_states=states))
     report['gpus'][0]['orphaned_mib'] = 700
-    with open(os.path.join(ROLE, 'templates', 'gpu_reset.prom.j2')) as handle:
+    with open(METRICS_TEMPLATE) as handle:
         template = jinja2.Environment(trim_blocks=True, keep_trailing_newline=True).from_string(handle.read())
-    text = template.render(gpu_reset__started=100.0, gpu_reset_result=report)
+    text = template.render(gpu_reset_result=report)
     assert 'gpu_reset_gpu_state{gpu="0",pci_bus_id="00000000:18:00.0",state="orphaned_memory"} 1' in text
     assert 'gpu_reset_gpu_state{gpu="0",pci_bus_id="00000000:18:00.0",state="free"} 0' in text
     assert 'gpu_reset_gpu_recovery_action{gpu="0",pci_bus_id="00000000:18:00.0",action="none"} 1' in text

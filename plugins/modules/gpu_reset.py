@@ -1,0 +1,271 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+module: gpu_reset
+short_description: Put the NVIDIA GPUs of a host back into a clean state, and judge it
+version_added: 0.2.0
+description:
+  - The whole per-host sequence of the role P(gpuops.nvidia.gpu_reset#role) in one task, run by
+    an action plugin on the controller; the modules it calls run on the host.
+  - "It checks its options first (their types, and the limits the release applies on the host):
+    a wrong value fails the host before anything is read, with one short line per value."
+  - With a clean query of your own (O(clean_query)), it reads the GPUs with
+    M(gpuops.nvidia.nvidia_gpu_facts) and stops there when the query holds.
+  - Otherwise it releases the GPUs with M(gpuops.nvidia.nvidia_device_release), which reads them
+    first itself and signals nothing on a clean host; on the usual path that one module call is
+    all. With O(allow_gpu_reset), the release ends by resetting the GPUs whose memory stays held
+    with no process left.
+  - It reads the GPUs again only when the release did not leave them clean (once), or when your
+    clean query does not hold yet on what the release read last (at most four reads, a second
+    apart).
+  - It judges the host (V(clean), V(released), V(would_release) in check mode, V(failed)) and
+    returns the report at the top level of its result, the reason naming each GPU that is not
+    clean and why.
+  - With O(probe), the GPUs judged clean are then proven by allocation with
+    M(gpuops.nvidia.nvidia_gpu_probe); a GPU whose probe fails makes the host failed.
+  - It warns about variables named C(gpu_reset_*) that are no setting of the role (a typo such
+    as C(gpu_reset_timout) would otherwise be ignored).
+author:
+  - gpuops maintainers (@gpuops)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+  - gpuops.nvidia.gpu.memory_threshold
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: The release runs in check mode; the report says what would be signalled.
+  diff_mode:
+    support: full
+    details: The release's holders before and after.
+  platform:
+    platforms: posix
+options:
+  devices:
+    description:
+      - Device node globs; a process that has one of the matching files open or mapped holds
+        the GPUs (O(gpuops.nvidia.nvidia_device_release#module:devices)).
+    type: list
+    elements: str
+    default: ['/dev/nvidia*']
+  gpus:
+    description:
+      - Put only these GPUs back (indexes as nvidia-smi numbers them), for example the GPUs of
+        one Slurm job on a shared node. Not set, every GPU of the host.
+    type: list
+    elements: int
+  backend:
+    description:
+      - How the GPUs are read (O(gpuops.nvidia.nvidia_gpu_facts#module:backend)).
+    type: str
+    choices: [auto, nvml, nvidia-smi]
+    default: auto
+  nvidia_smi_path:
+    description:
+      - The nvidia-smi executable, a command name looked up on E(PATH) or a path.
+    type: str
+    default: nvidia-smi
+  host_root:
+    description:
+      - Where the host's C(/dev), C(/sys) and C(/proc/driver) are found
+        (O(gpuops.nvidia.nvidia_gpu_facts#module:host_root)).
+    type: path
+    default: /
+  expected_gpus:
+    description:
+      - The number of GPUs the host should have; fewer readable fails the host before anything
+        is signalled. Not set, nothing is checked.
+    type: int
+  signals:
+    description:
+      - Signals sent in turn to each holder (O(gpuops.nvidia.nvidia_device_release#module:signals)).
+    type: list
+    elements: str
+    default: [TERM, KILL]
+  grace_period:
+    description:
+      - Seconds to wait after each signal for the holders to exit.
+    type: float
+    default: 5
+  timeout:
+    description:
+      - Seconds the release may take in all, its GPU reset included.
+    type: float
+    default: 60
+  extra_protect:
+    description:
+      - More program names or shell globs never to signal, added to NVIDIA's daemons
+        (O(gpuops.nvidia.nvidia_device_release#module:extra_protect)).
+    type: list
+    elements: str
+    default: []
+  lock_file:
+    description:
+      - The lock that releases on one host take turns on (the release module's default when not set).
+    type: path
+  clean_query:
+    description:
+      - A JMESPath expression over the facts of M(gpuops.nvidia.nvidia_gpu_facts), narrowed to
+        O(gpus), that gives true when the host is clean.
+      - Not set, clean means every GPU in scope readable and at or below O(memory_threshold_mib)
+        and no unprotected holder (the release's own test).
+    type: str
+  allow_gpu_reset:
+    description:
+      - Reset the GPUs whose memory stays held with no process left, and those the driver says
+        need a reset (C(nvidia-smi --gpu-reset)).
+    type: bool
+    default: false
+  assert_clean:
+    description:
+      - Fail the host when it is not clean, with a message that names each dirty GPU and why.
+      - V(false) returns the report with C(outcome=failed) and leaves the judgment to the caller
+        (the role does so, to drain the host and write its report first).
+    type: bool
+    default: true
+  probe:
+    description:
+      - Prove the GPUs judged clean by allocation (M(gpuops.nvidia.nvidia_gpu_probe)).
+    type: bool
+    default: false
+  probe_mib:
+    description:
+      - MiB the probe allocates on each GPU.
+    type: int
+    default: 1024
+  probe_missing_library:
+    description:
+      - What a probe does on a host without C(libcuda.so.1)
+        (O(gpuops.nvidia.nvidia_gpu_probe#module:missing_library)).
+    type: str
+    choices: [skip, fail]
+    default: skip
+  probe_cuda_library:
+    description:
+      - The CUDA driver library the probe loads.
+    type: str
+    default: libcuda.so.1
+notes:
+  - The role's variables are these options with the prefix C(gpu_reset_); in the role, messages
+    name the variables.
+seealso:
+  - module: gpuops.nvidia.nvidia_device_release
+  - module: gpuops.nvidia.nvidia_gpu_facts
+'''
+
+EXAMPLES = r'''
+- name: Free the GPUs of a hung job and fail the host when they stay held
+  gpuops.nvidia.gpu_reset:
+    timeout: 120
+  become: true
+
+- name: Put back only the GPUs of one job, resetting those left with orphaned memory
+  gpuops.nvidia.gpu_reset:
+    gpus: [0, 1]
+    allow_gpu_reset: true
+    assert_clean: false
+  become: true
+  register: reset
+
+- name: Say what was done
+  ansible.builtin.debug:
+    msg: "{{ reset.outcome }}: {{ reset.reason or 'GPUs free' }}"
+'''
+
+RETURN = r'''
+host:
+  description: The host's inventory name.
+  returned: always
+  type: str
+outcome:
+  description: V(clean) (nothing to do), V(released), V(would_release) (check mode) or V(failed).
+  returned: always
+  type: str
+reason:
+  description: Why the host is not clean (each dirty GPU and each stray holder), or what check
+    mode would do; null otherwise.
+  returned: always
+  type: str
+check_mode:
+  description: Whether the run was in check mode.
+  returned: always
+  type: bool
+gpus_before:
+  description: Memory used per GPU in scope before the release (index, memory_used_mib).
+  returned: always
+  type: list
+  elements: dict
+gpus_after:
+  description: Memory used per GPU in scope at the end (index, memory_used_mib).
+  returned: always
+  type: list
+  elements: dict
+gpus_free:
+  description: GPUs in scope at or below the memory threshold at the end.
+  returned: always
+  type: int
+gpus_held:
+  description: GPUs in scope above the memory threshold at the end.
+  returned: always
+  type: int
+signalled:
+  description: The processes the release signalled (as M(gpuops.nvidia.nvidia_device_release) returns them).
+  returned: always
+  type: list
+  elements: dict
+survivors:
+  description: The holders left at the end, each with why.
+  returned: always
+  type: list
+  elements: dict
+orphaned_gpus:
+  description: Indexes of the GPUs found holding memory with no process left.
+  returned: always
+  type: list
+  elements: int
+escalation:
+  description: The GPU reset, when O(allow_gpu_reset) and one was tried (gpus, persistence_mode_off,
+    reset_ok, output, persistence_mode_restored); null otherwise.
+  returned: always
+  type: dict
+gpus:
+  description: Per GPU at the end, for metrics (index, pci_bus_id, state, recovery_action,
+    orphaned_mib, seconds_until_free).
+  returned: always
+  type: list
+  elements: dict
+release_s:
+  description: Seconds the release took (null when it did not run).
+  returned: always
+  type: float
+started:
+  description: When the run started (seconds since the epoch).
+  returned: always
+  type: float
+duration_s:
+  description: Seconds the whole run took.
+  returned: always
+  type: float
+drained:
+  description: Whether the host was drained (always false here; the role's finishing section sets it).
+  returned: always
+  type: bool
+probe:
+  description: With O(probe), what the probe found (probed, library_missing, gpus, duration_ms).
+  returned: when the GPUs were probed
+  type: dict
+'''

@@ -1,0 +1,242 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This plugin_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""The gpu_reset sequence on one host, the only one: for the action gpuops.nvidia.gpu_reset
+(the role's one task) and for the Slurm hook.
+
+check the settings -> read first (only with a clean query of your own) -> release (its GPU
+reset included) -> verify (a bounded loop, only when needed) -> judge -> prove by allocation
+(only when asked, and only GPUs judged clean).
+
+Each step is a function over one Run. The modules run through one seam, run_module(name, args):
+in the action it is Ansible's _execute_module on the host; in the hook a subprocess on the node
+itself. A seam that gets no result from a module raises ModuleError.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import settings_problems
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import facts_of, is_clean, task_error, verdict
+
+READ_FIRST = 'Read the GPUs and who holds them'
+RELEASE = 'Release the GPUs'
+VERIFY = 'Read the GPUs and check that they are clean'
+PROVE = 'Prove the GPUs by allocation'
+
+# With a clean query of your own that does not hold yet after a release that freed the GPUs:
+# reads one second apart, at most this many (the driver frees memory within a second or two).
+VERIFY_READS = 4
+VERIFY_DELAY_S = 1.0
+
+RELEASE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'gpus', 'signals',
+                   'grace_period', 'timeout', 'memory_threshold_mib', 'extra_protect', 'lock_file')
+FACTS_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'extra_protect',
+                 'memory_threshold_mib', 'timeout')
+PROBE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'gpus', 'memory_threshold_mib')
+
+class ModuleError(Exception):
+    """A module gave no result at all (stopped at the deadline, or it crashed)."""
+
+
+class Run:
+    """One host's run. settings: the gpu_reset settings without their prefix, as given (the
+    steps check and convert them); name(option): how a setting is named in messages (the role
+    names its variables); deadline: time.monotonic() by which the modules must be done (None:
+    Ansible's own task timeout bounds them); python: the host's interpreter, for the message
+    when it cannot run the modules."""
+
+    def __init__(self, host, settings, run_module, check_mode=False, name=None, deadline=None, python=None,
+                 sleep=time.sleep):
+        self.host = host
+        self.settings = settings
+        self.run_module = run_module
+        self.check_mode = check_mode
+        self.name = name or (lambda option: option)
+        self.deadline = deadline
+        self.python = python
+        self.sleep = sleep
+        self.started = time.time()
+        self.options = None
+        self.misconfigured = False
+        self.facts_before = self.release = self.verify = None
+        self.clean_before = False
+        self.error = None
+        self.report = None
+        self.warnings = []
+        # The steps that ran a module, in order (each one module call on the host).
+        self.steps = []
+
+    def left(self):
+        """Seconds left before the deadline (None: no deadline)."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def call(self, step, module, args):
+        """Run module; its result, or None with run.error set when it gave none or failed."""
+        try:
+            result = self.module(step, module, args)
+        except ModuleError as exc:
+            self.error = '%s: %s' % (step, exc)
+            return None
+        self.warnings.extend(warning for warning in result.get('warnings') or [] if warning not in self.warnings)
+        if result.get('failed') and not (module == 'nvidia_device_release' and 'released' in result):
+            # A release that judged the GPUs (released false) is no error: the verdict says why.
+            self.error = task_error({'task': step, 'result': result, 'python': self.python})
+            return None
+        return result
+
+    def module(self, step, module, args):
+        """run_module, noted as the step's."""
+        self.steps.append(step)
+        return self.run_module(module, args)
+
+    def facts_args(self):
+        args = self._pick(FACTS_OPTIONS)
+        left = self.left()
+        if left is not None:
+            # Within the time left, so that a hung nvidia-smi is named by the module, not cut off here.
+            args['timeout'] = max(1, min(float(args['timeout']), left - 1))
+        return args
+
+    def release_args(self):
+        args = self._pick(RELEASE_OPTIONS)
+        args['reset_orphaned'] = self.options['allow_gpu_reset']
+        # For a query of your own, and for check mode's reason.
+        args['facts_after'] = self.options['clean_query'] is not None or self.check_mode
+        return args
+
+    def probe_args(self):
+        args = self._pick(PROBE_OPTIONS)
+        args.update(probe_mib=self.options['probe_mib'], missing_library=self.options['probe_missing_library'],
+                    cuda_library=self.options['probe_cuda_library'])
+        left = self.left()
+        if left is not None:
+            args['timeout'] = max(1, left - 1)
+        return args
+
+    def _pick(self, names):
+        """The options names that are set (a module's own default stands for the others)."""
+        return dict((name, self.options[name]) for name in names if self.options[name] is not None)
+
+    def is_clean(self, result):
+        """Whether the facts in result (a module's result, or facts) pass the clean query; a query
+        that fails or gives no true or false is an error."""
+        try:
+            return is_clean(facts_of(result) or {}, self.options['clean_query'], self.options['gpus'],
+                            self.options['memory_threshold_mib'])
+        except AnsibleFilterError as exc:
+            self.error = str(exc).replace('gpu_reset_clean_query', self.name('clean_query'), 1)
+            return False
+
+
+def check_settings(run):
+    """The settings against the spec and the release's own rules, before anything is read."""
+    options, found = settings_problems(run.settings, run.name)
+    if found:
+        run.misconfigured = True
+        run.error = 'gpu_reset is misconfigured: %s' % '; '.join(found)
+    run.options = options
+
+
+def read_first(run):
+    """With a clean query of your own: the GPUs judged by it before anything is signalled."""
+    if run.options['clean_query'] is None:
+        return
+    run.facts_before = run.call(READ_FIRST, 'nvidia_gpu_facts', run.facts_args())
+    if run.facts_before is not None:
+        run.clean_before = run.is_clean(run.facts_before)
+
+
+def release(run):
+    """The release: reads first itself, signals nothing on a clean host, resets when allowed."""
+    if run.clean_before:
+        return
+    run.release = run.call(RELEASE, 'nvidia_device_release', run.release_args())
+
+
+def verify(run):
+    """Read again only when the release did not leave the GPUs clean (once: waiting cannot help),
+    or when your clean query does not hold yet on what it read last (a few reads)."""
+    release = run.release
+    if run.check_mode or release is None:
+        return
+    query = run.options['clean_query']
+    if release['released'] and (query is None or run.is_clean(release.get('facts_after'))):
+        return
+    if run.error:
+        return
+    reads = VERIFY_READS if release['released'] else 1
+    for attempt in range(reads):
+        if attempt:
+            run.sleep(VERIFY_DELAY_S)
+        try:
+            facts = run.module(VERIFY, 'nvidia_gpu_facts', run.facts_args())
+        except ModuleError:
+            # No time left to read again: the release's own account of why stands.
+            run.error = '%s: %s' % (RELEASE, release.get('msg') or 'failed')
+            return
+        if facts.get('failed'):
+            run.error = task_error({'task': VERIFY, 'result': facts, 'python': run.python})
+            return
+        run.verify = facts
+        if run.is_clean(facts) or run.error:
+            return
+
+
+def judge(run):
+    """The verdict and the report (gpu_reset_result)."""
+    options = run.options or {}
+    run.report = verdict(run.host, release=run.release, facts_before=run.facts_before, facts=run.verify,
+                         error=run.error, gpus=options.get('gpus'), query=options.get('clean_query'),
+                         memory_threshold_mib=options.get('memory_threshold_mib', 32),
+                         allow_gpu_reset=bool(options.get('allow_gpu_reset')), check_mode=run.check_mode,
+                         started=run.started)
+
+
+def prove(run):
+    """After a clean verdict, the proof by allocation: a failed probe fails the host, naming the
+    GPU and the CUDA error; a probe that found no library is noted in the report."""
+    report = run.report
+    if run.misconfigured or run.check_mode or not run.options['probe'] or report['outcome'] == 'failed':
+        return
+    args = run.probe_args()
+    try:
+        probe = run.module(PROVE, 'nvidia_gpu_probe', args)
+    except ModuleError as exc:
+        failed(report, PROVE, exc)
+        return
+    report['probe'] = dict((key, probe.get(key)) for key in ('probed', 'library_missing', 'gpus', 'duration_ms'))
+    if probe.get('failed'):
+        failed(report, PROVE, probe.get('msg', 'failed'))
+
+
+def failed(report, step, why):
+    """Fail report for step, keeping the reason it has."""
+    report['outcome'] = 'failed'
+    report['reason'] = '%s%s: %s' % (report['reason'] + '; ' if report['reason'] else '', step, why)
+
+
+STEPS = (check_settings, read_first, release, verify)
+
+
+def run(run_):
+    """Run the steps on run_ (a Run) in order, stopping at the first error; then judge and prove.
+    Returns the report."""
+    for step in STEPS:
+        step(run_)
+        if run_.error:
+            break
+    judge(run_)
+    prove(run_)
+    run_.report['steps'] = run_.steps
+    return run_.report
