@@ -88,7 +88,6 @@ class Run:
         except ModuleError as exc:
             self.error = '%s: %s' % (step, exc)
             return None
-        self.warnings.extend(warning for warning in result.get('warnings') or [] if warning not in self.warnings)
         if result.get('failed') and not (module == 'nvidia_device_release' and 'released' in result):
             # A release that judged the GPUs (released false) is no error: the verdict says why.
             self.error = task_error({'task': step, 'result': result, 'python': self.python})
@@ -98,7 +97,9 @@ class Run:
     def module(self, step, module, args):
         """run_module, noted as the step's."""
         self.steps.append(step)
-        return self.run_module(module, args)
+        result = self.run_module(module, args)
+        self.warnings.extend(warning for warning in result.get('warnings') or [] if warning not in self.warnings)
+        return result
 
     def facts_args(self):
         args = self._pick(FACTS_OPTIONS)
