@@ -31,6 +31,8 @@ RUNNER = os.path.join(BIN, 'ansible-runner')
 pytestmark = pytest.mark.skipif(not os.path.exists(RUNNER), reason='ansible-runner is not installed')
 
 ROLE = 'gpu_reset'
+# The role's task that runs the sequence and returns the report (gpu_reset_result).
+RESET_TASK = 'Put the GPUs back into a clean state'
 
 
 # The playbook of an AWX project: AWX runs a playbook of the project, which imports the
@@ -99,10 +101,9 @@ class Job:
     def outcomes(self):
         """{host: outcome} from the role's results: the report it sets, gpu_reset_result."""
         found = {}
-        for kind, host, dummy, res in self.results(ROLE):
-            report = (res.get('ansible_facts') or {}).get('gpu_reset_result')
-            if kind == 'runner_on_ok' and report:
-                found[host] = report['outcome']
+        for kind, host, dummy, res in self.results(ROLE, RESET_TASK):
+            if kind == 'runner_on_ok' and res.get('outcome'):
+                found[host] = res['outcome']
         return found
 
     @property
@@ -196,7 +197,7 @@ def test_per_host_outcomes_from_the_job_events(job):
     # The host fails after the summary, and only there; the others fail nowhere.
     failed = [(host, task) for kind, host, task, dummy in run.results() if kind == 'runner_on_failed']
     assert failed == [('failing', 'Fail the hosts that are not clean')], failed
-    released = [res for kind, host, task, res in run.results(ROLE, 'Release the GPUs') if host == 'hung']
+    released = [res for kind, host, task, res in run.results(ROLE, RESET_TASK) if host == 'hung']
     assert released[0]['changed'] is True
     assert [entry['pid'] for entry in released[0]['signalled']] == [job['holders']['hung']]
     assert not alive(job['holders']['hung'])
@@ -212,8 +213,7 @@ def test_artifacts_hold_every_hosts_report(job):
     assert reports['failing']['orphaned_gpus'] == [1]
     assert reports['hung']['gpus_after'] == [{'index': 0, 'memory_used_mib': 1}, {'index': 1, 'memory_used_mib': 1}]
     # The same reports as the role set on each host (the fact in the job events).
-    facts = dict((host, res['ansible_facts']['gpu_reset_result']) for kind, host, task, res
-                 in run.results(ROLE, 'Judge the host') if kind == 'runner_on_ok')
+    facts = dict((host, res) for kind, host, task, res in run.results(ROLE, RESET_TASK) if kind == 'runner_on_ok')
     assert dict((host, report['reason']) for host, report in reports.items()) == \
         dict((host, report['reason']) for host, report in facts.items())
 
