@@ -45,6 +45,7 @@ FACTS_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'de
                  'memory_threshold_mib', 'timeout')
 PROBE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'gpus', 'memory_threshold_mib')
 
+
 class ModuleError(Exception):
     """A module gave no result at all (stopped at the deadline, or it crashed)."""
 

@@ -62,9 +62,9 @@ OTHER_VARIABLES = frozenset(PREFIX + name for name in (
     'result', 'become', 'serial', 'max_fail_percentage', 'sliced'))
 
 
-def defaults(spec=SETTINGS_SPEC):
-    """{name: default} of spec."""
-    return dict((name, option.get('default')) for name, option in spec.items())
+def defaults(spec=None):
+    """{name: default} of spec (SETTINGS_SPEC)."""
+    return dict((name, option.get('default')) for name, option in (spec or SETTINGS_SPEC).items())
 
 
 def unknown_variables(names):

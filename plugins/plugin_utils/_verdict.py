@@ -62,6 +62,7 @@ def gpu_scope(facts, gpus=None):
                                        if blocks(holder.get('devices') or [], holder.get('pid'), nodes, kept)]
     return scoped
 
+
 # The release module's own test of clean: every GPU in scope readable and at or below the
 # threshold, no holder that is not protected.
 CLEAN_QUERY = ('length(nvidia_gpus[?error != null || memory_used_mib == null || memory_used_mib > `%d`]) == `0`'
@@ -80,7 +81,7 @@ def is_clean(facts, query=None, gpus=None, memory_threshold_mib=DEFAULT_MEMORY_T
     verdict = search(gpu_scope(facts, gpus), clean_query(query, memory_threshold_mib))
     if not isinstance(verdict, bool):
         raise VerdictError('gpu_reset_clean_query must give true or false, it gave %s for these GPUs'
-                                 % json.dumps(verdict))
+                           % json.dumps(verdict))
     return verdict
 
 
