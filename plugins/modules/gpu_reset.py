@@ -11,7 +11,7 @@ __metaclass__ = type
 DOCUMENTATION = r'''
 module: gpu_reset
 short_description: Put the NVIDIA GPUs of a host back into a clean state, and judge it
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - The whole per-host sequence of the role P(gpuops.nvidia.gpu_reset#role) in one task, run by
     an action plugin on the controller; the modules it calls run on the host.
