@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpu_node_number, gpus_in_scope
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
@@ -142,15 +143,13 @@ def _escalation(escalation):
     return True, bool(escalation.get('reset_ok')), escalation.get('output') or ''
 
 
-def _needs_reset(gpu, attempted, reset_ok, output, allow_gpu_reset):
-    """The reason line of a GPU the driver says needs a reset."""
-    index = gpu.get('index')
-    text = 'GPU %s needs a GPU reset (%s' % (gpu.get('pci_bus_id') if index is None else index, gpu['error'])
+def _remedy(attempted, reset_ok, output, allow_gpu_reset, separator):
+    """What the reason of a GPU only a reset can help adds: the failed reset, or how to allow one."""
     if attempted and not reset_ok:
-        text += ', and the reset failed: ' + ' '.join(str(output).split())
-    elif not allow_gpu_reset:
-        text += '; set gpu_reset_allow_gpu_reset to allow it'
-    return text + ')'
+        return _reason.reset_failed(output)
+    if not allow_gpu_reset:
+        return '%s set gpu_reset_allow_gpu_reset to allow it' % separator
+    return ''
 
 
 def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False, signalled=(),
@@ -177,28 +176,21 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
         if gpu.get('error') or used is None or over or held or reported:
             count += 1
         if gpu.get('error') and gpu.get('state') == 'reset_required':
-            lines.append(_needs_reset(gpu, attempted, reset_ok, output, allow_gpu_reset))
+            lines.append(_reason.needs_reset(gpu, _remedy(attempted, reset_ok, output, allow_gpu_reset, ';')))
         elif gpu.get('error'):
-            lines.append('GPU %s lost or unreadable (%s)' % (gpu.get('pci_bus_id') if index is None else index, gpu['error']))
-        elif used is None:
-            lines.append('GPU %s: memory used not reported' % index)
+            lines.append(_reason.unreadable(gpu))
         elif over and gpu.get('state') == 'orphaned_memory' and not held:
-            text = 'GPU %s: %s MiB held with no process left (orphaned memory; only a GPU reset frees it' % (index, used)
-            if attempted and not reset_ok:
-                text += ', and the reset failed: ' + ' '.join(str(output).split())
-            elif not allow_gpu_reset:
-                text += ', set gpu_reset_allow_gpu_reset to allow it'
-            lines.append(text + ')')
-        elif over or held or reported:
+            lines.append(_reason.orphaned(gpu, _remedy(attempted, reset_ok, output, allow_gpu_reset, ',')))
+        elif used is None or over or held or reported:
             why = ['pid %s (%s, %s)' % (s.get('pid'), printable(s.get('comm')), s.get('reason')) for s in held]
-            why += ['pid %s (%s)' % (p.get('pid'), printable(p.get('name'))) for p in reported]
-            lines.append('GPU %s: %s MiB used%s' % (index, used, ', held by ' + ', '.join(why) if why else ''))
+            why += [_reason.reported(p) for p in reported]
+            lines.append(_reason.held(gpu, why))
     blocking = set(s.get('pid') for s in survivors if s.get('gpus'))
     for holder in final.get('nvidia_device_holders') or []:
         if not holder.get('protected') and holder.get('pid') not in blocking:
             count += 1
-            lines.append('pid %s (%s, user %s) still holds %s' % (
-                holder.get('pid'), printable(holder.get('comm')), holder.get('user'), ', '.join(holder.get('devices') or [])))
+            lines.append(_reason.still_holds('pid %s (%s, user %s)' % (
+                holder.get('pid'), printable(holder.get('comm')), holder.get('user')), holder.get('devices')))
     if not check_mode and not error and count == 0:
         lines.append('the GPUs do not pass gpu_reset_clean_query')
     return '; '.join(line.strip() for line in lines if line.strip())

@@ -1,0 +1,59 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""Why a GPU is not clean, in one vocabulary: the release module's message and the verdict's
+reason (the report, the drain reason, the summary) say it in these words."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+
+
+def gpu_name(gpu):
+    """A GPU as the reasons name it: its index, or its PCI bus id when it has none."""
+    return gpu.get('pci_bus_id') if gpu.get('index') is None else gpu.get('index')
+
+
+def reset_failed(output):
+    """The remedy part of a reason after a GPU reset that failed."""
+    return ', and the reset failed: ' + ' '.join(str(output).split())
+
+
+def needs_reset(gpu, remedy=''):
+    """A GPU the driver says needs a reset."""
+    return 'GPU %s needs a GPU reset (%s%s)' % (gpu_name(gpu), gpu['error'], remedy)
+
+
+def unreadable(gpu):
+    """A GPU the driver cannot read or has lost."""
+    return 'GPU %s lost or unreadable (%s)' % (gpu_name(gpu), gpu['error'])
+
+
+def orphaned(gpu, remedy=''):
+    """Memory held with no process left."""
+    return 'GPU %s: %s MiB held with no process left (orphaned memory; only a GPU reset frees it%s)' % (
+        gpu_name(gpu), gpu.get('memory_used_mib'), remedy)
+
+
+def held(gpu, why=()):
+    """Memory used (or not reported), and what holds it."""
+    used = gpu.get('memory_used_mib')
+    amount = 'memory used not reported' if used is None else '%s MiB used' % used
+    return 'GPU %s: %s%s' % (gpu_name(gpu), amount, ', held by ' + ', '.join(why) if why else '')
+
+
+def reported(process):
+    """A process the driver lists on a GPU."""
+    return 'pid %s (%s)' % (process.get('pid'), printable(process.get('name')))
+
+
+def still_holds(who, devices):
+    """A holder left that holds no GPU in scope of its own, only device nodes."""
+    return '%s still holds %s' % (who, ', '.join(devices or []))
