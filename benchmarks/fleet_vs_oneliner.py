@@ -131,7 +131,9 @@ def write_inventory(path, addresses, key):
         f.write('  vars:\n'
                 '    ansible_user: root\n'
                 '    ansible_ssh_private_key_file: %s\n'
-                # Throw-away containers: their host keys are neither known nor kept.
+                # Throw-away containers: their host keys are neither known nor kept. Mitogen puts
+                # its own StrictHostKeyChecking before these arguments, from this variable.
+                '    ansible_host_key_checking: false\n'
                 '    ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null'
                 ' -o LogLevel=ERROR\n'
                 '    ansible_python_interpreter: /usr/bin/python3\n'
