@@ -53,6 +53,7 @@ PREFIX = 'gpuops-bench-'
 ONELINER = ('sleep 5; fuser -k /dev/nvidia*; sleep 3; '
             'nvidia-smi --query-gpu=index,memory.used --format=csv,noheader')
 RELEASE_DELAY = 1
+LABELS = {'mitogen': 'collection under mitogen_linear'}
 # The modules' default memory_threshold_mib (plugins/module_utils/_common.py): an idle GPU reads at most this.
 IDLE_MAX_MIB = 32
 
@@ -310,7 +311,7 @@ def plot(results, path):
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for side, marker in zip(sides_of(results), 'os^'):
         medians = [results[n][side]['median'] for n in sizes]
-        ax.plot(sizes, medians, marker=marker, label=side)
+        ax.plot(sizes, medians, marker=marker, label=LABELS.get(side, side))
         for n in sizes:
             ax.scatter([n] * len(results[n][side]['times']), results[n][side]['times'],
                        s=10, alpha=0.4, color=ax.lines[-1].get_color())
@@ -357,6 +358,7 @@ starting with no SSH connection open:
 
 - collection: `ansible-playbook gpuops.nvidia.reset_gpus`
 - one-liner: `ansible -m shell -a '{oneliner}'`
+- mitogen: the collection's command under Mitogen for Ansible, when it can run (below)
 
 Times are wall-clock for the whole command, median of {reps} runs; controller CPU is the user
 and system seconds of the command's process tree (getrusage of the reaped children; the SSH
