@@ -16,12 +16,15 @@ every run starts with no SSH connection open):
   collection  ansible-playbook gpuops.nvidia.reset_gpus
   one-liner   ansible -m shell -a 'sleep 5; fuser -k /dev/nvidia*; sleep 3;
               nvidia-smi --query-gpu=index,memory.used --format=csv,noheader'
+  mitogen     the collection's playbook under Mitogen for Ansible (strategy mitogen_linear,
+              on the controller only; its own SSH connection per host, same inventory)
 
 Reports median wall-clock times, their ratio, how each grows with N, the controller's CPU
 seconds per host (user + system of the command's whole reaped process tree, from
 getrusage(RUSAGE_CHILDREN)), and correctness (every GPU at 0 MiB, nvidia-persistenced alive),
 and writes docs/fleet-benchmark.md and
-docs/fleet-benchmark.png.
+docs/fleet-benchmark.png. When Mitogen cannot run with this ansible-core, one line says so
+(its version, ansible-core's, and the error) and the other two sides run without it.
 
 Usage (as root): python3 benchmarks/fleet_vs_oneliner.py [--sizes 1,8,32] [--reps 3] [--out docs]
                  [--compare-with DIR]   (also the playbook of an earlier checkout, printed only)
@@ -32,6 +35,7 @@ when it is missing (scripts/molecule.sh's set-up).
 import argparse
 import concurrent.futures
 import datetime
+import importlib.metadata
 import os
 import platform
 import resource
@@ -49,6 +53,7 @@ PREFIX = 'gpuops-bench-'
 ONELINER = ('sleep 5; fuser -k /dev/nvidia*; sleep 3; '
             'nvidia-smi --query-gpu=index,memory.used --format=csv,noheader')
 RELEASE_DELAY = 1
+LABELS = {'mitogen': 'collection under mitogen_linear'}
 # The modules' default memory_threshold_mib (plugins/module_utils/_common.py): an idle GPU reads at most this.
 IDLE_MAX_MIB = 32
 
@@ -127,7 +132,9 @@ def write_inventory(path, addresses, key):
         f.write('  vars:\n'
                 '    ansible_user: root\n'
                 '    ansible_ssh_private_key_file: %s\n'
-                # Throw-away containers: their host keys are neither known nor kept.
+                # Throw-away containers: their host keys are neither known nor kept. Mitogen puts
+                # its own StrictHostKeyChecking before these arguments, from this variable.
+                '    ansible_host_key_checking: false\n'
                 '    ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null'
                 ' -o LogLevel=ERROR\n'
                 '    ansible_python_interpreter: /usr/bin/python3\n'
@@ -147,6 +154,39 @@ def environment(checkout=REPO):
                ANSIBLE_CONFIG=os.path.join(REPO, 'examples', 'ansible.cfg'))
     env['PATH'] = os.path.join(VENV, 'bin') + os.pathsep + env.get('PATH', '')
     return env
+
+
+def mitogen_environment(env):
+    """(env with Mitogen's strategy mitogen_linear, None), or (None, why it cannot run)."""
+    try:
+        import ansible_mitogen
+    except ImportError as error:
+        return None, 'mitogen is not installed in %s (requirements/bench.txt): %s' % (VENV, error)
+    strategies = os.path.join(os.path.dirname(ansible_mitogen.__file__), 'plugins', 'strategy')
+    mitogen_env = dict(env, ANSIBLE_STRATEGY_PLUGINS=strategies, ANSIBLE_STRATEGY='mitogen_linear')
+    # The fleet's inventory names the hosts' Python; so does this check for the controller's.
+    command = ['ansible', 'localhost', '-i', 'localhost,', '-c', 'local', '-m', 'ansible.builtin.ping',
+               '-e', 'ansible_python_interpreter=' + sys.executable]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, env=mitogen_env, cwd=REPO,
+                              timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        return None, 'a ping of the controller through mitogen_linear did not finish within 120 s'
+    if proc.returncode != 0:
+        lines = [line.strip() for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+        errors = [line for line in lines if 'ERROR' in line or 'FAILED' in line or 'UNREACHABLE' in line]
+        return None, (errors or lines or ['exit code %d' % proc.returncode])[0]
+    return mitogen_env, None
+
+
+def versions():
+    """'mitogen X with ansible-core Y', as installed in this environment."""
+    def version(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return '(not installed)'
+    return 'mitogen %s with ansible-core %s' % (version('mitogen'), version('ansible-core'))
 
 
 def children_cpu():
@@ -172,7 +212,7 @@ def timed(command, env, forks):
     return elapsed, cpu
 
 
-def run_size(count, reps, env, key, earlier_env=None):
+def run_size(count, reps, env, key, earlier_env=None, mitogen_env=None):
     with open(key + '.pub') as f:
         addresses = start_hosts(count, f.read())
     names = sorted(addresses)
@@ -183,6 +223,8 @@ def run_size(count, reps, env, key, earlier_env=None):
         'one-liner': (['ansible', 'gpu_hosts', '-i', inventory, '-m', 'ansible.builtin.shell',
                        '-a', ONELINER], env),
     }
+    if mitogen_env is not None:
+        sides['mitogen'] = (['ansible-playbook', '-i', inventory, 'gpuops.nvidia.reset_gpus'], mitogen_env)
     if earlier_env is not None:
         # An earlier version may count the memory the driver reserves (515 MiB on the simulated
         # H200s) as used: its threshold is raised above that, far below a job's 76113 MiB.
@@ -231,10 +273,29 @@ def table(results):
     return '\n'.join(rows)
 
 
+def mitogen_table(results):
+    """The collection under Mitogen beside the collection alone, from the same runs."""
+    rows = ['| N hosts | collection median (s) | mitogen median (s) | collection / mitogen '
+            '| collection: controller CPU s per host | mitogen: controller CPU s per host | CPU mitogen / collection '
+            '| mitogen: all GPUs 0 MiB | mitogen: daemon alive |',
+            '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: |']
+    for count, result in sorted(results.items()):
+        col, mit = result['collection'], result['mitogen']
+        rows.append('| %d | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %s | %s |' % (
+            count, col['median'], mit['median'], col['median'] / mit['median'],
+            col['cpu_median'], mit['cpu_median'], mit['cpu_median'] / col['cpu_median'],
+            yes_no(mit['clean']), yes_no(mit['daemon'])))
+    return '\n'.join(rows)
+
+
+def sides_of(results):
+    return [side for side in ('collection', 'one-liner', 'mitogen') if side in next(iter(results.values()))]
+
+
 def growth(results):
     sizes = sorted(results)
     lines = []
-    for side in ('collection', 'one-liner'):
+    for side in sides_of(results):
         first = results[sizes[0]][side]['median']
         steps = ', '.join('N=%d: %.2fx' % (n, results[n][side]['median'] / first) for n in sizes[1:])
         lines.append('- %s: time relative to N=%d: %s' % (side, sizes[0], steps))
@@ -248,9 +309,9 @@ def plot(results, path):
 
     sizes = sorted(results)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    for side, marker in (('collection', 'o'), ('one-liner', 's')):
+    for side, marker in zip(sides_of(results), 'os^'):
         medians = [results[n][side]['median'] for n in sizes]
-        ax.plot(sizes, medians, marker=marker, label=side)
+        ax.plot(sizes, medians, marker=marker, label=LABELS.get(side, side))
         for n in sizes:
             ax.scatter([n] * len(results[n][side]['times']), results[n][side]['times'],
                        s=10, alpha=0.4, color=ax.lines[-1].get_color())
@@ -267,7 +328,19 @@ def plot(results, path):
     fig.savefig(path)
 
 
-def report(results, reps, out):
+def mitogen_section(results, mitogen):
+    """Markdown on the Mitogen side: its table, or the line saying why it could not run."""
+    version, problem = mitogen
+    if problem:
+        return '%s cannot run the playbook: %s' % (version, problem)
+    return """The same playbook under {version} (`ANSIBLE_STRATEGY=mitogen_linear`, its
+strategy plugins on `ANSIBLE_STRATEGY_PLUGINS`; Mitogen opens one SSH connection per host of
+its own and runs the modules in a Python interpreter it keeps on the host), from the same runs:
+
+{table}""".format(version=version, table=mitogen_table(results))
+
+
+def report(results, reps, out, mitogen):
     md = os.path.join(out, 'fleet-benchmark.md')
     png = os.path.join(out, 'fleet-benchmark.png')
     plot(results, png)
@@ -285,6 +358,7 @@ starting with no SSH connection open:
 
 - collection: `ansible-playbook gpuops.nvidia.reset_gpus`
 - one-liner: `ansible -m shell -a '{oneliner}'`
+- mitogen: the collection's command under Mitogen for Ansible, when it can run (below)
 
 Times are wall-clock for the whole command, median of {reps} runs; controller CPU is the user
 and system seconds of the command's process tree (getrusage of the reaped children; the SSH
@@ -297,6 +371,8 @@ GPUs at 0 MiB, and `nvidia-persistenced` still running.
 How the time grows with N:
 
 {growth}
+
+{mitogen}
 
 ![time against N](fleet-benchmark.png)
 
@@ -324,7 +400,7 @@ small controller the collection's lead narrows as N grows. Through the
 of CPU in `podman` processes; that transport measures podman rather than the collection, and
 is used here only for Molecule.
 """.format(delay=RELEASE_DELAY, oneliner=ONELINER, reps=reps, table=table(results),
-           growth=growth(results), date=datetime.date.today().isoformat(),
+           growth=growth(results), mitogen=mitogen_section(results, mitogen), date=datetime.date.today().isoformat(),
            machine=platform.platform(terse=True), cpus=os.cpu_count(), ansible=ansible_version,
            podman=podman('--version').stdout.split()[-1])
     with open(md, 'w') as f:
@@ -345,6 +421,10 @@ def main():
     if os.path.realpath(sys.prefix) != os.path.realpath(VENV):
         bootstrap()
     env = environment()
+    mitogen_env, problem = mitogen_environment(env)
+    mitogen = (versions(), problem)
+    print('%s: %s' % (mitogen[0], 'cannot run the playbook: ' + problem if problem else 'strategy mitogen_linear'),
+          flush=True)
     results = {}
     remove_hosts()
     keys = tempfile.mkdtemp(prefix='gpuops-bench-key-')
@@ -353,13 +433,16 @@ def main():
     try:
         for count in [int(n) for n in args.sizes.split(',')]:
             results[count] = run_size(count, args.reps, env, key,
-                                      environment(os.path.abspath(args.compare_with)) if args.compare_with else None)
+                                      environment(os.path.abspath(args.compare_with)) if args.compare_with else None,
+                                      mitogen_env)
     finally:
         shutil.rmtree(keys, ignore_errors=True)
     print()
     print(table(results))
     print()
     print(growth(results))
+    print()
+    print(mitogen_section(results, mitogen))
     if args.compare_with:
         print()
         for count, result in sorted(results.items()):
@@ -370,7 +453,7 @@ def main():
                       result['earlier']['cpu_median'], result['earlier']['cpu_median'] / result['one-liner']['cpu_median'],
                       result['collection']['median'], result['earlier']['median']))
     os.makedirs(args.out, exist_ok=True)
-    md, png = report(results, args.reps, args.out)
+    md, png = report(results, args.reps, args.out, mitogen)
     print('\nwrote %s and %s' % (md, png))
 
 
