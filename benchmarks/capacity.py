@@ -318,6 +318,9 @@ def main():
                   % (artifacts, artifacts / largest))
 
         print()
+        if largest == sizes[0]:
+            print('capacity: needs two sizes (--sizes 1,32) to tell the cost of one more host')
+            return
         print('capacity (controller CPU per extra host, between N=%d and N=%d)' % (sizes[0], largest))
         slopes = {}
         for path in ('clean', 'release'):

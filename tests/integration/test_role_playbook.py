@@ -869,3 +869,15 @@ def test_slurm_job_gpus_cannot_inject_a_drain_command_into_the_playbook(gpuhost_
     assert len(calls) == 1 and 'could not check the GPUs' in calls[0], calls
     # The reason shows the list's first 40 characters, each not of a GPU list as '?'.
     assert '(job 4242, GPUs 0?,??gpu?reset?drain?command?????touch?,)' in calls[0], calls
+
+
+def test_a_mistyped_variable_is_named_in_a_warning(gpuhost_factory, tmp_path):
+    """gpu_reset_timout: 600 is no setting: the run warns about it, naming it, and goes on with
+    gpu_reset_timeout as it is."""
+    host = gpuhost_factory(gpus=1)
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'node': host_vars(
+        host, tmp_path, 'node', gpu_reset_timout=600)}}}))
+    run = playbook(inventory, tmp_path / 'reports')
+    assert run.rc == 0 and run.reports['node']['outcome'] == 'clean', run.out
+    assert 'gpu_reset_timout is no setting of gpu_reset (a typo?); it is ignored' in ' '.join(run.out.split())
