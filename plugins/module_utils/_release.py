@@ -32,7 +32,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     DEFAULT_MEMORY_THRESHOLD_MIB,
     GpuopsError,
     PermanentReadError,
-    check_seconds,
     holders_argument_spec,
     printable,
     reader_argument_spec,
@@ -52,6 +51,11 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
+from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
+    DEFAULT_SIGNALS,
+    check_release_options,
+    seconds,
+)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
@@ -59,11 +63,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     NotPermittedError,
     ProcessRef,
     Signaller,
-    parse_signal,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiRunner
-
-DEFAULT_SIGNALS = ['TERM', 'KILL']
 
 # How often one command line may come back (a supervisor restarting it) and be stopped
 # again before it is left alone and reported as respawned.
@@ -105,8 +106,6 @@ FOREIGN_HOLDER = 'foreign_holder'
 # Why released is false although the GPUs read clean: the settle window did not fit in the timeout.
 NOT_SETTLED = 'not_settled'
 
-# A threshold above this is no test of idle memory (a whole GPU of the smallest data-centre kind).
-MAX_MEMORY_THRESHOLD_MIB = 16384
 # Descriptors kept free for nvidia-smi's pipes, the lock and /proc reads when pidfds pile up.
 FD_RESERVE = 64
 
@@ -129,11 +128,6 @@ def release_argument_spec():
     return spec
 
 
-def seconds(value):
-    """A duration for a message: 2.9994035 -> '3.0 s'."""
-    return '%.1f s' % value
-
-
 class ReleaseOptions:
     """Validated options of a release."""
 
@@ -141,44 +135,8 @@ class ReleaseOptions:
                  wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
                  facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
                  nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None):
-        for problem in (check_seconds('timeout', timeout, positive=True),
-                        check_seconds('grace_period', grace_period),
-                        check_seconds('settle_time', settle_time)):
-            if problem:
-                raise GpuopsError(problem)
-        if not 0 <= memory_threshold_mib <= MAX_MEMORY_THRESHOLD_MIB:
-            raise GpuopsError('memory_threshold_mib must be between 0 and %d MiB (idle GPUs read up to 8 MiB, '
-                              'a CUDA context hundreds), got %s' % (MAX_MEMORY_THRESHOLD_MIB, memory_threshold_mib))
-        signals = DEFAULT_SIGNALS if signals is None else signals
-        if not signals:
-            raise GpuopsError('signals must name at least one signal, e.g. [TERM, KILL]')
-        parsed = [parse_signal(name) for name in signals]
-        if any(name == 'KILL' for name, dummy in parsed[:-1]):
-            raise GpuopsError('signals: KILL must come last (%s): no process is left to get a signal after it'
-                              % ', '.join(name for name, dummy in parsed))
-        for name in protect:
-            if not name.strip('*?'):
-                raise GpuopsError('extra_protect: %r matches every process, so nothing would ever be released; '
-                                  'name the programs to protect (e.g. my-daemon or my-daemon*)' % (name,))
-        ladder = grace_period * (len(parsed) - 1)
-        if ladder >= timeout:
-            raise GpuopsError('signals %s with grace_period %s take %s before the last signal, which does not fit '
-                              'in timeout %s; raise timeout or lower grace_period'
-                              % ('[%s]' % ', '.join(name for name, dummy in parsed), seconds(grace_period),
-                                 seconds(ladder), seconds(timeout)))
-        if not devices:
-            raise GpuopsError('devices must name at least one device node glob, e.g. /dev/nvidia*')
-        for pattern in devices:
-            if not pattern or not os.path.isabs(pattern):
-                raise GpuopsError('devices: %r is not an absolute path or glob (e.g. /dev/nvidia*)' % (pattern,))
-        if gpus is not None:
-            if not gpus:
-                raise GpuopsError('gpus: name at least one GPU index, or leave gpus out for every GPU')
-            bad = [index for index in gpus if index < 0]
-            if bad:
-                raise GpuopsError('gpus: GPU indexes are zero or more, got %s' % bad[0])
-            gpus = sorted(set(gpus))
-        check_expected_gpus(None, expected_gpus)
+        parsed, gpus = check_release_options(devices, gpus, signals, grace_period, timeout, memory_threshold_mib,
+                                             protect, settle_time, expected_gpus)
         # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
         self.devices = device_patterns(devices, host_root)
         self.host_root = host_root

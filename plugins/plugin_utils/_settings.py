@@ -22,6 +22,7 @@ import re
 from ansible.module_utils.common.parameters import DEFAULT_TYPE_VALIDATORS
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_release_options
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import SETTINGS_SPEC
 
@@ -87,16 +88,15 @@ def convert(settings, name=None, spec=None):
 
 def settings_problems(settings, name=None):
     """(options, problems) of convert, then, when every value fits, the release's own rules
-    (ReleaseOptions: the same limits the module applies on the host) and the rules between
+    (module_utils/_options.py: the limits the module applies on the host) and the rules between
     settings."""
     name = name or (lambda option: option)
     options, found = convert(settings, name)
     if found:
         return options, found
-    # Imported here: only the settings check needs the release code on the controller.
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._release import ReleaseOptions
     try:
-        ReleaseOptions(**dict((option, options[option]) for option in RELEASE_SETTINGS if options[option] is not None))
+        check_release_options(**dict((option, options[option]) for option in RELEASE_SETTINGS
+                                     if options[option] is not None))
     except GpuopsError as exc:
         found.append(RELEASE_OPTION_RE.sub(lambda match: name(match.group(1)), str(exc), count=1))
     query = options['clean_query']
