@@ -363,8 +363,8 @@ class RecyclingReader:
         self.reader, self.job_pid, self.newcomer_argv = reader, job_pid, newcomer_argv
         self.newcomer = None
 
-    def read(self, timeout=None):
-        snapshot = self.reader.read(timeout=timeout)
+    def read(self, timeout=None, full=True):
+        snapshot = self.reader.read(timeout=timeout, full=full)
         if self.newcomer is None:
             os.kill(self.job_pid, 9)
             while alive(self.job_pid):

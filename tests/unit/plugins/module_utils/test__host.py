@@ -223,7 +223,7 @@ class Fixed(GpuReader):
         self.reads = 0
         self.closed = False
 
-    def read(self, timeout=None):
+    def read(self, timeout=None, full=True):
         self.reads += 1
         return Snapshot([gpu(0, '18'), gpu(1, '2a'), gpu(2, '3a')], '550.127.05')
 

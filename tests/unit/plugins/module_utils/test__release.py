@@ -375,8 +375,8 @@ class ReportingReader:
     def __init__(self, reader, gpu, pid):
         self.reader, self.gpu, self.pid = reader, gpu, pid
 
-    def read(self, timeout=None):
-        snapshot = self.reader.read(timeout=timeout)
+    def read(self, timeout=None, full=True):
+        snapshot = self.reader.read(timeout=timeout, full=full)
         for gpu in snapshot.gpus:
             if gpu['index'] == self.gpu and alive(self.pid):
                 gpu['processes'].append({'pid': self.pid, 'name': 'python3', 'used_memory_mib': 1})
