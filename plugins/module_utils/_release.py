@@ -99,14 +99,14 @@ FREEZE_RESCANS = 5
 # With reset_orphaned, the share of the timeout kept for the reset: waiting for the driver to free
 # memory that no process holds ends that much before the signalling would, at the latest.
 RESET_SHARE = 1.0 / 3
-# How long memory that no process holds is waited for before it is called orphaned: the driver
-# frees a process's memory as the process exits (its /dev/nvidia* descriptors are closed in
-# do_exit, sgl-project/sglang#36589), and the reports of memory that outlived its process say
-# "seconds" when it came back (sglang's GPU-idle gate cleared 2 s after a killed server,
-# ibid.) and minutes, hours or a reboot when it did not (PaddlePaddle/PaddleOCR#2074,
-# dbolya/yolact#332, qizhou000/VisEdit#5). gpusim's release delay in the benchmarks is 1 s.
-# Five seconds is more than twice the slowest release reported; memory still held then stays.
-# Counted from the first read that finds the memory held by no process.
+# How long memory that no process holds is waited for before it is called orphaned. The driver
+# frees a process's memory as the process exits: its /dev/nvidia* descriptors are closed in
+# do_exit (sgl-project/sglang#36589), where a killed server's 29 GiB were gone by the next poll
+# of a GPU-idle gate, 2 s later. Memory that outlives its process in public reports stays for
+# minutes, or until a reset or a reboot (PaddlePaddle/PaddleOCR#2074, dbolya/yolact#332,
+# qizhou000/VisEdit#5); none shows a driver slower than that poll. gpusim's benchmarks give the
+# driver a 1 s release delay. 5 s is more than twice the 2 s observed. Counted from the first
+# read that finds the memory held by no process.
 ORPHAN_WAIT_S = 5.0
 
 REGEX_HINT_RE = re.compile(r'\.[*+]|[\\^$+(){}|]')
@@ -773,8 +773,8 @@ class Release:
                 wake = min(wake, target.due)
         if self.last_exit is not None and self.targets and self._quiet_read_due() > now:
             wake = min(wake, self._quiet_read_due())
-        if self.unheld_since is not None:
-            wake = min(wake, max(self._orphans_due(), now))
+        if self.unheld_since is not None and self._orphans_due() > now:
+            wake = min(wake, self._orphans_due())
         return min(wake, self.signal_deadline)
 
     def _pause(self, until):
@@ -1144,9 +1144,8 @@ class Release:
                             'before the timeout; a holder may come back (raise timeout)'
                             % (NOT_SETTLED, seconds(self.options.settle_time)))
         if self.orphans_waited and result.orphaned_gpus and not self.options.reset_orphaned:
-            problems.append('the driver frees the memory of a process that exited within seconds, and this memory '
-                            'stayed held by no process for %s (set reset_orphaned to reset such GPUs)'
-                            % seconds(ORPHAN_WAIT_S))
+            problems.append("it stayed held by no process for %s, longer than a driver takes to free a dead "
+                            "process's memory (set reset_orphaned to reset such GPUs)" % seconds(ORPHAN_WAIT_S))
         if (scope and all(gpu.get('error') or self._gpu_clean(gpu) for gpu in scope) and not result.survivors) \
                 or self.orphans_waited:
             return 'GPUs not released: %s' % '; '.join(problems)
