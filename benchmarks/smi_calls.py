@@ -136,9 +136,9 @@ def main():
     print()
     print('nvidia-smi calls per nvidia_device_release on a simulated 8-GPU host (driver 550.127.05), '
           'median of %d runs' % opts.reps)
-    print('%-9s %-15s %5s %11s %22s %21s %5s %9s' % ('scenario', 'version', 'total', '--query-gpu',
-                                                   '--query-remapped-rows', '--query-compute-apps', 'other',
-                                                   'seconds'))
+    header = ('scenario', 'version', 'total', '--query-gpu', '--query-remapped-rows', '--query-compute-apps', 'other',
+              'seconds')
+    print('%-9s %-15s %5s %11s %22s %21s %5s %9s' % header)
     for scenario, label, runs in rows:
         run = median_run(runs)
         print('%-9s %-15s %5d %11d %22d %21d %5d %9.1f' % (

@@ -197,8 +197,9 @@ class NvmlReader(GpuReader):
         self._missing_calls = set()
         # The driver's verdicts on the GPU being read ({words: [values]}), for driver_error.
         self._said = {}
-        # The last full read, for light reads to build on: ({index: GPU}, driver version).
+        # The last full read, for light reads to build on: {index: GPU}, and its driver version.
         self._base = None
+        self._base_driver = None
 
     def _call(self, func, timeout, what):
         if self._stuck is not None and self._stuck.is_alive():
@@ -241,15 +242,15 @@ class NvmlReader(GpuReader):
             if snapshot is not None:
                 return snapshot
         snapshot = self._call(self._read, timeout, 'reading the GPUs')
-        gpus = light_base(snapshot)
-        self._base = (gpus, snapshot.driver_version) if gpus else None
+        self._base = light_base(snapshot) or None
+        self._base_driver = snapshot.driver_version
         return snapshot
 
     def _read_light(self):
         """Memory, utilisation and processes on top of the last full read (see GpuReader.read);
         None when NVML says anything but a plain reading of the same GPUs."""
         nv = self.nvml
-        base, driver = self._base
+        base, driver = self._base, self._base_driver
         try:
             if nv.nvmlDeviceGetCount() != len(base):
                 return None

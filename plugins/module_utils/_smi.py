@@ -301,8 +301,9 @@ class SmiReader(GpuReader):
         self._known_fields = None
         # Whether the first query left out the fields that driver_hint's branch does not know.
         self._guessed = False
-        # The last full read, for light reads to build on: ({index: GPU}, driver version).
+        # The last full read, for light reads to build on: {index: GPU}, and its driver version.
         self._base = None
+        self._base_driver = None
 
     def read(self, timeout=None, full=True):
         if not full and self._base is not None:
@@ -310,14 +311,14 @@ class SmiReader(GpuReader):
             if snapshot is not None:
                 return snapshot
         snapshot = self._read_full(timeout)
-        gpus = light_base(snapshot)
-        self._base = (gpus, snapshot.driver_version) if gpus else None
+        self._base = light_base(snapshot) or None
+        self._base_driver = snapshot.driver_version
         return snapshot
 
     def _read_light(self, timeout):
         """The GPUs' memory, utilisation and processes on top of the last full read; None when
         nvidia-smi's answer is anything but a plain reading of the same GPUs."""
-        base, driver = self._base
+        base, driver = self._base, self._base_driver
         rc, stdout, stderr = self._query_gpus(LIGHT_FIELDS, timeout)
         if rc != 0 or NO_DEVICES in stdout + stderr:
             return None
