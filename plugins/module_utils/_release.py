@@ -1146,8 +1146,8 @@ class Release:
         if self.orphans_waited and result.orphaned_gpus and not self.options.reset_orphaned:
             problems.append("it stayed held by no process for %s, longer than a driver takes to free a dead "
                             "process's memory (set reset_orphaned to reset such GPUs)" % seconds(ORPHAN_WAIT_S))
-        if (scope and all(gpu.get('error') or self._gpu_clean(gpu) for gpu in scope) and not result.survivors) \
-                or self.orphans_waited:
+        lost_or_clean = scope and all(gpu.get('error') or self._gpu_clean(gpu) for gpu in scope)
+        if self.orphans_waited or (lost_or_clean and not result.survivors):
             return 'GPUs not released: %s' % '; '.join(problems)
         return 'GPUs not released within %s: %s' % (seconds(self.options.timeout), '; '.join(problems))
 
