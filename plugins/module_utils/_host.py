@@ -21,6 +21,7 @@ __metaclass__ = type
 
 import glob
 import os
+import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import bus_key
@@ -30,6 +31,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import node_n
 
 PCI_DEVICES = '/sys/bus/pci/devices'
 DRIVER_GPUS = '/proc/driver/nvidia/gpus'
+DRIVER_VERSION = '/proc/driver/nvidia/version'
+DRIVER_VERSION_RE = re.compile(r'^NVRM version:.*?Kernel Module(?:\s+for\s+\S+)?\s+([0-9]+(?:\.[0-9]+)+)\s', re.M)
 NVIDIA_VENDOR = 0x10de
 # PCI base class 0x03 (display), subclass 0x00 (VGA compatible) or 0x02 (3D controller): the
 # classes NVIDIA GPUs carry; the audio function (0x0403) and NVSwitches (0x0680) are not GPUs.
@@ -330,9 +333,19 @@ def read_expected_gpus(reader, expected, timeout=None):
     check_expected_gpus(snapshot.gpus + snapshot.missing, expected)
 
 
+def read_driver_version(host_root='/'):
+    """The version of the loaded NVIDIA kernel module, from /proc/driver/nvidia/version (its first
+    line: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.05  ..." or, for the open
+    modules, "... Open Kernel Module for x86_64  565.57.01  Release Build ..."); None when the
+    file cannot be read or says no version."""
+    match = DRIVER_VERSION_RE.search(_read_text(under_root(DRIVER_VERSION, host_root)) or '')
+    return match.group(1) if match else None
+
+
 class HostReader(GpuReader):
     """A reader that adds the host's view (minor numbers, GPUs missing from the reader) to
-    every snapshot of the reader it wraps."""
+    every snapshot of the reader it wraps, and tells it the driver's version before its first
+    read (driver_hint)."""
 
     def __init__(self, reader, host_root='/'):
         self.reader = reader
@@ -340,8 +353,10 @@ class HostReader(GpuReader):
         self.backend = reader.backend
         self.view = None
 
-    def read(self, timeout=None):
-        snapshot = self.reader.read(timeout=timeout)
+    def read(self, timeout=None, full=True):
+        if self.view is None and getattr(self.reader, 'driver_hint', None) is None:
+            self.reader.driver_hint = read_driver_version(self.host_root)
+        snapshot = self.reader.read(timeout=timeout, full=full)
         if self.view is None:
             self.view = read_host(self.host_root)
         return apply_host(snapshot, self.view, self.backend)

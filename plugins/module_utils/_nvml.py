@@ -29,6 +29,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import (
     GpuReader,
     Snapshot,
     driver_error,
+    light_base,
+    light_gpu,
     recovery_verdict,
 )
 
@@ -195,6 +197,9 @@ class NvmlReader(GpuReader):
         self._missing_calls = set()
         # The driver's verdicts on the GPU being read ({words: [values]}), for driver_error.
         self._said = {}
+        # The last full read, for light reads to build on: {index: GPU}, and its driver version.
+        self._base = None
+        self._base_driver = None
 
     def _call(self, func, timeout, what):
         if self._stuck is not None and self._stuck.is_alive():
@@ -229,10 +234,57 @@ class NvmlReader(GpuReader):
         except Exception:  # nothing left to do about a library that will not shut down
             pass
 
-    def read(self, timeout=None):
+    def read(self, timeout=None, full=True):
         if not self._open:
             self.open(timeout)
-        return self._call(self._read, timeout, 'reading the GPUs')
+        if not full and self._base is not None:
+            snapshot = self._call(self._read_light, timeout, 'reading the GPUs')
+            if snapshot is not None:
+                return snapshot
+        snapshot = self._call(self._read, timeout, 'reading the GPUs')
+        self._base = light_base(snapshot) or None
+        self._base_driver = snapshot.driver_version
+        return snapshot
+
+    def _read_light(self):
+        """Memory, utilisation and processes on top of the last full read (see GpuReader.read);
+        None when NVML says anything but a plain reading of the same GPUs."""
+        nv = self.nvml
+        base, driver = self._base, self._base_driver
+        try:
+            if nv.nvmlDeviceGetCount() != len(base):
+                return None
+        except nv.NVMLError:
+            return None
+        gpus, warnings = [], []
+        for index in sorted(base):
+            gpu = self._light_gpu(base, index)
+            if gpu is None:
+                return None
+            gpu['processes'], problem = self._read_processes(gpu.pop('_handle'))
+            if problem:
+                warnings.append('process list of GPU %d unavailable: %s' % (index, problem))
+            gpus.append(gpu)
+        if self._no_memory_v2:
+            warnings.append(MEMORY_V1_WARNING % self._no_memory_v2)
+        return Snapshot(gpus, driver, warnings, full=False)
+
+    def _light_gpu(self, base, index):
+        nv = self.nvml
+        values = {}
+        self._said = {}
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            self._read_memory(handle, values)
+            rates = self._field(lambda: nv.nvmlDeviceGetUtilizationRates(handle), what='utilization.gpu')
+        except (nv.NVMLError, _GpuUnreadable):
+            return None
+        values['utilization_gpu_pct'] = None if rates is None else int(rates.gpu)
+        gpu = light_gpu(base, index, uuid, values, self._said)
+        if gpu is not None:
+            gpu['_handle'] = handle
+        return gpu
 
     # -- the read itself, in the worker thread -------------------------------------------------
     def _read(self):

@@ -12,6 +12,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import copy
+
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
 
 GPU_STATES = ('free', 'busy', 'idle_holding', 'orphaned_memory', 'reset_required', 'lost')
@@ -37,26 +39,73 @@ class Snapshot:
     A value the driver does not report is None.
     missing: GPUs the host has (on its PCI bus) that the reader does not list, as lost GPU
     dicts with index None (see _host.HostReader); empty unless the host was read.
+    full: False for a light read (see GpuReader.read): the GPUs' health is that of the last full
+    read.
     """
 
-    def __init__(self, gpus, driver_version, warnings=None):
+    def __init__(self, gpus, driver_version, warnings=None, full=True):
         self.gpus = gpus
         self.driver_version = driver_version
         self.warnings = list(warnings or [])
         self.missing = []
+        self.full = full
 
 
 class GpuReader:
-    """A backend that reads GPU state. Implementations: SmiReader, NvmlReader."""
+    """A backend that reads GPU state. Implementations: SmiReader, NvmlReader.
+
+    driver_hint: the driver's version as the host says it (/proc/driver/nvidia/version), set
+    before the first read by whoever knows it (_host.HostReader); a reader may use it to ask
+    only for what that driver knows, and must find out when it is wrong."""
 
     backend = None
+    driver_hint = None
 
-    def read(self, timeout=None):
-        """Return a Snapshot; raise GpuopsError when the GPUs cannot be read at all."""
+    def read(self, timeout=None, full=True):
+        """Return a Snapshot; raise GpuopsError when the GPUs cannot be read at all.
+
+        full=False asks for a light read: only what changes while a release waits (memory,
+        utilisation, processes) is read again, and every other value, the driver's verdicts
+        included, is the last full read's. A reader reads in full when it has no full read to
+        build on, or when the light read finds what the full one did not say (another set of
+        GPUs, a GPU it cannot read, a new verdict of the driver)."""
         raise NotImplementedError
 
     def close(self):
         """Release what the backend holds (NVML handle); nothing by default."""
+
+
+# What a light read reads again: the values that change while a release waits for the memory.
+LIGHT_FACTS = ('memory_used_mib', 'memory_free_mib', 'utilization_gpu_pct')
+
+
+def light_base(snapshot):
+    """{index: GPU} of a full read, for light reads to build on (copies, without processes); None
+    when a GPU could not be read or placed, whose state a light read could not tell."""
+    gpus = {}
+    for gpu in snapshot.gpus:
+        if gpu.get('index') is None or gpu.get('uuid') is None or not _answered(gpu):
+            return None
+        gpus[gpu['index']] = dict(copy.deepcopy(gpu), processes=[])
+    return gpus
+
+
+def light_gpu(base, index, uuid, values, verdict):
+    """The GPU of base (see light_base) that a light read found at index, with the values it read
+    (LIGHT_FACTS), or None when the light read says what the full one did not: another GPU there,
+    or a verdict of the driver (verdict true) on a GPU that had none."""
+    known = base.get(index)
+    if known is None or known.get('uuid') != uuid or (verdict and not known.get('error')):
+        return None
+    gpu = copy.deepcopy(known)
+    gpu.update((fact, values.get(fact)) for fact in LIGHT_FACTS)
+    return gpu
+
+
+def _answered(gpu):
+    """Whether the reader answered for the GPU (with values, some perhaps the driver's verdict)
+    rather than an error in place of an answer."""
+    return not gpu.get('error') or gpu['error'].startswith('the driver')
 
 
 def driver_error(gpu, said):
@@ -99,6 +148,14 @@ _RECOVERY_WORDS = (
 # The actions a GPU reset carries out: the GPU is reset_required; any other action but none
 # leaves it lost until a person acts (a reboot, draining NVLink peers, the IMEX domain).
 RESET_CURES = frozenset(['reset_gpu', 'drain_and_reset'])
+# The first driver branch that knows the recovery action (see DRIVER_RECOVERY_ACTIONS).
+RECOVERY_ACTION_BRANCH = 565
+
+
+def driver_branch(version):
+    """The branch (major number) of a driver version such as '550.127.05'; None when unknown."""
+    head = str(version or '').split('.', 1)[0].strip()
+    return int(head) if head.isdigit() else None
 
 
 def parse_recovery_action(text):

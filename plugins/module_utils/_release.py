@@ -82,6 +82,9 @@ DEFAULT_SETTLE_S = 1.0
 POLL_MIN_S = 0.05
 POLL_MAX_S = 0.25
 POLL_GROWTH = 2
+# While memory that no process holds waits for the driver, nothing on the host can free it sooner:
+# the reads grow further apart, up to this.
+UNHELD_POLL_MAX_S = 1.0
 # The last read of the GPUs, which reports the state at the end, may take this long after
 # the signalling stops; the signalling stops that much before the timeout.
 READ_MIN_S = 1.0
@@ -95,8 +98,17 @@ TICK_SKEW = 1
 FREEZE_RESCANS = 5
 
 # With reset_orphaned, the share of the timeout kept for the reset: waiting for the driver to free
-# memory that no process holds ends that much before the signalling would.
+# memory that no process holds ends that much before the signalling would, at the latest.
 RESET_SHARE = 1.0 / 3
+# How long memory that no process holds is waited for before it is called orphaned. The driver
+# frees a process's memory as the process exits: its /dev/nvidia* descriptors are closed in
+# do_exit (sgl-project/sglang#36589), where a killed server's 29 GiB were gone by the next poll
+# of a GPU-idle gate, 2 s later. Memory that outlives its process in public reports stays for
+# minutes, or until a reset or a reboot (PaddlePaddle/PaddleOCR#2074, dbolya/yolact#332,
+# qizhou000/VisEdit#5); none shows a driver slower than that poll. gpusim's benchmarks give the
+# driver a 1 s release delay. 5 s is more than twice the 2 s observed. Counted from the first
+# read that finds the memory held by no process.
+ORPHAN_WAIT_S = 5.0
 
 REGEX_HINT_RE = re.compile(r'\.[*+]|[\\^$+(){}|]')
 REASONS = ('uninterruptible', 'zombie', 'respawned', 'ignored_signals', 'not_permitted')
@@ -338,6 +350,9 @@ class Release:
         self.read_error = None
         self.read_error_permanent = False
         self.last_snapshot = None
+        self.reset_deadline = None
+        self.unheld_since = None  # when a read first found the memory held by no process
+        self.orphans_waited = False
         self.warnings = list(options.warnings)
         self.own_session = os.getsid(0)
         self.own_cgroup = cgroup(os.getpid(), proc)
@@ -347,7 +362,7 @@ class Release:
         if text not in self.warnings:
             self.warnings.append(text)
 
-    def _read(self, final=False):
+    def _read(self, final=False, full=False):
         # Every read ends by the deadline (a hung nvidia-smi must not make the release outlast its
         # timeout); those while signalling end by the signal deadline, which leaves the final read
         # of the state at the end its share.
@@ -359,7 +374,7 @@ class Release:
             return None
         tick = boot_ticks()
         try:
-            snapshot = self.reader.read(timeout=left)
+            snapshot = self.reader.read(timeout=left, full=full)
         except GpuopsError as exc:
             self.read_error = str(exc)
             self.read_error_permanent = isinstance(exc, PermanentReadError)
@@ -493,12 +508,13 @@ class Release:
                 return True
         return False
 
-    def _observe(self, force_read=False, final=False):
+    def _observe(self, force_read=False, final=False, full=False):
         """(snapshot or None, holders). The GPUs are read when the scope or the check needs it;
-        final: the read of the state at the end, which may take until the deadline."""
+        final: the read of the state at the end, which may take until the deadline; full: every
+        value read again (see GpuReader.read), where the other reads read only memory and processes."""
         snapshot = None
         if force_read or self.options.gpus is not None:
-            snapshot = self._read(final)
+            snapshot = self._read(final, full)
         holders = self._discover(snapshot)
         for holder in holders:
             if holder.protected:
@@ -511,9 +527,19 @@ class Release:
                                                                  printable(holder.exe or 'unknown'),
                                                                  holder.impersonates))
         if snapshot is None and not force_read and self.options.wait \
-                and not any(not holder.protected for holder in holders):
+                and not any(not holder.protected for holder in holders) and self._read_due():
             snapshot = self._read()
         return snapshot, holders
+
+    def _quiet_read_due(self):
+        """When the GPUs are worth reading after the last holder exited: the release cannot end
+        before the settle window has passed, so a read before then would prove nothing (unless
+        the orphan wait is shorter)."""
+        exited = self.last_exit if self.last_exit is not None else self.clock()
+        return exited + min(self.options.settle_time, ORPHAN_WAIT_S)
+
+    def _read_due(self):
+        return not self.targets or self.clock() >= self._quiet_read_due()
 
     def _gpu_clean(self, gpu):
         """Readable, at or below the threshold, and no process on it in the driver's list (one
@@ -703,6 +729,10 @@ class Release:
             if target.step < len(self.options.signals) and target.not_permitted is None \
                     and not target.ref.exited():
                 wake = min(wake, target.due)
+        if self.last_exit is not None and self.targets and self._quiet_read_due() > now:
+            wake = min(wake, self._quiet_read_due())
+        if self.unheld_since is not None and self._orphans_due() > now:
+            wake = min(wake, self._orphans_due())
         return min(wake, self.signal_deadline)
 
     def _pause(self, until):
@@ -735,7 +765,7 @@ class Release:
         self.deadline = started + self.options.timeout
         self.signal_deadline = self.deadline - min(READ_MIN_S, self.options.timeout / 4)
         # The reset's share ends where the signalling would: the read after it keeps its own.
-        self.orphan_deadline = self.signal_deadline - max(READ_MIN_S, self.options.timeout * RESET_SHARE) \
+        self.reset_deadline = self.signal_deadline - max(READ_MIN_S, self.options.timeout * RESET_SHARE) \
             if self.options.reset_orphaned else None
         result = ReleaseResult()
         self.fd_limit = raise_fd_limit()
@@ -813,7 +843,7 @@ class Release:
                 for gpu in self._scope(snapshot)]
 
     def _run(self, result):
-        snapshot, holders = self._observe(force_read=True)
+        snapshot, holders = self._observe(force_read=True, full=True)
         if self.read_error_permanent or (snapshot is None and self.options.expected_gpus is not None):
             # Waiting cannot fix it, and without a read nothing can be proved (nor how many GPUs
             # the host has): stop before any signal.
@@ -839,7 +869,8 @@ class Release:
             return
 
         delay = POLL_MIN_S
-        last_exit = None
+        self.last_exit = None
+        self._orphaned_for_good(self.clock(), snapshot, holders)  # the wait for the driver starts with this read
         while True:
             now = self.clock()
             if self._enlist(holders, now):
@@ -850,47 +881,59 @@ class Release:
             if not self.options.wait and not self._ladder_pending(now, holders):
                 break
             self._pause(self._next_event(self.clock(), delay))
-            delay = min(delay * POLL_GROWTH, POLL_MAX_S)
+            delay = min(delay * POLL_GROWTH, POLL_MAX_S if self.unheld_since is None else UNHELD_POLL_MAX_S)
             self._note_exits()
             snapshot, holders = self._observe()
             now = self.clock()
             if any(not holder.protected for holder in holders):
-                last_exit = None
-            elif last_exit is None:
-                last_exit = now
+                self.last_exit = None
+            elif self.last_exit is None:
+                self.last_exit = now
                 delay = POLL_MIN_S  # the driver frees the memory from now on: look again soon
             if self.options.wait and self._clean(snapshot, holders) and \
-                    (not self.targets or now >= last_exit + self.options.settle_time):
+                    (not self.targets or now >= self.last_exit + self.options.settle_time):
                 break
             if self._only_lost_left(snapshot, holders) or self._only_respawns_left(now, holders) \
-                    or self.read_error_permanent or self._orphans_to_reset(now, snapshot, holders):
+                    or self.read_error_permanent or self._orphaned_for_good(now, snapshot, holders):
                 break
             if now >= self.signal_deadline:
                 if self._finish_ladders(now):
                     self._pause(min(self.deadline, self.clock() + FINAL_EXIT_S))
                     snapshot, holders = self._observe(force_read=True, final=True)
                     if any(not holder.protected for holder in holders):
-                        last_exit = None
-                    elif last_exit is None:
-                        last_exit = self.clock()
+                        self.last_exit = None
+                    elif self.last_exit is None:
+                        self.last_exit = self.clock()
                 break
         if snapshot is None:
             snapshot = self._read(final=True)
             if snapshot is None:
                 self._warn('the GPUs could not be read: %s' % self.read_error)
 
-        self.last_exit = last_exit
         self._report(result, snapshot, holders)
         self._escalate(result, snapshot)
 
-    def _orphans_to_reset(self, now, snapshot, holders):
-        """True when the wait for orphaned memory is over and the reset's share of the timeout begins."""
-        if self.orphan_deadline is None or now < self.orphan_deadline or snapshot is None \
-                or any(not holder.protected for holder in holders):
+    def _orphaned_for_good(self, now, snapshot, holders):
+        """True when memory that no process holds has stayed held for ORPHAN_WAIT_S (longer than a
+        driver takes to free a dead process's memory), or the reset's share of the timeout begins."""
+        if any(not holder.protected for holder in holders):
+            self.unheld_since = None
             return False
+        if snapshot is None:
+            return False  # not read this time: nothing new
         dirty = [gpu for gpu in self._scope(snapshot) if not self._gpu_clean(gpu)]
         # Lost GPUs no reset here can help are left as they are; the others must hold no process.
-        return any(not gpu.get('error') for gpu in dirty) and not any(gpu.get('processes') for gpu in dirty)
+        if not any(not gpu.get('error') for gpu in dirty) or any(gpu.get('processes') for gpu in dirty):
+            self.unheld_since = None
+            return False
+        if self.unheld_since is None:
+            self.unheld_since = now
+        self.orphans_waited = now >= self._orphans_due()
+        return self.orphans_waited
+
+    def _orphans_due(self):
+        due = self.unheld_since + ORPHAN_WAIT_S
+        return due if self.reset_deadline is None else min(due, self.reset_deadline)
 
     def _escalate(self, result, snapshot):
         """With reset_orphaned: reset the GPUs left with orphaned memory, and those the driver says
@@ -916,7 +959,7 @@ class Release:
         reset = GpuReset(runner, bus_ids, todo, self.signal_deadline, self.clock, reasons=reasons)
         result.escalation = reset.run(todo)
         self._record_cures(result.escalation, snapshot)
-        snapshot, holders = self._observe(force_read=True, final=True)
+        snapshot, holders = self._observe(force_read=True, final=True, full=True)
         result.failure = None
         self._report(result, snapshot, holders)
         result.changed = True
@@ -1058,7 +1101,11 @@ class Release:
             problems.append('%s: the GPUs read clean, but not for settle_time (%s) after the last holder exited, '
                             'before the timeout; a holder may come back (raise timeout)'
                             % (NOT_SETTLED, seconds(self.options.settle_time)))
-        if scope and all(gpu.get('error') or self._gpu_clean(gpu) for gpu in scope) and not result.survivors:
+        if self.orphans_waited and result.orphaned_gpus and not self.options.reset_orphaned:
+            problems.append("it stayed held by no process for %s, longer than a driver takes to free a dead "
+                            "process's memory (set reset_orphaned to reset such GPUs)" % seconds(ORPHAN_WAIT_S))
+        lost_or_clean = scope and all(gpu.get('error') or self._gpu_clean(gpu) for gpu in scope)
+        if self.orphans_waited or (lost_or_clean and not result.survivors):
             return 'GPUs not released: %s' % '; '.join(problems)
         return 'GPUs not released within %s: %s' % (seconds(self.options.timeout), '; '.join(problems))
 

@@ -23,9 +23,13 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import PCI_BUS_ID_RE, normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import (
+    RECOVERY_ACTION_BRANCH,
     GpuReader,
     Snapshot,
+    driver_branch,
     driver_error,
+    light_base,
+    light_gpu,
     parse_recovery_action,
     recovery_verdict,
 )
@@ -68,6 +72,9 @@ RESERVED_FIELDS = [('memory.reserved', 'memory_reserved_mib')]
 RECOVERY_FIELDS = [('gpu_recovery_action', 'driver_recovery_action')]
 # The fields a driver may refuse; the query is repeated without them.
 OPTIONAL_FIELDS = RECOVERY_FIELDS + HEALTH_FIELDS + RESERVED_FIELDS
+# A light read (see GpuReader.read): what names each GPU, and what changes while a release waits.
+LIGHT_FIELDS = [('index', 'index'), ('uuid', 'uuid'), ('pci.bus_id', 'pci_bus_id'), ('memory.used', 'memory_used_mib'),
+                ('memory.free', 'memory_free_mib'), ('utilization.gpu', 'utilization_gpu_pct')]
 RESERVED_WARNING = ('nvidia-smi does not know memory.reserved (an older driver): memory_reserved_mib is null, '
                     'and memory used may include the memory the driver reserves, so idle GPUs may look used')
 YES_NO_FACTS = frozenset(fact for dummy, fact in HEALTH_FIELDS)
@@ -292,8 +299,41 @@ class SmiReader(GpuReader):
         # The health fields this driver refuses, learnt on the first read: later reads (the
         # release polls) ask only for what it knows.
         self._known_fields = None
+        # Whether the first query left out the fields that driver_hint's branch does not know.
+        self._guessed = False
+        # The last full read, for light reads to build on: {index: GPU}, and its driver version.
+        self._base = None
+        self._base_driver = None
 
-    def read(self, timeout=None):
+    def read(self, timeout=None, full=True):
+        if not full and self._base is not None:
+            snapshot = self._read_light(timeout)
+            if snapshot is not None:
+                return snapshot
+        snapshot = self._read_full(timeout)
+        self._base = light_base(snapshot) or None
+        self._base_driver = snapshot.driver_version
+        return snapshot
+
+    def _read_light(self, timeout):
+        """The GPUs' memory, utilisation and processes on top of the last full read; None when
+        nvidia-smi's answer is anything but a plain reading of the same GPUs."""
+        base, driver = self._base, self._base_driver
+        rc, stdout, stderr = self._query_gpus(LIGHT_FIELDS, timeout)
+        if rc != 0 or NO_DEVICES in stdout + stderr:
+            return None
+        try:
+            rows, warnings = parse_gpu_csv(stdout, LIGHT_FIELDS)
+        except SmiParseError:
+            return None
+        gpus = [light_gpu(base, row['index'], row['uuid'], row, row['error']) for row in rows]
+        if warnings or len(gpus) != len(base) or None in gpus:
+            return None
+        apps, app_warnings = self._read_apps([gpu['index'] for gpu in gpus], timeout)
+        _attach_processes(gpus, apps)
+        return Snapshot(gpus, driver, app_warnings, full=False)
+
+    def _read_full(self, timeout):
         fields, rejected, (rc, stdout, stderr) = self._query_gpus_known_fields(timeout)
         if NO_DEVICES in stdout or NO_DEVICES in stderr:
             return Snapshot([], None, ['nvidia-smi: %s' % NO_DEVICES])
@@ -307,6 +347,8 @@ class SmiReader(GpuReader):
             if rc != 0:
                 raise GpuopsError(describe_failure(rc, stdout, stderr))
             raise SmiParseError('nvidia-smi printed nothing for --query-gpu')
+        if self._guess_was_wrong(gpus):
+            return self._read_full(timeout)
         # A GPU that nvidia-smi could not place (its error line, or a row without an index)
         # may stand in for the whole answer: the GPUs are then read one by one.
         if rc != 0 or any(gpu['error'] and gpu['index'] is None for gpu in gpus):
@@ -327,10 +369,35 @@ class SmiReader(GpuReader):
         return self.runner.run(where + ['--query-gpu=' + ','.join(field for field, dummy in fields),
                                         '--format=csv,noheader,nounits'], timeout=timeout)
 
+    def _first_fields(self):
+        """(fields, rejected) to ask the driver for first: every field, but those that its branch
+        (driver_hint) is known not to have, which saves the query that it would refuse."""
+        branch = driver_branch(self.driver_hint)
+        if branch is None or branch >= RECOVERY_ACTION_BRANCH:
+            return GPU_FIELDS + OPTIONAL_FIELDS, []
+        self._guessed = True
+        unknown = RECOVERY_FIELDS + REMAPPED_ROWS_FIELDS
+        why = 'not asked of --query-gpu on driver %s, older than %d' % (self.driver_hint, RECOVERY_ACTION_BRANCH)
+        return ([pair for pair in GPU_FIELDS + OPTIONAL_FIELDS if pair not in unknown],
+                [(field, why) for field, dummy in unknown])
+
+    def _guess_was_wrong(self, gpus):
+        """True when the first query left fields out for a driver branch that nvidia-smi's own
+        driver_version contradicts: the fields are asked for again, from the start."""
+        if not self._guessed:
+            return False
+        self._guessed = False
+        reported = next((driver_branch(gpu.get('driver_version')) for gpu in gpus if gpu.get('driver_version')), None)
+        if reported is None or reported < RECOVERY_ACTION_BRANCH:
+            return False
+        self.driver_hint = None
+        self._known_fields = None
+        return True
+
     def _query_gpus_known_fields(self, timeout):
         """(fields, rejected, (rc, stdout, stderr)): the GPU query without the health fields this
         driver refuses; rejected: [(field, nvidia-smi's words)]."""
-        fields, rejected = self._known_fields or (GPU_FIELDS + OPTIONAL_FIELDS, [])
+        fields, rejected = self._known_fields or self._first_fields()
         while True:
             rc, stdout, stderr = self._query_gpus(fields, timeout)
             said = stdout + stderr

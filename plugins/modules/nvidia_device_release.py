@@ -95,6 +95,13 @@ options:
     description:
       - Wait until no unprotected holder is left and every GPU in scope reports memory used at
         or below O(memory_threshold_mib), and fail when that does not happen within O(timeout).
+      - Memory that no process holds is waited for 5 seconds, counted from the first read that
+        finds it so (a driver frees a process's memory as the process exits, within a second or
+        two); memory still held then is orphaned (RV(orphaned_gpus)), and the task fails at once
+        unless O(reset_orphaned) resets those GPUs.
+      - The GPUs' health (the driver's verdicts, its recovery action, remapped rows, ECC, the
+        fields the driver knows) is read once, at the start and again after a GPU reset; the
+        reads while waiting read only the memory, the utilisation and the processes.
       - With V(false) the module returns right after signalling; RV(released) then tells
         whether the GPUs happened to be clean already and RV(orphaned_gpus) stays empty.
     type: bool
@@ -147,7 +154,9 @@ options:
         task. The C(gpuops.nvidia.gpu_reset) role asks for it when it judges the GPUs with a
         clean query of the user's own.
       - Costs one more scan of C(/proc) and a read of the kernel log, within O(timeout). Left out,
-        with a warning, when the last read of the GPUs failed.
+        with a warning, when the last read of the GPUs failed. Memory, utilisation and processes
+        are those of the last read; the other values those of the first (or of the read after a
+        GPU reset).
     type: bool
     default: false
   reset_orphaned:
@@ -165,9 +174,9 @@ options:
         is reported in nvidia-smi's own words and fails the task.
       - The reset always runs through nvidia-smi (O(nvidia_smi_path)), whatever O(backend)
         reads the GPUs, and needs root. It fits in O(timeout); waiting for the driver to free
-        memory that no process holds ends a third of O(timeout) (at least one second) before
-        the signalling would, to leave that time to the reset; the read after it keeps its own. Restoring persistence mode is allowed a few seconds
-        more.
+        memory that no process holds (see O(wait)) ends, at the latest, a third of O(timeout) (at
+        least one second) before the signalling would, to leave that time to the reset; the read
+        after it keeps its own. Restoring persistence mode is allowed a few seconds more.
       - Not attempted while a process other than a protected one still holds the devices
         (a warning says so), nor with O(wait=false). In check mode, RV(escalation) says which
         GPUs would be reset and nothing is done.
@@ -391,8 +400,9 @@ survivors:
       type: int
       returned: when the reason is V(not_permitted)
 orphaned_gpus:
-  description: Indexes of GPUs in scope whose memory stayed in use with no process left.
-    Only a GPU reset frees it. Empty when O(wait=false).
+  description: Indexes of GPUs in scope whose memory stayed in use with no process left,
+    longer than a driver takes to free a dead process's memory (see O(wait)). Only a GPU reset
+    frees it. Empty when O(wait=false).
   returned: always
   type: list
   elements: int
@@ -473,6 +483,9 @@ gpu_states:
   description:
     - Each GPU in scope as the release left it (as it is, in check mode); empty when the GPUs
       could not be read. The role's per-GPU metrics are made from it.
+    - The driver's verdicts in it (V(reset_required), V(lost), its recovery action) are those of
+      the release's first read, or of the read after a GPU reset, unless a later read found a
+      new one or a GPU it could not read.
   returned: always
   type: list
   elements: dict

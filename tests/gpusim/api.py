@@ -1,6 +1,7 @@
 """Python API over a simulated host; the CLI (python3 -m gpusim) is a thin layer on it."""
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,13 @@ import sys
 sys.path.insert(0, {parent!r})
 from gpusim.smi import main
 main({root!r})
+"""
+
+# Logs its arguments (each followed by a unit separator, one line per call), then runs nvidia-smi.
+COUNTING_SMI = """\
+#!/bin/sh
+{{ printf '%s\\037' "$@"; printf '\\n'; }} >> {log}
+exec {smi} "$@"
 """
 
 FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
@@ -183,6 +191,8 @@ class Host:
             os.makedirs(d)
             with open(os.path.join(d, "information"), "w") as f:
                 f.write(M.GPU_INFORMATION.format(model=g["name"], uuid=g["uuid"], bus=bus, minor=g["minor"]))
+        with open(os.path.join(os.path.dirname(p.driver_gpus), "version"), "w") as f:
+            f.write(M.DRIVER_VERSION_FILE.format(version=state["driver_version"]))
 
     @staticmethod
     def _fallen_lines(pci_bus_id):
@@ -382,6 +392,25 @@ class Host:
     def smi(self, *args, timeout=30):
         return subprocess.run([self.smi_path] + list(args), capture_output=True, text=True,
                               timeout=timeout, check=False)
+
+    def counting_smi(self, log):
+        """The path of a wrapper around this host's nvidia-smi that appends each call's arguments
+        to the file log (one line per call, see smi_calls) before it runs nvidia-smi."""
+        wrapper = os.path.join(self.paths.bin, "nvidia-smi-counted")
+        with open(wrapper + ".tmp", "w") as f:
+            f.write(COUNTING_SMI.format(log=shlex.quote(log), smi=shlex.quote(self.smi_path)))
+        os.chmod(wrapper + ".tmp", 0o755)
+        os.replace(wrapper + ".tmp", wrapper)
+        return wrapper
+
+    @staticmethod
+    def smi_calls(log):
+        """The calls a counting_smi wrapper logged: a list of argument lists, in order."""
+        try:
+            with open(log) as f:
+                return [line.rstrip("\n").split("\x1f")[:-1] for line in f]
+        except FileNotFoundError:
+            return []
 
     def memory_used(self):
         """{index: MiB} as the fake nvidia-smi reports it right now."""

@@ -113,3 +113,13 @@ GPU_INFORMATION = (
     "Device Minor: \t {minor}\n"
     "GPU Excluded:\t No\n"
 )
+
+# /proc/driver/nvidia/version of the open kernel module, as NVIDIA's README (Chapter "Open Linux
+# Kernel Modules") and public copies show it (nix-community/nixGL#186 on 565.57.01, #121 on
+# 525.60.11): "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  <version>  Release Build
+# (<builder>)  <date>" and a GCC line. The builder and the date are plausible constants.
+DRIVER_VERSION_FILE = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  "
+    "(dvs-builder@U16-A24-9-2)  Thu Oct 10 12:15:00 UTC 2024\n"
+    "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n"
+)

@@ -34,12 +34,16 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import sele
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gpu_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
 smi_path, kernel_log, backends = sys.argv[1], sys.argv[2], sys.argv[3].split(',')
+light = sys.argv[4:] == ['light']
 events, dummy = read_xid_events(kernel_log)
 out = {}
 for backend in backends:
     reader, dummy = select_reader(backend, smi_path, 10)
     try:
         snapshot = reader.read()
+        if light:
+            snapshot = reader.read(full=False)
+            assert snapshot.full is False
     finally:
         reader.close()
     # The default memory threshold, as the modules use it.
@@ -61,15 +65,16 @@ def nvmlhost(gpuhost):
 REAL_IDLE_MIB = (0, 1, 3, 7)
 
 
-def read_both(host, backends='nvml,nvidia-smi'):
-    proc = subprocess.run([sys.executable, '-c', PROBE, host.smi_path, host.kernel_log, backends],
+def read_both(host, backends='nvml,nvidia-smi', light=False):
+    proc = subprocess.run([sys.executable, '-c', PROBE, host.smi_path, host.kernel_log, backends]
+                          + (['light'] if light else []),
                           env=host.env(nvml=True), capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
-def assert_parity(host):
-    out = read_both(host)
+def assert_parity(host, light=False):
+    out = read_both(host, light=light)
     nvml, smi = out['nvml'], out['nvidia-smi']
     assert nvml['backend'] == 'nvml' and smi['backend'] == 'nvidia-smi'
     for a, b in zip(nvml['gpus'], smi['gpus']):
@@ -135,6 +140,18 @@ def test_xid_and_row_remapping_scenarios(nvmlhost):
     assert [e['code'] for e in gpus[6]['health']['xid_events']] == [31, 63]
     assert gpus[3]['health']['remapped_rows_pending'] is True and gpus[0]['health']['remapped_rows_pending'] is False
     assert gpus[7]['health']['retired_pages_pending'] is True and gpus[0]['health']['retired_pages_pending'] is None
+
+
+def test_light_reads_agree_and_keep_the_drivers_word(nvmlhost):
+    nvmlhost.hold(gpus='0', mib=2048, util=40, name='trainer')
+    nvmlhost.fault('reset-required', gpu=2)
+    nvmlhost.fault('remap', gpu=3, pending=True)
+    nvmlhost.fault('stuck', gpu=4, mib=512)
+    full = assert_parity(nvmlhost)
+    light = assert_parity(nvmlhost, light=True)
+    assert light == full
+    assert [g['state'] for g in light] == ['busy', 'free', 'reset_required', 'free', 'orphaned_memory'] + ['free'] * 3
+    assert light[3]['health']['remapped_rows_pending'] is True
 
 
 def test_gpu_reset_applies_pending_remaps_on_both_backends(nvmlhost):

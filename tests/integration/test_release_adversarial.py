@@ -363,11 +363,12 @@ class RecyclingReader:
         self.reader, self.job_pid, self.newcomer_argv = reader, job_pid, newcomer_argv
         self.newcomer = None
 
-    def read(self, timeout=None):
-        snapshot = self.reader.read(timeout=timeout)
+    def read(self, timeout=None, full=True):
+        snapshot = self.reader.read(timeout=timeout, full=full)
         if self.newcomer is None:
             os.kill(self.job_pid, 9)
-            while alive(self.job_pid):
+            # Until its parent has reaped it: a zombie still takes the pid.
+            while alive(self.job_pid) or os.path.exists('/proc/%d' % self.job_pid):
                 time.sleep(0.01)
             with open('/proc/sys/kernel/ns_last_pid', 'w') as handle:
                 handle.write(str(self.job_pid - 1))

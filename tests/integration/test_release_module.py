@@ -10,6 +10,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import subprocess
+import time
 
 from adhoc import run_module
 from gpusim.state import is_alive as alive
@@ -58,6 +59,19 @@ def test_orphaned_memory_fails_the_task_naming_the_gpu(gpuhost, tmp_path):
     assert 'GPU 3: 8193 MiB used with no process left (orphaned memory' in result['msg']
     assert result['orphaned_gpus'] == [3]
     assert result['signalled'][0]['signals_sent'] == ['TERM', 'KILL']
+
+
+def test_orphaned_memory_fails_within_seconds_not_the_timeout(gpuhost, tmp_path):
+    job = gpuhost.hold(gpus=[2], mib=4096, leak=True)
+    started = time.monotonic()
+    result, proc = run_release(gpuhost, tmp_path, host_root=gpuhost.root, devices=['/dev/nvidia*'], timeout=60)
+    # The driver frees a dead process's memory within seconds (ORPHAN_WAIT_S, 5 s): before, the
+    # release waited out the whole timeout.
+    assert time.monotonic() - started < 10
+    assert proc.returncode != 0 and result['failed'] is True and result['released'] is False
+    assert result['orphaned_gpus'] == [2] and not alive(job['pid'])
+    assert result['msg'].startswith('GPUs not released: GPU 2: 4097 MiB used with no process left (orphaned memory')
+    assert 'set reset_orphaned' in result['msg']
 
 
 def test_orphaned_memory_is_reset_when_asked(gpuhost, tmp_path):

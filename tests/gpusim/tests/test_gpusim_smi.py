@@ -40,6 +40,23 @@ def test_init_layout(gpuhost):
     assert [g["pci_bus_id"] for g in state["gpus"]] == list(HGX_BUS_IDS)
 
 
+def test_driver_version_file_names_the_loaded_module(gpuhost_factory):
+    host = gpuhost_factory(driver_version="570.86.15")
+    with open(os.path.join(host.root, "proc", "driver", "nvidia", "version")) as f:
+        first = f.readline()
+    assert first.startswith("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  ")
+
+
+def test_counting_smi_logs_each_call_and_answers_as_nvidia_smi(gpuhost, tmp_path):
+    log = str(tmp_path / "calls.log")
+    wrapper = gpuhost.counting_smi(log)
+    first = subprocess.run([wrapper, "--query-gpu=index,name", "--format=csv,noheader"], capture_output=True,
+                           text=True, check=False)
+    subprocess.run([wrapper, "-L"], capture_output=True, check=False)
+    assert first.returncode == 0 and first.stdout == gpuhost.smi("--query-gpu=index,name", "--format=csv,noheader").stdout
+    assert gpuhost.smi_calls(log) == [["--query-gpu=index,name", "--format=csv,noheader"], ["-L"]]
+
+
 def test_uuids_deterministic_from_seed(gpuhost_factory):
     a = gpuhost_factory("a", seed=7).state["gpus"]
     b = gpuhost_factory("b", seed=7).state["gpus"]

@@ -24,6 +24,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._host import (
     mark_fallen,
     parse_information,
     read_driver,
+    read_driver_version,
     read_host,
     read_pci,
 )
@@ -223,7 +224,7 @@ class Fixed(GpuReader):
         self.reads = 0
         self.closed = False
 
-    def read(self, timeout=None):
+    def read(self, timeout=None, full=True):
         self.reads += 1
         return Snapshot([gpu(0, '18'), gpu(1, '2a'), gpu(2, '3a')], '550.127.05')
 
@@ -273,3 +274,29 @@ def test_gpus_without_a_bus_id_or_an_index_are_counted_once(host):
     assert [g['pci_bus_id'] for g in snapshot.missing] == ['00000000:2A:00.0', '00000000:3A:00.0', '00000000:5D:00.0']
     assert all('lists 1 GPU(s) it cannot name, which may be this one' in g['error']
                for g in snapshot.missing if g['minor_number'] is not None)
+
+
+# The first line of /proc/driver/nvidia/version: the proprietary modules (NVIDIA's README), the
+# open ones (nix-community/nixGL#186, #121), and a Jetson's (nixGL#139: no desktop branch).
+@pytest.mark.parametrize('first_line, version', [
+    ('NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.05  Tue Oct  8 03:22:07 UTC 2024', '550.127.05'),
+    ('NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  '
+     '(dvs-builder@U16-A24-9-2)  Thu Oct 10 12:15:00 UTC 2024', '565.57.01'),
+    ('NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  35.3.1  Release Build  '
+     '(buildbrain@mobile-u64-6289-d7000)  Sun Mar 19 08:09:33 PDT 2023', '35.3.1'),
+    ('garbage', None),
+])
+def test_the_driver_version_is_read_from_proc(tmp_path, first_line, version):
+    path = tmp_path / 'proc' / 'driver' / 'nvidia'
+    path.mkdir(parents=True)
+    (path / 'version').write_text(first_line + '\nGCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n')
+    assert read_driver_version(str(tmp_path)) == version
+
+
+def test_the_host_reader_tells_the_reader_the_drivers_version_before_its_first_read(host):
+    path = host / 'proc' / 'driver' / 'nvidia' / 'version'
+    path.write_text('NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.261.03  Wed Jul 30 12:00:00 UTC 2025\n')
+    inner = Fixed()
+    HostReader(inner, str(host)).read()
+    assert inner.driver_hint == '535.261.03'
+    assert read_driver_version(str(host / 'nowhere')) is None

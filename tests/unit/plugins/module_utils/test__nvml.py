@@ -374,3 +374,49 @@ def test_select_reader_auto_falls_back_when_init_fails(monkeypatch):
     assert isinstance(_backend.select_reader('nvidia-smi')[0], SmiReader)
     with pytest.raises(GpuopsError, match='backend must be one of'):
         _backend.select_reader('cuda')
+
+
+# -- light reads (the release's polls) ----------------------------------------------------------
+
+HEALTH_CALLS = ('nvmlDeviceGetRemappedRows', 'nvmlDeviceGetRetiredPagesPendingStatus', 'nvmlDeviceGetTemperature',
+                'nvmlDeviceGetPersistenceMode', 'nvmlDeviceGetComputeMode', 'nvmlDeviceGetName')
+
+
+def open_reader(fake):
+    return NvmlReader(5, nvml=fake).open()
+
+
+def test_a_light_read_reads_memory_and_processes_and_keeps_the_health_of_the_full_read():
+    fake = FakeNvml(faults={(2, 'nvmlDeviceGetTemperature'): 16})
+    reader = open_reader(fake)
+    full = reader.read()
+    del fake.calls[:]
+    light = reader.read(full=False)
+    assert light.full is False and not set(HEALTH_CALLS) & set(fake.calls)
+    assert 'nvmlDeviceGetMemoryInfo_v2' in fake.calls and 'processes' in fake.calls
+    # The driver's word on GPU 2 (a reset) and the remapped rows of the full read stay.
+    assert light.gpus[2]['reset_required'] is True and 'GPU requires reset' in light.gpus[2]['error']
+    assert gpu_state(light.gpus[2]) == 'reset_required'
+    assert [gpu['remapped_rows_pending'] for gpu in light.gpus] == [True] * 4
+    assert [dict(gpu, processes=None) for gpu in light.gpus] == [dict(gpu, processes=None) for gpu in full.gpus]
+
+
+@pytest.mark.parametrize('faults', [
+    {(1, 'nvmlDeviceGetUtilizationRates'): 16},  # a new verdict of the driver
+    {(3, 'nvmlDeviceGetUUID'): 15},  # a GPU lost since
+])
+def test_a_light_read_that_finds_something_new_reads_in_full(faults):
+    fake = FakeNvml()
+    reader = open_reader(fake)
+    reader.read()
+    fake.faults.update(faults)
+    del fake.calls[:]
+    snapshot = reader.read(full=False)
+    assert snapshot.full is True and 'nvmlDeviceGetRemappedRows' in fake.calls
+    assert [gpu['error'] is None for gpu in snapshot.gpus].count(False) == 1
+
+
+def test_a_light_read_without_a_full_read_reads_in_full():
+    fake = FakeNvml()
+    snapshot = open_reader(fake).read(full=False)
+    assert snapshot.full is True and 'nvmlDeviceGetRemappedRows' in fake.calls

@@ -34,7 +34,7 @@ class Reader:
         self.readings = list(readings)
         self.reads = 0
 
-    def read(self, timeout=None):
+    def read(self, timeout=None, full=True):
         self.reads += 1
         gpus = self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
         return Snapshot([dict(g) for g in gpus], '550.127.05')

@@ -20,6 +20,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _signals
 from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_PROTECT, GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import Holder, start_time
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release import (
     Release,
     ReleaseOptions,
@@ -375,8 +376,8 @@ class ReportingReader:
     def __init__(self, reader, gpu, pid):
         self.reader, self.gpu, self.pid = reader, gpu, pid
 
-    def read(self, timeout=None):
-        snapshot = self.reader.read(timeout=timeout)
+    def read(self, timeout=None, full=True):
+        snapshot = self.reader.read(timeout=timeout, full=full)
         for gpu in snapshot.gpus:
             if gpu['index'] == self.gpu and alive(self.pid):
                 gpu['processes'].append({'pid': self.pid, 'name': 'python3', 'used_memory_mib': 1})
@@ -421,3 +422,71 @@ def test_a_host_root_that_does_not_exist_is_an_error_before_any_signal(gpuhost, 
     with pytest.raises(GpuopsError, match=r'devices: %s/dev/nvidia\* matches no NVIDIA device node' % missing):
         run(devices=['/dev/nvidia*'], host_root=missing)
     assert alive(info['pid']) and run.logged == []
+
+
+# -- what the reads cost ----------------------------------------------------------------------
+
+def counted_release(host, tmp_path, **options):
+    """A release through the host's view, as the module runs it; (result, nvidia-smi calls)."""
+    log = str(tmp_path / 'calls.log')
+    smi = host.counting_smi(log)
+    reader, dummy = select_reader('nvidia-smi', smi, 10)
+    options = dict(dict(devices=['/dev/nvidia*'], host_root=host.root, protect=DEFAULT_PROTECT, timeout=60,
+                        lock_file=str(tmp_path / 'release.lock'), nvidia_smi_path=smi), **options)
+    result = Release(HostReader(reader, host.root), ReleaseOptions(**options), signaller=Signaller(lambda line: None)).run()
+    return result, [argv[0].split('=')[0] for argv in host.smi_calls(log)]
+
+
+def test_a_hung_job_reads_its_health_once_and_polls_light(gpuhost, tmp_path):
+    gpuhost.scenario('hung-job', release_delay=1.0)
+    result, calls = counted_release(gpuhost, tmp_path)
+    assert result.released is True and result.failure is None
+    # One full read (--query-gpu, --query-remapped-rows, --query-compute-apps), then polls of
+    # memory and processes once the settle window is over: 22 calls before.
+    assert calls.count('--query-remapped-rows') == 1 and len(calls) <= 8, calls
+
+
+def test_the_drivers_word_stays_through_the_light_polls(gpuhost, tmp_path):
+    gpuhost.scenario('hung-job', release_delay=1.0)
+    gpuhost.fault('reset-required', gpu=5)
+    gpuhost.fault('remap', gpu=6, pending=True)
+    result, calls = counted_release(gpuhost, tmp_path)
+    assert calls.count('--query-remapped-rows') == 1, calls
+    assert result.released is False and 'GPU 5 needs a GPU reset' in result.failure
+    states = dict((gpu['index'], gpu['state']) for gpu in result.gpu_states)
+    assert states == dict((index, 'reset_required' if index == 5 else 'free') for index in range(8))
+
+
+def test_a_driver_slower_than_the_settle_window_is_waited_for(gpuhost, tmp_path):
+    gpuhost.scenario('hung-job', release_delay=3.0)
+    result, calls = counted_release(gpuhost, tmp_path)
+    assert result.released is True and result.orphaned_gpus == []
+    # Polls that read the memory grow to a second apart while no process holds it: 40 calls before.
+    assert calls.count('--query-remapped-rows') == 1 and len(calls) <= 16, calls
+
+
+@pytest.mark.parametrize('orphan', ['stuck', 'leak'])
+def test_orphaned_memory_fails_once_the_driver_would_have_freed_it(gpuhost, tmp_path, orphan):
+    if orphan == 'stuck':
+        gpuhost.fault('stuck', gpu=3, mib=8192)
+    else:
+        gpuhost.hold(gpus=[3], mib=8192, leak=True)
+    started = time.monotonic()
+    result, dummy = counted_release(gpuhost, tmp_path, timeout=60)
+    # ORPHAN_WAIT_S (5 s) after the first read that found the memory held by no process, not the timeout.
+    assert time.monotonic() - started < 10
+    assert result.released is False and result.orphaned_gpus == [3]
+    assert result.failure.startswith('GPUs not released: GPU 3: 8193 MiB used with no process left (orphaned memory')
+    assert 'it stayed held by no process for 5.0 s, longer than a driver takes' in result.failure
+    assert '(set reset_orphaned to reset such GPUs)' in result.failure
+
+
+def test_orphaned_memory_is_reset_once_the_driver_would_have_freed_it(gpuhost, tmp_path):
+    gpuhost.fault('stuck', gpu=3, mib=8192)
+    started = time.monotonic()
+    result, calls = counted_release(gpuhost, tmp_path, timeout=60, reset_orphaned=True)
+    # Before: the wait for the driver ended where the reset's third of the timeout began (39 s).
+    assert time.monotonic() - started < 10
+    assert result.escalation['ok'] is True and result.released is True and result.orphaned_gpus == []
+    # The read after the reset is a full one: the GPU's health is read again.
+    assert calls.count('--query-remapped-rows') == 2, calls

@@ -26,6 +26,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
     parse_apps_csv,
     parse_gpu_csv,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from processes import gone, kill_left, read_pid
 
@@ -500,3 +501,87 @@ def test_apps_lines_that_do_not_read_exactly_are_rejected():
     assert [app['pid'] for app in apps] == [996]
     assert len(warnings) == 5 and all('unreadable process line' in warning for warning in warnings)
     assert not any('\x1b' in warning for warning in warnings)
+
+
+# -- light reads and the driver's branch ---------------------------------------------------------
+
+def counted_reader(host, tmp_path):
+    """(reader through the host's view, a function giving the nvidia-smi calls so far)."""
+    log = str(tmp_path / 'calls.log')
+    reader = HostReader(SmiReader(SmiRunner(host.counting_smi(log))), host.root)
+    return reader, lambda: host.smi_calls(log)
+
+
+def queries(calls):
+    return [argv[0].split('=')[0] for argv in calls]
+
+
+def test_a_light_read_asks_for_memory_and_processes_only(gpuhost, tmp_path):
+    reader, calls = counted_reader(gpuhost, tmp_path)
+    reader.read()
+    before = len(calls())
+    job = gpuhost.hold(gpus=[4], mib=2048, util=30)
+    snapshot = reader.read(full=False)
+    light = calls()[before:]
+    assert queries(light) == ['--query-gpu', '--query-compute-apps']
+    assert light[0][0] == '--query-gpu=index,uuid,pci.bus_id,memory.used,memory.free,utilization.gpu'
+    assert snapshot.full is False
+    assert snapshot.gpus[4]['memory_used_mib'] == 2049 and snapshot.gpus[4]['utilization_gpu_pct'] == 30
+    assert [process['pid'] for process in snapshot.gpus[4]['processes']] == [job['pid']]
+    assert snapshot.gpus[4]['minor_number'] == 4 and snapshot.gpus[4]['memory_total_mib'] == 143771
+
+
+def test_a_light_read_keeps_the_drivers_word_of_the_full_read(gpuhost, tmp_path):
+    gpuhost.fault('reset-required', gpu=2)
+    gpuhost.fault('remap', gpu=5, pending=True)
+    reader, calls = counted_reader(gpuhost, tmp_path)
+    full = reader.read()
+    light = reader.read(full=False)
+    assert light.full is False and queries(calls()).count('--query-remapped-rows') == 1
+    assert light.gpus[2]['reset_required'] is True and 'GPU requires reset' in light.gpus[2]['error']
+    assert gpu_state(light.gpus[2]) == 'reset_required'
+    assert light.gpus[5]['remapped_rows_pending'] is True
+    assert light.gpus == full.gpus
+
+
+@pytest.mark.parametrize('fault', [
+    dict(kind='lost', gpu=3),
+    dict(kind='reset-required', gpu=6),  # the driver's word, new since the full read
+])
+def test_a_light_read_that_finds_something_new_reads_in_full(gpuhost, tmp_path, fault):
+    reader, calls = counted_reader(gpuhost, tmp_path)
+    reader.read()
+    gpuhost.fault(fault.pop('kind'), **fault)
+    snapshot = reader.read(full=False)
+    assert snapshot.full is True
+    assert [gpu['index'] for gpu in snapshot.gpus if gpu['error']] == [fault['gpu']]
+
+
+def test_the_driver_branch_saves_the_query_the_driver_would_refuse(gpuhost, tmp_path):
+    reader, calls = counted_reader(gpuhost, tmp_path)
+    snapshot = reader.read()
+    # One GPU query (550 does not know gpu_recovery_action, nor remapped rows in it), the rows apart.
+    assert queries(calls()) == ['--query-gpu', '--query-remapped-rows', '--query-compute-apps']
+    assert 'gpu_recovery_action' not in calls()[0][0] and 'remapped_rows' not in calls()[0][0]
+    assert snapshot.driver_version == '550.127.05' and snapshot.gpus[0]['remapped_rows_pending'] is False
+
+
+@pytest.mark.parametrize('loaded, said, gpu_queries', [
+    # The version file says an older branch than nvidia-smi's own driver_version: asked again.
+    ('570.86.15', '550.127.05', 3),
+    # It says a newer one: the driver refuses the field, and the query is repeated without it.
+    ('550.127.05', '570.86.15', 2),
+])
+def test_a_wrong_driver_branch_falls_back_to_what_the_driver_says(gpuhost_factory, tmp_path, loaded, said, gpu_queries):
+    host = gpuhost_factory(driver_version=loaded)
+    with open(os.path.join(host.root, 'proc/driver/nvidia/version'), 'w') as handle:
+        handle.write('NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  Tue Oct  8 03:22:07 UTC 2024\n' % said)
+    host.fault('recovery', gpu=1, value='reset')
+    reader, calls = counted_reader(host, tmp_path)
+    snapshot = reader.read()
+    assert queries(calls()).count('--query-gpu') == gpu_queries
+    assert ('gpu_recovery_action' in calls()[0][0]) is said.startswith('570')
+    knows = loaded.startswith('570')
+    assert [gpu['driver_recovery_action'] for gpu in snapshot.gpus] == (
+        ['none', 'reset_gpu'] + ['none'] * 6 if knows else [None] * 8)
+    assert gpu_state(snapshot.gpus[1]) == ('reset_required' if knows else 'free')
