@@ -28,6 +28,7 @@ import select
 import signal
 import time
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     DEFAULT_MEMORY_THRESHOLD_MIB,
     GpuopsError,
@@ -1077,14 +1078,12 @@ class Release:
             reported = [process for process in gpu.get('processes') or []
                         if not any(process.get('pid') == survivor['pid'] for survivor in holders)]
             used = gpu.get('memory_used_mib')
-            name = gpu.get('pci_bus_id') if index is None else index
             if gpu.get('error') and gpu_state(gpu) == 'reset_required':
-                problems.append('GPU %s needs a GPU reset (%s; reset_orphaned resets it)' % (name, gpu['error']))
+                problems.append(_reason.needs_reset(gpu, '; reset_orphaned resets it'))
             elif gpu.get('error'):
-                problems.append('GPU %s could not be read (%s)' % (name, gpu['error']))
+                problems.append(_reason.unreadable(gpu))
             elif index in result.orphaned_gpus:
-                problems.append('GPU %s: %s MiB used with no process left (orphaned memory; only a GPU '
-                                'reset frees it)' % (index, used))
+                problems.append(_reason.orphaned(gpu))
             elif holders or reported or used is None or used > self.options.memory_threshold_mib:
                 why = [self._why(survivor) for survivor in holders]
                 why += ['protected pid %s (%s), which is never signalled' % (process.get('pid'), printable(process.get('name')))
@@ -1092,11 +1091,10 @@ class Release:
                         'pid %s (%s, reported by the driver)' % (process.get('pid'), printable(process.get('name')))
                         for process in reported]
                 why += [_foreign_why(holder) for holder in self.foreign_seen.values() if self._blocks(holder, gpu)]
-                amount = 'memory used not reported' if used is None else '%s MiB used' % used
-                problems.append('GPU %s: %s%s' % (index, amount, ', held by ' + ', '.join(why) if why else ''))
+                problems.append(_reason.held(gpu, why))
         for survivor in result.survivors:
             if survivor['pid'] not in blocking:
-                problems.append('%s still holds %s' % (self._why(survivor), ', '.join(survivor['devices'])))
+                problems.append(_reason.still_holds(self._why(survivor), survivor['devices']))
         if not problems and self.targets and not self.settled:
             problems.append('%s: the GPUs read clean, but not for settle_time (%s) after the last holder exited, '
                             'before the timeout; a holder may come back (raise timeout)'

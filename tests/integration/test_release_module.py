@@ -56,7 +56,7 @@ def test_orphaned_memory_fails_the_task_naming_the_gpu(gpuhost, tmp_path):
     result, proc = run_release(gpuhost, tmp_path, grace_period=0.3, timeout=2)
     assert proc.returncode != 0
     assert result['failed'] is True
-    assert 'GPU 3: 8193 MiB used with no process left (orphaned memory' in result['msg']
+    assert 'GPU 3: 8193 MiB held with no process left (orphaned memory' in result['msg']
     assert result['orphaned_gpus'] == [3]
     assert result['signalled'][0]['signals_sent'] == ['TERM', 'KILL']
 
@@ -70,7 +70,7 @@ def test_orphaned_memory_fails_within_seconds_not_the_timeout(gpuhost, tmp_path)
     assert time.monotonic() - started < 10
     assert proc.returncode != 0 and result['failed'] is True and result['released'] is False
     assert result['orphaned_gpus'] == [2] and not alive(job['pid'])
-    assert result['msg'].startswith('GPUs not released: GPU 2: 4097 MiB used with no process left (orphaned memory')
+    assert result['msg'].startswith('GPUs not released: GPU 2: 4097 MiB held with no process left (orphaned memory')
     assert 'set reset_orphaned' in result['msg']
 
 

@@ -268,7 +268,7 @@ def test_leaked_memory_is_orphaned_and_fails_naming_the_gpu(gpuhost, run):
     result = run(timeout=1)
     assert result.changed is True and result.released is False
     assert result.orphaned_gpus == [5]
-    assert 'GPU 5: 2049 MiB used with no process left (orphaned' in result.failure
+    assert 'GPU 5: 2049 MiB held with no process left (orphaned' in result.failure
     assert 'GPU 4' not in result.failure
     assert result.gpus_after[5] == {'index': 5, 'memory_used_mib': 2049}
 
@@ -357,7 +357,7 @@ def test_lost_gpu_fails_at_once_once_its_holders_are_gone(gpuhost, run):
     result = run(timeout=20)
     assert time.monotonic() - started < 10
     assert result.changed is True and result.released is False
-    assert result.failure.startswith('GPUs not released: GPU 2 could not be read (Unable to determine')
+    assert result.failure.startswith('GPUs not released: GPU 2 lost or unreadable (Unable to determine')
     assert 'GPU 0' not in result.failure
 
 
@@ -476,7 +476,7 @@ def test_orphaned_memory_fails_once_the_driver_would_have_freed_it(gpuhost, tmp_
     # ORPHAN_WAIT_S (5 s) after the first read that found the memory held by no process, not the timeout.
     assert time.monotonic() - started < 10
     assert result.released is False and result.orphaned_gpus == [3]
-    assert result.failure.startswith('GPUs not released: GPU 3: 8193 MiB used with no process left (orphaned memory')
+    assert result.failure.startswith('GPUs not released: GPU 3: 8193 MiB held with no process left (orphaned memory')
     assert 'it stayed held by no process for 5.0 s, longer than a driver takes' in result.failure
     assert '(set reset_orphaned to reset such GPUs)' in result.failure
 

@@ -93,7 +93,7 @@ def test_dirty_gpu_fails_with_every_field(capsys, gpuhost, tmp_path):
     gpuhost.fault('stuck', gpu=7, mib=64)
     result = run_module(capsys, gpuhost, tmp_path, timeout=0.3, grace_period=0.1)
     assert result['failed'] is True
-    assert 'GPU 7: 65 MiB used with no process left' in result['msg']
+    assert 'GPU 7: 65 MiB held with no process left' in result['msg']
     assert RETURN_KEYS <= set(result)
     assert result['orphaned_gpus'] == [7] and result['released'] is False
     # the threshold decides what counts as clean (64 stuck + the 1 MiB idle reading)
@@ -274,6 +274,6 @@ def test_gpus_the_reader_does_not_list_are_never_released(capsys, gpuhost_factor
     result = run_module(capsys, host, tmp_path, timeout=2, grace_period=0.3, host_root=host.root, state_dir=state_dir(host),
                         devices=['/dev/nvidia*'])
     assert result['failed'] is True and result['released'] is False
-    assert 'GPU 00000000:3A:00.0 could not be read (on the PCI bus (PCI ID 10de:2335) but no driver is bound' in result['msg']
+    assert 'GPU 00000000:3A:00.0 lost or unreadable (on the PCI bus (PCI ID 10de:2335) but no driver is bound' in result['msg']
     assert 'still seen at %s/sys/bus/pci/devices/0000:3a:00.0' % host.root in result['msg']
     assert [gpu['index'] for gpu in result['gpus_after']] == [0, 1, 2, 3, 4, 5, None, None]
