@@ -127,7 +127,7 @@ class Run:
         return args
 
     def _pick(self, names):
-        """The options names that are set (a module's own default stands for the others)."""
+        """The options of names that are set (a module's own default stands for the others)."""
         return dict((name, self.options[name]) for name in names if self.options[name] is not None)
 
     def is_clean(self, result):
