@@ -231,14 +231,14 @@ def failed(report, step, why):
 STEPS = (check_settings, read_first, release, verify)
 
 
-def run(run_):
-    """Run the steps on run_ (a Run) in order, stopping at the first error; then judge and prove.
-    Returns the report."""
+def run(host_run):
+    """Run the steps on host_run (a Run) in order, stopping at the first error; then judge and
+    prove. Returns the report."""
     for step in STEPS:
-        step(run_)
-        if run_.error:
+        step(host_run)
+        if host_run.error:
             break
-    judge(run_)
-    prove(run_)
-    run_.report['steps'] = run_.steps
-    return run_.report
+    judge(host_run)
+    prove(host_run)
+    host_run.report['steps'] = host_run.steps
+    return host_run.report

@@ -66,18 +66,17 @@ def _expected(option):
 
 
 def convert(settings, name=None, spec=None):
-    """(options, problems): every option of spec (SETTINGS_SPEC) from settings ({option: value},
-    those not given at their default, None meaning not set), converted; one text per value that
+    """(options, problems): every option of spec (SETTINGS_SPEC) from settings ({option: value};
+    one not given, or None, is not set: it takes its default), converted; one text per value that
     does not fit, naming the setting as name(option) says, its value and what it must be (the
     option then keeps its default)."""
     spec = SETTINGS_SPEC if spec is None else spec
     name = name or (lambda option: option)
     options, found = {}, []
     for option in sorted(spec):
-        value = plain(settings.get(option, spec[option].get('default')))
+        value = plain(settings.get(option))
         options[option] = spec[option].get('default')
         if value is None:
-            options[option] = None
             continue
         try:
             options[option] = _converted(spec[option], value)

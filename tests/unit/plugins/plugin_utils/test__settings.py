@@ -41,6 +41,7 @@ def test_a_wrong_value_is_named_with_what_it_must_be(name, value, expected):
     ('allow_gpu_reset', 'yes', True),
     ('gpus', '0,2', [0, 2]),           # a list given as text, as Ansible splits it
     ('gpus', None, None),              # not set
+    ('timeout', None, 60),             # not set: the default
 ])
 def test_what_ansible_accepts_is_converted_as_ansible_does(name, value, expected):
     options, found = convert({name: value})
