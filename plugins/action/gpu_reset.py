@@ -63,15 +63,19 @@ class ActionModule(ActionBase):
 
     def _finishing_settings(self, task_vars):
         """The role's finishing settings (gpu_reset_on_failure, ...) that are set, to check them
-        with the others before anything is touched."""
+        with the others before anything is touched. Only a text that is a template is templated:
+        a list keeps its type whatever its items say (gpu_reset_drain_command names
+        gpu_reset_result, which the run makes)."""
         found = {}
         for option in FINISH_SPEC:
-            if PREFIX + option in task_vars:
+            value = task_vars.get(PREFIX + option)
+            if isinstance(value, str) and ('{{' in value or '{%' in value):
                 try:
-                    found[option] = self._templar.template(task_vars[PREFIX + option])
+                    value = self._templar.template(value)
                 except AnsibleError:
-                    # gpu_reset_drain_command may name gpu_reset_result, which the run makes.
-                    found[option] = task_vars[PREFIX + option]
+                    pass  # left as it is: the check names it
+            if PREFIX + option in task_vars:
+                found[option] = value
         return found
 
     def _module_runner(self, task_vars):

@@ -22,6 +22,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import (
     bus_key,
     parse_xid_events,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import DRIVER_ACTIONS
 
 XID_154_RE = re.compile(r'to 0x([0-9A-Fa-f]+)')
 XID_45_CAUSED_RE = re.compile(r'caused by previous Xid (\d+)')
@@ -93,9 +94,6 @@ def parse_fallen_off_bus(lines):
     return fallen_off_bus(parse_xid_events(lines))
 
 
-# The driver's own recovery action (_reader.DRIVER_RECOVERY_ACTIONS) in this vocabulary.
-DRIVER_ACTIONS = {'none': 'none', 'reset_gpu': 'reset_gpu', 'drain_and_reset': 'reset_gpu', 'reboot': 'reboot',
-                  'system_reboot': 'reboot'}
 
 
 def xid_action(event, codes=()):
