@@ -194,8 +194,11 @@ def write_file(path, text):
         raise
 
 
-def reset(settings, node, scontrol, deadline):
-    """The sequence on one node, then the finishing section; returns its report (gpu_reset_result)."""
+def reset(settings, node, scontrol, deadline, why_not_drain=None):
+    """The sequence on one node, then the finishing section; returns its report (gpu_reset_result).
+
+    why_not_drain: called before draining a node that is not clean; a reason (text) not to
+    drain it after all is noted in the report (drain_skipped) instead."""
     ends = time.monotonic() + deadline
     # The modules end that much before the hook's time does, for the drain command.
     modules_end = ends - min(DRAIN_RESERVE_S, deadline / 10.0)
@@ -204,7 +207,11 @@ def reset(settings, node, scontrol, deadline):
     result = _sequence.run(run)
     # A misconfigured node is drained too (see above).
     if result['outcome'] == 'failed' and setting(settings, 'on_failure') == 'drain':
-        drain(result, scontrol, node, min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1)))
+        skip = why_not_drain() if why_not_drain else None
+        if skip:
+            result['drained'], result['drain_skipped'] = False, skip
+        else:
+            drain(result, scontrol, node, min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1)))
     if setting(settings, 'textfile_dir'):
         try:
             write_metrics(setting(settings, 'textfile_dir'), result)
@@ -286,6 +293,189 @@ def write_playbook_vars(path, variables):
     return 0
 
 
+# -- the health check: a node this collection drained returns to service -------------------------
+
+# The one state the health check acts in (scontrol show node's State=): idle and drained, no other
+# flag. A job that still ends there (COMPLETING), one that runs (ALLOCATED, MIXED: a draining node),
+# a reboot, a maintenance or a node that does not answer leaves the node to Slurm and to people.
+RESUMABLE_STATE = 'IDLE+DRAIN'
+# The health check's statuses besides 0 (nothing to do, or resumed) and RUNNER_DRAINED/NOT_DRAINED
+# (not clean, kept drained with the new reason): Slurm's answers could not be read, or the resume failed.
+HEALTH_UNREADABLE = 12
+HEALTH_RESUME_FAILED = 13
+# Seconds each scontrol or squeue call may take, and seconds kept for the last read and the resume.
+SLURM_CALL_S = 10
+RESUME_RESERVE_S = 8
+# A Slurm node name as the health check accepts it: one name, never a list or a range (a,b; n[1-4]).
+NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$')
+# scontrol show node's Reason= line ends with who set it and when: ' [root@2026-12-01T12:00:00]'.
+REASON_STAMP_RE = re.compile(r' \[[^\[\]\s@]*@[^\[\]\s]*\]$')
+
+
+class SlurmUnreadable(Exception):
+    """What scontrol or squeue said cannot be read: the health check does nothing."""
+
+
+def say(text):
+    """One line of the health check's log (text already made printable)."""
+    sys.stderr.write('gpu_reset health check: %s\n' % text)
+
+
+def parse_node(text, node):
+    """(State, Reason, Reason line) of node from `scontrol show node NODE`: State= as printed
+    (IDLE+DRAIN, ...), the reason without its [user@time] stamp ('' when none), and the whole
+    Reason= line, stamp included, to tell later whether anyone set a reason since.
+
+    SlurmUnreadable unless the text describes that one node, with one State= and at most one
+    Reason= line (a reason of several lines is continued on lines that are not Key=value)."""
+    lines = text.splitlines()
+    names = [line.split(None, 1)[0] for line in lines if line.startswith('NodeName=')]
+    if names != ['NodeName=' + node]:
+        raise SlurmUnreadable('scontrol show node %s describes %s, not that one node'
+                              % (printable(node), printable(' '.join(names) or 'no node', 100)))
+    states = [line.split()[0][len('State='):] for line in lines if line.startswith('   State=')]
+    reasons = [line.strip() for line in lines if line.startswith('   Reason=')]
+    if len(states) != 1 or not states[0] or len(reasons) > 1:
+        raise SlurmUnreadable('scontrol show node %s gave %d State= and %d Reason= lines, not one of each'
+                              % (printable(node), len(states), len(reasons)))
+    line = reasons[0] if reasons else ''
+    return states[0], REASON_STAMP_RE.sub('', line[len('Reason='):]), line
+
+
+def why_not_heal(node, state, reason):
+    """None when the health check may put the node's GPUs back: drained, idle, with a reason of
+    this collection (the drain prefix); otherwise why not, as the log says it."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIX as DRAIN_PREFIX
+
+    if 'DRAIN' not in state.split('+'):
+        return '%s is not drained (State=%s): nothing to do' % (printable(node), printable(state, 100))
+    if not reason.startswith(DRAIN_PREFIX):
+        return ("%s is drained for a reason that is not this collection's (%s): left to whoever drained it"
+                % (printable(node), printable(reason or 'none', 200)))
+    if state != RESUMABLE_STATE:
+        return ('%s is drained by gpu_reset but State=%s, not %s (a job still runs or ends there, or Slurm '
+                'has other business with it): nothing done' % (printable(node), printable(state, 100), RESUMABLE_STATE))
+    return None
+
+
+def slurm_call(argv, seconds):
+    """(rc, stdout, stderr) of a Slurm command, argv never through a shell; SlurmUnreadable when
+    it cannot run or does not answer within seconds."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
+
+    try:
+        return Runner(argv[0]).run(argv[1:], timeout=max(seconds, 1))
+    except GpuopsError as exc:
+        raise SlurmUnreadable(printable(str(exc), 300))
+
+
+def read_node(scontrol, node, seconds):
+    """parse_node of `scontrol show node NODE`."""
+    rc, stdout, stderr = slurm_call([scontrol, 'show', 'node', node], seconds)
+    if rc != 0:
+        raise SlurmUnreadable('scontrol show node %s failed (rc %d): %s'
+                              % (printable(node), rc, printable(stderr.strip(), 300)))
+    return parse_node(stdout, node)
+
+
+def squeue_command(scontrol):
+    """squeue, next to scontrol when that is a path."""
+    return os.path.join(os.path.dirname(scontrol), 'squeue') if '/' in scontrol else 'squeue'
+
+
+def jobs_on(scontrol, node, seconds):
+    """The jobs squeue places on node (any state but pending), as printable 'ID STATE' lines."""
+    argv = [squeue_command(scontrol), '-h', '-w', node, '-t', 'all', '-o', '%i %T']
+    rc, stdout, stderr = slurm_call(argv, seconds)
+    if rc != 0:
+        raise SlurmUnreadable('squeue -w %s failed (rc %d): %s' % (printable(node), rc, printable(stderr.strip(), 300)))
+    return [printable(line.strip(), 100) for line in stdout.splitlines()
+            if line.strip() and line.split()[-1] not in FINISHED_JOB_STATES]
+
+
+# squeue -t all also lists the jobs that ended there; these states hold nothing on the node.
+FINISHED_JOB_STATES = frozenset(('PENDING', 'COMPLETED', 'CANCELLED', 'FAILED', 'TIMEOUT', 'NODE_FAIL', 'PREEMPTED',
+                                 'BOOT_FAIL', 'DEADLINE', 'OUT_OF_MEMORY', 'REVOKED', 'SPECIAL_EXIT'))
+
+
+def why_not_now(args, seconds):
+    """(why the health check leaves the node alone, or None; the node as read)."""
+    state, reason, line = read_node(args.scontrol, args.node, seconds)
+    why = why_not_heal(args.node, state, reason)
+    if why is None:
+        jobs = jobs_on(args.scontrol, args.node, seconds)
+        if jobs:
+            why = '%s runs jobs (%s): nothing done' % (printable(args.node), ', '.join(jobs[:5]))
+    return why, (state, line)
+
+
+def changed_since(args, read, seconds):
+    """Why the node may no longer be acted on (its state or reason changed since read, a job
+    came), or None."""
+    try:
+        why, now = why_not_now(args, seconds)
+    except SlurmUnreadable as exc:
+        return str(exc)
+    if why is None and now != read:
+        why = '%s was drained again since the health check read it (%s)' % (printable(args.node), printable(now[1], 200))
+    return why
+
+
+def resume(args, seconds):
+    """scontrol update nodename=NODE state=resume; 0, or HEALTH_RESUME_FAILED saying why."""
+    try:
+        rc, dummy, stderr = slurm_call([args.scontrol, 'update', 'nodename=' + args.node, 'state=resume'], seconds)
+    except SlurmUnreadable as exc:
+        rc, stderr = None, str(exc)
+    if rc != 0:
+        say('could not resume %s: %s' % (printable(args.node), printable(stderr.strip(), 300)))
+        return HEALTH_RESUME_FAILED
+    say('resumed %s: its GPUs are clean' % printable(args.node))
+    return 0
+
+
+def health_check(args):
+    """--health-check: on a node this collection drained that runs no job, the whole sequence;
+    clean: resume the node; not clean: keep it drained with the new reason. Anything else is
+    only read."""
+    ends = time.monotonic() + args.deadline
+    if not NODE_NAME_RE.match(args.node):
+        say('%s is not a node name the health check acts on: nothing done' % printable(args.node, 100))
+        return HEALTH_UNREADABLE
+    try:
+        why, read = why_not_now(args, min(SLURM_CALL_S, args.deadline / 4.0))
+    except SlurmUnreadable as exc:
+        say('nothing done: %s' % exc)
+        return HEALTH_UNREADABLE
+    if why:
+        say(why)
+        return 0
+    say('%s is drained by gpu_reset (%s) and runs no job: putting its GPUs back'
+        % (printable(args.node), printable(read[1], 200)))
+    settings = load_settings(args.vars_file, hook_vars(args))
+    recheck = min(SLURM_CALL_S, RESUME_RESERVE_S / 2.0)
+    result = reset(settings, args.node, args.scontrol, ends - time.monotonic() - RESUME_RESERVE_S,
+                   why_not_drain=lambda: changed_since(args, read, recheck))
+    sys.stdout.write(json.dumps(result) + '\n')
+    return health_verdict(args, result, read, max(ends - time.monotonic(), 1))
+
+
+def health_verdict(args, result, read, seconds):
+    """Resume the node when its GPUs are clean and nothing changed since read; the status."""
+    if result.get('drain_skipped'):
+        say('not clean, left as it is: %s' % result['drain_skipped'])
+        return 0
+    if result['outcome'] == 'failed':
+        say('%s stays drained: %s' % (printable(args.node), printable(result['reason'])))
+        return RUNNER_DRAINED if result.get('drained') else RUNNER_NOT_DRAINED
+    changed = changed_since(args, read, min(SLURM_CALL_S, seconds / 2.0))
+    if changed:
+        say('clean, not resumed: %s' % changed)
+        return 0
+    return resume(args, seconds / 2.0)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog='gpu-reset-hook', description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--node', required=True, help='the Slurm node name (SLURMD_NODENAME)')
@@ -294,6 +484,9 @@ def parse_args(argv):
     parser.add_argument('--timeout', type=float, help='gpu_reset_timeout, the seconds the release may take')
     parser.add_argument('--deadline', type=float, default=60, help='seconds the whole run may take')
     parser.add_argument('--scontrol', default='scontrol', help='the scontrol command')
+    parser.add_argument('--health-check', action='store_true',
+                        help="Slurm's HealthCheckProgram: return the node to service when this collection "
+                             'drained it, it runs no job and its GPUs are clean again')
     parser.add_argument('--playbook-vars', metavar='FILE',
                         help="only write the hook's variables to FILE as JSON, for ansible-playbook -e @FILE")
     return parser.parse_args(argv)
@@ -304,6 +497,8 @@ def main(argv=None):
     if args.playbook_vars:
         return write_playbook_vars(args.playbook_vars, hook_vars(args))
     try:
+        if args.health_check:
+            return health_check(args)
         settings = load_settings(args.vars_file, hook_vars(args))
     except NeedsPlaybook as exc:
         sys.stderr.write('gpu_reset: %s needs the playbook\n' % exc)
