@@ -336,7 +336,7 @@ def parse_node(text, node):
     states = [line.split()[0][len('State='):] for line in lines if line.startswith('   State=')]
     reasons = [line.strip() for line in lines if line.startswith('   Reason=')]
     if len(states) != 1 or not states[0] or len(reasons) > 1:
-        raise SlurmUnreadable('scontrol show node %s gave %d State= and %d Reason= lines, not one of each'
+        raise SlurmUnreadable('scontrol show node %s gave %d State= and %d Reason= lines (one State= and at most one Reason= expected)'
                               % (printable(node), len(states), len(reasons)))
     line = reasons[0] if reasons else ''
     return states[0], REASON_STAMP_RE.sub('', line[len('Reason='):]), line
