@@ -25,7 +25,7 @@ modules run as programs (run_module below), then the role's finishing section:
 
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
         --node NODE [--vars-file FILE] [--gpus 0,1] [--timeout S] [--deadline S] [--scontrol PATH]
-        [--playbook-vars FILE]
+        [--reboot [--reboot-stamp FILE]] [--health-check] [--playbook-vars FILE]
 
 Exit status: 0 clean or released; 10 failed, the node drained with the reason; 11 failed and
 the drain command failed too (the report says why); the reason on stderr and the report on
@@ -33,6 +33,13 @@ stdout; 2 the settings or the arguments could not be read (nothing done); 3 the 
 the playbook (a clean query of the user's own, a drain command of the user's own, or a templated
 value): the hook then runs ansible-playbook instead. Never 1, which is what Python itself exits
 with when it crashes or cannot import the collection.
+
+With --reboot, a node whose GPUs only a reboot cures (a GPU whose recovery action is reboot: lost,
+fallen off the bus, the driver's word) is not drained but rebooted by Slurm once its jobs have ended
+(scontrol reboot ASAP nextstate=resume, which needs RebootProgram), at most once a day (the stamp
+file); a fault that comes back sooner is drained for a person.
+
+With --health-check it is Slurm's HealthCheckProgram (health_check below).
 
 With --playbook-vars FILE it only writes the variables the hook fixes (on_failure, timeout, the
 job's GPUs, parsed here as for the module runner) to FILE as JSON, for ansible-playbook -e @FILE.
@@ -154,12 +161,13 @@ def drain_command(scontrol, node, reason):
     return [scontrol, 'update', 'nodename=%s' % node, 'state=drain', 'reason=' + drain_reason(reason)]
 
 
-def drain(result, scontrol, node, seconds):
-    """Run the drain command and note it in the report as the role does."""
+def drain(result, scontrol, node, seconds, argv=None):
+    """Run the drain command (or argv, a command that drains the node too) and note it in the
+    report as the role does."""
     from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
     from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 
-    argv = drain_command(scontrol, node, result['reason'])
+    argv = argv or drain_command(scontrol, node, result['reason'])
     try:
         rc, dummy, stderr = Runner(argv[0]).run(argv[1:], timeout=max(seconds, 1))
         ok, why = rc == 0, (stderr.strip() or 'rc %d' % rc)
@@ -168,6 +176,71 @@ def drain(result, scontrol, node, seconds):
     result['drained'] = ok
     if not ok:
         result['reason'] = '%s; the drain command failed: %s' % (result['reason'], why)
+    return result
+
+
+# -- a reboot when only a reboot helps ---------------------------------------------------------
+
+# A reboot-only fault within this many seconds of the last reboot the hook asked for is drained for
+# a person instead: a GPU that a reboot did not cure would otherwise reboot the node after every job.
+REBOOT_AT_MOST_EVERY_S = 24 * 3600
+
+
+def reboot_cures(result):
+    """Whether a GPU of the report needs a reboot (its recovery action: fallen off the bus, lost,
+    the driver's own word); a reboot cures what a GPU reset would cure, too."""
+    return any(gpu.get('recovery_action') == 'reboot' for gpu in result.get('gpus') or [])
+
+
+def reboot_command(scontrol, node, reason):
+    """scontrol reboot ASAP nextstate=resume: Slurm drains the node, runs its RebootProgram once
+    the node's jobs have ended, and resumes it when it comes back."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_reason
+
+    return [scontrol, 'reboot', 'ASAP', 'nextstate=resume', 'reason=' + drain_reason(reason), node]
+
+
+def last_reboot(stamp, now=None):
+    """When the hook last asked for a reboot (the stamp's time), if less than
+    REBOOT_AT_MOST_EVERY_S ago; None otherwise."""
+    try:
+        asked = os.stat(stamp).st_mtime
+    except OSError:
+        return None
+    return asked if (time.time() if now is None else now) - asked < REBOOT_AT_MOST_EVERY_S else None
+
+
+def why_not_reboot(node, stamp):
+    """Why the hook drains the node instead of asking for a reboot, or None."""
+    if not NODE_NAME_RE.match(node) or node.upper() == 'ALL':
+        return '%s is not one node name that scontrol reboot may be given' % printable(node, 100)
+    asked = last_reboot(stamp)
+    if asked is not None:
+        return 'a reboot asked for at %s did not cure it' % time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(asked))
+    return None
+
+
+def ask_reboot(result, scontrol, node, seconds, stamp):
+    """Ask Slurm to reboot the node (reboot_command), noting it in stamp; drain it instead when
+    why_not_reboot says so or the reboot command fails."""
+    why = why_not_reboot(node, stamp)
+    if why is None:
+        drain(result, scontrol, node, seconds / 2.0, argv=reboot_command(scontrol, node, result['reason']))
+        if result['drained']:
+            result['reboot_requested'] = True
+            return note_reboot(result, stamp)
+        why = 'the reboot command failed'
+    # First, where a reason cut to its length for sinfo -R keeps it.
+    result['reason'] = 'not rebooted (%s): %s' % (why, result['reason'])
+    return drain(result, scontrol, node, seconds / 2.0)
+
+
+def note_reboot(result, stamp):
+    try:
+        os.makedirs(os.path.dirname(stamp), mode=0o700, exist_ok=True)
+        write_file(stamp, '%s\n' % result['reason'])
+    except OSError as exc:
+        result['reason'] = '%s; the reboot could not be noted in %s: %s' % (result['reason'], stamp, exc)
     return result
 
 
@@ -194,11 +267,12 @@ def write_file(path, text):
         raise
 
 
-def reset(settings, node, scontrol, deadline, why_not_drain=None):
+def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None):
     """The sequence on one node, then the finishing section; returns its report (gpu_reset_result).
 
     why_not_drain: called before draining a node that is not clean; a reason (text) not to
-    drain it after all is noted in the report (drain_skipped) instead."""
+    drain it after all is noted in the report (drain_skipped) instead. reboot_stamp: ask Slurm
+    for a reboot instead of a drain when only a reboot cures the GPUs (ask_reboot)."""
     ends = time.monotonic() + deadline
     # The modules end that much before the hook's time does, for the drain command.
     modules_end = ends - min(DRAIN_RESERVE_S, deadline / 10.0)
@@ -208,10 +282,13 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None):
     # A misconfigured node is drained too (see above).
     if result['outcome'] == 'failed' and setting(settings, 'on_failure') == 'drain':
         skip = why_not_drain() if why_not_drain else None
+        seconds = min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1))
         if skip:
             result['drained'], result['drain_skipped'] = False, skip
+        elif reboot_stamp and reboot_cures(result):
+            ask_reboot(result, scontrol, node, seconds, reboot_stamp)
         else:
-            drain(result, scontrol, node, min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1)))
+            drain(result, scontrol, node, seconds)
     if setting(settings, 'textfile_dir'):
         try:
             write_metrics(setting(settings, 'textfile_dir'), result)
@@ -456,7 +533,7 @@ def health_check(args):
     settings = load_settings(args.vars_file, hook_vars(args))
     recheck = min(SLURM_CALL_S, RESUME_RESERVE_S / 2.0)
     result = reset(settings, args.node, args.scontrol, ends - time.monotonic() - RESUME_RESERVE_S,
-                   why_not_drain=lambda: changed_since(args, read, recheck))
+                   why_not_drain=lambda: changed_since(args, read, recheck), reboot_stamp=reboot_stamp(args))
     sys.stdout.write(json.dumps(result) + '\n')
     return health_verdict(args, result, read, max(ends - time.monotonic(), 1))
 
@@ -476,6 +553,14 @@ def health_verdict(args, result, read, seconds):
     return resume(args, seconds / 2.0)
 
 
+REBOOT_STAMP = '/var/lib/gpuops/reboot-requested'
+
+
+def reboot_stamp(args):
+    """The reboot stamp when --reboot is given, else None (no reboot is asked for)."""
+    return args.reboot_stamp if args.reboot else None
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog='gpu-reset-hook', description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--node', required=True, help='the Slurm node name (SLURMD_NODENAME)')
@@ -484,6 +569,11 @@ def parse_args(argv):
     parser.add_argument('--timeout', type=float, help='gpu_reset_timeout, the seconds the release may take')
     parser.add_argument('--deadline', type=float, default=60, help='seconds the whole run may take')
     parser.add_argument('--scontrol', default='scontrol', help='the scontrol command')
+    parser.add_argument('--reboot', action='store_true',
+                        help='when only a reboot cures the GPUs, ask Slurm for one (scontrol reboot ASAP '
+                             'nextstate=resume) instead of a drain')
+    parser.add_argument('--reboot-stamp', default=REBOOT_STAMP,
+                        help='the file that notes the last reboot asked for (default %(default)s)')
     parser.add_argument('--health-check', action='store_true',
                         help="Slurm's HealthCheckProgram: return the node to service when this collection "
                              'drained it, it runs no job and its GPUs are clean again')
@@ -506,7 +596,7 @@ def main(argv=None):
     except (OSError, ValueError) as exc:
         sys.stderr.write('gpu_reset: cannot read the settings: %s\n' % printable(str(exc)))
         return RUNNER_SETTINGS_UNREADABLE
-    result = reset(settings, args.node, args.scontrol, args.deadline)
+    result = reset(settings, args.node, args.scontrol, args.deadline, reboot_stamp=reboot_stamp(args))
     sys.stdout.write(json.dumps(result) + '\n')
     if result['outcome'] == 'failed':
         sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))

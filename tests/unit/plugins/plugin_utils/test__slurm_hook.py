@@ -487,3 +487,41 @@ def hook_vars(gpuhost, tmp_path):
             'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_grace_period': 0.5}))
         return str(path)
     return write
+
+
+# -- a reboot when only a reboot helps ------------------------------------------------------------
+
+def test_a_lost_gpu_asks_slurm_for_a_reboot_once(gpuhost, hook, tmp_path):
+    gpuhost.fault('lost', gpu=2, message='lost')
+    stamp = tmp_path / 'state' / 'reboot-requested'
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
+    assert rc == _slurm_hook.RUNNER_DRAINED, report['reason']
+    assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and command[-1] == 'gpu07', command
+    assert command[3].startswith('reason=gpu_reset: GPU 2') and len(command) == 5, command
+    assert report['reboot_requested'] is True and report['drained'] is True
+    assert stamp.exists()
+    # The fault comes back after the reboot: a person looks at it.
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
+    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
+    assert re.match(r'reason=gpu_reset: not rebooted \(a reboot asked for at \S+Z did not cure it\): GPU 2 lost', command[3]), command
+    assert 'reboot_requested' not in report
+
+
+@pytest.mark.parametrize('reboot', [False, True])
+def test_what_a_reboot_is_not_needed_for_is_drained(gpuhost, hook, tmp_path, reboot):
+    """Without the option, a lost GPU is drained; with it, orphaned memory (a reset cures it) is too."""
+    if reboot:
+        gpuhost.fault('stuck', gpu=1, mib=2048)
+    else:
+        gpuhost.fault('lost', gpu=2, message='lost')
+    rc, report, command = hook('--timeout', '5', *(['--reboot', '--reboot-stamp', str(tmp_path / 'stamp')] if reboot else []))
+    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
+    assert not (tmp_path / 'stamp').exists()
+
+
+@pytest.mark.parametrize('node', ['ALL', 'all', 'gpu[01-99]', 'gpu07,gpu08'])
+def test_a_reboot_is_asked_for_one_node_only(node, tmp_path):
+    assert 'not one node name' in _slurm_hook.why_not_reboot(node, str(tmp_path / 'stamp'))
+    assert _slurm_hook.why_not_reboot('gpu07', str(tmp_path / 'stamp')) is None
