@@ -28,6 +28,12 @@
 #                           to one job without GPUs configured in gres.conf
 #   GPU_RESET_VARS_FILE     YAML file of gpu_reset_* variables (default gpu_reset.yml next to
 #                           this script, used when it exists)
+#   GPU_RESET_REBOOT        no (default): a node whose GPUs are not clean is drained; asap: when
+#                           only a reboot cures them (a GPU lost or fallen off the bus), ask Slurm
+#                           for one instead (scontrol reboot ASAP nextstate=resume; needs
+#                           RebootProgram in slurm.conf), at most once a day per node
+#   GPU_RESET_REBOOT_STAMP  the file that notes the last reboot asked for (default
+#                           /var/lib/gpuops/reboot-requested)
 #   GPU_RESET_LOG           where the output goes (default /var/log/gpu-reset-hook.log)
 #   GPU_RESET_SCONTROL      the scontrol command (default scontrol on PATH)
 #   GPU_RESET_PATH          PATH for the hook (default /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
@@ -94,6 +100,13 @@ if [ "$mode" = health ]; then
   [ "$budget" -le 50 ] || budget=50
 fi
 scope=${GPU_RESET_SCOPE:-job}
+reboot=
+case ${GPU_RESET_REBOOT:-no} in
+  asap) reboot=1 ;;
+  no) ;;
+  *) conf_broken=1 ;;
+esac
+reboot_stamp=${GPU_RESET_REBOOT_STAMP:-/var/lib/gpuops/reboot-requested}
 vars_file=${GPU_RESET_VARS_FILE:-$here/gpu_reset.yml}
 log=${GPU_RESET_LOG:-/var/log/gpu-reset-hook.log}
 # A log that cannot be written must not stop the checks (a redirection that fails runs nothing).
@@ -142,13 +155,15 @@ fi
 run_module() {
   timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
     --node "$node" ${vars_file:+--vars-file "$vars_file"} ${gpus:+--gpus "$gpus"} \
-    --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol"
+    --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol" \
+    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"}
 }
 
 run_health() {
   timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
     --health-check --node "$node" ${vars_file:+--vars-file "$vars_file"} \
-    --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol"
+    --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol" \
+    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"}
 }
 
 run_playbook() {
@@ -189,7 +204,7 @@ run_playbook() {
   [ "$mode" = health ] && runner=module
   echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $what on $node, GPUs $shown_gpus, $runner"
   if [ -n "$conf_broken" ]; then
-    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds: the hook cannot read its settings"
+    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds, or GPU_RESET_REBOOT is neither no nor asap: the hook cannot read its settings"
     rc=20
   elif [ "$mode" = health ]; then
     # The health check runs the module runner only: settings that need the playbook (3) stop it.

@@ -181,8 +181,9 @@ def drain(result, scontrol, node, seconds, argv=None):
 
 # -- a reboot when only a reboot helps ---------------------------------------------------------
 
-# A reboot-only fault within this many seconds of the last reboot the hook asked for is drained for
-# a person instead: a GPU that a reboot did not cure would otherwise reboot the node after every job.
+# A reboot-only fault that comes back within this many seconds of the last reboot the hook asked
+# for is drained for a person: a GPU that a reboot does not cure would otherwise reboot the node
+# after every job.
 REBOOT_AT_MOST_EVERY_S = 24 * 3600
 
 
@@ -200,22 +201,31 @@ def reboot_command(scontrol, node, reason):
     return [scontrol, 'reboot', 'ASAP', 'nextstate=resume', 'reason=' + drain_reason(reason), node]
 
 
-def last_reboot(stamp, now=None):
-    """When the hook last asked for a reboot (the stamp's time), if less than
-    REBOOT_AT_MOST_EVERY_S ago; None otherwise."""
+def boot_time():
+    """When this host booted (time.time(), /proc/stat's btime); None when it cannot be told."""
+    try:
+        with open('/proc/stat') as handle:
+            for line in handle:
+                if line.startswith('btime '):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def why_not_reboot(node, stamp, boot=None, now=None):
+    """Why the hook drains the node instead of asking for a reboot, or None. A reboot asked for
+    since this boot is still to come: asked for again. One asked for before this boot, less than
+    REBOOT_AT_MOST_EVERY_S ago, did not cure the GPUs: a person looks."""
+    if not NODE_NAME_RE.match(node) or node.upper() == 'ALL':
+        return '%s is not one node name that scontrol reboot may be given' % printable(node, 100)
     try:
         asked = os.stat(stamp).st_mtime
     except OSError:
         return None
-    return asked if (time.time() if now is None else now) - asked < REBOOT_AT_MOST_EVERY_S else None
-
-
-def why_not_reboot(node, stamp):
-    """Why the hook drains the node instead of asking for a reboot, or None."""
-    if not NODE_NAME_RE.match(node) or node.upper() == 'ALL':
-        return '%s is not one node name that scontrol reboot may be given' % printable(node, 100)
-    asked = last_reboot(stamp)
-    if asked is not None:
+    boot = boot_time() if boot is None else boot
+    now = time.time() if now is None else now
+    if boot is not None and asked < boot and now - asked < REBOOT_AT_MOST_EVERY_S:
         return 'a reboot asked for at %s did not cure it' % time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(asked))
     return None
 

@@ -165,6 +165,19 @@ def slurm_commands(directory, conf):
     return os.path.join(directory, 'scontrol')
 
 
+# slurmd's RebootProgram: writes down that it was called, never reboots.
+REBOOT_PROGRAM = '#!/bin/sh\necho "reboot asked at $(date +%%s)" >> %s\n'
+
+
+def reboot_program(directory):
+    """A RebootProgram in directory that appends a line to directory/reboots; its path."""
+    path = os.path.join(directory, 'reboot-program')
+    with open(path, 'w') as handle:
+        handle.write(REBOOT_PROGRAM % os.path.join(directory, 'reboots'))
+    os.chmod(path, 0o755)
+    return path
+
+
 @pytest.fixture(scope='module')
 def hook_role_vars():
     """Variables of the role slurm_hooks for this file's cluster (a test file overrides this): no
@@ -195,7 +208,8 @@ def cluster(hook_role_vars):
             'gpu_reset_grace_period': 0.5,
         }, slurm_hooks_budget_s=BUDGET_S, slurm_hooks_prolog_epilog_timeout=PROLOG_EPILOG_TIMEOUT,
             slurm_hooks_scontrol=scontrol, **hook_role_vars)
-        found.bench = SlurmBench(bench_dir, include=os.path.join(found.hooks, 'slurm-hooks.conf'))
+        found.bench = SlurmBench(bench_dir, include=os.path.join(found.hooks, 'slurm-hooks.conf'),
+                                 extra=['RebootProgram=%s' % reboot_program(directory)])
         found.bench.start()
         with open(found.conf) as handle:
             found.conf_text = handle.read()

@@ -500,12 +500,26 @@ def test_a_lost_gpu_asks_slurm_for_a_reboot_once(gpuhost, hook, tmp_path):
     assert command[3].startswith('reason=gpu_reset: GPU 2') and len(command) == 5, command
     assert report['reboot_requested'] is True and report['drained'] is True
     assert stamp.exists()
-    # The fault comes back after the reboot: a person looks at it.
-    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
-    assert rc == _slurm_hook.RUNNER_DRAINED
-    assert command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
-    assert re.match(r'reason=gpu_reset: not rebooted \(a reboot asked for at \S+Z did not cure it\): GPU 2 lost', command[3]), command
-    assert 'reboot_requested' not in report
+    # Before the reboot (the Epilog of the same job): asked for again, the same way.
+    rc, report, again = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
+    assert (rc, again[:3], report['reboot_requested']) == (_slurm_hook.RUNNER_DRAINED, command[:3], True)
+
+
+def test_a_fault_a_reboot_did_not_cure_is_drained_for_a_person(gpuhost, hook, tmp_path):
+    stamp = tmp_path / 'reboot-requested'
+    stamp.write_text('')
+    boot = _slurm_hook.boot_time()
+    os.utime(str(stamp), (boot - 60, boot - 60))
+    assert 'did not cure it' in _slurm_hook.why_not_reboot('gpu07', str(stamp), boot=boot, now=boot + 3600)
+    assert _slurm_hook.why_not_reboot('gpu07', str(stamp), boot=boot, now=boot + 2 * 86400) is None
+    assert _slurm_hook.why_not_reboot('gpu07', str(stamp), boot=boot - 120, now=boot) is None  # still to come
+    if time.time() - (boot - 60) < _slurm_hook.REBOOT_AT_MOST_EVERY_S:
+        gpuhost.fault('lost', gpu=2, message='lost')
+        rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
+        assert command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
+        assert re.match(r'reason=gpu_reset: not rebooted \(a reboot asked for at \S+Z did not cure it\): GPU 2 lost',
+                        command[3]), command
+        assert 'reboot_requested' not in report
 
 
 @pytest.mark.parametrize('reboot', [False, True])
