@@ -9,8 +9,9 @@
 # they are clean; it only reads any other node, and never drains one itself.
 #
 # Runs as root on the compute node (slurmd runs Prolog, Epilog and HealthCheckProgram as root, with
-# no HOME and no PATH). Settings come from the file named by GPU_RESET_HOOK_CONF (default: gpu-reset-hook.conf
-# next to this script), shell syntax; the role gpuops.nvidia.slurm_hooks writes it:
+# no HOME and no PATH). Settings come from the file named by GPU_RESET_HOOK_CONF (default:
+# gpu-reset-hook.conf next to this script), shell syntax; the role gpuops.nvidia.slurm_hooks
+# writes it:
 #
 #   GPU_RESET_PYTHON        the Python that has ansible-core and jmespath (default
 #                           /opt/gpuops/bin/python)
@@ -31,7 +32,8 @@
 #   GPU_RESET_REBOOT        no (default): a node whose GPUs are not clean is drained; asap: when
 #                           only a reboot cures them (a GPU lost or fallen off the bus), ask Slurm
 #                           for one instead (scontrol reboot ASAP nextstate=resume; needs
-#                           RebootProgram in slurm.conf), at most once a day per node
+#                           RebootProgram in slurm.conf); a fault back after that reboot, within
+#                           a day, is drained for a person
 #   GPU_RESET_REBOOT_STAMP  the file that notes the last reboot asked for (default
 #                           /var/lib/gpuops/reboot-requested)
 #   GPU_RESET_LOG           where the output goes (default /var/log/gpu-reset-hook.log)
@@ -41,9 +43,9 @@
 #                           GPU_RESET_PYTHON)
 #   GPU_RESET_ANSIBLE_HOME  Ansible's own files, for GPU_RESET_RUNNER=playbook (default /var/lib/gpuops/ansible)
 #
-# Exit status of a Prolog or an Epilog (Slurm drains the node on any non-zero status of a Prolog or an Epilog, and
-# requeues a batch job whose Prolog failed, held; it does not tell one status from another, so
-# each names a case for slurmd's log and for people, and every non-zero one leaves a reason):
+# Exit status of a Prolog or an Epilog (Slurm drains the node on any non-zero status of either,
+# and requeues a batch job whose Prolog failed, held; it does not tell one status from another,
+# so each names a case for slurmd's log and for people, and every non-zero one leaves a reason):
 #   0  the GPUs are clean
 #   1  they are not: the node is drained with the reason (each GPU and why), by the runner, or
 #      by the hook itself pointing to the log when the runner's drain failed
@@ -226,7 +228,6 @@ run_playbook() {
   echo "=== $what: exit $rc after $(($(date +%s) - started)) s"
   case $rc in
     0 | 10 | 11) exit "$rc" ;;
-    12 | 13) exit 20 ;;
     124 | 137) exit 124 ;;
     *) exit 20 ;;
   esac
