@@ -2,11 +2,16 @@
 # Slurm Prolog/Epilog hook: put the job's GPUs back into a clean state with the gpuops.nvidia
 # collection (the gpu_reset role's logic), and drain the node, saying why, when that fails.
 #
-#   gpu-reset-hook.sh prolog|epilog
+#   gpu-reset-hook.sh prolog|epilog|health
 #
-# Runs as root on the compute node (slurmd runs Prolog and Epilog as root, with no HOME and no
-# PATH). Settings come from the file named by GPU_RESET_HOOK_CONF (default: gpu-reset-hook.conf
-# next to this script), shell syntax; the role gpuops.nvidia.slurm_hooks writes it:
+# health is Slurm's HealthCheckProgram (health-check.sh): on a node drained with a reason of this
+# collection ("gpu_reset: ...") that runs no job, it puts every GPU back and resumes the node when
+# they are clean; it only reads any other node, and never drains one itself.
+#
+# Runs as root on the compute node (slurmd runs Prolog, Epilog and HealthCheckProgram as root, with
+# no HOME and no PATH). Settings come from the file named by GPU_RESET_HOOK_CONF (default:
+# gpu-reset-hook.conf next to this script), shell syntax; the role gpuops.nvidia.slurm_hooks
+# writes it:
 #
 #   GPU_RESET_PYTHON        the Python that has ansible-core and jmespath (default
 #                           /opt/gpuops/bin/python)
@@ -17,11 +22,20 @@
 #                           ansible-playbook gpuops.nvidia.reset_gpus (GPU_RESET_PLAYBOOK)
 #   GPU_RESET_BUDGET_S      seconds the whole hook may take (default 60); keep it under
 #                           PrologEpilogTimeout in slurm.conf. The release gets half.
+#   GPU_RESET_HEALTH_BUDGET_S  the same for the health check (default 40, at most 50: slurmd kills a
+#                           health check after 60 s)
 #   GPU_RESET_SCOPE         job (default): only the job's GPUs (SLURM_JOB_GPUS), nothing for a
 #                           job without GPUs; node: every GPU of the node, for nodes given whole
 #                           to one job without GPUs configured in gres.conf
 #   GPU_RESET_VARS_FILE     YAML file of gpu_reset_* variables (default gpu_reset.yml next to
 #                           this script, used when it exists)
+#   GPU_RESET_REBOOT        no (default): a node whose GPUs are not clean is drained; asap: when
+#                           only a reboot cures them (a GPU lost or fallen off the bus), ask Slurm
+#                           for one instead (scontrol reboot ASAP nextstate=resume; needs
+#                           RebootProgram in slurm.conf); a fault back after that reboot, within
+#                           a day, is drained for a person
+#   GPU_RESET_REBOOT_STAMP  the file that notes the last reboot asked for (default
+#                           /var/lib/gpuops/reboot-requested)
 #   GPU_RESET_LOG           where the output goes (default /var/log/gpu-reset-hook.log)
 #   GPU_RESET_SCONTROL      the scontrol command (default scontrol on PATH)
 #   GPU_RESET_PATH          PATH for the hook (default /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
@@ -29,9 +43,9 @@
 #                           GPU_RESET_PYTHON)
 #   GPU_RESET_ANSIBLE_HOME  Ansible's own files, for GPU_RESET_RUNNER=playbook (default /var/lib/gpuops/ansible)
 #
-# Exit status (Slurm drains the node on any non-zero status of a Prolog or an Epilog, and
-# requeues a batch job whose Prolog failed, held; it does not tell one status from another, so
-# each names a case for slurmd's log and for people, and every non-zero one leaves a reason):
+# Exit status of a Prolog or an Epilog (Slurm drains the node on any non-zero status of either,
+# and requeues a batch job whose Prolog failed, held; it does not tell one status from another,
+# so each names a case for slurmd's log and for people, and every non-zero one leaves a reason):
 #   0  the GPUs are clean
 #   1  they are not: the node is drained with the reason (each GPU and why), by the runner, or
 #      by the hook itself pointing to the log when the runner's drain failed
@@ -40,13 +54,17 @@
 #   3  the hook was cut off at GPU_RESET_BUDGET_S: the node is drained saying so
 #   64 wrong arguments (a hook run by hand): nothing is done
 # The last line of each run in the log is "=== <mode> job <id>: hook exit <status>".
+# Exit status of the health check (slurmd only logs it; the hook drains nothing itself here):
+#   0  nothing to do, or the node was resumed; 1 its GPUs are still not clean: kept drained with
+#   the new reason; 2 the checks could not run or Slurm's answers could not be read (nothing
+#   done); 3 cut off at GPU_RESET_HEALTH_BUDGET_S. Its log lines start "=== health check".
 
 set -u
 
 mode=${1:-prolog}
 case $mode in
-  prolog | epilog) ;;
-  *) echo "usage: $0 prolog|epilog" >&2; exit 64 ;;
+  prolog | epilog | health) ;;
+  *) echo "usage: $0 prolog|epilog|health" >&2; exit 64 ;;
 esac
 
 here=$(cd "$(dirname "$0")" && pwd) || exit 2
@@ -75,7 +93,22 @@ budget=${GPU_RESET_BUDGET_S:-60}
 case $budget in
   '' | *[!0-9]*) budget=60 conf_broken=1 ;;  # not a whole number of seconds: said below
 esac
+if [ "$mode" = health ]; then
+  budget=${GPU_RESET_HEALTH_BUDGET_S:-40}
+  case $budget in
+    '' | *[!0-9]*) budget=40 conf_broken=1 ;;
+  esac
+  # Well below the 60 s after which slurmd kills a health check.
+  [ "$budget" -le 50 ] || budget=50
+fi
 scope=${GPU_RESET_SCOPE:-job}
+reboot=
+case ${GPU_RESET_REBOOT:-no} in
+  asap) reboot=1 ;;
+  no) ;;
+  *) conf_broken=1 ;;
+esac
+reboot_stamp=${GPU_RESET_REBOOT_STAMP:-/var/lib/gpuops/reboot-requested}
 vars_file=${GPU_RESET_VARS_FILE:-$here/gpu_reset.yml}
 log=${GPU_RESET_LOG:-/var/log/gpu-reset-hook.log}
 # A log that cannot be written must not stop the checks (a redirection that fails runs nothing).
@@ -90,6 +123,9 @@ ansible_playbook=${GPU_RESET_ANSIBLE_PLAYBOOK:-$(dirname "$python")/ansible-play
 node=${SLURMD_NODENAME:-$(hostname -s)}
 job=${SLURM_JOB_ID:-?}
 [ -r "$vars_file" ] || vars_file=
+# How the log names this run: "prolog job 42", or "health check" (no job: every GPU).
+what="$mode job $job"
+[ "$mode" = health ] && what="health check" scope=node
 
 gpus=
 if [ "$scope" = job ]; then
@@ -121,7 +157,15 @@ fi
 run_module() {
   timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
     --node "$node" ${vars_file:+--vars-file "$vars_file"} ${gpus:+--gpus "$gpus"} \
-    --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol"
+    --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol" \
+    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"}
+}
+
+run_health() {
+  timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
+    --health-check --node "$node" ${vars_file:+--vars-file "$vars_file"} \
+    --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol" \
+    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"}
 }
 
 run_playbook() {
@@ -159,10 +203,16 @@ run_playbook() {
 # it cannot read, 127 no Python) means the checks could not run.
 (
   started=$(date +%s)
-  echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $mode job $job on $node, GPUs $shown_gpus, $runner"
+  [ "$mode" = health ] && runner=module
+  echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $what on $node, GPUs $shown_gpus, $runner"
   if [ -n "$conf_broken" ]; then
-    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds: the hook cannot read its settings"
+    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds, or GPU_RESET_REBOOT is neither no nor asap: the hook cannot read its settings"
     rc=20
+  elif [ "$mode" = health ]; then
+    # The health check runs the module runner only: settings that need the playbook (3) stop it.
+    run_health
+    rc=$?
+    [ "$rc" -eq 3 ] && echo "the health check runs without ansible-playbook; $vars_file needs the playbook: nothing done"
   elif [ "$runner" = module ]; then
     run_module
     rc=$?
@@ -175,7 +225,7 @@ run_playbook() {
     run_playbook
     rc=$?
   fi
-  echo "=== $mode job $job: exit $rc after $(($(date +%s) - started)) s"
+  echo "=== $what: exit $rc after $(($(date +%s) - started)) s"
   case $rc in
     0 | 10 | 11) exit "$rc" ;;
     124 | 137) exit 124 ;;
@@ -200,11 +250,15 @@ case $rc in
   124) status=3 why="gave up after ${budget} s" ;;
   *) status=2 why=$(python_problem); why=${why:-could not check the GPUs} ;;
 esac
-if [ -n "${why:-}" ]; then
+if [ "$mode" = health ]; then
+  # The health check drains nothing itself: a node it could not check is either drained already
+  # (by this collection, and stays so) or none of its business.
+  [ -n "${why:-}" ] && echo "the health check $why: nothing done" >>"$log"
+elif [ -n "${why:-}" ]; then
   # Ended without draining the node with the reason: drain it here, saying so.
   timeout 10 "$scontrol" update "nodename=$node" state=drain \
     "reason=gpu_reset: $mode hook $why (job $job, GPUs $shown_gpus)$log_note" >>"$log" 2>&1
 fi
-echo "=== $mode job $job: hook exit $status" >>"$log"
+echo "=== $what: hook exit $status" >>"$log"
 [ "$status" -eq 0 ] || echo "gpu_reset $mode failed on $node (exit $status)$log_note" >&2
 exit "$status"

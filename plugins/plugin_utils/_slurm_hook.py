@@ -25,7 +25,7 @@ modules run as programs (run_module below), then the role's finishing section:
 
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
         --node NODE [--vars-file FILE] [--gpus 0,1] [--timeout S] [--deadline S] [--scontrol PATH]
-        [--playbook-vars FILE]
+        [--reboot [--reboot-stamp FILE]] [--health-check] [--playbook-vars FILE]
 
 Exit status: 0 clean or released; 10 failed, the node drained with the reason; 11 failed and
 the drain command failed too (the report says why); the reason on stderr and the report on
@@ -33,6 +33,13 @@ stdout; 2 the settings or the arguments could not be read (nothing done); 3 the 
 the playbook (a clean query of the user's own, a drain command of the user's own, or a templated
 value): the hook then runs ansible-playbook instead. Never 1, which is what Python itself exits
 with when it crashes or cannot import the collection.
+
+With --reboot, a node whose GPUs only a reboot cures (a GPU whose recovery action is reboot: lost,
+fallen off the bus, the driver's word) is not drained but rebooted by Slurm once its jobs have ended
+(scontrol reboot ASAP nextstate=resume, which needs RebootProgram), at most once a day (the stamp
+file); a fault that comes back sooner is drained for a person.
+
+With --health-check it is Slurm's HealthCheckProgram (health_check below).
 
 With --playbook-vars FILE it only writes the variables the hook fixes (on_failure, timeout, the
 job's GPUs, parsed here as for the module runner) to FILE as JSON, for ansible-playbook -e @FILE.
@@ -154,12 +161,13 @@ def drain_command(scontrol, node, reason):
     return [scontrol, 'update', 'nodename=%s' % node, 'state=drain', 'reason=' + drain_reason(reason)]
 
 
-def drain(result, scontrol, node, seconds):
-    """Run the drain command and note it in the report as the role does."""
+def drain(result, scontrol, node, seconds, argv=None):
+    """Run the drain command (or argv, a command that drains the node too) and note it in the
+    report as the role does."""
     from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
     from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 
-    argv = drain_command(scontrol, node, result['reason'])
+    argv = argv or drain_command(scontrol, node, result['reason'])
     try:
         rc, dummy, stderr = Runner(argv[0]).run(argv[1:], timeout=max(seconds, 1))
         ok, why = rc == 0, (stderr.strip() or 'rc %d' % rc)
@@ -168,6 +176,81 @@ def drain(result, scontrol, node, seconds):
     result['drained'] = ok
     if not ok:
         result['reason'] = '%s; the drain command failed: %s' % (result['reason'], why)
+    return result
+
+
+# -- a reboot when only a reboot helps ---------------------------------------------------------
+
+# A reboot-only fault that comes back within this many seconds of the last reboot the hook asked
+# for is drained for a person: a GPU that a reboot does not cure would otherwise reboot the node
+# after every job.
+REBOOT_AT_MOST_EVERY_S = 24 * 3600
+
+
+def reboot_cures(result):
+    """Whether a GPU of the report needs a reboot (its recovery action: fallen off the bus, lost,
+    the driver's own word); a reboot cures what a GPU reset would cure, too."""
+    return any(gpu.get('recovery_action') == 'reboot' for gpu in result.get('gpus') or [])
+
+
+def reboot_command(scontrol, node, reason):
+    """scontrol reboot ASAP nextstate=resume: Slurm drains the node, runs its RebootProgram once
+    the node's jobs have ended, and resumes it when it comes back."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_reason
+
+    return [scontrol, 'reboot', 'ASAP', 'nextstate=resume', 'reason=' + drain_reason(reason), node]
+
+
+def boot_time():
+    """When this host booted (time.time(), /proc/stat's btime); None when it cannot be told."""
+    try:
+        with open('/proc/stat') as handle:
+            for line in handle:
+                if line.startswith('btime '):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def why_not_reboot(node, stamp, boot=None, now=None):
+    """Why the hook drains the node instead of asking for a reboot, or None. A reboot asked for
+    since this boot is still to come: asked for again. One asked for before this boot, less than
+    REBOOT_AT_MOST_EVERY_S ago, did not cure the GPUs: a person looks."""
+    if not NODE_NAME_RE.match(node) or node.upper() == 'ALL':
+        return '%s is not one node name that scontrol reboot may be given' % printable(node, 100)
+    try:
+        asked = os.stat(stamp).st_mtime
+    except OSError:
+        return None
+    boot = boot_time() if boot is None else boot
+    now = time.time() if now is None else now
+    if boot is not None and asked < boot and now - asked < REBOOT_AT_MOST_EVERY_S:
+        return 'a reboot asked for at %s did not cure it' % time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(asked))
+    return None
+
+
+def ask_reboot(result, scontrol, node, seconds, stamp):
+    """Ask Slurm to reboot the node (reboot_command), noting it in stamp; drain it instead when
+    why_not_reboot says so or the reboot command fails."""
+    why = why_not_reboot(node, stamp)
+    if why is None:
+        drain(result, scontrol, node, seconds / 2.0, argv=reboot_command(scontrol, node, result['reason']))
+        if result['drained']:
+            result['reboot_requested'] = True
+            return note_reboot(result, stamp)
+        why = 'the reboot command failed'
+    # First, where a reason cut to its length for sinfo -R keeps it.
+    result['reason'] = 'not rebooted (%s): %s' % (why, result['reason'])
+    return drain(result, scontrol, node, seconds / 2.0)
+
+
+def note_reboot(result, stamp):
+    try:
+        os.makedirs(os.path.dirname(stamp), mode=0o700, exist_ok=True)
+        write_file(stamp, '%s\n' % result['reason'])
+    except OSError as exc:
+        result['reason'] = '%s; the reboot could not be noted in %s: %s' % (result['reason'], stamp, exc)
     return result
 
 
@@ -194,8 +277,12 @@ def write_file(path, text):
         raise
 
 
-def reset(settings, node, scontrol, deadline):
-    """The sequence on one node, then the finishing section; returns its report (gpu_reset_result)."""
+def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None):
+    """The sequence on one node, then the finishing section; returns its report (gpu_reset_result).
+
+    why_not_drain: called before draining a node that is not clean; a reason (text) not to
+    drain it after all is noted in the report (drain_skipped) instead. reboot_stamp: ask Slurm
+    for a reboot instead of a drain when only a reboot cures the GPUs (ask_reboot)."""
     ends = time.monotonic() + deadline
     # The modules end that much before the hook's time does, for the drain command.
     modules_end = ends - min(DRAIN_RESERVE_S, deadline / 10.0)
@@ -204,7 +291,14 @@ def reset(settings, node, scontrol, deadline):
     result = _sequence.run(run)
     # A misconfigured node is drained too (see above).
     if result['outcome'] == 'failed' and setting(settings, 'on_failure') == 'drain':
-        drain(result, scontrol, node, min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1)))
+        skip = why_not_drain() if why_not_drain else None
+        seconds = min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1))
+        if skip:
+            result['drained'], result['drain_skipped'] = False, skip
+        elif reboot_stamp and reboot_cures(result):
+            ask_reboot(result, scontrol, node, seconds, reboot_stamp)
+        else:
+            drain(result, scontrol, node, seconds)
     if setting(settings, 'textfile_dir'):
         try:
             write_metrics(setting(settings, 'textfile_dir'), result)
@@ -286,6 +380,197 @@ def write_playbook_vars(path, variables):
     return 0
 
 
+# -- the health check: a node this collection drained returns to service -------------------------
+
+# The one state the health check acts in (scontrol show node's State=): idle and drained, no other
+# flag. A job that still ends there (COMPLETING), one that runs (ALLOCATED, MIXED: a draining node),
+# a reboot, a maintenance or a node that does not answer leaves the node to Slurm and to people.
+RESUMABLE_STATE = 'IDLE+DRAIN'
+# The health check's statuses besides 0 (nothing to do, or resumed) and RUNNER_DRAINED/NOT_DRAINED
+# (not clean, kept drained with the new reason): Slurm's answers could not be read, or the resume failed.
+HEALTH_UNREADABLE = 12
+HEALTH_RESUME_FAILED = 13
+# Seconds each scontrol or squeue call may take, and seconds kept for the last read and the resume.
+SLURM_CALL_S = 10
+RESUME_RESERVE_S = 8
+# A Slurm node name as the health check accepts it: one name, never a list or a range (a,b; n[1-4]).
+NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$')
+# scontrol show node's Reason= line ends with who set it and when: ' [root@2026-12-01T12:00:00]'.
+REASON_STAMP_RE = re.compile(r' \[[^\[\]\s@]*@[^\[\]\s]*\]$')
+
+
+class SlurmUnreadable(Exception):
+    """What scontrol or squeue said cannot be read: the health check does nothing."""
+
+
+def say(text):
+    """One line of the health check's log (text already made printable)."""
+    sys.stderr.write('gpu_reset health check: %s\n' % text)
+
+
+def parse_node(text, node):
+    """(State, Reason, Reason line) of node from `scontrol show node NODE`: State= as printed
+    (IDLE+DRAIN, ...), the reason without its [user@time] stamp ('' when none), and the whole
+    Reason= line, stamp included, to tell later whether anyone set a reason since.
+
+    SlurmUnreadable unless the text describes that one node, with one State= and at most one
+    Reason= line (a reason of several lines is continued on lines that are not Key=value)."""
+    lines = text.splitlines()
+    names = [line.split(None, 1)[0] for line in lines if line.startswith('NodeName=')]
+    if names != ['NodeName=' + node]:
+        raise SlurmUnreadable('scontrol show node %s describes %s, not that one node'
+                              % (printable(node), printable(' '.join(names) or 'no node', 100)))
+    states = [line.split()[0][len('State='):] for line in lines if line.startswith('   State=')]
+    reasons = [line.strip() for line in lines if line.startswith('   Reason=')]
+    if len(states) != 1 or not states[0] or len(reasons) > 1:
+        raise SlurmUnreadable('scontrol show node %s gave %d State= and %d Reason= lines (one State= and at most one Reason= expected)'
+                              % (printable(node), len(states), len(reasons)))
+    line = reasons[0] if reasons else ''
+    return states[0], REASON_STAMP_RE.sub('', line[len('Reason='):]), line
+
+
+def why_not_heal(node, state, reason):
+    """None when the health check may put the node's GPUs back: drained, idle, with a reason of
+    this collection (the drain prefix); otherwise why not, as the log says it."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIX as DRAIN_PREFIX
+
+    if 'DRAIN' not in state.split('+'):
+        return '%s is not drained (State=%s): nothing to do' % (printable(node), printable(state, 100))
+    if not reason.startswith(DRAIN_PREFIX):
+        return ("%s is drained for a reason that is not this collection's (%s): left to whoever drained it"
+                % (printable(node), printable(reason or 'none', 200)))
+    if state != RESUMABLE_STATE:
+        return ('%s is drained by gpu_reset but State=%s, not %s (a job still runs or ends there, or Slurm '
+                'has other business with it): nothing done' % (printable(node), printable(state, 100), RESUMABLE_STATE))
+    return None
+
+
+def slurm_call(argv, seconds):
+    """(rc, stdout, stderr) of a Slurm command, argv never through a shell; SlurmUnreadable when
+    it cannot run or does not answer within seconds."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
+
+    try:
+        return Runner(argv[0]).run(argv[1:], timeout=max(seconds, 1))
+    except GpuopsError as exc:
+        raise SlurmUnreadable(printable(str(exc), 300))
+
+
+def read_node(scontrol, node, seconds):
+    """parse_node of `scontrol show node NODE`."""
+    rc, stdout, stderr = slurm_call([scontrol, 'show', 'node', node], seconds)
+    if rc != 0:
+        raise SlurmUnreadable('scontrol show node %s failed (rc %d): %s'
+                              % (printable(node), rc, printable(stderr.strip(), 300)))
+    return parse_node(stdout, node)
+
+
+def squeue_command(scontrol):
+    """squeue, next to scontrol when that is a path."""
+    return os.path.join(os.path.dirname(scontrol), 'squeue') if '/' in scontrol else 'squeue'
+
+
+def jobs_on(scontrol, node, seconds):
+    """The jobs squeue places on node (any state but pending), as printable 'ID STATE' lines."""
+    argv = [squeue_command(scontrol), '-h', '-w', node, '-t', 'all', '-o', '%i %T']
+    rc, stdout, stderr = slurm_call(argv, seconds)
+    if rc != 0:
+        raise SlurmUnreadable('squeue -w %s failed (rc %d): %s' % (printable(node), rc, printable(stderr.strip(), 300)))
+    return [printable(line.strip(), 100) for line in stdout.splitlines()
+            if line.strip() and line.split()[-1] not in FINISHED_JOB_STATES]
+
+
+# squeue -t all also lists the jobs that ended there; these states hold nothing on the node.
+FINISHED_JOB_STATES = frozenset(('PENDING', 'COMPLETED', 'CANCELLED', 'FAILED', 'TIMEOUT', 'NODE_FAIL', 'PREEMPTED',
+                                 'BOOT_FAIL', 'DEADLINE', 'OUT_OF_MEMORY', 'REVOKED', 'SPECIAL_EXIT'))
+
+
+def why_not_now(args, seconds):
+    """(why the health check leaves the node alone, or None; the node as read)."""
+    state, reason, line = read_node(args.scontrol, args.node, seconds)
+    why = why_not_heal(args.node, state, reason)
+    if why is None:
+        jobs = jobs_on(args.scontrol, args.node, seconds)
+        if jobs:
+            why = '%s runs jobs (%s): nothing done' % (printable(args.node), ', '.join(jobs[:5]))
+    return why, (state, line)
+
+
+def changed_since(args, read, seconds):
+    """Why the node may no longer be acted on (its state or reason changed since read, a job
+    came), or None."""
+    try:
+        why, now = why_not_now(args, seconds)
+    except SlurmUnreadable as exc:
+        return str(exc)
+    if why is None and now != read:
+        why = '%s was drained again since the health check read it (%s)' % (printable(args.node), printable(now[1], 200))
+    return why
+
+
+def resume(args, seconds):
+    """scontrol update nodename=NODE state=resume; 0, or HEALTH_RESUME_FAILED saying why."""
+    try:
+        rc, dummy, stderr = slurm_call([args.scontrol, 'update', 'nodename=' + args.node, 'state=resume'], seconds)
+    except SlurmUnreadable as exc:
+        rc, stderr = None, str(exc)
+    if rc != 0:
+        say('could not resume %s: %s' % (printable(args.node), printable(stderr.strip(), 300)))
+        return HEALTH_RESUME_FAILED
+    say('resumed %s: its GPUs are clean' % printable(args.node))
+    return 0
+
+
+def health_check(args):
+    """--health-check: on a node this collection drained that runs no job, the whole sequence;
+    clean: resume the node; not clean: keep it drained with the new reason. Anything else is
+    only read."""
+    ends = time.monotonic() + args.deadline
+    if not NODE_NAME_RE.match(args.node):
+        say('%s is not a node name the health check acts on: nothing done' % printable(args.node, 100))
+        return HEALTH_UNREADABLE
+    try:
+        why, read = why_not_now(args, min(SLURM_CALL_S, args.deadline / 4.0))
+    except SlurmUnreadable as exc:
+        say('nothing done: %s' % exc)
+        return HEALTH_UNREADABLE
+    if why:
+        say(why)
+        return 0
+    say('%s is drained by gpu_reset (%s) and runs no job: putting its GPUs back'
+        % (printable(args.node), printable(read[1], 200)))
+    settings = load_settings(args.vars_file, hook_vars(args))
+    recheck = min(SLURM_CALL_S, RESUME_RESERVE_S / 2.0)
+    result = reset(settings, args.node, args.scontrol, ends - time.monotonic() - RESUME_RESERVE_S,
+                   why_not_drain=lambda: changed_since(args, read, recheck), reboot_stamp=reboot_stamp(args))
+    sys.stdout.write(json.dumps(result) + '\n')
+    return health_verdict(args, result, read, max(ends - time.monotonic(), 1))
+
+
+def health_verdict(args, result, read, seconds):
+    """Resume the node when its GPUs are clean and nothing changed since read; the status."""
+    if result.get('drain_skipped'):
+        say('not clean, left as it is: %s' % result['drain_skipped'])
+        return 0
+    if result['outcome'] == 'failed':
+        say('%s stays drained: %s' % (printable(args.node), printable(result['reason'])))
+        return RUNNER_DRAINED if result.get('drained') else RUNNER_NOT_DRAINED
+    changed = changed_since(args, read, min(SLURM_CALL_S, seconds / 2.0))
+    if changed:
+        say('clean, not resumed: %s' % changed)
+        return 0
+    return resume(args, seconds / 2.0)
+
+
+REBOOT_STAMP = '/var/lib/gpuops/reboot-requested'
+
+
+def reboot_stamp(args):
+    """The reboot stamp when --reboot is given, else None (no reboot is asked for)."""
+    return args.reboot_stamp if args.reboot else None
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog='gpu-reset-hook', description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--node', required=True, help='the Slurm node name (SLURMD_NODENAME)')
@@ -294,6 +579,14 @@ def parse_args(argv):
     parser.add_argument('--timeout', type=float, help='gpu_reset_timeout, the seconds the release may take')
     parser.add_argument('--deadline', type=float, default=60, help='seconds the whole run may take')
     parser.add_argument('--scontrol', default='scontrol', help='the scontrol command')
+    parser.add_argument('--reboot', action='store_true',
+                        help='when only a reboot cures the GPUs, ask Slurm for one (scontrol reboot ASAP '
+                             'nextstate=resume) instead of a drain')
+    parser.add_argument('--reboot-stamp', default=REBOOT_STAMP,
+                        help='the file that notes the last reboot asked for (default %(default)s)')
+    parser.add_argument('--health-check', action='store_true',
+                        help="Slurm's HealthCheckProgram: return the node to service when this collection "
+                             'drained it, it runs no job and its GPUs are clean again')
     parser.add_argument('--playbook-vars', metavar='FILE',
                         help="only write the hook's variables to FILE as JSON, for ansible-playbook -e @FILE")
     return parser.parse_args(argv)
@@ -304,6 +597,8 @@ def main(argv=None):
     if args.playbook_vars:
         return write_playbook_vars(args.playbook_vars, hook_vars(args))
     try:
+        if args.health_check:
+            return health_check(args)
         settings = load_settings(args.vars_file, hook_vars(args))
     except NeedsPlaybook as exc:
         sys.stderr.write('gpu_reset: %s needs the playbook\n' % exc)
@@ -311,7 +606,7 @@ def main(argv=None):
     except (OSError, ValueError) as exc:
         sys.stderr.write('gpu_reset: cannot read the settings: %s\n' % printable(str(exc)))
         return RUNNER_SETTINGS_UNREADABLE
-    result = reset(settings, args.node, args.scontrol, args.deadline)
+    result = reset(settings, args.node, args.scontrol, args.deadline, reboot_stamp=reboot_stamp(args))
     sys.stdout.write(json.dumps(result) + '\n')
     if result['outcome'] == 'failed':
         sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))

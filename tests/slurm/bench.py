@@ -141,15 +141,18 @@ PartitionName=gpu Nodes={node} Default=YES MaxTime=INFINITE State=UP
 class SlurmBench:
     """One Slurm node (munged + slurmctld + slurmd) in directory, all started by this process."""
 
-    def __init__(self, directory, prolog=None, epilog=None, include=None, gpus=8, prolog_epilog_timeout=30):
+    def __init__(self, directory, prolog=None, epilog=None, include=None, gpus=8, prolog_epilog_timeout=30,
+                 extra=()):
         """prolog, epilog: the scripts; include: a file of slurm.conf lines (the hooks' own, with
-        their PrologEpilogTimeout); prolog_epilog_timeout: Slurm's, when include is None."""
+        their PrologEpilogTimeout); prolog_epilog_timeout: Slurm's, when include is None; extra:
+        more slurm.conf lines (a RebootProgram)."""
         self.dir = os.path.abspath(str(directory))
         self.prolog = prolog
         self.epilog = epilog
         self.include = include
         self.gpus = gpus
         self.prolog_epilog_timeout = prolog_epilog_timeout
+        self.extra = list(extra)
         self.node = socket.gethostname().split('.')[0]
         self.conf = os.path.join(self.dir, 'slurm.conf')
         self.munge_dir = os.path.join(self.dir, 'munge')
@@ -181,6 +184,7 @@ class SlurmBench:
             hooks.append('Include %s' % self.include)
         else:
             hooks.append('PrologEpilogTimeout=%d' % self.prolog_epilog_timeout)
+        hooks.extend(self.extra)
         text = SLURM_CONF.format(
             node=self.node, dir=self.dir, ctld_port=self.ctld_port, slurmd_port=self.slurmd_port,
             munge_socket=self.munge_socket, gpus=self.gpus, topology=self.topology, hooks='\n'.join(hooks))

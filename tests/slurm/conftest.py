@@ -65,19 +65,19 @@ class Cluster:
         with open(self.log, errors='replace') as handle:
             for line in handle:
                 line = line.rstrip('\n')
-                head = re.match(r'=== \S+ (prolog|epilog) job (\S+) on \S+, GPUs (\S+), (\w+)$', line)
+                head = re.match(r'=== \S+ (?:(prolog|epilog) job (\S+)|(health) check) on \S+, GPUs (\S+), (\w+)$', line)
                 if head:
-                    runs.append(HookRun(head.group(1), head.group(2), head.group(3), head.group(4)))
+                    runs.append(HookRun(head.group(1) or head.group(3), head.group(2), head.group(4), head.group(5)))
                     continue
                 if not runs:
                     continue
-                hook_end = re.match(r'=== (prolog|epilog) job (\S+): hook exit (\d+)$', line)
+                hook_end = re.match(r'=== (?:(?:prolog|epilog) job \S+|health check): hook exit (\d+)$', line)
                 if hook_end:
-                    runs[-1].hook_exit = int(hook_end.group(3))
-                end = re.match(r'=== (prolog|epilog) job (\S+): exit (\d+) after (\d+) s$', line)
+                    runs[-1].hook_exit = int(hook_end.group(1))
+                end = re.match(r'=== (?:(?:prolog|epilog) job \S+|health check): exit (\d+) after (\d+) s$', line)
                 if end:
-                    runs[-1].exit = int(end.group(3))
-                    runs[-1].seconds = int(end.group(4))
+                    runs[-1].exit = int(end.group(1))
+                    runs[-1].seconds = int(end.group(2))
                 elif line.startswith('{"host"'):
                     runs[-1].report = json.loads(line)
                 runs[-1].lines.append(line)
@@ -94,6 +94,27 @@ class Cluster:
         raise AssertionError('no %s run for job %s ended within %s s; log:\n%s\n%s' % (
             mode, job, seconds, open(self.log).read()[-3000:] if os.path.exists(self.log) else '(none)',
             self.bench.logs()))
+
+    def health_runs(self):
+        """The health checks logged so far, ended or not."""
+        return [run for run in self.runs() if run.mode == 'health']
+
+    def health_mark(self):
+        """How many health checks have ended so far (one runs at a time): wait_health(mark)
+        waits for one that ends after this call."""
+        return len([run for run in self.health_runs() if run.hook_exit is not None])
+
+    def wait_health(self, after, seconds, said=''):
+        """The first health check past the first `after` ones that has ended, and whose log says
+        `said`."""
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            for run in self.health_runs()[after:]:
+                if run.hook_exit is not None and said in '\n'.join(run.lines):
+                    return run
+            time.sleep(0.2)
+        raise AssertionError('no health check saying %r within %s s; log:\n%s\n%s' % (
+            said, seconds, open(self.log).read()[-3000:] if os.path.exists(self.log) else '(none)', self.bench.logs()))
 
     def set_conf(self, **settings):
         """Change settings of the installed hook (GPU_RESET_<NAME>=value in gpu-reset-hook.conf)."""
@@ -132,8 +153,40 @@ class Cluster:
         return left
 
 
+def slurm_commands(directory, conf):
+    """scontrol and squeue in directory that read conf: slurmd gives a HealthCheckProgram no
+    SLURM_CONF, and this cluster's slurm.conf is not Slurm's default one."""
+    os.makedirs(directory, exist_ok=True)
+    for name in ('scontrol', 'squeue'):
+        path = os.path.join(directory, name)
+        with open(path, 'w') as handle:
+            handle.write('#!/bin/sh\nSLURM_CONF=%s exec %s "$@"\n' % (conf, shutil.which(name, path='/usr/bin:/bin')))
+        os.chmod(path, 0o755)
+    return os.path.join(directory, 'scontrol')
+
+
+# slurmd's RebootProgram: writes down that it was called, never reboots.
+REBOOT_PROGRAM = '#!/bin/sh\necho "reboot asked at $(date +%%s)" >> %s\n'
+
+
+def reboot_program(directory):
+    """A RebootProgram in directory that appends a line to directory/reboots; its path."""
+    path = os.path.join(directory, 'reboot-program')
+    with open(path, 'w') as handle:
+        handle.write(REBOOT_PROGRAM % os.path.join(directory, 'reboots'))
+    os.chmod(path, 0o755)
+    return path
+
+
 @pytest.fixture(scope='module')
-def cluster():
+def hook_role_vars():
+    """Variables of the role slurm_hooks for this file's cluster (a test file overrides this): no
+    health check, so that none runs between a Prolog's drain and what a test reads."""
+    return {'slurm_hooks_health_check': False}
+
+
+@pytest.fixture(scope='module')
+def cluster(hook_role_vars):
     """A Slurm node whose Prolog and Epilog are the collection's hooks, installed by its role,
     pointed at a simulated host of 8 GPUs numbered as Slurm numbers them. Stopped at the end,
     pass or fail."""
@@ -146,13 +199,17 @@ def cluster():
     found = Cluster(directory)
     try:
         found.host.init(gpus=8, idle_used_mib=0)
+        bench_dir = os.path.join(directory, 'slurm')
+        scontrol = slurm_commands(os.path.join(directory, 'bin'), os.path.join(bench_dir, 'slurm.conf'))
         deploy_hooks(found.hooks, {
             'gpu_reset_nvidia_smi_path': found.host.smi_path,
             'gpu_reset_host_root': found.host.root,
             'gpu_reset_lock_file': os.path.join(directory, 'release.lock'),
             'gpu_reset_grace_period': 0.5,
-        }, slurm_hooks_budget_s=BUDGET_S, slurm_hooks_prolog_epilog_timeout=PROLOG_EPILOG_TIMEOUT)
-        found.bench = SlurmBench(os.path.join(directory, 'slurm'), include=os.path.join(found.hooks, 'slurm-hooks.conf'))
+        }, slurm_hooks_budget_s=BUDGET_S, slurm_hooks_prolog_epilog_timeout=PROLOG_EPILOG_TIMEOUT,
+            slurm_hooks_scontrol=scontrol, **hook_role_vars)
+        found.bench = SlurmBench(bench_dir, include=os.path.join(found.hooks, 'slurm-hooks.conf'),
+                                 extra=['RebootProgram=%s' % reboot_program(directory)])
         found.bench.start()
         with open(found.conf) as handle:
             found.conf_text = handle.read()

@@ -306,3 +306,236 @@ def test_the_playbook_runner_gets_its_variables_as_json_built_in_python(tmp_path
     assert _slurm_hook.main(['--node', 'n1', '--gpus', '0-2,5', '--timeout', '7', '--playbook-vars', str(path)]) == 0
     assert json.loads(path.read_text()) == {'gpu_reset_on_failure': 'drain', 'gpu_reset_gpus': [0, 1, 2, 5],
                                             'gpu_reset_timeout': 7.0}
+
+
+# -- the health check: what Slurm says about the node ---------------------------------------------
+
+SHOW_NODE = '''NodeName=gpu07 Arch=x86_64 CoresPerSocket=2
+   CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=1.57
+   OS=Linux 6.1.0 #1 SMP PREEMPT_DYNAMIC Debian
+   State={state} ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
+   Partitions=gpu
+   ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s
+{reason}
+'''
+
+
+def show_node(state='IDLE+DRAIN', reason='gpu_reset: GPU 3: 4096 MiB held with no process left [root@2026-12-01T11:59:46]'):
+    return SHOW_NODE.format(state=state, reason='   Reason=' + reason if reason else '')
+
+
+def test_the_nodes_state_and_reason_as_scontrol_shows_them():
+    state, reason, line = _slurm_hook.parse_node(show_node(), 'gpu07')
+    assert (state, reason) == ('IDLE+DRAIN', 'gpu_reset: GPU 3: 4096 MiB held with no process left')
+    assert line == 'Reason=gpu_reset: GPU 3: 4096 MiB held with no process left [root@2026-12-01T11:59:46]'
+    assert _slurm_hook.parse_node(show_node('IDLE', None), 'gpu07') == ('IDLE', '', '')
+
+
+@pytest.mark.parametrize('text', [
+    '',
+    'slurm_load_node error: Invalid node name specified\n',
+    'Node gpu07 not found\n',
+    show_node().replace('NodeName=gpu07', 'NodeName=gpu08'),
+    show_node() + show_node().replace('gpu07', 'gpu08'),
+    show_node().replace('   State=', '   Stat='),
+    show_node() + '   State=IDLE+DRAIN\n',
+    show_node() + '   Reason=gpu_reset: again\n',
+    show_node(state=''),
+    '{"nodes": [{"name": "gpu07", "state": ["IDLE", "DRAIN"]}]}',
+    '\x00\x1b[2J' * 50,
+])
+def test_scontrol_output_that_cannot_be_read_is_refused(text):
+    with pytest.raises(_slurm_hook.SlurmUnreadable):
+        _slurm_hook.parse_node(text, 'gpu07')
+
+
+def test_an_unreadable_node_name_is_escaped_in_the_message():
+    with pytest.raises(_slurm_hook.SlurmUnreadable) as caught:
+        _slurm_hook.parse_node('NodeName=x\x1b[2J\n', 'gpu07')
+    assert '\x1b' not in str(caught.value) and '\\x1b[2J' in str(caught.value)
+
+
+@pytest.mark.parametrize('state, reason, expected', [
+    ('IDLE+DRAIN', 'gpu_reset: GPU 3: orphaned memory', None),
+    ('IDLE', '', 'is not drained'),
+    ('MIXED', '', 'is not drained'),
+    ('IDLE+DRAIN', 'maintenance: new firmware', "not this collection's"),
+    ('IDLE+DRAIN', 'Prolog error', "not this collection's"),
+    ('IDLE+DRAIN', 'GPU_RESET: shouted', "not this collection's"),
+    ('IDLE+DRAIN', 'gpu_reset:no space', "not this collection's"),
+    ('MIXED+DRAIN', 'gpu_reset: GPU 3', 'a job still runs or ends there'),
+    ('ALLOCATED+DRAIN', 'gpu_reset: GPU 3', 'a job still runs or ends there'),
+    ('IDLE+COMPLETING+DRAIN', 'gpu_reset: GPU 3', 'a job still runs or ends there'),
+    ('IDLE+DRAIN+REBOOT_REQUESTED', 'gpu_reset: GPU 3', 'State=IDLE+DRAIN+REBOOT_REQUESTED'),
+    ('DOWN+DRAIN', 'gpu_reset: GPU 3', 'State=DOWN+DRAIN'),
+])
+def test_only_a_node_this_collection_drained_and_idle_is_healed(state, reason, expected):
+    why = _slurm_hook.why_not_heal('gpu07', state, reason)
+    assert why is None if expected is None else expected in why, why
+
+
+@pytest.fixture
+def slurm(tmp_path):
+    """A fake scontrol and squeue: they print what the test gives them and write down their calls."""
+    calls = tmp_path / 'calls.jsonl'
+    script = ('#!%s\nimport json, os, sys\n'
+              'open(%r, "a").write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")\n'
+              'name = os.path.basename(sys.argv[0])\n'
+              'if sys.argv[1:2] == ["update"]:\n    sys.exit(0)\n'
+              'sys.stdout.write(open(os.path.join(os.path.dirname(sys.argv[0]), name + ".out")).read())\n'
+              % (sys.executable, str(calls)))
+    for name in ('scontrol', 'squeue'):
+        (tmp_path / name).write_text(script)
+        (tmp_path / name).chmod(0o755)
+        (tmp_path / (name + '.out')).write_text('')
+
+    class Slurm:
+        scontrol = str(tmp_path / 'scontrol')
+
+        def says(self, scontrol=None, squeue=None):
+            if scontrol is not None:
+                (tmp_path / 'scontrol.out').write_text(scontrol)
+            if squeue is not None:
+                (tmp_path / 'squeue.out').write_text(squeue)
+
+        def calls(self):
+            return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+        def check(self, capsys, *more):
+            rc = _slurm_hook.main(['--health-check', '--node', 'gpu07', '--scontrol', self.scontrol,
+                                   '--deadline', '20'] + list(more))
+            return rc, capsys.readouterr()
+    return Slurm()
+
+
+@pytest.mark.parametrize('text', ['', 'garbage\n', show_node().replace('State=', 'Stat=')])
+def test_garbage_from_scontrol_means_no_action(slurm, capsys, text):
+    slurm.says(scontrol=text)
+    rc, out = slurm.check(capsys, '--vars-file', '/nonexistent')
+    assert rc == _slurm_hook.HEALTH_UNREADABLE
+    assert 'nothing done' in out.err
+    assert out.out == ''  # no sequence ran, so no report
+    assert [call[:2] for call in slurm.calls()] == [['scontrol', 'show']]
+
+
+def test_a_node_drained_by_someone_else_is_only_read(slurm, capsys):
+    slurm.says(scontrol=show_node(reason='bad DIMM, ticket 4711 [alice@2026-12-01T10:00:00]'))
+    rc, out = slurm.check(capsys, '--vars-file', '/nonexistent')
+    assert rc == 0 and 'left to whoever drained it' in out.err
+    assert [call[:2] for call in slurm.calls()] == [['scontrol', 'show']]
+
+
+@pytest.mark.parametrize('squeue', ['42 RUNNING\n', '42 COMPLETING\n', 'garbage\n'])
+def test_a_node_where_squeue_names_a_job_is_only_read(slurm, capsys, squeue):
+    slurm.says(scontrol=show_node(), squeue='41 COMPLETED\n' + squeue)
+    rc, out = slurm.check(capsys, '--vars-file', '/nonexistent')
+    assert rc == 0 and 'runs jobs' in out.err, out.err
+    assert [call[0] for call in slurm.calls()] == ['scontrol', 'squeue']
+    assert slurm.calls()[1][1:] == ['-h', '-w', 'gpu07', '-t', 'all', '-o', '%i %T']
+
+
+def test_a_node_name_that_is_a_list_is_refused_before_any_call(slurm, capsys):
+    rc = _slurm_hook.main(['--health-check', '--node', 'gpu07,gpu08', '--scontrol', slurm.scontrol])
+    assert rc == _slurm_hook.HEALTH_UNREADABLE
+    assert slurm.calls() == []
+
+
+def test_a_drained_node_whose_gpus_are_clean_is_resumed(slurm, capsys, hook_vars):
+    slurm.says(scontrol=show_node(), squeue='')
+    rc, out = slurm.check(capsys, '--vars-file', hook_vars(), '--timeout', '5')
+    assert rc == 0, out.err
+    assert json.loads(out.out)['outcome'] == 'clean'
+    assert 'resumed gpu07' in out.err
+    assert slurm.calls()[-1] == ['scontrol', 'update', 'nodename=gpu07', 'state=resume']
+
+
+def test_a_drained_node_whose_gpus_are_still_dirty_stays_drained_with_the_new_reason(gpuhost, slurm, capsys, hook_vars):
+    gpuhost.fault('stuck', gpu=1, mib=2048)
+    slurm.says(scontrol=show_node(), squeue='')
+    rc, out = slurm.check(capsys, '--vars-file', hook_vars(), '--timeout', '5')
+    assert rc == _slurm_hook.RUNNER_DRAINED, out.err
+    update = slurm.calls()[-1]
+    assert update[:4] == ['scontrol', 'update', 'nodename=gpu07', 'state=drain']
+    assert re.match(r'reason=gpu_reset: GPU 1: \d+ MiB held with no process left', update[4]), update
+    assert 'state=resume' not in json.dumps(slurm.calls())
+
+
+def test_a_node_drained_again_meanwhile_is_neither_resumed_nor_drained(gpuhost, slurm, capsys, hook_vars, monkeypatch):
+    """Someone drains the node with a reason of their own while the sequence runs."""
+    slurm.says(scontrol=show_node(), squeue='')
+    reset = _slurm_hook.reset
+
+    def reset_then_redrain(*args, **kwargs):
+        result = reset(*args, **kwargs)
+        slurm.says(scontrol=show_node(reason='maintenance [bob@2026-12-01T12:00:00]'))
+        return result
+    monkeypatch.setattr(_slurm_hook, 'reset', reset_then_redrain)
+    rc, out = slurm.check(capsys, '--vars-file', hook_vars(), '--timeout', '5')
+    assert rc == 0 and 'not resumed' in out.err, out.err
+    # Read, the sequence, read again: the reason is someone else's now, so no update.
+    assert [call[:2] for call in slurm.calls()] == [['scontrol', 'show'], ['squeue', '-h'], ['scontrol', 'show']]
+
+
+@pytest.fixture
+def hook_vars(gpuhost, tmp_path):
+    """hook_vars() -> a gpu_reset.yml for gpuhost, as the hook fixture writes it."""
+    def write():
+        path = tmp_path / 'health.yml'
+        path.write_text(yaml.safe_dump({
+            'gpu_reset_nvidia_smi_path': gpuhost.smi_path, 'gpu_reset_host_root': gpuhost.root,
+            'gpu_reset_backend': 'nvidia-smi', 'gpu_reset_probe_cuda_library': gpuhost.install_cuda(),
+            'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_grace_period': 0.5}))
+        return str(path)
+    return write
+
+
+# -- a reboot when only a reboot helps ------------------------------------------------------------
+
+def test_a_lost_gpu_asks_slurm_for_a_reboot_once(gpuhost, hook, tmp_path):
+    gpuhost.fault('lost', gpu=2, message='lost')
+    stamp = tmp_path / 'state' / 'reboot-requested'
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
+    assert rc == _slurm_hook.RUNNER_DRAINED, report['reason']
+    assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and command[-1] == 'gpu07', command
+    assert command[3].startswith('reason=gpu_reset: GPU 2') and len(command) == 5, command
+    assert report['reboot_requested'] is True and report['drained'] is True
+    assert stamp.exists()
+    # Before the reboot (the Epilog of the same job): asked for again, the same way.
+    rc, report, again = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
+    assert (rc, again[:3], report['reboot_requested']) == (_slurm_hook.RUNNER_DRAINED, command[:3], True)
+
+
+def test_a_fault_a_reboot_did_not_cure_is_drained_for_a_person(gpuhost, hook, tmp_path):
+    stamp = tmp_path / 'reboot-requested'
+    stamp.write_text('')
+    boot = _slurm_hook.boot_time()
+    os.utime(str(stamp), (boot - 60, boot - 60))
+    assert 'did not cure it' in _slurm_hook.why_not_reboot('gpu07', str(stamp), boot=boot, now=boot + 3600)
+    assert _slurm_hook.why_not_reboot('gpu07', str(stamp), boot=boot, now=boot + 2 * 86400) is None
+    assert _slurm_hook.why_not_reboot('gpu07', str(stamp), boot=boot - 120, now=boot) is None  # still to come
+    if time.time() - (boot - 60) < _slurm_hook.REBOOT_AT_MOST_EVERY_S:
+        gpuhost.fault('lost', gpu=2, message='lost')
+        rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
+        assert command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
+        assert re.match(r'reason=gpu_reset: not rebooted \(a reboot asked for at \S+Z did not cure it\): GPU 2 lost',
+                        command[3]), command
+        assert 'reboot_requested' not in report
+
+
+@pytest.mark.parametrize('reboot', [False, True])
+def test_what_a_reboot_is_not_needed_for_is_drained(gpuhost, hook, tmp_path, reboot):
+    """Without the option, a lost GPU is drained; with it, orphaned memory (a reset cures it) is too."""
+    if reboot:
+        gpuhost.fault('stuck', gpu=1, mib=2048)
+    else:
+        gpuhost.fault('lost', gpu=2, message='lost')
+    rc, report, command = hook('--timeout', '5', *(['--reboot', '--reboot-stamp', str(tmp_path / 'stamp')] if reboot else []))
+    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
+    assert not (tmp_path / 'stamp').exists()
+
+
+@pytest.mark.parametrize('node', ['ALL', 'all', 'gpu[01-99]', 'gpu07,gpu08'])
+def test_a_reboot_is_asked_for_one_node_only(node, tmp_path):
+    assert 'not one node name' in _slurm_hook.why_not_reboot(node, str(tmp_path / 'stamp'))
+    assert _slurm_hook.why_not_reboot('gpu07', str(tmp_path / 'stamp')) is None
