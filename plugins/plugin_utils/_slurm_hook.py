@@ -114,10 +114,6 @@ def load_settings(vars_file=None, overrides=None):
     return settings
 
 
-def setting(settings, name):
-    return settings.get(PREFIX + name)
-
-
 class ModuleRunner:
     """The sequence's seam on the node: a module of the collection run as a program, within the
     time left before ends (time.monotonic())."""
@@ -289,24 +285,26 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
     run = _sequence.Run(node, dict((name[len(PREFIX):], value) for name, value in settings.items()),
                         ModuleRunner(modules_end), name=lambda option: PREFIX + option, deadline=modules_end)
     result = _sequence.run(run)
+    # The settings as the sequence checked and converted them (a wrong one at its default).
+    options = run.options
     # A misconfigured node is drained too (see above).
-    if result['outcome'] == 'failed' and setting(settings, 'on_failure') == 'drain':
+    if result['outcome'] == 'failed' and options['on_failure'] == 'drain':
         skip = why_not_drain() if why_not_drain else None
-        seconds = min(setting(settings, 'drain_timeout'), max(ends - time.monotonic(), 1))
+        seconds = min(options['drain_timeout'], max(ends - time.monotonic(), 1))
         if skip:
             result['drained'], result['drain_skipped'] = False, skip
         elif reboot_stamp and reboot_cures(result):
             ask_reboot(result, scontrol, node, seconds, reboot_stamp)
         else:
             drain(result, scontrol, node, seconds)
-    if setting(settings, 'textfile_dir'):
+    if options['textfile_dir']:
         try:
-            write_metrics(setting(settings, 'textfile_dir'), result)
+            write_metrics(options['textfile_dir'], result)
         except (OSError, ImportError) as exc:
             _sequence.failed(result, 'write node_exporter metrics', exc)
-    if setting(settings, 'report_dir'):
+    if options['report_dir']:
         try:
-            write_report(setting(settings, 'report_dir'), node, result)
+            write_report(options['report_dir'], node, result)
         except (OSError, ValueError) as exc:  # ValueError: ReportPathError, a host name that cannot name a file
             _sequence.failed(result, 'write the report on the controller', exc)
     return result
