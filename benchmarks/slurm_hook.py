@@ -20,7 +20,7 @@ Prints the median (and min, max) of each and what each hook adds to the empty Pr
 The node is idle again (Epilog done) before every job; there is no Epilog, so only the Prolog
 is timed.
 
-Usage: python3 benchmarks/slurm_hook.py [--jobs 7] [--variants empty,module,playbook]
+Usage: python3 benchmarks/slurm_hook.py [--jobs 7] [--variants empty,module,playbook] [--no-probe]
 Needs root (slurmd), and ansible-core (the repository's .venv is used when present).
 """
 
@@ -86,6 +86,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--jobs', type=int, default=7, help='jobs per variant (default 7)')
     parser.add_argument('--variants', default=','.join(VARIANTS), help='comma-separated, of %s' % ', '.join(VARIANTS))
+    parser.add_argument('--no-probe', action='store_true', help='gpu_reset_probe: false (the hook probes by default)')
     args = parser.parse_args()
     variants = [v for v in args.variants.split(',') if v]
     unknown = set(variants) - set(VARIANTS)
@@ -102,8 +103,11 @@ def main():
     hooks = os.path.join(directory, 'hooks')
     bench = None
     try:
-        deploy_hooks(hooks, {'gpu_reset_nvidia_smi_path': host.smi_path, 'gpu_reset_host_root': host.root,
-                             'gpu_reset_lock_file': os.path.join(directory, 'release.lock')},
+        settings = {'gpu_reset_nvidia_smi_path': host.smi_path, 'gpu_reset_host_root': host.root,
+                    'gpu_reset_lock_file': os.path.join(directory, 'release.lock')}
+        if args.no_probe:
+            settings['gpu_reset_probe'] = False
+        deploy_hooks(hooks, settings,
                      slurm_hooks_budget_s=60, slurm_hooks_prolog_epilog_timeout=120)
         prolog = os.path.join(directory, 'prolog')
         with open(prolog, 'w') as handle:
