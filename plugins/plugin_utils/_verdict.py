@@ -434,13 +434,20 @@ def summary_line(report, width=0):
     return 'FAILED    %s  %s%s' % (host, took, ' '.join(str(report.get('reason') or 'failed').split()))
 
 
+# What Ansible adds to the action's result, which the role registers as its report.
+TASK_RESULT_KEYS = frozenset(['changed', 'failed', 'msg', 'warnings', 'deprecations', 'diff', 'skipped',
+                              'invocation', '_ansible_no_log', '_ansible_verbose_always'])
+
+
 def reports(hosts, hostvars):
-    """{host: its report} for the hosts whose variables hold the role's report (gpu_reset_result)."""
+    """{host: its report} for the hosts whose variables hold the role's report (gpu_reset_result),
+    without what Ansible adds to a task's result."""
     found = {}
     for host in hosts:
         report = plain(hostvars[host].get('gpu_reset_result'))
         if isinstance(report, Mapping) and report.get('outcome') in OUTCOMES:
-            found[str(host)] = dict(report, host=str(host))
+            found[str(host)] = dict(((key, value) for key, value in report.items() if key not in TASK_RESULT_KEYS),
+                                    host=str(host))
     return found
 
 
