@@ -881,3 +881,21 @@ def test_a_mistyped_variable_is_named_in_a_warning(gpuhost_factory, tmp_path):
     run = playbook(inventory, tmp_path / 'reports')
     assert run.rc == 0 and run.reports['node']['outcome'] == 'clean', run.out
     assert 'gpu_reset_timout is no setting of gpu_reset (a typo?); it is ignored' in ' '.join(run.out.split())
+
+
+def test_the_probe_runs_in_the_role_when_asked_and_a_failed_probe_fails_the_host(gpuhost_factory, tmp_path):
+    """gpu_reset_probe: true proves the GPUs judged clean by allocation (gpusim's libcuda.so.1);
+    a GPU whose allocation fails makes the host failed, the CUDA error in the reason."""
+    hosts = dict(good=gpuhost_factory('good', gpus=2), ecc=gpuhost_factory('ecc', gpus=2))
+    cuda = dict((name, host.install_cuda()) for name, host in hosts.items())
+    hosts['ecc'].fault('cuda', gpu=1, code='ECC_UNCORRECTABLE')
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': dict((name, host_vars(
+        host, tmp_path, name, gpu_reset_probe=True, gpu_reset_probe_mib=64,
+        gpu_reset_probe_cuda_library=cuda[name])) for name, host in hosts.items())}}))
+    run = playbook(inventory, tmp_path / 'reports')
+    assert run.rc == 2, run.out
+    good, ecc = run.reports['good'], run.reports['ecc']
+    assert good['outcome'] == 'clean' and good['probe']['probed'] is True, good
+    assert good['steps'] == ['Release the GPUs', 'Prove the GPUs by allocation']
+    assert ecc['outcome'] == 'failed' and 'CUDA_ERROR_ECC_UNCORRECTABLE' in ecc['reason'], ecc['reason']
