@@ -94,8 +94,6 @@ def parse_fallen_off_bus(lines):
     return fallen_off_bus(parse_xid_events(lines))
 
 
-
-
 def xid_action(event, codes=()):
     """What one message calls for; codes: the Xid codes of every message of that GPU."""
     code = event['code']

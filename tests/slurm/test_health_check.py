@@ -125,28 +125,3 @@ def test_a_health_check_during_a_running_job_signals_nothing(node, reason):
     assert sorted(used.values())[-2:] == [2048, 2048] and sum(used.values()) == 4096, used
     assert node.bench.job(job)['JobState'] == 'RUNNING'
     assert node.bench.node_state() == ('draining' if reason else 'mixed')
-
-
-def test_a_gpu_only_a_reboot_cures_asks_slurm_for_a_reboot(node):
-    """GPU 2 is lost ("Reboot the system to recover this GPU") and the hook may ask for a reboot
-    (GPU_RESET_REBOOT=asap): the Prolog asks Slurm for one instead of a plain drain, and Slurm runs
-    its RebootProgram (which only writes down that it was called) once the node is idle. Last in
-    this file: the node then waits for a reboot that never comes."""
-    import time
-
-    stamp = node.path('reboot-requested')
-    node.set_conf(reboot='asap', reboot_stamp=stamp)
-    node.host.fault('lost', gpu=2, message='lost')
-    job = node.bench.sbatch('--gres=gpu:8', '--output', node.path('lost.out'), '--wrap', 'true')
-    prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
-    assert (prolog.exit, prolog.hook_exit) == (10, 1), prolog
-    assert prolog.report['reboot_requested'] is True, prolog.report['reason']
-    assert os.path.exists(stamp)
-    reboots = node.path('reboots')
-    until = time.monotonic() + 120
-    while not os.path.exists(reboots) and time.monotonic() < until:
-        time.sleep(0.5)
-    assert os.path.exists(reboots), (node.bench.node_info(), node.bench.logs())
-    info = node.bench.node_info()
-    assert info['Reason'].startswith('gpu_reset: GPU 2 lost or unreadable'), info
-    assert 'REBOOT' in info['State'], info
