@@ -46,7 +46,8 @@ class ActionModule(ActionBase):
         if self._task.diff and run.release and run.release.get('diff'):
             result['diff'] = run.release['diff']
         self._passed_on.setdefault('warnings', []).extend(
-            '%s is no setting of gpu_reset (a typo?); it is ignored' % name for name in unknown_variables(task_vars))
+            '%s is no setting of gpu_reset (a typo?); it is ignored' % printable(name, 80)
+            for name in unknown_variables(task_vars))
         result.update((key, values) for key, values in self._passed_on.items() if values)
         if report['outcome'] == 'failed' and (run.options or {}).get('assert_clean', True):
             result['failed'] = True

@@ -17,6 +17,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import copy
 import re
 
 from ansible.module_utils.common.parameters import DEFAULT_TYPE_VALIDATORS
@@ -75,7 +76,8 @@ def convert(settings, name=None, spec=None):
     options, found = {}, []
     for option in sorted(spec):
         value = plain(settings.get(option))
-        options[option] = spec[option].get('default')
+        # A copy: the spec's own lists are never handed out to be changed.
+        options[option] = copy.deepcopy(spec[option].get('default'))
         if value is None:
             continue
         try:

@@ -127,3 +127,8 @@ def test_a_mistyped_role_variable_is_warned_about(gpuhost, tmp_path):
 def test_the_role_s_finishing_settings_are_checked_too(gpuhost, tmp_path):
     result, ran = action_run(gpuhost, tmp_path, role='gpu_reset', task_vars={'gpu_reset_on_failure': 'reboot'})
     assert ran == [] and "gpu_reset_on_failure is 'reboot', expected one of fail, drain" in result['msg']
+
+
+def test_a_mistyped_variable_with_control_characters_is_named_escaped(gpuhost, tmp_path):
+    result, ran = action_run(gpuhost, tmp_path, task_vars={'gpu_reset_x\x1b[2J': 1})
+    assert result['warnings'] == ['gpu_reset_x\\x1b[2J is no setting of gpu_reset (a typo?); it is ignored']
