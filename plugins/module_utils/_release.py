@@ -59,6 +59,11 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
+from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import (
+    DEFAULT_STOP_UNITS,
+    Quiesce,
+    quiesced_reset,
+)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     NotPermittedError,
@@ -135,6 +140,7 @@ def release_argument_spec():
         lock_file=dict(type='path'),
         facts_after=dict(type='bool', default=False),
         reset_orphaned=dict(type='bool', default=False),
+        reset_stop_units=dict(type='list', elements='str', default=list(DEFAULT_STOP_UNITS)),
     )
     spec.update(reader_argument_spec())
     spec.update(holders_argument_spec())
@@ -147,7 +153,7 @@ class ReleaseOptions:
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
                  wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
                  facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
-                 nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None):
+                 nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None, reset_stop_units=None):
         parsed, gpus = check_release_options(devices, gpus, signals, grace_period, timeout, memory_threshold_mib,
                                              protect, settle_time, expected_gpus)
         # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
@@ -167,6 +173,7 @@ class ReleaseOptions:
         self.nvidia_smi_path = nvidia_smi_path
         self.expected_gpus = expected_gpus
         self.state_dir = state_dir
+        self.reset_stop_units = list(DEFAULT_STOP_UNITS if reset_stop_units is None else reset_stop_units)
         self.warnings = ['extra_protect: %r looks like a regular expression; protect names are exact names or '
                          'shell globs (e.g. python*), so it matches only a process named exactly that' % (name,)
                          for name in protect if REGEX_HINT_RE.search(name)]
@@ -179,7 +186,7 @@ class ReleaseOptions:
                    params.get('lock_file'), params.get('facts_after', False),
                    params.get('settle_time', DEFAULT_SETTLE_S), params.get('host_root') or '/',
                    params.get('reset_orphaned', False), params.get('nvidia_smi_path') or 'nvidia-smi',
-                   params.get('expected_gpus'), params.get('state_dir'))
+                   params.get('expected_gpus'), params.get('state_dir'), params.get('reset_stop_units'))
 
 
 class Target:
@@ -866,6 +873,7 @@ class Release:
                 todo = self._to_reset(result, self._scope(snapshot), [])
                 if self.options.reset_orphaned and todo:
                     result.escalation = would_reset(todo)
+                    result.escalation['quiesced'] = self._quiesce(snapshot, todo).report()
                     result.changed = True
             return
 
@@ -958,7 +966,9 @@ class Release:
         reasons = dict((index, 'orphaned memory' if index in result.orphaned_gpus else 'the driver says it requires a reset')
                        for index in todo)
         reset = GpuReset(runner, bus_ids, todo, self.signal_deadline, self.clock, reasons=reasons)
-        result.escalation = reset.run(todo)
+        result.escalation = quiesced_reset(self._quiesce(snapshot, todo), reset, todo)
+        for problem in result.escalation['quiesced']['problems']:
+            self._warn('reset_stop_units: %s' % problem)
         self._record_cures(result.escalation, snapshot)
         snapshot, holders = self._observe(force_read=True, final=True, full=True)
         result.failure = None
@@ -966,6 +976,14 @@ class Release:
         result.changed = True
         if result.failure and not result.escalation['ok']:
             result.failure += '; the GPU reset failed: %s' % result.escalation['message']
+
+    def _quiesce(self, snapshot, todo):
+        """The stops around a reset of the GPUs todo: of the protected processes that hold them."""
+        gpus = [gpu for gpu in self._scope(snapshot) if gpu.get('index') in todo]
+        blocking = [(holder, [gpu.get('index') for gpu in gpus if self._blocks(holder, gpu)])
+                    for holder in self._discover(snapshot) if holder.protected]
+        return Quiesce([(holder, held) for holder, held in blocking if held], self.options.reset_stop_units,
+                       self.signal_deadline, self.clock, self.proc, own=ancestors(os.getpid(), self.proc))
 
     def _record_cures(self, escalation, snapshot):
         """Record on the host that the GPUs a successful reset reset are cured: their older Xid

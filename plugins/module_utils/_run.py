@@ -77,11 +77,12 @@ class Runner:
                 'a directory' if os.path.isdir(found) else 'mode %04o' % stat.S_IMODE(os.stat(found).st_mode))))
         return found
 
-    def run(self, args, timeout=None):
+    def run(self, args, timeout=None, input_text=None):
         """Run the program with args; return (rc, stdout, stderr) as text.
 
-        Raise PermanentReadError when it cannot run, and CommandTimeout when it does not exit
-        within timeout seconds (the runner's timeout by default).
+        input_text: a short text written to its standard input (none by default). Raise
+        PermanentReadError when it cannot run, and CommandTimeout when it does not exit within
+        timeout seconds (the runner's timeout by default).
         """
         timeout = self.timeout if timeout is None else timeout
         path = self.resolve()
@@ -89,7 +90,8 @@ class Runner:
         for name in self.unset:
             env.pop(name, None)
         try:
-            proc = subprocess.Popen([path] + list(args), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen([path] + list(args),
+                                    stdin=subprocess.DEVNULL if input_text is None else subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                     close_fds=True, start_new_session=True)
         except OSError as exc:
@@ -98,6 +100,8 @@ class Runner:
                                   'files limit (ulimit -n)' % (self.name, exc.strerror))
             raise PermanentReadError(self._hinted(_exec_failure(self.name, path, exc)))
         try:
+            if input_text is not None:
+                _write_input(proc, input_text)
             output = self._collect(proc, time.monotonic() + timeout)
         except BaseException:  # interrupted: leave nothing running behind
             self._abandon(proc)
@@ -167,6 +171,19 @@ class Runner:
         try:
             proc.wait(timeout=self.KILL_WAIT_S)
         except subprocess.TimeoutExpired:
+            pass
+
+
+def _write_input(proc, text):
+    """Write a short text (well within a pipe's buffer, so it cannot block) and close the pipe."""
+    try:
+        proc.stdin.write(text.encode('utf-8'))
+    except (IOError, OSError):
+        pass  # it exited before reading: its exit status and output say why
+    finally:
+        try:
+            proc.stdin.close()
+        except (IOError, OSError):
             pass
 
 

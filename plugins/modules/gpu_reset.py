@@ -130,6 +130,16 @@ options:
         need a reset (C(nvidia-smi --gpu-reset)).
     type: bool
     default: false
+  stop_units:
+    description:
+      - The systemd services whose processes may be stopped for that reset when they hold the
+        GPUs, as shell globs, started again after it; C(nvidia-cuda-mps-control) lets the MPS
+        control daemon outside any service quit. V([]) allows none, and the reset is then not
+        attempted while they hold the GPUs
+        (O(gpuops.nvidia.nvidia_device_release#module:reset_stop_units)).
+    type: list
+    elements: str
+    default: [nvidia-dcgm.service, nvidia-dcgm-exporter.service, dcgm-exporter.service, nvsm*.service, nvidia-cuda-mps-control]
   assert_clean:
     description:
       - Fail the host when it is not clean, with a message that names each dirty GPU and why.

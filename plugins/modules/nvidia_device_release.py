@@ -180,8 +180,34 @@ options:
       - Not attempted while a process other than a protected one still holds the devices
         (a warning says so), nor with O(wait=false). In check mode, RV(escalation) says which
         GPUs would be reset and nothing is done.
+      - Protected processes that hold a GPU to be reset (DCGM's host engine, dcgm-exporter, NVSM)
+        are stopped for it through their systemd units, as O(reset_stop_units) allows.
     type: bool
     default: false
+  reset_stop_units:
+    description:
+      - The systemd services that may be stopped for a O(reset_orphaned) reset, as shell globs
+        matched against unit names. The driver refuses a reset while any process has the GPU's
+        device node open, and protected processes are never signalled; so before the reset, each
+        protected process that holds a GPU to be reset is placed in its unit by its cgroup
+        (C(/system.slice/nvidia-dcgm.service) is C(nvidia-dcgm.service)), the units this list
+        allows are stopped (C(systemctl stop)), and after the reset, whatever it did, exactly
+        those are started again and checked with C(systemctl is-active).
+      - The entry C(nvidia-cuda-mps-control) allows the MPS control daemon, when it runs outside
+        any service, to be asked to quit (C(echo quit | nvidia-cuda-mps-control), in its own
+        C(CUDA_MPS_PIPE_DIRECTORY)); it is not started again.
+      - A protected holder that no entry allows (its unit is not listed, it runs in no service,
+        or the release itself runs in its unit) leaves the reset unattempted, and the message
+        names it (pid, name, unit). So does a host where systemd does not run or C(systemctl) is
+        missing. V([]) allows nothing to be stopped.
+      - Every C(systemctl) call fits in O(timeout); starting the units again is allowed some
+        seconds past it.
+      - "The default: C(nvidia-dcgm.service) (nv-hostengine), C(nvidia-dcgm-exporter.service)
+        and C(dcgm-exporter.service), C(nvsm*.service) and C(nvidia-cuda-mps-control). NVIDIA's
+        Kubernetes device plugin runs in a pod, not in a unit of its own: it is named, never stopped."
+    type: list
+    elements: str
+    default: [nvidia-dcgm.service, nvidia-dcgm-exporter.service, dcgm-exporter.service, nvsm*.service, nvidia-cuda-mps-control]
 notes:
   - A pattern in O(devices) that matches no NVIDIA device node, a typo or a host without the
     driver, fails the task before anything is signalled; the module never calls GPUs released
@@ -441,6 +467,47 @@ escalation:
         RV(escalation.persistence_mode_off), whatever the reset did; null when it was switched
         off on none.
       type: bool
+    quiesced:
+      description: The protected processes that held the GPUs to be reset and what was done about
+        them (O(reset_stop_units)); in check mode, what would be done.
+      type: dict
+      contains:
+        held_by:
+          description: Each protected process holding a GPU to be reset, with C(pid), C(comm),
+            C(unit) (its systemd unit, null for none), C(gpus) and C(action) (V(stop), V(quit)
+            for the MPS control daemon, or null when nothing may be done about it).
+          type: list
+          elements: dict
+        to_stop:
+          description: The units to stop for the reset.
+          type: list
+          elements: str
+        mps_to_quit:
+          description: Whether the MPS control daemon is to be asked to quit.
+          type: bool
+        refusal:
+          description: Why the reset is not attempted (a holder nothing may be done about, no
+            systemd); null when nothing stands in its way.
+          type: str
+        stopped:
+          description: The units a stop was asked of (all of them are started again).
+          type: list
+          elements: str
+        started:
+          description: The units started again and active after the reset.
+          type: list
+          elements: str
+        active_after:
+          description: The state C(systemctl is-active) gives each stopped unit after the reset
+            (V(active) when it came back).
+          type: dict
+        mps_quit:
+          description: Whether the MPS control daemon quit for the reset (it is not started again).
+          type: bool
+        problems:
+          description: What went wrong stopping or starting them (also in the warnings).
+          type: list
+          elements: str
   sample:
     attempted: true
     gpus: [3]
@@ -448,6 +515,17 @@ escalation:
     message: 'GPU 3 reset: GPU 00000000:5D:00.0 was successfully reset. All done.'
     persistence_mode_off: [3]
     persistence_mode_restored: true
+    quiesced:
+      held_by:
+        - {pid: 2210, comm: nv-hostengine, unit: nvidia-dcgm.service, gpus: [3], action: stop}
+      to_stop: [nvidia-dcgm.service]
+      mps_to_quit: false
+      refusal: null
+      stopped: [nvidia-dcgm.service]
+      started: [nvidia-dcgm.service]
+      active_after: {nvidia-dcgm.service: active}
+      mps_quit: false
+      problems: []
 gpus_before:
   description: Memory used per GPU in scope before anything was signalled (empty when the
     GPUs could not be read).

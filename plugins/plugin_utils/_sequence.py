@@ -113,6 +113,7 @@ class Run:
     def release_args(self):
         args = self._pick(RELEASE_OPTIONS)
         args['reset_orphaned'] = self.options['allow_gpu_reset']
+        args['reset_stop_units'] = self.options['stop_units']
         # For a query of your own, and for check mode's reason.
         args['facts_after'] = self.options['clean_query'] is not None or self.check_mode
         return args

@@ -16,6 +16,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import DEFAULT_STOP_UNITS
+
 PREFIX = 'gpu_reset_'
 
 SEQUENCE_SPEC = dict(
@@ -33,6 +35,7 @@ SEQUENCE_SPEC = dict(
     lock_file=dict(type='path', default=None),
     clean_query=dict(type='str', default=None),
     allow_gpu_reset=dict(type='bool', default=False),
+    stop_units=dict(type='list', elements='str', default=list(DEFAULT_STOP_UNITS)),
     assert_clean=dict(type='bool', default=True),
     probe=dict(type='bool', default=False),
     probe_mib=dict(type='int', default=1024),

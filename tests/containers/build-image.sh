@@ -7,22 +7,38 @@
 #   localhost/gpuops-nvidia-gpuhost:latest  + gpusim at the real paths: the package, the
 #                                           simulated libnvidia-ml.so.1, nvidia-ml-py, and a
 #                                           command that creates /dev/nvidia* and nvidia-smi
+#   with --systemd: localhost/gpuops-nvidia-gpuhost-systemd:latest, the same host over a base
+#                   with Debian's systemd, which boots as PID 1 (podman run --systemd=always)
+#                   and creates the simulated GPUs in a unit of its own (gpuhost-init.service)
 #
-# Usage: tests/containers/build-image.sh [--force]   (as root; podman and debootstrap installed)
+# Usage: tests/containers/build-image.sh [--force] [--systemd]   (as root; podman and debootstrap installed)
 # Environment: PYTHON, a Python with pip for fetching nvidia-ml-py (default: the test venvs).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 IMAGE=localhost/gpuops-nvidia-gpuhost:latest
+CONTAINERFILE=Containerfile
 FORCE=0
-[ "${1:-}" = "--force" ] && FORCE=1
+SYSTEMD=0
+for arg in "$@"; do
+  case $arg in
+    --force) FORCE=1 ;;
+    --systemd) SYSTEMD=1 ;;
+    *) echo "usage: $0 [--force] [--systemd]" >&2; exit 2 ;;
+  esac
+done
 
 say() { printf '==> %s\n' "$*"; }
 
 codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
 # openssh-server: the fleet benchmark reaches the hosts over SSH, as a real fleet is reached.
 BASE_PACKAGES=python3,psmisc,procps,openssh-server
+if [ "$SYSTEMD" -eq 1 ]; then
+  BASE_PACKAGES=$BASE_PACKAGES,systemd
+  IMAGE=localhost/gpuops-nvidia-gpuhost-systemd:latest
+  CONTAINERFILE=Containerfile.systemd
+fi
 BASE=localhost/gpuops-nvidia-base:$codename-$(echo "$BASE_PACKAGES" | sha256sum | cut -c1-8)
 
 # The Debian mirror this machine's apt already uses, for the suite of this release.
@@ -98,7 +114,7 @@ stage_context() {
     --target "$context/dist-packages" -c "$REPO/requirements/constraints.txt" nvidia-ml-py
   lib=$(cd "$REPO/tests" && python3 -m gpusim.nvml_build)
   cp "$lib" "$context/libnvidia-ml.so.1"
-  cp "$HERE/Containerfile" "$HERE/gpuhost-start" "$context/"
+  cp "$HERE/$CONTAINERFILE" "$HERE/gpuhost-start" "$HERE/gpuhost-init.service" "$context/"
 }
 
 # A digest of the inputs; the image carries it as a label and is rebuilt when it changes.
@@ -128,7 +144,7 @@ main() {
   stage_context "$context"
   say "building $IMAGE ($digest)"
   podman build -q --pull=never --build-arg "BASE=$BASE" --label "gpuops.inputs=$digest" \
-    -t "$IMAGE" -f "$context/Containerfile" "$context" >/dev/null
+    -t "$IMAGE" -f "$context/$CONTAINERFILE" "$context" >/dev/null
   podman image prune -f >/dev/null 2>&1 || true
 }
 

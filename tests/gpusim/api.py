@@ -26,7 +26,7 @@ exec {smi} "$@"
 """
 
 FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
-               "remap", "retired", "xid", "fallen", "reset-required", "recovery", "cuda-init", "cuda-hang", "cuda",
+               "remap", "retired", "xid", "fallen", "reset-required", "reset-refused", "recovery", "cuda-init", "cuda-hang", "cuda",
                "compute-mode")
 
 COMPUTE_MODE_NAMES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
@@ -222,6 +222,12 @@ class Host:
         self._monitors.append(proc)
         return info
 
+    def wait(self):
+        """Wait until every monitor this Host started has exited (a holder run as a service's
+        main process: the service stops when its holder's monitor does)."""
+        for proc in self._monitors:
+            proc.wait()
+
     def scenario(self, name="hung-job", release_delay=0.0):
         if name != "hung-job":
             raise ValueError("unknown scenario %r (known: hung-job)" % name)
@@ -278,7 +284,8 @@ class Host:
         fallen (gpu, when, form: the driver's "fallen off the bus" message without an Xid;
         form "probe" is its three-line form, "line" its one-line form),
         reset-required (gpu, value on/off: the driver says the GPU needs a reset; cleared by
-        nvidia-smi -r), recovery (gpu, value: the driver's GPU Recovery Action, none | reset |
+        nvidia-smi -r), reset-refused (gpu, value on/off: nvidia-smi -r refuses the GPU as in use by
+        another client, one this host's /proc does not show: another PID namespace), recovery (gpu, value: the driver's GPU Recovery Action, none | reset |
         reboot | drain-p2p | drain-and-reset, on drivers from 565),
         cuda-init (code: the CUresult cuInit returns, by cuda.h name or number; 0 clears),
         cuda-hang (seconds cuInit sleeps first; 0 clears),
@@ -327,6 +334,11 @@ class Host:
                 faults.setdefault("reset_required", {})[str(int(gpu))] = True
             else:
                 faults.setdefault("reset_required", {}).pop(str(int(gpu)), None)
+        elif kind == "reset-refused":
+            if _onoff(value):
+                faults.setdefault("reset_refused", {})[str(int(gpu))] = True
+            else:
+                faults.setdefault("reset_refused", {}).pop(str(int(gpu)), None)
         elif kind == "recovery":
             if value not in RECOVERY_ACTIONS:
                 raise ValueError("recovery action must be one of %s" % ", ".join(RECOVERY_ACTIONS))

@@ -50,6 +50,8 @@ def _parser():
     c.add_argument("--respawn-delay", type=float, default=0.0)
     c.add_argument("--map", action="store_true")
     c.add_argument("--leak", action="store_true")
+    c.add_argument("--foreground", action="store_true",
+                   help="stay until the holder's monitor exits (the main process of a service)")
 
     c = cmd("fault", help="inject a fault")
     fs = c.add_subparsers(dest="kind", required=True)
@@ -81,6 +83,9 @@ def _parser():
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("value", choices=("on", "off"))
     f = fs.add_parser("reset-required", help="the driver says the GPU needs a reset ([GPU requires reset])")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("value", choices=("on", "off"), nargs="?", default="on")
+    f = fs.add_parser("reset-refused", help="nvidia-smi refuses to reset the GPU: in use by a client no /proc scan sees")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("value", choices=("on", "off"), nargs="?", default="on")
     f = fs.add_parser("recovery", help="the driver's GPU Recovery Action (drivers from 565)")
@@ -147,7 +152,9 @@ def main(argv=None):
                              respawn=args.respawn, respawn_delay=args.respawn_delay,
                              map=args.map, leak=args.leak, open_gpus=args.open_gpus,
                              daemon=args.daemon)
-            print(json.dumps(info))
+            print(json.dumps(info), flush=True)
+            if args.foreground:
+                host.wait()
         elif args.cmd == "fault":
             k = args.kind
             if k == "lost":
@@ -163,7 +170,7 @@ def main(argv=None):
             elif k == "remap":
                 host.fault(k, gpu=args.gpu, pending=args.pending, failure=args.failure,
                            correctable=args.correctable, uncorrectable=args.uncorrectable)
-            elif k in ("retired", "reset-required", "recovery"):
+            elif k in ("retired", "reset-required", "reset-refused", "recovery"):
                 host.fault(k, gpu=args.gpu, value=args.value)
             elif k == "xid":
                 host.fault(k, gpu=args.gpu, code=args.code, text=args.text, gpu_instance=args.gpu_instance,

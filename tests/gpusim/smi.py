@@ -397,6 +397,7 @@ class Smi:
             idx = g["index"]
             dev = self.paths.gpu_dev(g.get("minor", idx))
             in_use = (g["persistence_mode"] == "Enabled"
+                      or self.faults.get("reset_refused", {}).get(str(idx))
                       or any(idx in rec["gpus"] and int(rec.get("mib", 0)) > 0 for rec in live)
                       or holders_of({dev}, exclude=(os.getpid(),)))
             (busy if in_use else ok).append(g)

@@ -286,6 +286,7 @@ def empty_faults():
         "remap": {},           # str(index) -> {"correctable", "uncorrectable", "pending", "failure"}
         "retired_pending": {},  # str(index) -> bool; absent: not supported (Ampere and newer)
         "reset_required": {},  # str(index) -> True: the driver says the GPU needs a reset
+        "reset_refused": {},   # str(index) -> True: a client /proc does not show holds it; no reset
         "recovery": {},        # str(index) -> the driver's GPU Recovery Action (RECOVERY_ACTIONS)
         # The fake libcuda (libcuda/cuda.c): what cuInit returns (0: success), how long it
         # hangs first, and the CUresult each GPU's probe meets (str(index) -> code).

@@ -167,8 +167,8 @@ def test_reset_orphaned_frees_stuck_memory_and_restores_persistence(capsys, gpuh
 
 
 def test_reset_orphaned_refused_is_reported_in_nvidia_smis_words(capsys, gpuhost, tmp_path):
-    # A protected daemon that persistence mode does not move keeps the GPU open.
-    hostengine = gpuhost.hold(gpus=[3], mib=0, name='nv-hostengine', daemon=True)['pid']
+    # A client that no scan of this host sees (another PID namespace) keeps the GPU open.
+    gpuhost.fault('reset-refused', gpu=3)
     gpuhost.fault('stuck', gpu=3, mib=4096)
     result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, grace_period=0.3, timeout=2)
     assert result['failed'] is True and result.get('released') is False, result
@@ -181,6 +181,24 @@ def test_reset_orphaned_refused_is_reported_in_nvidia_smis_words(capsys, gpuhost
     assert 'the GPU reset failed: ' in result['msg'] and 'In use by another client' in result['msg']
     assert result['orphaned_gpus'] == [3] and gpuhost.memory_used()[3] == 4097
     assert persistence(gpuhost, 3) == 'Enabled'
+    assert escalation['quiesced']['held_by'] == [] and escalation['quiesced']['stopped'] == []
+
+
+def test_reset_orphaned_held_by_a_daemon_in_no_unit_is_not_attempted(capsys, gpuhost, tmp_path):
+    # A protected daemon that runs in no systemd service cannot be stopped for the reset: the reset
+    # is not tried, and the message names the daemon.
+    hostengine = gpuhost.hold(gpus=[3], mib=0, name='nv-hostengine', daemon=True)['pid']
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, grace_period=0.3, timeout=2)
+    assert result['failed'] is True and result.get('released') is False, result
+    escalation = result['escalation']
+    assert escalation['attempted'] is False and escalation['ok'] is False and escalation['persistence_mode_off'] == []
+    assert 'GPU 3 not reset: held by pid %d (nv-hostengine, unit none), never stopped' % hostengine in escalation['message']
+    assert 'the GPU reset failed: GPU 3 not reset: held by pid %d' % hostengine in result['msg']
+    assert escalation['quiesced']['held_by'] == [
+        {'pid': hostengine, 'comm': 'nv-hostengine', 'unit': None, 'gpus': [3], 'action': None}]
+    assert escalation['quiesced']['stopped'] == [] and escalation['quiesced']['refusal'] == escalation['message']
+    assert gpuhost.memory_used()[3] == 4097 and persistence(gpuhost, 3) == 'Enabled'
     assert alive(hostengine)
 
 
@@ -189,7 +207,9 @@ def test_reset_orphaned_in_check_mode_says_what_would_be_reset(capsys, gpuhost, 
     result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, _ansible_check_mode=True)
     assert result['changed'] is True and result['orphaned_gpus'] == [5]
     assert result['escalation'] == {'attempted': False, 'gpus': [5], 'ok': None, 'message': result['escalation']['message'],
-                                    'persistence_mode_off': [], 'persistence_mode_restored': None}
+                                    'persistence_mode_off': [], 'persistence_mode_restored': None,
+                                    'quiesced': result['escalation']['quiesced']}
+    assert result['escalation']['quiesced']['to_stop'] == [] and result['escalation']['quiesced']['refusal'] is None
     assert 'GPU 5 would be reset' in result['escalation']['message']
     assert gpuhost.memory_used()[5] == 2049 and persistence(gpuhost, 5) == 'Enabled'
 

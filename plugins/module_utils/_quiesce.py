@@ -1,0 +1,356 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""The services that block a GPU reset, stopped around it and started again.
+
+The driver refuses a reset while any process holds the GPU's device node ("In use by another
+client"), and the protected holders (DCGM's host engine, dcgm-exporter, NVSM, the MPS control
+daemon) are never signalled. Before a reset, each protected holder of a GPU to be reset is
+placed in its systemd unit (its cgroup, e.g. /system.slice/nvidia-dcgm.service); the units that
+the operator allows (reset_stop_units, shell globs) are stopped with systemctl, and an MPS
+control daemon that runs outside any service is asked to quit (``echo quit |
+nvidia-cuda-mps-control``, NVIDIA's MPS guide) when the list names nvidia-cuda-mps-control.
+After the reset, whatever it did, the units stopped are started again and checked with
+``systemctl is-active``. A holder that no entry allows leaves the reset unattempted, and the
+message names it. Nothing that the list does not name is ever stopped.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import fnmatch
+import os
+import re
+import shutil
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import start_time
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import escalation
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import system_log
+
+MPS_CONTROL = 'nvidia-cuda-mps-control'
+
+# The units NVIDIA ships for the clients that hold the GPUs, and the MPS control daemon.
+DEFAULT_STOP_UNITS = [
+    # DCGM's host engine, nv-hostengine: "A typical DCGM installation runs nv-hostengine as
+    # nvidia-dcgm.service" (DCGM docs, "Customizing the systemd Service"); NVIDIA's MIG manager
+    # stops it before a reset (mig-parted deployments/systemd/hooks.sh, real-samples holders/H04).
+    'nvidia-dcgm.service',
+    # dcgm-exporter as its package datacenter-gpu-manager-exporter installs it
+    # (/usr/lib/systemd/system/nvidia-dcgm-exporter.service, NVIDIA/dcgm-exporter#606 and #671).
+    'nvidia-dcgm-exporter.service',
+    # dcgm-exporter as mig-parted's hooks.sh names it among the clients it stops (H04).
+    'dcgm-exporter.service',
+    # NVSM on DGX: nvsm.service in mig-parted's hooks.sh (H04), which starts further nvsm
+    # services of its own (NVIDIA/deepops#633), hence the glob.
+    'nvsm*.service',
+    # NVIDIA's Kubernetes device plugin and GPU feature discovery run as pods of a DaemonSet
+    # (NVIDIA/k8s-device-plugin), in a container's scope rather than a unit of their own, so no
+    # unit of theirs is listed: such a holder is named in the refusal, with its cgroup.
+    # The MPS control daemon started outside systemd (NVIDIA's MPS guide, "Common Tasks").
+    MPS_CONTROL,
+]
+
+# Daemons that hand the GPU over to nvidia-smi for a reset themselves and need no stopping: "two
+# daemons that do handshake explicitly with nvidia-smi for GPU reset, namely nvidia-fabricmanager
+# and nvidia-persistenced" (NVIDIA/deepops#633; the reset switches persistence mode off first).
+COOPERATING = frozenset(['nvidia-persistenced', 'nvidia-fabricmanager', 'nv-fabricmanager'])
+
+# Where systemd keeps its runtime units: present exactly when systemd runs the host
+# (sd_booted(3)).
+SYSTEMD_RUN_DIR = '/run/systemd/system'
+
+# Starting the units again runs even when the release's deadline has passed: this long at least.
+RESTART_MIN_S = 15.0
+
+# A systemd unit name (systemd.unit(5): letters, digits, ':', '-', '_', '.', '\\', one optional
+# '@' of a template instance), at most 255 characters; only services are stopped.
+SERVICE_RE = re.compile(r'^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\.service$')
+UNIT_NAME_MAX = 255
+UNIT_RE = re.compile(r'\.(service|scope)$')
+
+# How often the MPS control daemon is looked at while it quits.
+MPS_POLL_S = 0.05
+
+
+def systemd_cgroup(pid, proc='/proc'):
+    """The cgroup path of pid in systemd's tree: the name=systemd hierarchy where there is one
+    (cgroup v1 and hybrid hosts, whose kernels print an unused 0:: line too), else the unified
+    one; None if unknown."""
+    try:
+        with open(os.path.join(proc, str(pid), 'cgroup')) as handle:
+            lines = handle.read().splitlines()
+    except (IOError, OSError):
+        return None
+    found = dict((parts[1], parts[2]) for parts in (line.split(':', 2) for line in lines) if len(parts) == 3)
+    return found.get('name=systemd', found.get(''))
+
+
+def systemd_unit(pid, proc='/proc'):
+    """The unit of the service manager of this host (PID 1) that pid runs in, or None. Without a
+    cgroup namespace (a container on cgroup v1) the paths start with the container's own cgroup,
+    which PID 1's init.scope gives away."""
+    path = systemd_cgroup(pid, proc)
+    init = systemd_cgroup(1, proc) or ''
+    root = init[:-len('/init.scope')] if init.endswith('/init.scope') else ''
+    if path and root and path.startswith(root + '/'):
+        path = path[len(root):]
+    return unit_of(path)
+
+
+def unit_of(cgroup_path):
+    """The system unit a cgroup path belongs to: its first .service or .scope component (the
+    units below it are a delegated subtree's), or None."""
+    for part in (cgroup_path or '').split('/'):
+        if UNIT_RE.search(part):
+            return part
+    return None
+
+
+def valid_service(name):
+    return bool(name) and len(name) <= UNIT_NAME_MAX and bool(SERVICE_RE.match(name)) and not name.startswith('-')
+
+
+def allowed(name, patterns):
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def _names(indexes):
+    return ', '.join(str(index) for index in indexes)
+
+
+class Blocker:
+    """A protected holder of GPUs to be reset, and what may be done about it."""
+
+    def __init__(self, holder, gpus, unit):
+        self.holder = holder
+        self.gpus = sorted(gpus)
+        self.unit = unit
+        self.action = None  # 'stop' (its unit), 'quit' (MPS) or None
+        self.why = None     # why nothing may be done, when action is None
+
+    def describe(self):
+        return 'pid %d (%s, unit %s)' % (self.holder.pid, printable(self.holder.comm),
+                                         printable(self.unit) if self.unit else 'none')
+
+    def to_dict(self):
+        return {'pid': self.holder.pid, 'comm': self.holder.comm, 'unit': self.unit, 'gpus': self.gpus,
+                'action': self.action}
+
+
+class Quiesce:
+    """The stops around one reset.
+
+    blocking: [(holder, GPU indexes it blocks)] of the protected holders of the GPUs to be reset;
+    patterns: reset_stop_units; deadline: by the release's clock; own: the pids of the release and
+    its ancestors (their units are never stopped)."""
+
+    def __init__(self, blocking, patterns, deadline, clock=time.monotonic, proc='/proc', own=(),
+                 systemctl='systemctl', systemd_dir=SYSTEMD_RUN_DIR, log=system_log, sleep=time.sleep):
+        self.patterns = list(patterns)
+        self.deadline = deadline
+        self.clock = clock
+        self.proc = proc
+        self.own = set(own)
+        self.systemctl = systemctl
+        self.systemd_dir = systemd_dir
+        self.log = log
+        self.sleep = sleep
+        self.own_units = set(systemd_unit(pid, proc) for pid in self.own) - set([None])
+        self.blockers = [self._judge(Blocker(holder, gpus, systemd_unit(holder.pid, proc)))
+                         for holder, gpus in blocking if holder.exe_name not in COOPERATING]
+        self.units = []       # the units to stop, in the order found
+        for blocker in self.blockers:
+            if blocker.action == 'stop' and blocker.unit not in self.units:
+                self.units.append(blocker.unit)
+        self.stopped = []     # the units a stop was asked of
+        self.started = []     # the units started again without an error
+        self.active_after = {}
+        self.mps_quit = False
+        self.problems = []
+
+    # -- what may be done ----------------------------------------------------------------
+    def _judge(self, blocker):
+        holder, unit = blocker.holder, blocker.unit
+        if holder.pid in self.own or (unit and unit in self.own_units):
+            blocker.why = 'the release itself runs there'
+        elif unit and unit.endswith('.service'):
+            if not valid_service(unit):
+                blocker.why = 'its unit is no valid systemd service name'
+            elif allowed(unit, self.patterns):
+                blocker.action = 'stop'
+            else:
+                blocker.why = 'reset_stop_units does not allow its unit'
+        elif holder.exe_name == MPS_CONTROL and allowed(MPS_CONTROL, self.patterns):
+            blocker.action = 'quit'
+        else:
+            blocker.why = 'it runs in no service that reset_stop_units allows to be stopped'
+        return blocker
+
+    def refusal(self):
+        """Why the reset cannot be attempted, or None."""
+        stuck = [blocker for blocker in self.blockers if blocker.action is None]
+        if stuck:
+            return 'GPU %s not reset: held by %s, never stopped (%s; reset_stop_units lists what may be stopped ' \
+                   'for a reset)' % (_names(sorted(set(gpu for blocker in stuck for gpu in blocker.gpus))),
+                                     ', '.join(blocker.describe() for blocker in stuck),
+                                     '; '.join(sorted(set(blocker.why for blocker in stuck))))
+        if self.units:
+            return self._no_systemd()
+        return None
+
+    def _no_systemd(self):
+        if not os.path.isdir(self.systemd_dir):
+            return 'GPU %s not reset: %s must be stopped for it, but systemd does not run this host (no %s); ' \
+                   'nothing was stopped' % (self._gpus(), self._units_text(self.units), self.systemd_dir)
+        if os.sep not in self.systemctl and shutil.which(self.systemctl) is None:
+            return 'GPU %s not reset: %s must be stopped for it, but systemctl is not on PATH; nothing was ' \
+                   'stopped' % (self._gpus(), self._units_text(self.units))
+        return None
+
+    def _gpus(self):
+        return _names(sorted(set(gpu for blocker in self.blockers for gpu in blocker.gpus)))
+
+    @staticmethod
+    def _units_text(units):
+        return ', '.join(printable(unit) for unit in units)
+
+    # -- acting ---------------------------------------------------------------------------
+    def _left(self, restore=False):
+        left = self.deadline - self.clock()
+        return max(left, RESTART_MIN_S) if restore else left
+
+    def _systemctl(self, args, restore=False):
+        """(rc, output) of systemctl args within the deadline; GpuopsError when it cannot run,
+        does not answer, or there is no time left."""
+        left = self._left(restore)
+        if left <= 0:
+            raise GpuopsError('no time left within timeout for systemctl %s' % ' '.join(args))
+        rc, stdout, stderr = Runner(self.systemctl).run(['--no-ask-password'] + list(args), timeout=left)
+        return rc, ' '.join((stdout + ' ' + stderr).split())[:300]
+
+    def stop(self):
+        """Stop what the reset needs stopped; None when all of it stopped, else why not (the
+        reset is then not attempted; restore() starts again what was stopped)."""
+        for unit in self.units:
+            self.stopped.append(unit)
+            self.log('gpuops.nvidia: stopping %s for a GPU reset' % printable(unit))
+            try:
+                rc, said = self._systemctl(['stop', '--', unit])
+            except GpuopsError as exc:
+                return self._failed('systemctl stop %s: %s' % (printable(unit), exc))
+            if rc != 0:
+                return self._failed('systemctl stop %s failed (exit %d): %s' % (printable(unit), rc, printable(said)))
+        for blocker in self.blockers:
+            if blocker.action == 'quit':
+                problem = self._quit_mps(blocker.holder)
+                if problem:
+                    return self._failed(problem)
+        return None
+
+    def _failed(self, problem):
+        self.problems.append(problem)
+        return 'GPU %s not reset: %s' % (self._gpus(), problem)
+
+    def _quit_mps(self, holder):
+        """Ask the MPS control daemon holder to quit, through its own pipe directory; None once it
+        has exited, else why not."""
+        self.log('gpuops.nvidia: quitting the MPS control daemon (pid %d) for a GPU reset' % holder.pid)
+        env = {}
+        pipe_dir = _environ(holder.pid, 'CUDA_MPS_PIPE_DIRECTORY', self.proc)
+        if pipe_dir:
+            env['CUDA_MPS_PIPE_DIRECTORY'] = pipe_dir
+        program = holder.exe if holder.exe and not holder.exe.endswith(' (deleted)') else MPS_CONTROL
+        try:
+            rc, stdout, stderr = Runner(program, name=MPS_CONTROL, env=env).run(
+                [], timeout=max(self._left(), 0.1), input_text='quit\n')
+        except GpuopsError as exc:
+            return 'echo quit | %s: %s' % (MPS_CONTROL, exc)
+        if rc != 0:
+            return 'echo quit | %s failed (exit %d): %s' % (
+                MPS_CONTROL, rc, printable(' '.join((stdout + ' ' + stderr).split())[:300]))
+        while start_time(holder.pid, self.proc) == holder.starttime:
+            if self._left() <= 0:
+                return 'the MPS control daemon (pid %d) did not exit after quit within the timeout' % holder.pid
+            self.sleep(MPS_POLL_S)
+        self.mps_quit = True
+        return None
+
+    def restore(self):
+        """Start again every unit a stop was asked of, whatever happened since; check each."""
+        if not self.stopped:
+            return
+        self.log('gpuops.nvidia: starting %s again after a GPU reset' % self._units_text(self.stopped))
+        try:
+            rc, said = self._systemctl(['start', '--'] + self.stopped, restore=True)
+            if rc != 0:
+                self.problems.append('systemctl start %s failed (exit %d): %s' % (
+                    self._units_text(self.stopped), rc, printable(said)))
+        except GpuopsError as exc:
+            self.problems.append('systemctl start %s: %s' % (self._units_text(self.stopped), exc))
+        self._check_active()
+
+    def _check_active(self):
+        for unit in self.stopped:
+            try:
+                dummy, said = self._systemctl(['is-active', '--', unit], restore=True)
+            except GpuopsError as exc:
+                said = 'unknown (%s)' % exc
+            self.active_after[unit] = said or 'unknown'
+            if said == 'active':
+                self.started.append(unit)
+            else:
+                self.problems.append('%s is %s after the reset, not active' % (printable(unit), printable(said)))
+        if self.problems:
+            self.log('gpuops.nvidia: ' + '; '.join(self.problems))
+
+    # -- reporting ------------------------------------------------------------------------
+    def report(self):
+        """The quiesced entry of the escalation."""
+        return {'held_by': [blocker.to_dict() for blocker in self.blockers], 'to_stop': list(self.units),
+                'mps_to_quit': any(blocker.action == 'quit' for blocker in self.blockers),
+                'refusal': self.refusal(), 'stopped': list(self.stopped), 'started': list(self.started),
+                'active_after': dict(self.active_after), 'mps_quit': self.mps_quit, 'problems': list(self.problems)}
+
+
+def _environ(pid, name, proc='/proc'):
+    """The value of name in pid's environment (as it started), or None."""
+    try:
+        with open(os.path.join(proc, str(pid), 'environ'), 'rb') as handle:
+            entries = handle.read().split(b'\0')
+    except (IOError, OSError):
+        return None
+    prefix = name.encode('ascii') + b'='
+    for entry in entries:
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode('utf-8', 'surrogateescape')
+    return None
+
+
+def quiesced_reset(quiesce, reset, todo):
+    """The escalation entry of reset.run(todo) (a GpuReset) with the services that block it stopped
+    around it, and started again in any case; the reset is not attempted when they cannot be."""
+    refusal = quiesce.refusal()
+    entry = None
+    if refusal is None:
+        try:
+            refusal = quiesce.stop()
+            if refusal is None:
+                entry = reset.run(todo)
+        finally:
+            quiesce.restore()
+    if entry is None:
+        entry = escalation(sorted(todo), False, refusal, attempted=False)
+    if quiesce.problems and refusal is None:
+        entry['message'] += '; ' + '; '.join(quiesce.problems)
+    entry['quiesced'] = quiesce.report()
+    return entry
+
