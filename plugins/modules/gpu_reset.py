@@ -249,7 +249,9 @@ orphaned_gpus:
   elements: int
 escalation:
   description: The GPU reset, when O(allow_gpu_reset) and one was tried (gpus, persistence_mode_off,
-    reset_ok, output, persistence_mode_restored); null otherwise.
+    reset_ok, output, persistence_mode_restored), or could not be tried because a process that
+    O(stop_units) does not allow to be stopped holds the GPU (reset_ok false, output naming it);
+    null otherwise.
   returned: always
   type: dict
 gpus:

@@ -114,8 +114,12 @@ def _memory(facts):
 def report_escalation(escalation, allow_gpu_reset=False):
     """The report's escalation made from the release module's: gpus, persistence_mode_off,
     reset_ok, output (what nvidia-smi said, as the module quotes it) and
-    persistence_mode_restored; None when no reset was allowed or attempted (check mode)."""
-    if not allow_gpu_reset or not isinstance(escalation, Mapping) or not escalation.get('attempted'):
+    persistence_mode_restored; None when no reset was allowed or attempted (check mode). A reset
+    that the release could not attempt (a daemon it may not stop holds the GPU) is reported as
+    failed, its output saying why."""
+    if not allow_gpu_reset or not isinstance(escalation, Mapping):
+        return None
+    if not escalation.get('attempted') and escalation.get('ok') is not False:
         return None
     return {
         'gpus': list(escalation.get('gpus') or []),

@@ -221,13 +221,6 @@ class Host:
             exe=_hold.install_daemon(self.paths, name) if daemon else None)
         self._monitors.append(proc)
         return info
-
-    def wait(self):
-        """Wait until every monitor this Host started has exited (a holder run as a service's
-        main process: the service stops when its holder's monitor does)."""
-        for proc in self._monitors:
-            proc.wait()
-
     def scenario(self, name="hung-job", release_delay=0.0):
         if name != "hung-job":
             raise ValueError("unknown scenario %r (known: hung-job)" % name)

@@ -50,8 +50,6 @@ def _parser():
     c.add_argument("--respawn-delay", type=float, default=0.0)
     c.add_argument("--map", action="store_true")
     c.add_argument("--leak", action="store_true")
-    c.add_argument("--foreground", action="store_true",
-                   help="stay until the holder's monitor exits (the main process of a service)")
 
     c = cmd("fault", help="inject a fault")
     fs = c.add_subparsers(dest="kind", required=True)
@@ -152,9 +150,7 @@ def main(argv=None):
                              respawn=args.respawn, respawn_delay=args.respawn_delay,
                              map=args.map, leak=args.leak, open_gpus=args.open_gpus,
                              daemon=args.daemon)
-            print(json.dumps(info), flush=True)
-            if args.foreground:
-                host.wait()
+            print(json.dumps(info))
         elif args.cmd == "fault":
             k = args.kind
             if k == "lost":

@@ -262,6 +262,19 @@ def monitor_main():
     if "error" in info:
         os._exit(1)
     holder = info["pid"]
+    stopping = []
+
+    def stop(_signum, _frame):
+        # As a supervisor does: pass SIGTERM on, re-spawn no more, and exit only once every child
+        # is reaped, so that a service manager sees its main process go last (systemd on cgroup v1
+        # in a container learns that a unit's cgroup is empty only from its main process's exit).
+        stopping.append(True)
+        try:
+            os.kill(holder, signal.SIGTERM)
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGTERM, stop)
     while True:
         try:
             pid, _unused = os.waitpid(-1, 0)
@@ -273,7 +286,7 @@ def monitor_main():
         if rec is not None and rec.get("died_at") is None:
             rec["died_at"] = time.time()
             write_json(paths.proc_record(pid), rec)
-        if respawn == 0:
+        if respawn == 0 or stopping:
             continue
         if respawn > 0:
             respawn -= 1
