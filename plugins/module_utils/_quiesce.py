@@ -31,7 +31,7 @@ import shutil
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import start_time
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import is_gone, read_process
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import escalation
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import system_log
@@ -73,7 +73,7 @@ RESTART_MIN_S = 15.0
 
 # A systemd unit name (systemd.unit(5): letters, digits, ':', '-', '_', '.', '\\', one optional
 # '@' of a template instance), at most 255 characters; only services are stopped.
-SERVICE_RE = re.compile(r'^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\.service$')
+SERVICE_RE = re.compile(r'^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\.service\Z')
 UNIT_NAME_MAX = 255
 UNIT_RE = re.compile(r'\.(service|scope)$')
 
@@ -277,7 +277,7 @@ class Quiesce:
         if rc != 0:
             return 'echo quit | %s failed (exit %d): %s' % (
                 MPS_CONTROL, rc, printable(' '.join((stdout + ' ' + stderr).split())[:300]))
-        while start_time(holder.pid, self.proc) == holder.starttime:
+        while not _exited(holder, self.proc):
             if self._left() <= 0:
                 return 'the MPS control daemon (pid %d) did not exit after quit within the timeout' % holder.pid
             self.sleep(MPS_POLL_S)
@@ -321,6 +321,12 @@ class Quiesce:
                 'active_after': dict(self.active_after), 'mps_quit': self.mps_quit, 'problems': list(self.problems)}
 
 
+def _exited(holder, proc='/proc'):
+    """Whether holder has exited (gone, a zombie, or its pid now another process's)."""
+    info = read_process(holder.pid, proc)
+    return is_gone(info) or info.starttime != holder.starttime
+
+
 def _environ(pid, name, proc='/proc'):
     """The value of name in pid's environment (as it started), or None."""
     try:
@@ -353,4 +359,3 @@ def quiesced_reset(quiesce, reset, todo):
         entry['message'] += '; ' + '; '.join(quiesce.problems)
     entry['quiesced'] = quiesce.report()
     return entry
-

@@ -1,0 +1,407 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Quiesce against a systemctl written here (a script that keeps each unit's state in a file) and
+cgroups written into a /proc of files; a real systemd runs the same in the Molecule scenario
+quiesce."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import Holder, read_process
+from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import (
+    DEFAULT_STOP_UNITS,
+    MPS_CONTROL,
+    Quiesce,
+    quiesced_reset,
+    systemd_unit,
+    unit_of,
+    valid_service,
+)
+
+# Each call is logged; a unit's state lives in STATE/<unit>; FAIL names a verb that fails, HANG a
+# verb that never answers.
+SYSTEMCTL = r'''#!/bin/sh
+echo "$*" >> "%(log)s"
+[ "$1" = --no-ask-password ] && shift
+verb=$1; shift; [ "$1" = -- ] && shift
+[ "$verb" = "%(fail)s" ] && { echo "Job for $1 failed." >&2; exit 1; }
+[ "$verb" = "%(hang)s" ] && exec sleep 60
+rc=0
+for unit in "$@"; do
+  case $verb in
+    stop) echo inactive > "%(state)s/$unit" ;;
+    start) echo active > "%(state)s/$unit" ;;
+    is-active) s=$(cat "%(state)s/$unit" 2>/dev/null || echo inactive); echo "$s"; [ "$s" = active ] || rc=3 ;;
+  esac
+done
+exit $rc
+'''
+
+
+def write_script(path, text):
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+class Host:
+    """A /proc of cgroup files, a systemd runtime directory and a systemctl."""
+
+    def __init__(self, tmp_path, fail='', hang='', systemd=True):
+        self.proc = tmp_path / 'proc'
+        self.log = tmp_path / 'systemctl.log'
+        self.state = tmp_path / 'units'
+        self.state.mkdir()
+        self.systemd_dir = tmp_path / 'run-systemd-system'
+        if systemd:
+            self.systemd_dir.mkdir()
+        self.systemctl = write_script(tmp_path / 'systemctl', SYSTEMCTL % dict(
+            log=self.log, state=self.state, fail=fail or 'none', hang=hang or 'none'))
+        self.cgroup(1, '/init.scope')
+
+    def cgroup(self, pid, path, v1=True):
+        """pid in cgroup path: as a cgroup v1 host shows it (name=systemd, and the kernel's unused 0::
+        line), or as a v2 host does."""
+        directory = self.proc / str(pid)
+        directory.mkdir(parents=True, exist_ok=True)
+        lines = '9:name=systemd:%s\n4:memory:/\n0::/\n' % path if v1 else '0::%s\n' % path
+        (directory / 'cgroup').write_text(lines)
+
+    def unit(self, name, state='active'):
+        (self.state / name).write_text(state + '\n')
+
+    def calls(self):
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+    def quiesce(self, blocking, patterns=DEFAULT_STOP_UNITS, deadline=None, own=(), clock=time.monotonic):
+        return Quiesce(blocking, patterns, clock() + 30 if deadline is None else deadline, clock=clock,
+                       proc=str(self.proc), own=own, systemctl=self.systemctl, systemd_dir=str(self.systemd_dir),
+                       log=lambda message: None)
+
+
+def holder(pid, comm, exe=None):
+    return Holder(pid, 1, 0, comm, comm, exe or '/usr/bin/' + comm, 100, 'S', pid, 1, ['/dev/nvidia6'])
+
+
+class Reset:
+    """GpuReset's run: records whether it ran and which units were active then."""
+
+    def __init__(self, host, ok=True, raises=None):
+        self.host, self.ok, self.raises = host, ok, raises
+        self.active_during = None
+
+    def run(self, todo):
+        self.active_during = sorted(path.name for path in self.host.state.iterdir()
+                                    if path.read_text().strip() == 'active')
+        if self.raises:
+            raise self.raises
+        return {'attempted': True, 'gpus': sorted(todo), 'ok': self.ok, 'message': 'reset said so',
+                'persistence_mode_off': [], 'persistence_mode_restored': None}
+
+
+@pytest.fixture
+def host(tmp_path):
+    return Host(tmp_path)
+
+
+def dcgm(host):
+    """nv-hostengine in nvidia-dcgm.service and dcgm-exporter in nvidia-dcgm-exporter.service,
+    both holding GPU 6, and nvidia-powerd in a unit no default allows, holding GPU 0."""
+    host.cgroup(201, '/system.slice/nvidia-dcgm.service')
+    host.cgroup(202, '/system.slice/nvidia-dcgm-exporter.service')
+    host.unit('nvidia-dcgm.service')
+    host.unit('nvidia-dcgm-exporter.service')
+    return [(holder(201, 'nv-hostengine'), [6]), (holder(202, 'dcgm-exporter'), [6])]
+
+
+# -- units from cgroups ---------------------------------------------------------------------
+
+def test_the_unit_is_the_first_service_or_scope_of_the_cgroup_path():
+    assert unit_of('/system.slice/nvidia-dcgm.service') == 'nvidia-dcgm.service'
+    assert unit_of('/nvidia.slice/nvidia-dcgm.service/payload') == 'nvidia-dcgm.service'
+    assert unit_of('/user.slice/user-1000.slice/user@1000.service/app.slice/x.service') == 'user@1000.service'
+    assert unit_of('/user.slice/user-1000.slice/session-3.scope') == 'session-3.scope'
+    assert unit_of('/') is None and unit_of(None) is None
+
+
+def test_cgroup_v1_reads_systemds_own_hierarchy_not_the_unused_unified_line(host):
+    host.cgroup(300, '/system.slice/nvidia-dcgm.service', v1=True)
+    assert systemd_unit(300, str(host.proc)) == 'nvidia-dcgm.service'
+    host.cgroup(301, '/system.slice/nvsm.service', v1=False)
+    assert systemd_unit(301, str(host.proc)) == 'nvsm.service'
+    assert systemd_unit(302, str(host.proc)) is None  # gone
+
+
+def test_a_containers_own_cgroup_prefix_is_taken_off_by_pid_1s_init_scope(host):
+    # A container booting systemd on cgroup v1: every path starts with the container's cgroup,
+    # whose name may end in .scope (systemd's cgroup driver on the host).
+    prefix = '/machine.slice/libpod-0123abcd.scope'
+    host.cgroup(1, prefix + '/init.scope')
+    host.cgroup(300, prefix + '/system.slice/nvidia-dcgm.service')
+    host.cgroup(301, prefix)  # podman exec: the container's root
+    assert systemd_unit(300, str(host.proc)) == 'nvidia-dcgm.service'
+    assert systemd_unit(301, str(host.proc)) == 'libpod-0123abcd.scope'
+
+
+def test_only_valid_service_names_are_ever_passed_to_systemctl():
+    for name in ('nvidia-dcgm.service', 'getty@tty1.service', 'dev-disk-by\\x2duuid.service', 'a:b_c.service'):
+        assert valid_service(name), name
+    for name in ('-x.service', '--now.service', 'a b.service', 'a/b.service', 'x.scope', 'x.service\n', '',
+                 'x' * 250 + '.service', 'nvidia-dcgm.service;reboot'):
+        assert not valid_service(name), name
+
+
+# -- what may be stopped --------------------------------------------------------------------
+
+def test_the_default_allows_nvidias_dcgm_units_and_plans_to_stop_them(host):
+    quiesce = host.quiesce(dcgm(host))
+    assert quiesce.units == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service']
+    assert quiesce.refusal() is None
+    report = quiesce.report()
+    assert report['to_stop'] == quiesce.units and report['stopped'] == [] and report['refusal'] is None
+    assert [entry['action'] for entry in report['held_by']] == ['stop', 'stop']
+    assert host.calls() == []  # planning runs nothing
+
+
+def test_a_unit_the_list_does_not_allow_leaves_the_reset_unattempted_and_is_named(host):
+    blocking = dcgm(host) + [(holder(203, 'nvidia-powerd'), [6])]
+    host.cgroup(203, '/system.slice/nvidia-powerd.service')
+    quiesce = host.quiesce(blocking)
+    refusal = quiesce.refusal()
+    assert refusal.startswith('GPU 6 not reset: held by pid 203 (nvidia-powerd, unit nvidia-powerd.service), '
+                              'never stopped (reset_stop_units does not allow its unit')
+    entry = quiesced_reset(quiesce, Reset(host), [6])
+    assert entry['attempted'] is False and entry['ok'] is False and entry['message'] == refusal
+    assert host.calls() == []  # nothing stopped, not even the allowed units
+
+
+def test_an_empty_list_allows_nothing(host):
+    quiesce = host.quiesce(dcgm(host), patterns=[])
+    assert 'pid 201 (nv-hostengine, unit nvidia-dcgm.service), pid 202 (dcgm-exporter, unit ' \
+           'nvidia-dcgm-exporter.service), never stopped' in quiesce.refusal()
+    assert quiesce.units == []
+
+
+def test_globs_match_unit_names(host):
+    host.cgroup(204, '/system.slice/nvsm-core.service')
+    quiesce = host.quiesce([(holder(204, 'nvsm_core'), [0, 1])])
+    assert quiesce.units == ['nvsm-core.service'] and quiesce.refusal() is None
+    assert host.quiesce([(holder(204, 'nvsm_core'), [0])], patterns=['nvsm.service']).refusal() is not None
+
+
+def test_a_holder_in_no_service_is_never_stopped(host):
+    host.cgroup(205, '/user.slice/user-0.slice/session-4.scope')
+    host.cgroup(206, '/')
+    quiesce = host.quiesce([(holder(205, 'nv-hostengine'), [2]), (holder(206, 'dcgm-exporter'), [2])],
+                           patterns=['*'])
+    assert quiesce.units == []
+    assert 'pid 205 (nv-hostengine, unit session-4.scope), pid 206 (dcgm-exporter, unit none), never stopped ' \
+           '(it runs in no service that reset_stop_units allows to be stopped' in quiesce.refusal()
+
+
+def test_the_unit_the_release_runs_in_is_never_stopped(host):
+    # A Slurm hook run by slurmd: stopping slurmd.service would stop the release itself.
+    host.cgroup(207, '/system.slice/slurmd.service')
+    host.cgroup(4000, '/system.slice/slurmd.service')
+    quiesce = host.quiesce([(holder(207, 'nv-hostengine'), [1])], patterns=['*'], own=[4000, 1])
+    assert quiesce.units == [] and 'the release itself runs there' in quiesce.refusal()
+
+
+def test_a_unit_name_that_is_no_service_name_is_refused_and_escaped(host):
+    host.cgroup(208, '/system.slice/-\x1b[2Jevil.service')
+    refusal = host.quiesce([(holder(208, 'nv-hostengine'), [0])], patterns=['*']).refusal()
+    assert 'unit -\\x1b[2Jevil.service' in refusal and '\x1b' not in refusal
+    assert 'its unit is no valid systemd service name' in refusal
+
+
+def test_persistenced_and_the_fabric_manager_hand_the_gpu_over_themselves(host):
+    host.cgroup(209, '/system.slice/nvidia-persistenced.service')
+    host.cgroup(210, '/system.slice/nvidia-fabricmanager.service')
+    quiesce = host.quiesce([(holder(209, 'nvidia-persistenced'), [6]), (holder(210, 'nvidia-fabricmanager'), [6])])
+    assert quiesce.blockers == [] and quiesce.units == [] and quiesce.refusal() is None
+
+
+def test_no_systemd_no_stop(tmp_path):
+    host = Host(tmp_path, systemd=False)
+    entry = quiesced_reset(host.quiesce(dcgm(host)), Reset(host), [6])
+    assert entry['attempted'] is False and host.calls() == []
+    assert 'nvidia-dcgm.service, nvidia-dcgm-exporter.service must be stopped for it, but systemd does not run ' \
+           'this host (no %s); nothing was stopped' % host.systemd_dir in entry['message']
+
+
+def test_no_systemctl_no_stop(host, monkeypatch):
+    monkeypatch.setenv('PATH', str(host.proc))
+    quiesce = Quiesce(dcgm(host), DEFAULT_STOP_UNITS, time.monotonic() + 30, proc=str(host.proc),
+                      systemd_dir=str(host.systemd_dir), log=lambda message: None)
+    assert 'but systemctl is not on PATH; nothing was stopped' in quiesce.refusal()
+
+
+# -- stopping and starting ----------------------------------------------------------------------
+
+def test_the_units_are_stopped_for_the_reset_and_started_again(host):
+    reset = Reset(host)
+    entry = quiesced_reset(host.quiesce(dcgm(host)), reset, [6])
+    assert entry['ok'] is True and entry['message'] == 'reset said so'
+    assert reset.active_during == []  # both stopped while the reset ran
+    assert host.calls() == [
+        '--no-ask-password stop -- nvidia-dcgm.service',
+        '--no-ask-password stop -- nvidia-dcgm-exporter.service',
+        '--no-ask-password start -- nvidia-dcgm.service nvidia-dcgm-exporter.service',
+        '--no-ask-password is-active -- nvidia-dcgm.service',
+        '--no-ask-password is-active -- nvidia-dcgm-exporter.service',
+    ]
+    quiesced = entry['quiesced']
+    assert quiesced['stopped'] == quiesced['started'] == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service']
+    assert quiesced['active_after'] == {'nvidia-dcgm.service': 'active', 'nvidia-dcgm-exporter.service': 'active'}
+    assert quiesced['problems'] == [] and quiesced['mps_quit'] is False
+
+
+def test_a_unit_held_by_two_processes_is_stopped_once(host):
+    host.cgroup(211, '/system.slice/nvidia-dcgm.service')
+    blocking = dcgm(host) + [(holder(211, 'nv-hostengine'), [5])]
+    assert host.quiesce(blocking).units == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service']
+
+
+def test_the_units_are_started_again_when_the_reset_fails(host):
+    entry = quiesced_reset(host.quiesce(dcgm(host)), Reset(host, ok=False), [6])
+    assert entry['ok'] is False
+    assert entry['quiesced']['started'] == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service']
+    assert (host.state / 'nvidia-dcgm.service').read_text().strip() == 'active'
+
+
+def test_the_units_are_started_again_when_the_reset_raises(host):
+    quiesce = host.quiesce(dcgm(host))
+    with pytest.raises(RuntimeError):
+        quiesced_reset(quiesce, Reset(host, raises=RuntimeError('interrupted')), [6])
+    assert quiesce.started == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service']
+    assert host.calls()[-3].startswith('--no-ask-password start -- ')
+
+
+def test_a_stop_that_fails_leaves_the_reset_unattempted_and_starts_again_what_was_stopped(tmp_path):
+    host = Host(tmp_path, fail='stop')
+    reset = Reset(host)
+    entry = quiesced_reset(host.quiesce(dcgm(host)), reset, [6])
+    assert reset.active_during is None and entry['attempted'] is False and entry['ok'] is False
+    assert 'GPU 6 not reset: systemctl stop nvidia-dcgm.service failed (exit 1): Job for nvidia-dcgm.service ' \
+           'failed.' in entry['message']
+    # Only the first unit was asked to stop: only it is started again.
+    assert entry['quiesced']['stopped'] == ['nvidia-dcgm.service']
+    assert host.calls()[1:] == ['--no-ask-password start -- nvidia-dcgm.service',
+                                '--no-ask-password is-active -- nvidia-dcgm.service']
+
+
+def test_a_start_that_fails_is_reported_with_the_state_after(tmp_path):
+    host = Host(tmp_path, fail='start')
+    entry = quiesced_reset(host.quiesce(dcgm(host)), Reset(host), [6])
+    quiesced = entry['quiesced']
+    assert entry['ok'] is True  # the GPUs were reset; the services are another matter, said here
+    assert quiesced['started'] == [] and quiesced['active_after']['nvidia-dcgm.service'] == 'inactive'
+    assert 'systemctl start nvidia-dcgm.service, nvidia-dcgm-exporter.service failed (exit 1)' in quiesced['problems'][0]
+    assert 'nvidia-dcgm.service is inactive after the reset, not active' in quiesced['problems']
+    assert 'nvidia-dcgm.service is inactive after the reset' in entry['message']
+
+
+def test_a_hung_stop_is_bounded_by_the_deadline(tmp_path):
+    host = Host(tmp_path, hang='stop')
+    started = time.monotonic()
+    entry = quiesced_reset(host.quiesce(dcgm(host), deadline=started + 0.5), Reset(host), [6])
+    assert time.monotonic() - started < 5  # the start after it answers at once
+    assert entry['attempted'] is False and 'did not answer within 0.5 s and was killed' in entry['message']
+    assert entry['quiesced']['started'] == ['nvidia-dcgm.service']
+
+
+def test_the_units_are_started_again_past_the_deadline(host):
+    # The reset used up the time: starting the units again is still given its few seconds.
+    entry = quiesced_reset(host.quiesce(dcgm(host), deadline=time.monotonic() + 0.3),
+                           SlowReset(host, 0.4), [6])
+    assert entry['quiesced']['started'] == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service']
+
+
+class SlowReset(Reset):
+
+    def __init__(self, host, seconds):
+        super(SlowReset, self).__init__(host)
+        self.seconds = seconds
+
+    def run(self, todo):
+        time.sleep(self.seconds)
+        return super(SlowReset, self).run(todo)
+
+
+# -- the MPS control daemon -----------------------------------------------------------------
+
+MPS = r'''#!/bin/sh
+read -r command
+echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "%(log)s"
+[ "$command" = quit ] && kill "%(pid)s"
+'''
+
+
+@pytest.fixture
+def mps_daemon(tmp_path):
+    """A process standing in for the MPS control daemon, started with a pipe directory of its own."""
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / 'mps-pipes'))
+    proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env=env)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def mps_holder(tmp_path, proc, script=MPS):
+    """(holder, log, proc dir): the daemon as a holder, the log of the fake nvidia-cuda-mps-control,
+    and a /proc in which it runs in no service (its stat, cmdline and environ are the real ones)."""
+    info = read_process(proc.pid)
+    log = tmp_path / 'mps.log'
+    exe = write_script(tmp_path / MPS_CONTROL, script % dict(log=log, pid=proc.pid))
+    fake = tmp_path / 'proc' / str(proc.pid)
+    fake.mkdir(parents=True)
+    (fake / 'cgroup').write_text('0::/\n')
+    for name in ('stat', 'cmdline', 'environ'):
+        os.symlink('/proc/%d/%s' % (proc.pid, name), str(fake / name))
+    return Holder(proc.pid, info.ppid, info.uid, MPS_CONTROL, MPS_CONTROL, exe, info.starttime, 'S', 0, 1,
+                  ['/dev/nvidia0']), log, str(tmp_path / 'proc')
+
+
+def test_the_mps_control_daemon_outside_a_service_is_asked_to_quit_in_its_own_pipe_directory(tmp_path, mps_daemon):
+    daemon, log, proc = mps_holder(tmp_path, mps_daemon)
+    quiesce = Quiesce([(daemon, [0])], DEFAULT_STOP_UNITS, time.monotonic() + 10, proc=proc, log=lambda message: None)
+    assert quiesce.blockers[0].action == 'quit' and quiesce.refusal() is None
+    entry = quiesced_reset(quiesce, _NoUnits(), [0])
+    assert entry['ok'] is True and entry['quiesced']['mps_quit'] is True and entry['quiesced']['stopped'] == []
+    assert log.read_text() == 'quit %s\n' % (tmp_path / 'mps-pipes')
+    assert mps_daemon.wait(timeout=5) is not None
+
+
+class _NoUnits:
+    def run(self, todo):
+        return {'attempted': True, 'gpus': sorted(todo), 'ok': True, 'message': 'reset',
+                'persistence_mode_off': [], 'persistence_mode_restored': None}
+
+
+def test_the_mps_control_daemon_is_left_alone_unless_the_list_names_it(tmp_path, mps_daemon):
+    daemon, log, proc = mps_holder(tmp_path, mps_daemon)
+    quiesce = Quiesce([(daemon, [0])], ['nvidia-dcgm.service'], time.monotonic() + 10, proc=proc,
+                      log=lambda message: None)
+    assert 'unit none), never stopped' in quiesce.refusal()
+    assert quiesced_reset(quiesce, _NoUnits(), [0])['attempted'] is False
+    assert not log.exists() and mps_daemon.poll() is None
+
+
+def test_an_mps_control_daemon_that_does_not_quit_leaves_the_reset_unattempted(tmp_path, mps_daemon):
+    daemon, log, proc = mps_holder(tmp_path, mps_daemon, script='#!/bin/sh\nread -r command\necho "$command" >> "%(log)s"\n')
+    quiesce = Quiesce([(daemon, [0])], [MPS_CONTROL], time.monotonic() + 0.5, proc=proc, log=lambda message: None)
+    entry = quiesced_reset(quiesce, _NoUnits(), [0])
+    assert entry['attempted'] is False and entry['quiesced']['mps_quit'] is False
+    assert 'the MPS control daemon (pid %d) did not exit after quit within the timeout' % mps_daemon.pid in entry['message']
