@@ -38,8 +38,9 @@ plan() {
   fi
   if [ "$stage" = molecule ] || [ "$stage" = all ]; then
     echo "  - for Molecule (as root), when missing: Debian's podman runc debootstrap gcc tar, and the"
-    echo "    podman images localhost/gpuops-nvidia-base and localhost/gpuops-nvidia-gpuhost (kept for"
-    echo "    the next run); podman's settings come from .build/containers.conf (CONTAINERS_CONF),"
+    echo "    podman images localhost/gpuops-nvidia-base and localhost/gpuops-nvidia-gpuhost, and their"
+    echo "    systemd variants (-systemd, for the quiesce scenario; kept for the next run); podman's"
+    echo "    settings come from .build/containers.conf (CONTAINERS_CONF),"
     echo "    its network files go to .build/podman-networks."
   fi
 }

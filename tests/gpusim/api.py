@@ -221,6 +221,7 @@ class Host:
             exe=_hold.install_daemon(self.paths, name) if daemon else None)
         self._monitors.append(proc)
         return info
+
     def scenario(self, name="hung-job", release_delay=0.0):
         if name != "hung-job":
             raise ValueError("unknown scenario %r (known: hung-job)" % name)

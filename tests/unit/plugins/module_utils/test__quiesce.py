@@ -85,7 +85,8 @@ class Host:
     def calls(self):
         return self.log.read_text().splitlines() if self.log.exists() else []
 
-    def quiesce(self, blocking, patterns=DEFAULT_STOP_UNITS, deadline=None, own=(), clock=time.monotonic):
+    def quiesce(self, blocking, patterns=None, deadline=None, own=(), clock=time.monotonic):
+        patterns = DEFAULT_STOP_UNITS if patterns is None else patterns
         return Quiesce(blocking, patterns, clock() + 30 if deadline is None else deadline, clock=clock,
                        proc=str(self.proc), own=own, systemctl=self.systemctl, systemd_dir=str(self.systemd_dir),
                        log=lambda message: None)
