@@ -161,9 +161,12 @@ def fleet(tmp_path_factory):
         info['orphan_on'] = dict(persistenced=orphan_on.hold(gpus='all', name='nvidia-persistenced', daemon=True)['pid'],
                                  job=orphan_on.hold(gpus=[1], mib=4096, leak=True)['pid'])
         refused = make('refused', gpus=2)
-        info['refused'] = dict(daemon=refused.hold(gpus='all', name='nv-hostengine', daemon=True)['pid'],
+        # nvidia-smi refuses the reset of GPU 1 (a client no scan sees holds it); nv-hostengine holds
+        # only GPU 0, which needs no reset, so nothing has to be stopped for it.
+        info['refused'] = dict(daemon=refused.hold(gpus=[0], name='nv-hostengine', daemon=True)['pid'],
                                persistenced=refused.hold(gpus='all', name='nvidia-persistenced', daemon=True)['pid'])
         refused.hold(gpus=[1], mib=512, leak=True)
+        refused.fault('reset-refused', gpu=1)
         make('lost', gpus=4).fault('lost', gpu=2)
         make('stuck', gpus=2).fault('stuck', gpu=1, mib=4096)
         make('drain', gpus=4).fault('lost', gpu=1)
