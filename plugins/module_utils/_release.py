@@ -997,7 +997,7 @@ class Release:
         result.failure = None
         self._report(result, snapshot, holders)
         result.changed = True
-        problems = self._after_reset(escalation, snapshot, todo)
+        problems = escalation['problems'] = self._after_reset(escalation, snapshot, todo)
         if problems:
             result.released = False
             result.failure = '%s; %s' % (result.failure, '; '.join(problems)) if result.failure else \
