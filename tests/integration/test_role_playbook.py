@@ -325,8 +325,10 @@ def test_orphaned_memory_with_escalation_resets_and_restores_persistence(fleet):
     assert report['orphaned_gpus'] == [1]
     escalation = dict(report['escalation'])
     output = escalation.pop('output')
-    assert escalation == {'gpus': [1], 'persistence_mode_off': [1], 'reset_ok': True,
-                          'persistence_mode_restored': True}
+    assert escalation == {'gpus': [1], 'reasons': [{'index': 1, 'reasons': ['orphaned memory']}],
+                          'persistence_mode_off': [1], 'reset_ok': True, 'persistence_mode_restored': True,
+                          'problems': [], 'fabric': [{'index': 1, 'state': '[N/A]', 'status': '[N/A]', 'ok': True,
+                                                     'note': 'no NVLink fabric'}]}
     assert 'was successfully reset' in output
     assert report['gpus_after'][1] == {'index': 1, 'memory_used_mib': 1}
     assert fleet['runs']['persistence_after'] == 'Enabled'
