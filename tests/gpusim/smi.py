@@ -426,6 +426,9 @@ class Smi:
             remap = self.faults.get("remap", {}).get(str(g["index"]))
             if remap:
                 remap["pending"] = False
+            # And the pending page retirements (GPUs before Ampere).
+            if self.faults.get("retired_pending", {}).get(str(g["index"])):
+                self.faults["retired_pending"][str(g["index"])] = False
         write_json(self.paths.state, self.state)
         for rec in load_records(self.paths):
             hit = reset.intersection(rec["gpus"]) - set(rec.get("reset_gpus", ()))

@@ -295,6 +295,7 @@ def reset_run(capsys, host, tmp_path, **args):
     (dict(kind='xid', gpu=2, code=154, text='GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)'),
      'Xid 154 since the last cure'),
     (dict(kind='remap', gpu=2, pending=True), 'remapped rows pending'),
+    (dict(kind='retired', gpu=2, value=True), 'retired pages pending'),
     (dict(kind='reset-required', gpu=2),
      'the driver says: GPU requires reset (for utilization.gpu, temperature.gpu, retired_pages.pending)'),
 ])
