@@ -893,7 +893,7 @@ class Release:
             result.diff['after'] = _holders_text([holder for holder in holders if holder.protected])
             if self.options.wait and not would:
                 result.orphaned_gpus = self._orphaned(self._scope(snapshot), [])
-                todo = self._to_reset(result, snapshot, []) if self.options.reset_orphaned else {}
+                todo = self._to_reset(result, snapshot) if self.options.reset_orphaned else {}
                 if todo:
                     result.escalation = would_reset(todo)
                     result.changed = True
@@ -971,7 +971,7 @@ class Release:
         fabric, then read everything again; evidence (nvidia-bug-report.sh) when that fails."""
         if not self.options.reset_orphaned or snapshot is None:
             return
-        todo = self._to_reset(result, snapshot, [])
+        todo = self._to_reset(result, snapshot)
         if not todo:
             return
         foreign = [holder for holder in self.foreign_seen.values()
@@ -1015,7 +1015,7 @@ class Release:
             readable = dict((gpu.get('index'), gpu) for gpu in self._scope(snapshot) if not gpu.get('error'))
             problems.extend(_reason.needs_reset(readable[index], why='; '.join(why))
                             for index, why in sorted(todo.items())
-                            if index in readable and why != [ORPHANED] and ORPHANED not in why)
+                            if index in readable and ORPHANED not in why)
         return problems
 
     def _bug_report(self):
@@ -1038,14 +1038,14 @@ class Release:
         for warning in state.warnings:
             self._warn(warning)
 
-    def _to_reset(self, result, snapshot, survivors):
+    def _to_reset(self, result, snapshot):
         """{index: [why]} of the GPUs in scope a reset is for, with no process left on them:
         orphaned memory, and what the driver and the GPU's health call for (_health.reset_causes)."""
         todo = dict((index, [ORPHANED]) for index in result.orphaned_gpus)
         causes = self._reset_causes(snapshot)
         for gpu in self._scope(snapshot):
             index = gpu.get('index')
-            if index not in causes or gpu.get('processes') or any(self._blocks(holder, gpu) for holder in survivors):
+            if index not in causes or gpu.get('processes'):
                 continue
             todo[index] = todo.get(index, []) + causes[index]
         return todo
