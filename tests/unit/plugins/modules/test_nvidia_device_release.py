@@ -355,8 +355,8 @@ def test_the_fabric_is_waited_for_after_a_reset(capsys, gpuhost, tmp_path):
     gpuhost.fault('fabric', value='on', seconds=1.5)
     gpuhost.fault('stuck', gpu=3, mib=4096)
     started = time.monotonic()
-    result = reset_run(capsys, gpuhost, tmp_path)
-    assert result['released'] is True, result
+    result = reset_run(capsys, gpuhost, tmp_path, timeout=10)
+    assert result['released'] is True, (result.get('msg'), result['escalation'])
     assert result['escalation']['fabric'] == [{'index': 3, 'state': 'Completed', 'status': 'Success', 'ok': True}]
     assert time.monotonic() - started >= 1.5
 
