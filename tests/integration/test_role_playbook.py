@@ -438,10 +438,13 @@ def run_hook(host, tmp, mode, **env_extra):
     variables = tmp / 'gpu_reset.yml'
     variables.write_text(json.dumps(dict(
         ansible_python_interpreter=sys.executable, gpu_reset_nvidia_smi_path=host.smi_path,
-        gpu_reset_devices=[host.dev_glob], gpu_reset_lock_file=str(tmp / 'hook.lock'),
+        gpu_reset_host_root=host.root, gpu_reset_lock_file=str(tmp / 'hook.lock'),
         gpu_reset_grace_period=0.5, gpu_reset_timeout=3)))
+    # slurmd gives its hooks SLURM_CONF; gres.conf beside it lists the GPUs in index order.
+    (tmp / 'gres.conf').write_text('Name=gpu File=%s/dev/nvidia[0-%d]\n' % (host.root, len(host.memory_used()) - 1))
     env = ansible_env()
     env.update(PATH=str(fake) + os.pathsep + env['PATH'], SLURMD_NODENAME='node01', SLURM_JOB_ID='4242',
+               SLURM_CONF=str(tmp / 'slurm.conf'),
                GPU_RESET_HOOK_CONF=str(tmp / 'absent.conf'), GPU_RESET_VARS_FILE=str(variables),
                GPU_RESET_PLAYBOOK=PLAYBOOK, GPU_RESET_ANSIBLE_PLAYBOOK=os.path.join(BIN, 'ansible-playbook'),
                GPU_RESET_LOG=str(tmp / 'hook.log'), GPU_RESET_BUDGET_S='30',
@@ -538,7 +541,7 @@ def test_slurm_hook_playbook_runner_names_a_python_that_cannot_run_the_modules(g
     variables = tmp_path / 'node.yml'
     variables.write_text(json.dumps(dict(
         ansible_python_interpreter=str(python2), gpu_reset_nvidia_smi_path=host.smi_path,
-        gpu_reset_devices=[host.dev_glob], gpu_reset_lock_file=str(tmp_path / 'hook.lock'))))
+        gpu_reset_host_root=host.root, gpu_reset_lock_file=str(tmp_path / 'hook.lock'))))
     proc, calls, log = run_hook(host, tmp_path, 'prolog', SLURM_JOB_GPUS='0', GPU_RESET_RUNNER='playbook',
                                 GPU_RESET_VARS_FILE=str(variables))
     assert proc.returncode == 1, log
