@@ -11,7 +11,7 @@
 slurmd numbers a node's GPUs by their place in its gres.conf: the Name=gpu lines that apply to the
 node, in the file's order, each File= expanded in the order written. SLURM_JOB_GPUS in a Prolog or
 Epilog holds those places, not the number in a device file's name (Slurm 22.05: with File= listing
-nvidia3 first, the first job gets SLURM_JOB_GPUS=0; its source sets the places since 20.11). So:
+nvidia3 first, the first job gets SLURM_JOB_GPUS=0, as Slurm's current gres_common.c sets it). So:
 
     place in SLURM_JOB_GPUS -> gres.conf's device node there -> its minor number (st_rdev; N of
     nvidiaN for a simulated node, a regular file) -> the GPU the driver attached under that minor
