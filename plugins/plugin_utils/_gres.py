@@ -182,9 +182,9 @@ def gpu_files(text, node):
     """The device nodes of node's GPUs as Slurm numbers them: the places of SLURM_JOB_GPUS."""
     records, autodetect = node_records(text, node)
     if autodetect and autodetect[1].lower() != 'off':
-        raise GresError('gres.conf line %d sets AutoDetect=%s: Slurm then orders the GPUs it detects itself, and '
-                        'which device node each of its numbers is cannot be told from gres.conf; list the GPUs '
-                        'with File= and AutoDetect=off' % (autodetect[0], printable(autodetect[1], 40)))
+        raise GresError('gres.conf line %d: AutoDetect=%s, so Slurm orders the GPUs itself and gres.conf cannot '
+                        'tell their device nodes; list them with File= and AutoDetect=off'
+                        % (autodetect[0], printable(autodetect[1], 40)))
     gpus = [(number, fields) for number, fields in records if fields['name'].lower() == 'gpu']
     types = sorted(set(fields.get('type', '') for dummy, fields in gpus))
     if len(types) > 1:

@@ -395,7 +395,7 @@ def job_gpus(args, host_root):
         indexes, note = job_gpu_indexes(args.gpus, args.node, args.gres_conf or gres_conf_path(),
                                         host_root if isinstance(host_root, str) and host_root else '/')
     except GresError as exc:
-        return None, "the job's GPUs (SLURM_JOB_GPUS %s): %s" % (','.join(str(gpu) for gpu in args.gpus), exc)
+        return None, 'SLURM_JOB_GPUS=%s: %s' % (','.join(str(gpu) for gpu in args.gpus), exc)
     sys.stderr.write('gpu_reset: %s\n' % note)
     return indexes, None
 

@@ -76,8 +76,8 @@ def test_a_node_of_its_own_may_turn_autodetect_off():
 
 
 @pytest.mark.parametrize('text, message', [
-    ('AutoDetect=nvml\n', 'gres.conf line 1 sets AutoDetect=nvml: Slurm then orders the GPUs it detects itself'),
-    ('NodeName=gpu07 AutoDetect=nvml Name=gpu File=/dev/nvidia0\n', 'line 1 sets AutoDetect=nvml'),
+    ('AutoDetect=nvml\n', 'gres.conf line 1: AutoDetect=nvml, so Slurm orders the GPUs itself'),
+    ('NodeName=gpu07 AutoDetect=nvml Name=gpu File=/dev/nvidia0\n', 'line 1: AutoDetect=nvml, so'),
     ('Name=gpu Type=a File=/dev/nvidia0\nName=gpu Type=b File=/dev/nvidia1\n', 'GPUs of several types \\(a, b\\)'),
     ('Name=gpu File=/dev/nvidia0\nName=gpu Type=b File=/dev/nvidia1\n', 'GPUs of several types \\(none, b\\)'),
     ('Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap1\n', 'line 1 gives a GPU MultipleFiles='),

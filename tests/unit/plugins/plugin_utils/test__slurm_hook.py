@@ -171,7 +171,7 @@ def test_the_jobs_gpus_are_found_by_their_device_nodes_whatever_the_order_of_gre
 
 @pytest.mark.parametrize('gres, message', [
     (None, 'cannot read {tmp}/gres.conf (No such file or directory)'),
-    ('AutoDetect=nvml\n', 'gres.conf line 1 sets AutoDetect=nvml'),
+    ('AutoDetect=nvml\n', 'gres.conf line 1: AutoDetect=nvml, so Slurm orders the GPUs itself'),
     ('Name=gpu File={root}/dev/nvidia[0-1]\n', 'Slurm gave the job GPU 2, but {tmp}/gres.conf lists 2 GPUs for gpu07'),
     ('Name=gpu File={root}/dev/nvidia[0-1],{root}/dev/nvidia-uvm\n', "gres.conf's {root}/dev/nvidia-uvm is not a GPU"),
 ])
@@ -183,7 +183,7 @@ def test_a_job_gpu_that_cannot_be_told_drains_naming_why_and_releases_nothing(gp
     holder = gpuhost.hold(gpus=[2], mib=1024)
     rc, report, drained = hook('--gpus', '2', '--timeout', '5')
     assert rc == _slurm_hook.RUNNER_DRAINED
-    assert report['reason'].startswith("the job's GPUs (SLURM_JOB_GPUS 2): " + message.format(
+    assert report['reason'].startswith('SLURM_JOB_GPUS=2: ' + message.format(
         root=gpuhost.root, tmp=tmp_path)), report['reason']
     assert (report['signalled'], report['steps']) == ([], [])
     assert drained[-1] == 'reason=' + drain_reason(report['reason'])
@@ -377,8 +377,8 @@ def test_the_playbook_runner_is_not_started_when_the_jobs_gpus_cannot_be_told(gp
     assert rc == _slurm_hook.RUNNER_DRAINED
     assert not path.exists()
     reason = (tmp_path / 'drained').read_text()
-    assert reason.startswith("update nodename=n1 state=drain reason=gpu_reset: the job's GPUs (SLURM_JOB_GPUS 0): "
-                             "gres.conf's %s/dev/nvidia9 cannot be read" % gpuhost.root), reason
+    assert reason.startswith("update nodename=n1 state=drain reason=gpu_reset: SLURM_JOB_GPUS=0: gres.conf's "
+                             '%s/dev/nvidia9 cannot be read' % gpuhost.root), reason
     assert 'Traceback' not in capsys.readouterr().err
 
 
