@@ -76,22 +76,19 @@ def read_text(path):
 def logical_lines(text):
     """(line number, text) of each line with its comment cut and its continuations (a trailing
     backslash) joined; empty lines left out."""
-    number, pending = 0, None
+    start, pending = None, ''
     for number, raw in enumerate(text.splitlines(), 1):
         line = re.split(r'(?<!\\)#', raw, maxsplit=1)[0].replace('\\#', '#')
-        if pending is not None:
-            line = pending[1] + ' ' + line
-            start = pending[0]
-        else:
-            start = number
+        line = '%s %s' % (pending, line) if pending else line
+        start = start or number
         if line.rstrip().endswith('\\'):
-            pending = (start, line.rstrip()[:-1])
+            pending = line.rstrip()[:-1]
             continue
-        pending = None
         if line.strip():
             yield start, line.strip()
-    if pending is not None and pending[1].strip():
-        yield pending[0], pending[1].strip()
+        start, pending = None, ''
+    if pending.strip():
+        yield start, pending.strip()
 
 
 def parse_line(number, line):
