@@ -68,6 +68,9 @@ options:
     description:
       - Put only these GPUs back (indexes as nvidia-smi numbers them), for example the GPUs of
         one Slurm job on a shared node. Not set, every GPU of the host.
+      - Slurm's C(SLURM_JOB_GPUS) are not indexes but places in the node's C(gres.conf); the
+        collection's Slurm hook maps each through its C(File=) device node's minor number to the
+        GPU of that minor, and passes these indexes.
     type: list
     elements: int
   backend:
