@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs the Molecule scenarios of extensions/molecule (default, fleet) against podman
+# Runs the Molecule scenarios of extensions/molecule (default, fleet, deploy) against podman
 # containers of the simulated GPU host image. Installs what it needs (podman, runc, debootstrap,
 # gcc; the pinned .venv-molecule), gives podman its settings for these runs only
 # (CONTAINERS_CONF=.build/containers.conf), and builds the image once, reusing it while it
 # exists and its inputs are unchanged. Runs as root (podman and debootstrap need it).
-# Usage: scripts/molecule.sh [SCENARIO...]     (default: default fleet)
+# Usage: scripts/molecule.sh [SCENARIO...]     (default: default fleet deploy)
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -31,7 +31,7 @@ if [ ! -t 1 ]; then
   export NO_COLOR=1 ANSIBLE_FORCE_COLOR=0
 fi
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(default fleet)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(default fleet deploy)
 for scenario in "${scenarios[@]}"; do
   say "molecule test -s $scenario"
   start=$SECONDS

@@ -426,7 +426,7 @@ def test_role_threshold_default_is_the_modules_default():
     assert spec['gpu_reset_memory_threshold_mib']['default'] == DEFAULT_MEMORY_THRESHOLD_MIB
 
 
-HOOK = os.path.join(REPO, 'examples', 'slurm', 'gpu-reset-hook.sh')
+HOOK = os.path.join(REPO, 'roles', 'slurm_hooks', 'files', 'gpu-reset-hook.sh')
 
 
 def run_hook(host, tmp, mode, gres_conf=None, **env_extra):

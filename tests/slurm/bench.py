@@ -407,14 +407,15 @@ def link_collection():
 
 def deploy_hooks(directory, gpu_reset_vars, **role_vars):
     """Install the hooks into directory with the role gpuops.nvidia.slurm_hooks (ansible-playbook,
-    local connection), the Python running this for the hook and this checkout as the collection.
+    local connection), the Python running this for the hook and this checkout as the collection
+    (slurm_hooks_install_runtime false: the role installs neither).
 
     Returns the role's variables; the files are directory/prolog.sh, epilog.sh, slurm-hooks.conf, ..."""
     import json
 
     link_collection()
     directory = os.path.abspath(str(directory))
-    values = dict(slurm_hooks_dir=directory, slurm_hooks_python=sys.executable,
+    values = dict(slurm_hooks_dir=directory, slurm_hooks_install_runtime=False, slurm_hooks_python=sys.executable,
                   slurm_hooks_collections_path=COLLECTIONS, slurm_hooks_log=os.path.join(directory, 'hook.log'),
                   slurm_hooks_scontrol=which('scontrol'), slurm_hooks_ansible_home=os.path.join(directory, 'ansible'),
                   slurm_hooks_gpu_reset_vars=gpu_reset_vars)
