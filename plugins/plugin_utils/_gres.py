@@ -230,11 +230,12 @@ def node_minor(path):
 
 def index_by_minor(host_root):
     """{minor number: nvidia-smi index} of the GPUs the driver attached (in bus order, as the
-    release numbers them)."""
+    release numbers them); None when the driver's entries cannot be read (a container without
+    them): then, as the release does (_host.gpu_nodes), /dev/nvidiaN is taken to be GPU N, so
+    the node gres.conf names is the node the release stops the holders of."""
     driver = read_driver(host_root)
     if driver is None:
-        raise GresError('cannot read %s (is the NVIDIA driver loaded?), so no minor number can be '
-                        'matched to a GPU' % under_root(DRIVER_GPUS, host_root))
+        return None
     view = HostView(None, driver, host_root)
     return dict((info['minor'], index) for index, info in enumerate(view.attached()) if info['minor'] is not None)
 
@@ -250,6 +251,9 @@ def job_gpu_indexes(places, node, path, host_root='/'):
             raise GresError('Slurm gave the job GPU %d, but %s lists %d GPUs for %s (0-%d)'
                             % (place, printable(path), len(files), printable(node, 100), len(files) - 1))
         minor = node_minor(files[place])
+        if indexes is None:
+            found.append((place, files[place], minor, minor))
+            continue
         if minor not in indexes:
             raise GresError("GPU %d is gres.conf's %s, minor number %d, which no GPU the driver attached has "
                             '(minor numbers %s)' % (place, printable(files[place], 200), minor,
@@ -257,4 +261,7 @@ def job_gpu_indexes(places, node, path, host_root='/'):
         found.append((place, files[place], minor, indexes[minor]))
     note = 'SLURM_JOB_GPUS %s: %s' % (','.join(str(place) for place in places), '; '.join(
         '%d is %s (minor %d), nvidia-smi GPU %d' % (item[0], printable(item[1], 200), item[2], item[3]) for item in found))
+    if indexes is None:
+        note += ' (%s cannot be read: GPU N taken to be /dev/nvidiaN, as the release takes it)' % (
+            under_root(DRIVER_GPUS, host_root))
     return sorted(set(item[3] for item in found)), note

@@ -162,11 +162,14 @@ def test_a_device_node_that_is_no_gpus_is_refused(gpuhost_factory, tmp_path, gre
         job_gpu_indexes([4], 'gpu07', str(path), host.root)
 
 
-def test_without_the_drivers_entries_no_minor_number_is_matched(shuffled, tmp_path):
+def test_without_the_drivers_entries_gpu_n_is_dev_nvidia_n_as_the_release_takes_it(shuffled, tmp_path):
+    # A container without /proc/driver/nvidia: the release stops the holders of /dev/nvidiaN for
+    # GPU N, so the job's node (nvidia3, place 0) is released as GPU 3.
     host, path = shuffled
-    with pytest.raises(GresError, match='cannot read %s/proc/driver/nvidia/gpus \\(is the NVIDIA driver loaded\\?\\)'
-                       % tmp_path):
-        job_gpu_indexes([0], 'gpu07', path, str(tmp_path))
+    indexes, note = job_gpu_indexes([0], 'gpu07', path, str(tmp_path))
+    assert indexes == [3]
+    assert note.endswith('(%s/proc/driver/nvidia/gpus cannot be read: GPU N taken to be /dev/nvidiaN, as the release '
+                         'takes it)' % tmp_path)
 
 
 def test_no_gres_conf_is_an_error_naming_it(tmp_path):
