@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs the Molecule scenarios of extensions/molecule (default, fleet, quiesce) against podman
+# Runs the Molecule scenarios of extensions/molecule (default, fleet, deploy, quiesce) against podman
 # containers of the simulated GPU host image. Installs what it needs (podman, runc, debootstrap,
 # gcc; the pinned .venv-molecule), gives podman its settings for these runs only
 # (CONTAINERS_CONF=.build/containers.conf), and builds the image once, reusing it while it
 # exists and its inputs are unchanged. Runs as root (podman and debootstrap need it).
-# Usage: scripts/molecule.sh [SCENARIO...]     (default: default fleet quiesce)
+# Usage: scripts/molecule.sh [SCENARIO...]     (default: default fleet deploy quiesce)
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -24,7 +24,7 @@ start=$SECONDS
 PYTHON="$REPO/.venv-molecule/bin/python" "$REPO/tests/containers/build-image.sh"
 echo "image ready in $((SECONDS - start)) s"
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(default fleet quiesce)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(default fleet deploy quiesce)
 # The quiesce scenario's hosts boot systemd: an image of their own.
 if [[ " ${scenarios[*]} " == *" quiesce "* ]]; then
   say "simulated GPU host image with systemd"

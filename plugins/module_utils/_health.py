@@ -143,6 +143,34 @@ def recovery_action(xid_events, remapped_rows_pending=None, remapped_rows_failur
     return max(actions, key=lambda action: _SEVERITY[action])
 
 
+def reset_causes(gpu, health):
+    """Why a GPU reset is what the GPU needs, in words for the result: [] unless a reset is the
+    most severe action its health calls for (a GPU that needs a reboot or a person is left to them).
+    gpu: the GPU as the reader read it; health: its health_facts."""
+    if health.get('recovery_action') != 'reset_gpu':
+        return []
+    causes = []
+    action = health.get('driver_recovery_action')
+    if gpu.get('error') and gpu.get('reset_required'):
+        # The reader's words: [GPU requires reset], NVML's RESET_REQUIRED or the recovery action.
+        causes.append(gpu['error'])
+    elif action is not None and DRIVER_ACTIONS.get(action) == 'reset_gpu':
+        causes.append("the driver's GPU recovery action is %s" % action)
+    if health.get('remapped_rows_pending'):
+        causes.append('remapped rows pending')
+    if health.get('retired_pages_pending'):
+        causes.append('retired pages pending')
+    events = [event for event in health.get('xid_events') or () if event['since_cure']]
+    codes = set(event['code'] for event in events)
+    called = [event for event in events if xid_action(event, codes) == 'reset_gpu']
+    xids = sorted(set(event['code'] for event in called if event['code'] is not None))
+    if xids:
+        causes.append('Xid %s since the last cure' % ', '.join(str(code) for code in xids))
+    if any(event['code'] is None for event in called):
+        causes.append('the driver could not initialise it')
+    return causes
+
+
 def _fact_event(event, cured_at):
     """One entry of health.xid_events: a message of the GPU, summarised (see _kernel_log.Summary)."""
     last = event.get('last_epoch')

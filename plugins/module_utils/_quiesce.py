@@ -354,7 +354,7 @@ def quiesced_reset(quiesce, reset, todo):
         finally:
             quiesce.restore()
     if entry is None:
-        entry = escalation(sorted(todo), False, refusal, attempted=False)
+        entry = escalation(sorted(todo), False, refusal, attempted=False, reasons=getattr(reset, 'reasons', None))
     if quiesce.problems and refusal is None:
         entry['message'] += '; ' + '; '.join(quiesce.problems)
     entry['quiesced'] = quiesce.report()

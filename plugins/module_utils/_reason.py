@@ -26,9 +26,9 @@ def reset_failed(output):
     return ', and the reset failed: ' + ' '.join(str(output).split())
 
 
-def needs_reset(gpu, remedy=''):
-    """A GPU the driver says needs a reset."""
-    return 'GPU %s needs a GPU reset (%s%s)' % (gpu_name(gpu), gpu['error'], remedy)
+def needs_reset(gpu, remedy='', why=None):
+    """A GPU that needs a reset: the driver's words, or why (the causes its health gives)."""
+    return 'GPU %s needs a GPU reset (%s%s)' % (gpu_name(gpu), gpu['error'] if why is None else why, remedy)
 
 
 def unreadable(gpu):
@@ -57,3 +57,9 @@ def reported(process):
 def still_holds(who, devices):
     """A holder left that holds no GPU in scope of its own, only device nodes."""
     return '%s still holds %s' % (who, ', '.join(devices or []))
+
+
+def fabric_not_back(entry):
+    """A reset GPU whose NVLink fabric registration did not come back (see _fabric)."""
+    return 'GPU %s: the NVLink fabric is not back after the GPU reset (state %s, status %s: %s)' % (
+        entry.get('index'), entry.get('state'), entry.get('status'), entry.get('note'))

@@ -29,15 +29,24 @@ import signal
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
+from ansible_collections.gpuops.nvidia.plugins.module_utils._bug_report import (
+    DEFAULT_TIMEOUT_S as DEFAULT_BUG_REPORT_TIMEOUT_S,
+    collect as collect_bug_report,
+    program_next_to,
+)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     DEFAULT_MEMORY_THRESHOLD_MIB,
     GpuopsError,
     PermanentReadError,
+    check_seconds,
     holders_argument_spec,
     printable,
     reader_argument_spec,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._fabric import wait_for_fabric
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import health_facts, reset_causes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     ancestors,
     cgroup,
@@ -58,17 +67,18 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     seconds,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
-from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, load_cures, record_cure
 from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import (
     DEFAULT_STOP_UNITS,
     Quiesce,
     quiesced_reset,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import ORPHANED, GpuReset, would_reset
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     NotPermittedError,
     ProcessRef,
     Signaller,
+    system_log,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiRunner
 
@@ -116,6 +126,11 @@ RESET_SHARE = 1.0 / 3
 # read that finds the memory held by no process.
 ORPHAN_WAIT_S = 5.0
 
+# With reset_orphaned, the longest the kernel log is read for the reasons to reset.
+KERNEL_LOG_MAX_S = 10.0
+# What only the release's first, full read of the GPUs has, for their health.
+HEALTH_KEYS = ('remapped_rows_pending', 'remapped_rows_failure', 'retired_pages_pending', 'driver_recovery_action')
+
 REGEX_HINT_RE = re.compile(r'\.[*+]|[\\^$+(){}|]')
 REASONS = ('uninterruptible', 'zombie', 'respawned', 'ignored_signals', 'not_permitted')
 # Why a holder was left alone although it is no protected daemon: a root or system process that
@@ -140,6 +155,9 @@ def release_argument_spec():
         lock_file=dict(type='path'),
         facts_after=dict(type='bool', default=False),
         reset_orphaned=dict(type='bool', default=False),
+        kernel_log=dict(type='path'),
+        bug_report_dir=dict(type='path'),
+        bug_report_timeout=dict(type='float', default=DEFAULT_BUG_REPORT_TIMEOUT_S),
         reset_stop_units=dict(type='list', elements='str', default=list(DEFAULT_STOP_UNITS)),
     )
     spec.update(reader_argument_spec())
@@ -153,9 +171,15 @@ class ReleaseOptions:
     def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
                  wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
                  facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
-                 nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None, reset_stop_units=None):
+                 nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None, kernel_log=None,
+                 bug_report_dir=None, bug_report_timeout=DEFAULT_BUG_REPORT_TIMEOUT_S, reset_stop_units=None):
         parsed, gpus = check_release_options(devices, gpus, signals, grace_period, timeout, memory_threshold_mib,
                                              protect, settle_time, expected_gpus)
+        problem = check_seconds('bug_report_timeout', bug_report_timeout, positive=True)
+        if problem:
+            raise GpuopsError(problem)
+        if bug_report_dir is not None and not os.path.isabs(bug_report_dir):
+            raise GpuopsError('bug_report_dir: %r is not an absolute path' % (bug_report_dir,))
         # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
         self.devices = device_patterns(devices, host_root)
         self.host_root = host_root
@@ -173,6 +197,9 @@ class ReleaseOptions:
         self.nvidia_smi_path = nvidia_smi_path
         self.expected_gpus = expected_gpus
         self.state_dir = state_dir
+        self.kernel_log = kernel_log
+        self.bug_report_dir = bug_report_dir
+        self.bug_report_timeout = bug_report_timeout
         self.reset_stop_units = list(DEFAULT_STOP_UNITS if reset_stop_units is None else reset_stop_units)
         self.warnings = ['extra_protect: %r looks like a regular expression; protect names are exact names or '
                          'shell globs (e.g. python*), so it matches only a process named exactly that' % (name,)
@@ -186,7 +213,9 @@ class ReleaseOptions:
                    params.get('lock_file'), params.get('facts_after', False),
                    params.get('settle_time', DEFAULT_SETTLE_S), params.get('host_root') or '/',
                    params.get('reset_orphaned', False), params.get('nvidia_smi_path') or 'nvidia-smi',
-                   params.get('expected_gpus'), params.get('state_dir'), params.get('reset_stop_units'))
+                   params.get('expected_gpus'), params.get('state_dir'), params.get('kernel_log'),
+                   params.get('bug_report_dir'), params.get('bug_report_timeout', DEFAULT_BUG_REPORT_TIMEOUT_S),
+                   params.get('reset_stop_units'))
 
 
 class Target:
@@ -358,6 +387,7 @@ class Release:
         self.read_error = None
         self.read_error_permanent = False
         self.last_snapshot = None
+        self.first_snapshot = None
         self.reset_deadline = None
         self.unheld_since = None  # when a read first found the memory held by no process
         self.orphans_waited = False
@@ -852,6 +882,7 @@ class Release:
 
     def _run(self, result):
         snapshot, holders = self._observe(force_read=True, full=True)
+        self.first_snapshot = snapshot
         if self.read_error_permanent or (snapshot is None and self.options.expected_gpus is not None):
             # Waiting cannot fix it, and without a read nothing can be proved (nor how many GPUs
             # the host has): stop before any signal.
@@ -870,8 +901,8 @@ class Release:
             result.diff['after'] = _holders_text([holder for holder in holders if holder.protected])
             if self.options.wait and not would:
                 result.orphaned_gpus = self._orphaned(self._scope(snapshot), [])
-                todo = self._to_reset(result, self._scope(snapshot), [])
-                if self.options.reset_orphaned and todo:
+                todo = self._to_reset(result, snapshot) if self.options.reset_orphaned else {}
+                if todo:
                     result.escalation = would_reset(todo)
                     result.escalation['quiesced'] = self._quiesce(snapshot, todo).report()
                     result.changed = True
@@ -945,10 +976,12 @@ class Release:
         return due if self.reset_deadline is None else min(due, self.reset_deadline)
 
     def _escalate(self, result, snapshot):
-        """With reset_orphaned: reset the GPUs left with orphaned memory, and those the driver says
-        need a reset, then read everything again."""
-        todo = self._to_reset(result, self._scope(snapshot), []) if snapshot is not None else []
-        if not self.options.reset_orphaned or not todo:
+        """With reset_orphaned: reset the GPUs that need it (_to_reset), wait for their NVLink
+        fabric, then read everything again; evidence (nvidia-bug-report.sh) when that fails."""
+        if not self.options.reset_orphaned or snapshot is None:
+            return
+        todo = self._to_reset(result, snapshot)
+        if not todo:
             return
         foreign = [holder for holder in self.foreign_seen.values()
                    if any(self._blocks(holder, gpu) for gpu in self._scope(snapshot) if gpu.get('index') in todo)]
@@ -956,26 +989,54 @@ class Release:
             blocking = ['pid %d' % survivor['pid'] for survivor in result.survivors]
             blocking.extend(_foreign_why(holder) for holder in foreign)
             self._warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
-                ', '.join(str(index) for index in todo), ', '.join(blocking)))
+                ', '.join(str(index) for index in sorted(todo)), ', '.join(blocking)))
             if foreign and result.failure:
                 result.failure += '; GPU reset not attempted: held by %s' % ', '.join(_foreign_why(h) for h in foreign)
             return
         runner = self.smi_runner or SmiRunner(self.options.nvidia_smi_path)
         bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
         # The reset ends when the signalling would: the read after it has the time left.
-        reasons = dict((index, 'orphaned memory' if index in result.orphaned_gpus else 'the driver says it requires a reset')
-                       for index in todo)
-        reset = GpuReset(runner, bus_ids, todo, self.signal_deadline, self.clock, reasons=reasons)
-        result.escalation = quiesced_reset(self._quiesce(snapshot, todo), reset, todo)
-        for problem in result.escalation['quiesced']['problems']:
+        reset = GpuReset(runner, bus_ids, todo, self.signal_deadline, self.clock, reasons=todo)
+        escalation = result.escalation = quiesced_reset(self._quiesce(snapshot, todo), reset, sorted(todo))
+        for problem in escalation['quiesced']['problems']:
             self._warn('reset_stop_units: %s' % problem)
-        self._record_cures(result.escalation, snapshot)
+        if escalation['ok']:
+            escalation['fabric'] = wait_for_fabric(runner, escalation['gpus'], self.signal_deadline, self.clock,
+                                                   self.sleep)
+        self._record_cures(escalation, snapshot)
         snapshot, holders = self._observe(force_read=True, final=True, full=True)
         result.failure = None
         self._report(result, snapshot, holders)
         result.changed = True
-        if result.failure and not result.escalation['ok']:
-            result.failure += '; the GPU reset failed: %s' % result.escalation['message']
+        problems = escalation['problems'] = self._after_reset(escalation, snapshot, todo)
+        if problems:
+            result.released = False
+            result.failure = '%s; %s' % (result.failure, '; '.join(problems)) if result.failure else \
+                'GPUs not released: %s' % '; '.join(problems)
+        if result.failure and not escalation['ok']:
+            result.failure += '; the GPU reset failed: %s' % escalation['message']
+        if result.failure and self.options.bug_report_dir:
+            escalation['bug_report'] = self._bug_report()
+
+    def _after_reset(self, escalation, snapshot, todo):
+        """What is still wrong after the reset that the GPUs' readings do not show: a fabric not
+        back, and a reset that failed on a GPU its health (not its memory) said needs one."""
+        problems = [_reason.fabric_not_back(entry) for entry in escalation.get('fabric') or () if not entry['ok']]
+        if not escalation['ok']:
+            readable = dict((gpu.get('index'), gpu) for gpu in self._scope(snapshot) if not gpu.get('error'))
+            problems.extend(_reason.needs_reset(readable[index], why='; '.join(why))
+                            for index, why in sorted(todo.items())
+                            if index in readable and ORPHANED not in why)
+        return problems
+
+    def _bug_report(self):
+        """nvidia-bug-report.sh into bug_report_dir, within bug_report_timeout."""
+        report = collect_bug_report(self.options.bug_report_dir, self.options.bug_report_timeout,
+                                    program_next_to(self.options.nvidia_smi_path))
+        system_log('gpuops.nvidia: %s' % report['message'])
+        if not report['ok']:
+            self._warn('bug_report_dir: %s' % report['message'])
+        return report
 
     def _quiesce(self, snapshot, todo):
         """The stops around a reset of the GPUs todo: of the protected processes that hold them."""
@@ -996,13 +1057,44 @@ class Release:
         for warning in state.warnings:
             self._warn(warning)
 
-    def _to_reset(self, result, scope, survivors):
-        """The indexes of the GPUs a reset_orphaned reset is for: orphaned memory, or the driver's
-        word that the GPU needs a reset (state reset_required), with no process left on it."""
-        needs = [gpu.get('index') for gpu in scope if gpu.get('index') is not None
-                 if gpu_state(gpu, self.options.memory_threshold_mib) == 'reset_required'
-                 if not gpu.get('processes') and not any(self._blocks(holder, gpu) for holder in survivors)]
-        return sorted(set(result.orphaned_gpus) | set(needs))
+    def _to_reset(self, result, snapshot):
+        """{index: [why]} of the GPUs in scope a reset is for, with no process left on them:
+        orphaned memory, and what the driver and the GPU's health call for (_health.reset_causes)."""
+        todo = dict((index, [ORPHANED]) for index in result.orphaned_gpus)
+        causes = self._reset_causes(snapshot)
+        for gpu in self._scope(snapshot):
+            index = gpu.get('index')
+            if index not in causes or gpu.get('processes'):
+                continue
+            todo[index] = todo.get(index, []) + causes[index]
+        return todo
+
+    def _reset_causes(self, snapshot):
+        """{index: [why]} of the GPUs in scope whose health calls for a reset: the driver's word
+        and the kernel log's Xids since the GPU's last cure, read as nvidia_gpu_facts reads them."""
+        state = StateDir.for_host(self.options.state_dir, self.options.host_root)
+        boot = boot_id()
+        left = min(KERNEL_LOG_MAX_S, self.signal_deadline - self.clock())
+        events = None
+        if left > 0:
+            events, warnings = read_xid_events(self.options.kernel_log, left, state=state, boot=boot)
+            for warning in warnings:
+                self._warn(warning)
+        cures = load_cures(state, boot)
+        first = dict((gpu.get('uuid'), gpu) for gpu in self.first_snapshot.gpus) if self.first_snapshot else {}
+        causes = {}
+        for gpu in self._scope(snapshot):
+            if gpu.get('index') is None:
+                continue
+            # The light reads of the release leave out what only the first, full read has.
+            known = dict(gpu)
+            for key in HEALTH_KEYS:
+                if known.get(key) is None:
+                    known[key] = (first.get(gpu.get('uuid')) or {}).get(key)
+            why = reset_causes(known, health_facts(known, events, cures.get(gpu.get('uuid'))))
+            if why:
+                causes[gpu['index']] = why
+        return causes
 
     def _orphaned(self, scope, survivors):
         """The indexes of the GPUs of scope with memory used and no process holding them."""

@@ -6,14 +6,15 @@
 # This module_utils is PRIVATE and should only be used by this collection. Breaking
 # changes can occur at any time.
 
-"""Reset of GPUs left with orphaned memory (memory used, no process): the last resort of a release.
+"""Reset of GPUs that need one (orphaned memory, or what the driver and their health call for):
+the last resort of a release.
 
 For each GPU: persistence mode off when it is on (persistence counts as a client of the device,
 and nvidia-persistenced lets the GPU go when it is switched off), ``nvidia-smi --gpu-reset -i N``,
 and persistence mode back on in a ``finally``, whatever the reset did. When nvidia-smi refuses
 the reset and names other GPUs with it (the NVLink peers some systems require to be reset in the
 same command, nvidia-smi(1) on --gpu-reset), the reset is tried once more with those peers,
-provided they are themselves GPUs in scope left with orphaned memory; otherwise the refusal is
+provided they are themselves GPUs in scope that need a reset; otherwise the refusal is
 reported in nvidia-smi's own words. Every call fits in the release's deadline; restoring
 persistence mode is given a little time even past it.
 """
@@ -32,6 +33,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import syst
 RESTORE_MIN_S = 5.0
 # The longest text of nvidia-smi quoted in a message.
 QUOTE_MAX = 600
+# Why a GPU is reset unless said otherwise.
+ORPHANED = 'orphaned memory'
 
 
 def _said(stdout, stderr):
@@ -44,13 +47,16 @@ def _names(indexes):
     return ', '.join(str(index) for index in indexes)
 
 
-def escalation(gpus, ok, message, attempted=True, persistence_mode_off=(), persistence_mode_restored=None):
+def escalation(gpus, ok, message, attempted=True, persistence_mode_off=(), persistence_mode_restored=None,
+               reasons=None):
     """The escalation entry of a release result.
 
     persistence_mode_off: the indexes whose persistence mode was switched off for the reset;
     persistence_mode_restored: whether it was switched back on on all of them (None when none was
-    switched off)."""
+    switched off); reasons: {index: [why it is reset]}."""
+    reasons = reasons or {}
     return {'attempted': attempted, 'gpus': list(gpus), 'ok': ok, 'message': message,
+            'reasons': [{'index': index, 'reasons': list(reasons.get(index) or [ORPHANED])} for index in gpus],
             'persistence_mode_off': sorted(set(persistence_mode_off)),
             'persistence_mode_restored': persistence_mode_restored if persistence_mode_off else None}
 
@@ -59,7 +65,8 @@ class GpuReset:
     """Resets GPUs with nvidia-smi through runner (an SmiRunner), before deadline (runner's clock).
 
     bus_ids: {index: pci bus id} of every GPU the host has, to recognise the peers a refusal
-    names; eligible: the indexes that may be reset (the in-scope GPUs with orphaned memory).
+    names; eligible: the indexes that may be reset (the in-scope GPUs that need a reset);
+    reasons: {index: [why it is reset]}, orphaned memory unless said otherwise.
     """
 
     def __init__(self, runner, bus_ids, eligible, deadline, clock=time.monotonic, log=system_log, reasons=None):
@@ -70,7 +77,6 @@ class GpuReset:
         self.deadline = deadline
         self.clock = clock
         self.log = log
-        # {index: why it is reset}, for the system log; orphaned memory unless said otherwise.
         self.reasons = dict(reasons or {})
         # {index: restored} of every GPU whose persistence mode was switched off, the last try counting.
         self.restored = {}
@@ -112,7 +118,7 @@ class GpuReset:
                     self._set_persistence(index, False)
                     persistent.append(index)
                     self.restored[index] = False
-            why = sorted(set(self.reasons.get(index, 'orphaned memory') for index in group))
+            why = sorted(set(reason for index in group for reason in self.reasons.get(index) or [ORPHANED]))
             self.log('gpuops.nvidia: resetting GPU %s (%s) with nvidia-smi --gpu-reset' % (_names(group), ', '.join(why)))
             rc, stdout, stderr = self._smi(['--gpu-reset', '-i', ','.join(str(index) for index in group)])
         except GpuopsError as exc:
@@ -149,18 +155,20 @@ class GpuReset:
                     todo = [index for index in todo if index not in group]
                     ok, text, dummy = self._reset_group(group)
                 else:
-                    text += ' (nvidia-smi names GPU %s with it, which %s not among the GPUs in scope left with orphaned ' \
-                            'memory, so %s not reset with it)' % (
+                    text += ' (nvidia-smi names GPU %s with it, which %s not among the GPUs in scope that need a ' \
+                            'reset, so %s not reset with it)' % (
                                 _names('?' if index is None else index for index in peers),
                                 'is' if len(peers) == 1 else 'are', 'it was' if len(peers) == 1 else 'they were')
             (done if ok else failed).extend(group)
             messages.append(text)
         restored = all(self.restored.values())
         return escalation(sorted(done + failed), not failed, '; '.join(messages),
-                          persistence_mode_off=self.restored, persistence_mode_restored=restored)
+                          persistence_mode_off=self.restored, persistence_mode_restored=restored, reasons=self.reasons)
 
 
-def would_reset(indexes):
-    """The escalation entry of check mode: what would be reset."""
-    return escalation(sorted(indexes), None, 'check mode: GPU %s would be reset (persistence mode off, '
-                      'nvidia-smi --gpu-reset, persistence mode restored)' % _names(sorted(indexes)), attempted=False)
+def would_reset(reasons):
+    """The escalation entry of check mode: what would be reset. reasons: {index: [why]}."""
+    indexes = sorted(reasons)
+    return escalation(indexes, None, 'check mode: GPU %s would be reset (persistence mode off, '
+                      'nvidia-smi --gpu-reset, persistence mode restored)' % _names(indexes), attempted=False,
+                      reasons=reasons)

@@ -23,6 +23,8 @@ description:
     first itself and signals nothing on a clean host; on the usual path that one module call is
     all. With O(allow_gpu_reset), the release ends by resetting the GPUs whose memory stays held
     with no process left.
+  - A reset (O(allow_gpu_reset)) is said in the report's C(escalation) - which GPUs, why each,
+    nvidia-smi's words, the NVLink fabric after it, and what is still wrong (C(problems)).
   - It reads the GPUs again only when the release did not leave them clean (once), or when your
     clean query does not hold yet on what the release read last (at most four reads, a second
     apart).
@@ -66,6 +68,9 @@ options:
     description:
       - Put only these GPUs back (indexes as nvidia-smi numbers them), for example the GPUs of
         one Slurm job on a shared node. Not set, every GPU of the host.
+      - Slurm's C(SLURM_JOB_GPUS) are not indexes but places in the node's C(gres.conf); the
+        collection's Slurm hook maps each through its C(File=) device node's minor number to the
+        GPU of that minor, and passes these indexes.
     type: list
     elements: int
   backend:
@@ -126,8 +131,10 @@ options:
     type: str
   allow_gpu_reset:
     description:
-      - Reset the GPUs whose memory stays held with no process left, and those the driver says
-        need a reset (C(nvidia-smi --gpu-reset)).
+      - Reset the GPUs that need a reset (C(nvidia-smi --gpu-reset)) - memory held with no
+        process left, the driver's word, pending remapped rows, an Xid whose catalogue action is
+        a GPU reset - and wait for their NVLink fabric after it
+        (O(gpuops.nvidia.nvidia_device_release#module:reset_orphaned)).
     type: bool
     default: false
   stop_units:
@@ -140,6 +147,21 @@ options:
     type: list
     elements: str
     default: [nvidia-dcgm.service, nvidia-dcgm-exporter.service, dcgm-exporter.service, nvsm*.service, nvidia-cuda-mps-control]
+  kernel_log:
+    description:
+      - A file to read the kernel's Xid messages from for the reasons to reset, instead of
+        C(journalctl -k) or C(dmesg) (O(gpuops.nvidia.nvidia_device_release#module:kernel_log)).
+    type: path
+  bug_report_dir:
+    description:
+      - Where C(nvidia-bug-report.sh) writes its report when a GPU reset fails; not set, none is
+        made (O(gpuops.nvidia.nvidia_device_release#module:bug_report_dir)).
+    type: path
+  bug_report_timeout:
+    description:
+      - Seconds C(nvidia-bug-report.sh) may run, after the release's O(timeout).
+    type: float
+    default: 120
   assert_clean:
     description:
       - Fail the host when it is not clean, with a message that names each dirty GPU and why.

@@ -161,16 +161,28 @@ options:
     default: false
   reset_orphaned:
     description:
-      - When the release ends with GPUs in scope left with orphaned memory (RV(orphaned_gpus),
-        memory used, no process) and no unprotected holder left, reset them. For each such
-        GPU, persistence mode is switched off when it is on (C(nvidia-smi -i N -pm 0); it counts as
-        a client of the device, and C(nvidia-persistenced) lets the GPU go), then
+      - When the release ends with GPUs in scope that need a GPU reset and no unprotected
+        holder left, reset them. A GPU needs one when it is left with orphaned memory
+        (RV(orphaned_gpus), memory used, no process), or when its health calls for a reset and
+        nothing worse - the driver says so (C([GPU requires reset]), NVML's RESET_REQUIRED, a
+        recovery action of reset), remapped rows or retired pages are pending, or the kernel
+        log has an Xid since the GPU's last cure whose action in NVIDIA's Xid catalogue is a
+        GPU reset (for example 95, 119, 120, or 154 naming a reset), read as
+        M(gpuops.nvidia.nvidia_gpu_facts) reads it (O(kernel_log)). A GPU whose health calls
+        for a reboot or for a person (Xid 79, 48) is not reset. RV(escalation.reasons) says why
+        each GPU was reset.
+      - For each such GPU, persistence mode is switched off when it is on (C(nvidia-smi -i N -pm 0);
+        it counts as a client of the device, and C(nvidia-persistenced) lets the GPU go), then
         C(nvidia-smi --gpu-reset -i N) runs, and persistence mode is switched back on whatever
-        the reset did. The GPUs are then read again, so RV(gpus_after), RV(orphaned_gpus) and
-        RV(released) tell the state after the reset; RV(escalation) tells what was done.
+        the reset did. On NVSwitch systems the reset GPUs must register with the NVLink fabric
+        again, so the module waits, within O(timeout), until each reports the fabric state
+        C(Completed) with status C(Success) (RV(escalation.fabric)); a GPU whose fabric does
+        not come back is not released. The GPUs are then read again, so RV(gpus_after),
+        RV(orphaned_gpus) and RV(released) tell the state after the reset; RV(escalation)
+        tells what was done. A successful reset cures the GPU, so older Xid errors no longer count.
       - When nvidia-smi refuses the reset and names other GPUs with it (NVLink peers that the
         driver requires to be reset in the same command), the reset is tried once more with
-        them, provided they are GPUs in scope left with orphaned memory themselves. A refusal
+        them, provided they are GPUs in scope that need a reset themselves. A refusal
         is reported in nvidia-smi's own words and fails the task.
       - The reset always runs through nvidia-smi (O(nvidia_smi_path)), whatever O(backend)
         reads the GPUs, and needs root. It fits in O(timeout); waiting for the driver to free
@@ -179,11 +191,32 @@ options:
         after it keeps its own. Restoring persistence mode is allowed a few seconds more.
       - Not attempted while a process other than a protected one still holds the devices
         (a warning says so), nor with O(wait=false). In check mode, RV(escalation) says which
-        GPUs would be reset and nothing is done.
+        GPUs would be reset, and why, and nothing is done.
       - Protected processes that hold a GPU to be reset (DCGM's host engine, dcgm-exporter, NVSM)
         are stopped for it through their systemd units, as O(reset_stop_units) allows.
     type: bool
     default: false
+  kernel_log:
+    description:
+      - With O(reset_orphaned), a file to read the kernel's Xid messages from instead of
+        C(journalctl -k), then C(dmesg), as in M(gpuops.nvidia.nvidia_gpu_facts).
+    type: path
+  bug_report_dir:
+    description:
+      - When a GPU reset fails (refused, failed, or the fabric did not come back), run NVIDIA's
+        C(nvidia-bug-report.sh) (the one beside O(nvidia_smi_path) when that is a path, else the
+        one on C(PATH)), which NVIDIA support asks for, writing its report into this directory;
+        its path is RV(escalation.bug_report.path).
+      - The directory is created with mode 0700 when missing; an existing one must belong to
+        the user the module runs as, with mode 0700, and not be a symbolic link (the report holds
+        the host's kernel log and process list). Not set, no report is made.
+    type: path
+  bug_report_timeout:
+    description:
+      - Seconds C(nvidia-bug-report.sh) may run; after that it is stopped with everything it started.
+        This comes on top of O(timeout), and only after a failed reset with O(bug_report_dir).
+    type: float
+    default: 120
   reset_stop_units:
     description:
       - The systemd services that may be stopped for a O(reset_orphaned) reset, as shell globs
@@ -436,7 +469,7 @@ orphaned_gpus:
 escalation:
   description:
     - What O(reset_orphaned) did. Null when no reset was attempted (the option is off, no GPU
-      was left with orphaned memory, or a holder remained).
+      needed a reset, or a holder remained).
   returned: always
   type: dict
   contains:
@@ -508,11 +541,73 @@ escalation:
           description: What went wrong stopping or starting them (also in the warnings).
           type: list
           elements: str
+    reasons:
+      description: Why each GPU of RV(escalation.gpus) was (or would be) reset - C(orphaned
+        memory), the driver's words, C(remapped rows pending), C(retired pages pending),
+        C(Xid 95 since the last cure) and the like.
+      type: list
+      elements: dict
+      contains:
+        index:
+          description: The GPU's index.
+          type: int
+        reasons:
+          description: Each reason, in words.
+          type: list
+          elements: str
+    fabric:
+      description: After a successful reset, each reset GPU's NVLink fabric registration as
+        nvidia-smi reports it (C(fabric.state), C(fabric.status)).
+      returned: when the reset succeeded
+      type: list
+      elements: dict
+      contains:
+        index:
+          description: The GPU's index.
+          type: int
+        state:
+          description: C(Completed), C(In Progress), C(Not Started), C([N/A]) on a GPU without
+            an NVSwitch fabric; null when it could not be read.
+          type: str
+        status:
+          description: C(Success), or the error of a registration that completed.
+          type: str
+        ok:
+          description: Whether the GPU is ready for NVLink (registered with success), or has
+            no fabric to register with.
+          type: bool
+        note:
+          description: Why, when it is not plainly registered.
+          type: str
+          returned: when it is not C(Completed) with C(Success)
+    problems:
+      description: What is still wrong after the reset that the GPUs' readings do not show, one
+        text per GPU - a fabric that did not come back, a failed reset of a GPU whose health (not
+        its memory) called for it. Each also fails the release.
+      returned: when a reset was attempted
+      type: list
+      elements: str
+    bug_report:
+      description: The C(nvidia-bug-report.sh) run after a failed reset (see O(bug_report_dir)).
+      returned: when the reset failed and O(bug_report_dir) is set
+      type: dict
+      contains:
+        path:
+          description: The report's file; null when none was written.
+          type: str
+        ok:
+          description: Whether it ran to the end and wrote its report.
+          type: bool
+        message:
+          description: What happened, in words.
+          type: str
   sample:
     attempted: true
     gpus: [3]
     ok: true
     message: 'GPU 3 reset: GPU 00000000:5D:00.0 was successfully reset. All done.'
+    reasons: [{index: 3, reasons: [orphaned memory]}]
+    fabric: [{index: 3, state: Completed, status: Success, ok: true}]
     persistence_mode_off: [3]
     persistence_mode_restored: true
     quiesced:

@@ -40,7 +40,8 @@ VERIFY_READS = 4
 VERIFY_DELAY_S = 1.0
 
 RELEASE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'gpus', 'signals',
-                   'grace_period', 'timeout', 'memory_threshold_mib', 'extra_protect', 'lock_file')
+                   'grace_period', 'timeout', 'memory_threshold_mib', 'extra_protect', 'lock_file', 'kernel_log',
+                   'bug_report_dir', 'bug_report_timeout')
 FACTS_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'extra_protect',
                  'memory_threshold_mib', 'timeout')
 PROBE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'gpus', 'memory_threshold_mib')
@@ -114,6 +115,10 @@ class Run:
         args = self._pick(RELEASE_OPTIONS)
         args['reset_orphaned'] = self.options['allow_gpu_reset']
         args['reset_stop_units'] = self.options['stop_units']
+        left = self.left()
+        if left is not None and 'bug_report_timeout' in args:
+            # After the release's own timeout, within what is left of the run.
+            args['bug_report_timeout'] = max(1, min(float(args['bug_report_timeout']), left - float(args['timeout']) - 1))
         # For a query of your own, and for check mode's reason.
         args['facts_after'] = self.options['clean_query'] is not None or self.check_mode
         return args

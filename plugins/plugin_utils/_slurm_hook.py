@@ -24,7 +24,7 @@ modules run as programs (run_module below), then the role's finishing section:
    then the node_exporter metrics and the JSON report, when asked for.
 
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
-        --node NODE [--vars-file FILE] [--gpus 0,1] [--timeout S] [--deadline S] [--scontrol PATH]
+        --node NODE [--vars-file FILE] [--gpus 0,1 [--gres-conf FILE]] [--timeout S] [--deadline S] [--scontrol PATH]
         [--reboot [--reboot-stamp FILE]] [--health-check] [--playbook-vars FILE]
 
 Exit status: 0 clean or released; 10 failed, the node drained with the reason; 11 failed and
@@ -273,18 +273,19 @@ def write_file(path, text):
         raise
 
 
-def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None):
+def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None, refused=None):
     """The sequence on one node, then the finishing section; returns its report (gpu_reset_result).
 
     why_not_drain: called before draining a node that is not clean; a reason (text) not to
     drain it after all is noted in the report (drain_skipped) instead. reboot_stamp: ask Slurm
-    for a reboot instead of a drain when only a reboot cures the GPUs (ask_reboot)."""
+    for a reboot instead of a drain when only a reboot cures the GPUs (ask_reboot). refused: why
+    nothing may be released (the job's GPUs could not be told): the node is failed with it."""
     ends = time.monotonic() + deadline
     # The modules end that much before the hook's time does, for the drain command.
     modules_end = ends - min(DRAIN_RESERVE_S, deadline / 10.0)
     run = _sequence.Run(node, dict((name[len(PREFIX):], value) for name, value in settings.items()),
                         ModuleRunner(modules_end), name=lambda option: PREFIX + option, deadline=modules_end)
-    result = _sequence.run(run)
+    result = _sequence.run(run) if refused is None else refuse(run, refused)
     # The settings as the sequence checked and converted them (a wrong one at its default).
     options = run.options
     # A misconfigured node is drained too (see above).
@@ -310,6 +311,17 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
     return result
 
 
+def refuse(run, why):
+    """The report of a run that releases nothing, failed with why; its settings checked, for the
+    finishing section."""
+    _sequence.check_settings(run)
+    run.error = '; '.join(part for part in (why, run.error) if part)
+    run.misconfigured = True
+    _sequence.judge(run)
+    run.report['steps'] = []
+    return run.report
+
+
 def write_report(directory, node, result):
     """The report in directory, named after node as the role names it (escaped, inside directory)."""
     from ansible_collections.gpuops.nvidia.plugins.plugin_utils._report import report_path
@@ -324,9 +336,10 @@ GPU_PART_RE = re.compile(r'^\s*([0-9]{1,9})\s*(?:-\s*([0-9]{1,9})\s*)?$')
 
 
 def gpu_list(text):
-    """Slurm's SLURM_JOB_GPUS (0,1,5; ranges such as 0-3,6 too) as a list of indexes, each once.
+    """Slurm's SLURM_JOB_GPUS (0,1,5; ranges such as 0-3,6 too) as a list of its numbers, each once:
+    the places of the job's GPUs in gres.conf (job_gpus makes them nvidia-smi indexes).
 
-    For both runners. ValueError, naming the part, for anything else, and for an index past the
+    For both runners. ValueError, naming the part, for anything else, and for a number past the
     MAX_GPUS (64) a node can have: checked before a range is expanded, so 0-2000000 costs nothing."""
     from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import MAX_GPUS
 
@@ -359,15 +372,60 @@ def gpus_argument(text):
         raise argparse.ArgumentTypeError(str(exc))
 
 
-def hook_vars(args):
+def hook_vars(args, gpus=None):
     """The variables the hook fixes, over the variables file: drain on failure, the release's
-    time, the job's GPUs."""
+    time, the job's GPUs (nvidia-smi indexes, job_gpus)."""
     found = {'gpu_reset_on_failure': 'drain'}
-    if args.gpus is not None:
-        found['gpu_reset_gpus'] = args.gpus
+    if gpus is not None:
+        found['gpu_reset_gpus'] = gpus
     if args.timeout is not None:
         found['gpu_reset_timeout'] = args.timeout
     return found
+
+
+def job_gpus(args, host_root):
+    """(the nvidia-smi indexes of the job's GPUs, None for every GPU; why they cannot be told, or
+    None): SLURM_JOB_GPUS through the node's gres.conf (plugin_utils/_gres.py), the mapping said
+    on stderr, for the hook's log."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._gres import GresError, gres_conf_path, job_gpu_indexes
+
+    if args.gpus is None:
+        return None, None
+    try:
+        indexes, note = job_gpu_indexes(args.gpus, args.node, args.gres_conf or gres_conf_path(),
+                                        host_root if isinstance(host_root, str) and host_root else '/')
+    except GresError as exc:
+        return None, 'SLURM_JOB_GPUS=%s: %s' % (','.join(str(gpu) for gpu in args.gpus), exc)
+    sys.stderr.write('gpu_reset: %s\n' % note)
+    return indexes, None
+
+
+def playbook_vars(args):
+    """--playbook-vars: the hook's variables for ansible-playbook; when the job's GPUs cannot be
+    told, the node drained with why instead (RUNNER_DRAINED or RUNNER_NOT_DRAINED)."""
+    gpus, problem = job_gpus(args, host_root_of(args.vars_file))
+    if problem is None:
+        return write_playbook_vars(args.playbook_vars, hook_vars(args, gpus))
+    result = drain({'host': args.node, 'outcome': 'failed', 'reason': problem}, args.scontrol, args.node, SLURM_CALL_S)
+    sys.stdout.write(json.dumps(result) + '\n')
+    sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))
+    return RUNNER_DRAINED if result['drained'] else RUNNER_NOT_DRAINED
+
+
+def host_root_of(vars_file):
+    """gpu_reset_host_root as the variables file sets it ('/' when it does not, or cannot be read:
+    the playbook then says why)."""
+    import yaml
+
+    if not vars_file:
+        return '/'
+    try:
+        with open(vars_file) as handle:
+            given = yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError):
+        given = None
+    root = given.get('gpu_reset_host_root') if isinstance(given, dict) else None
+    return root if isinstance(root, str) and '{' not in root else '/'
 
 
 def write_playbook_vars(path, variables):
@@ -573,7 +631,11 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog='gpu-reset-hook', description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--node', required=True, help='the Slurm node name (SLURMD_NODENAME)')
     parser.add_argument('--vars-file', help='YAML file of gpu_reset_* variables')
-    parser.add_argument('--gpus', type=gpus_argument, help="the job's GPUs (SLURM_JOB_GPUS); all when not given")
+    parser.add_argument('--gpus', type=gpus_argument,
+                        help="the job's GPUs as Slurm numbers them (SLURM_JOB_GPUS: their places in gres.conf), "
+                             'mapped through gres.conf to nvidia-smi indexes; every GPU when not given')
+    parser.add_argument('--gres-conf', help="the node's gres.conf (default: gres.conf beside $SLURM_CONF, "
+                                            'or /etc/slurm/gres.conf)')
     parser.add_argument('--timeout', type=float, help='gpu_reset_timeout, the seconds the release may take')
     parser.add_argument('--deadline', type=float, default=60, help='seconds the whole run may take')
     parser.add_argument('--scontrol', default='scontrol', help='the scontrol command')
@@ -593,7 +655,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     if args.playbook_vars:
-        return write_playbook_vars(args.playbook_vars, hook_vars(args))
+        return playbook_vars(args)
     try:
         if args.health_check:
             return health_check(args)
@@ -604,7 +666,10 @@ def main(argv=None):
     except (OSError, ValueError) as exc:
         sys.stderr.write('gpu_reset: cannot read the settings: %s\n' % printable(str(exc)))
         return RUNNER_SETTINGS_UNREADABLE
-    result = reset(settings, args.node, args.scontrol, args.deadline, reboot_stamp=reboot_stamp(args))
+    gpus, problem = job_gpus(args, settings.get(PREFIX + 'host_root'))
+    if gpus is not None:
+        settings[PREFIX + 'gpus'] = gpus
+    result = reset(settings, args.node, args.scontrol, args.deadline, reboot_stamp=reboot_stamp(args), refused=problem)
     sys.stdout.write(json.dumps(result) + '\n')
     if result['outcome'] == 'failed':
         sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))

@@ -112,22 +112,29 @@ def _memory(facts):
 
 
 def report_escalation(escalation, allow_gpu_reset=False):
-    """The report's escalation made from the release module's: gpus, persistence_mode_off,
-    reset_ok, output (what nvidia-smi said, as the module quotes it) and
-    persistence_mode_restored; None when no reset was allowed or attempted (check mode). A reset
-    that the release could not attempt (a daemon it may not stop holds the GPU) is reported as
-    failed, its output saying why."""
+    """The report's escalation made from the release module's: gpus, reasons (why each was
+    reset), persistence_mode_off, reset_ok, output (what nvidia-smi said, as the module quotes
+    it), persistence_mode_restored, fabric, problems (what the readings do not show) and
+    bug_report; None when no reset was allowed or attempted (check mode). A reset that the
+    release could not attempt (a daemon it may not stop holds the GPU) is reported as failed, its
+    output saying why."""
     if not allow_gpu_reset or not isinstance(escalation, Mapping):
         return None
     if not escalation.get('attempted') and escalation.get('ok') is not False:
         return None
-    return {
+    report = {
         'gpus': list(escalation.get('gpus') or []),
+        'reasons': list(escalation.get('reasons') or []),
         'persistence_mode_off': list(escalation.get('persistence_mode_off') or []),
         'reset_ok': bool(escalation.get('ok')),
         'output': escalation.get('message') or '',
         'persistence_mode_restored': escalation.get('persistence_mode_restored'),
+        'problems': list(escalation.get('problems') or []),
     }
+    for key in ('fabric', 'bug_report', 'quiesced'):
+        if escalation.get(key) is not None:
+            report[key] = escalation[key]
+    return report
 
 
 def orphaned_gpus(release, escalation):
@@ -168,7 +175,9 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
             text += ': ' + ', '.join('pid %s (%s)' % (p.get('pid'), printable(p.get('comm'))) for p in signalled)
         lines.append(text)
     attempted, reset_ok, output = _escalation(escalation)
-    count = 0
+    problems = list((escalation or {}).get('problems') or [])
+    lines.extend(problems)
+    count = len(problems)
     final = final or {}
     for gpu in final.get('nvidia_gpus') or []:
         index = gpu.get('index')
@@ -269,6 +278,9 @@ def _judged(host, release, before, after, escalation, gpus, query, threshold, al
     elif final is not None and (after is not None or query is not None) and is_clean(final, query, None, threshold):
         outcome = 'released'
     else:
+        outcome = 'failed'
+    if outcome != 'would_release' and escalation and escalation['problems']:
+        # The GPUs read clean, but the reset left what the readings do not show (a fabric not back).
         outcome = 'failed'
     return _report(host, outcome, release, before, after, escalation, threshold, None, allow_gpu_reset,
                    check_mode, started, now, final=final)

@@ -57,6 +57,12 @@ def smi_fields():
     }
 
 
+def fabric_fields():
+    _collection_path()
+    from ansible_collections.gpuops.nvidia.plugins.module_utils import _fabric
+    return _fabric.FIELDS
+
+
 def default_threshold():
     _collection_path()
     from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
@@ -99,6 +105,8 @@ def smi_commands(smi_path='nvidia-smi'):
         ('query_compute_apps', [smi_path, '--query-compute-apps=' + ','.join(fields['apps']), csv]),
         ('query_compute_apps_header', [smi_path, '--query-compute-apps=' + ','.join(fields['apps']), '--format=csv']),
         ('query_remapped_rows', [smi_path, '--query-remapped-rows=' + ','.join(fields['remapped']), csv]),
+        # What the fabric wait after a GPU reset reads (_fabric.FIELDS), as that query asks for it.
+        ('query_fabric', [smi_path, fabric_fields(), '--format=csv,noheader']),
         ('q', [smi_path, '-q']),
         ('L', [smi_path, '-L']),
         ('plain', [smi_path]),

@@ -18,6 +18,25 @@ from gpusim.smi import main
 main({root!r})
 """
 
+# gpusim's nvidia-bug-report.sh: --output-file NAME writes NAME.gz (the simulated host's state as
+# the report), after the fault "bug-report-hang" seconds (-1: it fails, exit 1).
+BUG_REPORT_SCRIPT = """\
+#!{python} -S
+import gzip, json, sys, time
+args = sys.argv[1:]
+name = args[args.index("--output-file") + 1] if "--output-file" in args else "nvidia-bug-report.log"
+with open({state!r}) as f:
+    state = json.load(f)
+hang = float(state.get("faults", {{}}).get("bug_report_hang_s") or 0)
+if hang < 0:
+    sys.stderr.write("nvidia-bug-report.sh: simulated failure\\n")
+    sys.exit(1)
+time.sleep(hang)
+with gzip.open(name + ".gz", "wt") as f:
+    json.dump(state, f)
+print("Running nvidia-bug-report.sh... complete. The output file is " + name + ".gz")
+"""
+
 # Logs its arguments (each followed by a unit separator, one line per call), then runs nvidia-smi.
 COUNTING_SMI = """\
 #!/bin/sh
@@ -26,8 +45,8 @@ exec {smi} "$@"
 """
 
 FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
-               "remap", "retired", "xid", "fallen", "reset-required", "reset-refused", "recovery", "cuda-init", "cuda-hang", "cuda",
-               "compute-mode")
+               "remap", "retired", "xid", "fallen", "reset-required", "reset-refused", "recovery", "fabric",
+               "bug-report-hang", "cuda-init", "cuda-hang", "cuda", "compute-mode")
 
 COMPUTE_MODE_NAMES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
 
@@ -160,6 +179,11 @@ class Host:
             f.write(SMI_SCRIPT.format(python=sys.executable, parent=_hold.PKG_PARENT, root=p.root))
         os.chmod(tmp, 0o755)
         os.replace(tmp, p.smi)
+        report = os.path.join(p.bin, "nvidia-bug-report.sh")
+        with open(report + ".tmp", "w") as f:
+            f.write(BUG_REPORT_SCRIPT.format(python=sys.executable, state=p.state))
+        os.chmod(report + ".tmp", 0o755)
+        os.replace(report + ".tmp", report)
         write_json(p.state, state)
         return self
 
@@ -286,7 +310,11 @@ class Host:
         cuda (gpu, code: the CUresult the fake libcuda gives on that GPU: CUDA_ERROR_ECC_UNCORRECTABLE
         when the probe reads back, any other when it creates its context; 0 clears),
         compute-mode (gpu, value: Default, Exclusive_Process, Prohibited; a context on an
-        Exclusive_Process GPU that another live process holds is CUDA_ERROR_DEVICE_UNAVAILABLE)."""
+        Exclusive_Process GPU that another live process holds is CUDA_ERROR_DEVICE_UNAVAILABLE),
+        fabric (an NVSwitch system: value on/off, seconds a reset GPU takes to register with the
+        fabric manager again (default 1); with gpu, value stuck: that GPU never registers again
+        after a reset; or value a status, e.g. "Insufficient Resources", its registration's),
+        bug-report-hang (seconds gpusim's nvidia-bug-report.sh takes; -1: it fails)."""
         kind = kind.replace("_", "-")
         if kind not in FAULT_KINDS:
             raise ValueError("unknown fault %r (known: %s)" % (kind, ", ".join(FAULT_KINDS)))
@@ -354,6 +382,10 @@ class Host:
         elif kind == "fallen":
             self._log_fallen(state, int(gpu), when, form)
             return
+        elif kind == "fabric":
+            _fabric_fault(faults, value, gpu, seconds)
+        elif kind == "bug-report-hang":
+            faults["bug_report_hang_s"] = float(seconds if seconds is not None else value)
         else:
             faults[kind.replace("-", "_")] = _onoff(value)
         write_json(self.paths.state, state)
@@ -424,3 +456,15 @@ class Host:
 
         used, _unused, _unused2 = gpu_usage(self.paths, load_state(self.paths))
         return used
+
+
+def _fabric_fault(faults, value, gpu, seconds):
+    """The fault "fabric" (see Host.fault)."""
+    if gpu is None:
+        faults["fabric"] = {"delay_s": 1.0 if seconds is None else float(seconds)} if _onoff(value) else {}
+        return
+    fabric = faults.setdefault("fabric", {"delay_s": 1.0})
+    if value == "stuck":
+        fabric["stuck"] = sorted(set(fabric.get("stuck", [])) | set([str(int(gpu))]))
+    else:
+        fabric.setdefault("status", {})[str(int(gpu))] = str(value)

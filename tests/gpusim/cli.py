@@ -89,6 +89,10 @@ def _parser():
     f = fs.add_parser("recovery", help="the driver's GPU Recovery Action (drivers from 565)")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("value", choices=("none", "reset", "reboot", "drain-p2p", "drain-and-reset"))
+    f = fs.add_parser("fabric", help="an NVSwitch fabric: on|off, or with --gpu stuck or a registration status")
+    f.add_argument("--gpu", type=int, default=None)
+    f.add_argument("--seconds", type=float, default=None, help="how long a reset GPU takes to register again")
+    f.add_argument("value", help="on, off; with --gpu: stuck, or a status such as 'Insufficient Resources'")
     f = fs.add_parser("xid", help="log an Xid error for a GPU in the kernel log")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("--code", type=int, required=True)
@@ -173,6 +177,8 @@ def main(argv=None):
                            count=args.count)
             elif k == "fallen":
                 host.fault(k, gpu=args.gpu, form=args.form)
+            elif k == "fabric":
+                host.fault(k, gpu=args.gpu, value=args.value, seconds=args.seconds)
             elif k == "cuda-init":
                 host.fault(k, code=args.code)
             elif k == "cuda-hang":

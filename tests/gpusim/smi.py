@@ -8,7 +8,7 @@ import sys
 import time
 
 from gpusim import messages as M
-from gpusim.state import (RECOVERY_ACTION_FROM, RECOVERY_ACTIONS, RESET_REQUIRED_FIELDS, Paths, driver_major,
+from gpusim.state import (RECOVERY_ACTION_FROM, RECOVERY_ACTIONS, RESET_REQUIRED_FIELDS, Paths, driver_major, fabric_value,
                           gpu_free, gpu_reserved, gpu_usage, holders_of, load_records, load_state, minor_of,
                           recovery_action, write_json)
 
@@ -23,7 +23,7 @@ GPU_FIELDS = {
     "temperature.gpu": None, "power.draw": "W", "power.limit": "W",
     "remapped_rows.correctable": None, "remapped_rows.uncorrectable": None,
     "remapped_rows.pending": None, "remapped_rows.failure": None, "retired_pages.pending": None,
-    "gpu_recovery_action": None,
+    "gpu_recovery_action": None, "fabric.state": None, "fabric.status": None,
 }
 GPU_ALIASES = {
     "gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
@@ -247,6 +247,8 @@ class Smi:
             return str(int(remap.get(key, 0)))
         if field == "gpu_recovery_action":
             return RECOVERY_ACTIONS[recovery_action(self.state, idx)][1]
+        if field in ("fabric.state", "fabric.status"):
+            return fabric_value(self.faults, g, field, time.time())
         if field == "retired_pages.pending":
             # Ampere and newer remap rows instead of retiring pages.
             pending = self.faults.get("retired_pending", {}).get(str(idx))
@@ -414,6 +416,9 @@ class Smi:
         reset = {g["index"] for g in ok}
         for g in ok:
             g["stuck_mib"] = 0
+            # On an NVSwitch system a reset GPU registers with the fabric manager again.
+            if self.faults.get("fabric"):
+                g["fabric_ready_at"] = time.time() + float(self.faults["fabric"].get("delay_s", 0))
             # A reset carries out what the driver asked for: the GPU answers again.
             self.faults.get("reset_required", {}).pop(str(g["index"]), None)
             if self.faults.get("recovery", {}).get(str(g["index"])) in ("reset", "drain-and-reset"):
@@ -422,6 +427,9 @@ class Smi:
             remap = self.faults.get("remap", {}).get(str(g["index"]))
             if remap:
                 remap["pending"] = False
+            # And the pending page retirements (GPUs before Ampere).
+            if self.faults.get("retired_pending", {}).get(str(g["index"])):
+                self.faults["retired_pending"][str(g["index"])] = False
         write_json(self.paths.state, self.state)
         for rec in load_records(self.paths):
             hit = reset.intersection(rec["gpus"]) - set(rec.get("reset_gpus", ()))

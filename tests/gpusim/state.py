@@ -422,6 +422,21 @@ RESET_REQUIRED_FIELDS = ("temperature.gpu", "utilization.gpu", "utilization.memo
                          "remapped_rows.pending", "remapped_rows.failure")
 
 
+def fabric_value(faults, gpu, field, now):
+    """fabric.state or fabric.status of gpu. Without the fault "fabric" the host has no NVSwitch
+    fabric ([N/A]); with it, a GPU is registered (Completed, Success or the fault's status) except
+    for the delay after a reset (In Progress), and for ever after one when the fault says stuck."""
+    fabric = faults.get("fabric")
+    if not fabric:
+        return "[N/A]"
+    key = str(gpu["index"])
+    ready_at = gpu.get("fabric_ready_at")
+    pending = ready_at is not None and (key in fabric.get("stuck", ()) or now < ready_at)
+    if field == "fabric.state":
+        return "In Progress" if pending else "Completed"
+    return "N/A" if pending else fabric.get("status", {}).get(key, "Success")
+
+
 def driver_major(state):
     try:
         return int(str(state.get("driver_version", "0")).split(".", maxsplit=1)[0])

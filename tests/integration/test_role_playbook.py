@@ -328,8 +328,10 @@ def test_orphaned_memory_with_escalation_resets_and_restores_persistence(fleet):
     assert report['orphaned_gpus'] == [1]
     escalation = dict(report['escalation'])
     output = escalation.pop('output')
-    assert escalation == {'gpus': [1], 'persistence_mode_off': [1], 'reset_ok': True,
-                          'persistence_mode_restored': True}
+    assert escalation == {'gpus': [1], 'reasons': [{'index': 1, 'reasons': ['orphaned memory']}],
+                          'persistence_mode_off': [1], 'reset_ok': True, 'persistence_mode_restored': True,
+                          'problems': [], 'fabric': [{'index': 1, 'state': '[N/A]', 'status': '[N/A]', 'ok': True,
+                                                     'note': 'no NVLink fabric'}]}
     assert 'was successfully reset' in output
     assert report['gpus_after'][1] == {'index': 1, 'memory_used_mib': 1}
     assert fleet['runs']['persistence_after'] == 'Enabled'
@@ -427,11 +429,12 @@ def test_role_threshold_default_is_the_modules_default():
     assert spec['gpu_reset_memory_threshold_mib']['default'] == DEFAULT_MEMORY_THRESHOLD_MIB
 
 
-HOOK = os.path.join(REPO, 'examples', 'slurm', 'gpu-reset-hook.sh')
+HOOK = os.path.join(REPO, 'roles', 'slurm_hooks', 'files', 'gpu-reset-hook.sh')
 
 
-def run_hook(host, tmp, mode, **env_extra):
-    """Run the Slurm hook script as slurmd would, with a recording scontrol on PATH."""
+def run_hook(host, tmp, mode, gres_conf=None, **env_extra):
+    """Run the Slurm hook script as slurmd would, with a recording scontrol on PATH, and gres_conf
+    (default: the GPUs in index order) beside SLURM_CONF."""
     fake = tmp / 'bin'
     fake.mkdir(exist_ok=True)
     calls = tmp / 'scontrol.calls'
@@ -441,10 +444,14 @@ def run_hook(host, tmp, mode, **env_extra):
     variables = tmp / 'gpu_reset.yml'
     variables.write_text(json.dumps(dict(
         ansible_python_interpreter=sys.executable, gpu_reset_nvidia_smi_path=host.smi_path,
-        gpu_reset_devices=[host.dev_glob], gpu_reset_lock_file=str(tmp / 'hook.lock'),
+        gpu_reset_host_root=host.root, gpu_reset_lock_file=str(tmp / 'hook.lock'),
         gpu_reset_grace_period=0.5, gpu_reset_timeout=3)))
+    # slurmd gives its hooks SLURM_CONF; gres.conf beside it lists the GPUs in index order.
+    (tmp / 'gres.conf').write_text(gres_conf or 'Name=gpu File=%s/dev/nvidia[0-%d]\n' % (
+        host.root, len(host.memory_used()) - 1))
     env = ansible_env()
     env.update(PATH=str(fake) + os.pathsep + env['PATH'], SLURMD_NODENAME='node01', SLURM_JOB_ID='4242',
+               SLURM_CONF=str(tmp / 'slurm.conf'),
                GPU_RESET_HOOK_CONF=str(tmp / 'absent.conf'), GPU_RESET_VARS_FILE=str(variables),
                GPU_RESET_PLAYBOOK=PLAYBOOK, GPU_RESET_ANSIBLE_PLAYBOOK=os.path.join(BIN, 'ansible-playbook'),
                GPU_RESET_LOG=str(tmp / 'hook.log'), GPU_RESET_BUDGET_S='30',
@@ -541,7 +548,7 @@ def test_slurm_hook_playbook_runner_names_a_python_that_cannot_run_the_modules(g
     variables = tmp_path / 'node.yml'
     variables.write_text(json.dumps(dict(
         ansible_python_interpreter=str(python2), gpu_reset_nvidia_smi_path=host.smi_path,
-        gpu_reset_devices=[host.dev_glob], gpu_reset_lock_file=str(tmp_path / 'hook.lock'))))
+        gpu_reset_host_root=host.root, gpu_reset_lock_file=str(tmp_path / 'hook.lock'))))
     proc, calls, log = run_hook(host, tmp_path, 'prolog', SLURM_JOB_GPUS='0', GPU_RESET_RUNNER='playbook',
                                 GPU_RESET_VARS_FILE=str(variables))
     assert proc.returncode == 1, log
@@ -551,6 +558,23 @@ def test_slurm_hook_playbook_runner_names_a_python_that_cannot_run_the_modules(g
     assert calls[0].startswith('update nodename=node01 state=drain reason=gpu_reset: Release the GPUs: %s could not '
                                'run the module; set ansible_python_interpreter for this host' % python2), calls
     assert 'deserialization failed' not in log.split('TASK [Summary]')[1]
+
+
+@pytest.mark.parametrize('runner', ['module', 'playbook'])
+def test_slurm_hook_drains_naming_why_when_the_jobs_gpus_cannot_be_told(gpuhost_factory, tmp_path, runner):
+    """gres.conf leaves the GPUs to AutoDetect: neither runner releases anything (the playbook is
+    not started), and the node is drained with why."""
+    host = gpuhost_factory(gpus=2)
+    holder = host.hold(gpus=[0], mib=1000)['pid']
+    proc, calls, log = run_hook(host, tmp_path, 'epilog', gres_conf='AutoDetect=nvml\nName=gpu Type=h200 Count=2\n',
+                                SLURM_JOB_GPUS='0', GPU_RESET_RUNNER=runner)
+    assert proc.returncode == 1, log
+    # The whole reason, the remedy included, within the 200 characters sinfo -R keeps.
+    assert calls == ['update nodename=node01 state=drain reason=gpu_reset: SLURM_JOB_GPUS=0: gres.conf line 1: '
+                     'AutoDetect=nvml, so Slurm orders the GPUs itself and gres.conf cannot tell their device nodes; '
+                     'list them with File= and AutoDetect=off'], calls
+    assert alive(holder)
+    assert 'PLAY' not in log and 'Traceback' not in log, log
 
 
 def test_target_matching_nothing_fails(tmp_path):

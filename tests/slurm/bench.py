@@ -142,10 +142,12 @@ class SlurmBench:
     """One Slurm node (munged + slurmctld + slurmd) in directory, all started by this process."""
 
     def __init__(self, directory, prolog=None, epilog=None, include=None, gpus=8, prolog_epilog_timeout=30,
-                 extra=()):
+                 extra=(), gres_order=None):
         """prolog, epilog: the scripts; include: a file of slurm.conf lines (the hooks' own, with
         their PrologEpilogTimeout); prolog_epilog_timeout: Slurm's, when include is None; extra:
-        more slurm.conf lines (a RebootProgram)."""
+        more slurm.conf lines (a RebootProgram); gres_order: the numbers N of the device nodes
+        nvidiaN in the order gres.conf lists them (default 0 to gpus - 1), which is how Slurm
+        numbers the GPUs."""
         self.dir = os.path.abspath(str(directory))
         self.prolog = prolog
         self.epilog = epilog
@@ -153,6 +155,7 @@ class SlurmBench:
         self.gpus = gpus
         self.prolog_epilog_timeout = prolog_epilog_timeout
         self.extra = list(extra)
+        self.gres_order = list(gres_order) if gres_order is not None else None
         self.node = socket.gethostname().split('.')[0]
         self.conf = os.path.join(self.dir, 'slurm.conf')
         self.munge_dir = os.path.join(self.dir, 'munge')
@@ -218,11 +221,25 @@ class SlurmBench:
             os.mknod(os.path.join(self.gres_dir, 'nvidia%d' % index), stat.S_IFCHR | 0o666,
                      os.makedev(NVIDIA_MAJOR, index))
         with open(os.path.join(self.dir, 'gres.conf'), 'w') as handle:
-            handle.write('Name=gpu File=%s/nvidia[0-%d]\n' % (self.gres_dir, self.gpus - 1))
+            handle.write(self._gres_conf())
         self.ctld_port = free_port()
         self.slurmd_port = free_port()
         self.topology = node_topology()
         self._write_conf()
+
+    def _gres_conf(self):
+        """gres.conf: the device nodes in gres_order, written three ways (a line of the node's own,
+        a bracketed range, a list) around a comment and a line for another node."""
+        if self.gres_order is None:
+            return 'Name=gpu File=%s/nvidia[0-%d]\n' % (self.gres_dir, self.gpus - 1)
+        first, middle, rest = self.gres_order[:1], self.gres_order[1:4], self.gres_order[4:]
+        lines = ['# The GPUs out of order: Slurm numbers them as listed here.',
+                 'NodeName=other[1-4] Name=gpu Type=h200 File=/dev/nvidia[0-7]',
+                 'NodeName=%s Name=gpu Type=h200 File=%s/nvidia%d' % (self.node, self.gres_dir, first[0]),
+                 'Name=gpu Type=h200 File=%s/nvidia[%s]' % (self.gres_dir, ','.join(str(n) for n in middle))]
+        if rest:
+            lines.append('Name=gpu Type=h200 File=%s' % ','.join('%s/nvidia%d' % (self.gres_dir, n) for n in rest))
+        return '\n'.join(lines) + '\n'
 
     def _spawn(self, name, argv, **kwargs):
         log = open(os.path.join(self.dir, '%s.out' % name), 'ab')
@@ -390,14 +407,15 @@ def link_collection():
 
 def deploy_hooks(directory, gpu_reset_vars, **role_vars):
     """Install the hooks into directory with the role gpuops.nvidia.slurm_hooks (ansible-playbook,
-    local connection), the Python running this for the hook and this checkout as the collection.
+    local connection), the Python running this for the hook and this checkout as the collection
+    (slurm_hooks_install_runtime false: the role installs neither).
 
     Returns the role's variables; the files are directory/prolog.sh, epilog.sh, slurm-hooks.conf, ..."""
     import json
 
     link_collection()
     directory = os.path.abspath(str(directory))
-    values = dict(slurm_hooks_dir=directory, slurm_hooks_python=sys.executable,
+    values = dict(slurm_hooks_dir=directory, slurm_hooks_install_runtime=False, slurm_hooks_python=sys.executable,
                   slurm_hooks_collections_path=COLLECTIONS, slurm_hooks_log=os.path.join(directory, 'hook.log'),
                   slurm_hooks_scontrol=which('scontrol'), slurm_hooks_ansible_home=os.path.join(directory, 'ansible'),
                   slurm_hooks_gpu_reset_vars=gpu_reset_vars)

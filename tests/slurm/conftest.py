@@ -48,8 +48,9 @@ class HookRun:
 class Cluster:
     """The bench, its simulated host and the installed hooks."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, minors=None):
         self.dir = directory
+        self.minors = minors
         self.host = Host(os.path.join(directory, 'gpuhost'))
         self.hooks = os.path.join(directory, 'hooks')
         self.log = os.path.join(self.hooks, 'hook.log')
@@ -186,19 +187,33 @@ def hook_role_vars():
 
 
 @pytest.fixture(scope='module')
-def cluster(hook_role_vars):
+def gres_order():
+    """The order in which gres.conf lists the device nodes nvidiaN (a test file overrides this);
+    None: nvidia0 to nvidia7."""
+    return None
+
+
+@pytest.fixture(scope='module')
+def host_minors():
+    """The simulated GPUs' minor numbers, in index order (a test file overrides this); None: the
+    index."""
+    return None
+
+
+@pytest.fixture(scope='module')
+def cluster(hook_role_vars, gres_order, host_minors):
     """A Slurm node whose Prolog and Epilog are the collection's hooks, installed by its role,
-    pointed at a simulated host of 8 GPUs numbered as Slurm numbers them. Stopped at the end,
-    pass or fail."""
+    pointed at a simulated host of 8 GPUs (gres.conf's device nodes in gres_order, the GPUs'
+    minor numbers host_minors). Stopped at the end, pass or fail."""
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
     # munged runs as the munge user and must reach its socket: not under pytest's private tmp.
     directory = tempfile.mkdtemp(prefix='gpuops-slurm-')
     os.chmod(directory, 0o711)
-    found = Cluster(directory)
+    found = Cluster(directory, host_minors)
     try:
-        found.host.init(gpus=8, idle_used_mib=0)
+        found.host.init(gpus=8, idle_used_mib=0, minors=host_minors)
         bench_dir = os.path.join(directory, 'slurm')
         scontrol = slurm_commands(os.path.join(directory, 'bin'), os.path.join(bench_dir, 'slurm.conf'))
         deploy_hooks(found.hooks, {
@@ -209,7 +224,7 @@ def cluster(hook_role_vars):
         }, slurm_hooks_budget_s=BUDGET_S, slurm_hooks_prolog_epilog_timeout=PROLOG_EPILOG_TIMEOUT,
             slurm_hooks_scontrol=scontrol, **hook_role_vars)
         found.bench = SlurmBench(bench_dir, include=os.path.join(found.hooks, 'slurm-hooks.conf'),
-                                 extra=['RebootProgram=%s' % reboot_program(directory)])
+                                 extra=['RebootProgram=%s' % reboot_program(directory)], gres_order=gres_order)
         found.bench.start()
         with open(found.conf) as handle:
             found.conf_text = handle.read()
@@ -231,7 +246,7 @@ def node(cluster):
     cluster.bench.reset()
     cluster.host.stop()
     shutil.rmtree(cluster.host.paths.procs, ignore_errors=True)
-    cluster.host.init(gpus=8, idle_used_mib=0)
+    cluster.host.init(gpus=8, idle_used_mib=0, minors=cluster.minors)
     with open(cluster.conf, 'w') as handle:
         handle.write(cluster.conf_text)
     open(cluster.log, 'w').close()

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The health check of examples/slurm (Slurm's HealthCheckProgram, installed by the role
+"""The health check of the role slurm_hooks (Slurm's HealthCheckProgram, installed by the role
 gpuops.nvidia.slurm_hooks with HealthCheckInterval and HealthCheckNodeState=IDLE), run by real
 Slurm daemons: a node the hook drained returns to service by itself once its GPUs are clean, and
 any other node is only read."""

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The Prolog and Epilog of examples/slurm, installed by the role gpuops.nvidia.slurm_hooks, run
+"""The Prolog and Epilog of the role gpuops.nvidia.slurm_hooks, installed by it, run
 by real Slurm daemons (sbatch, scontrol, sinfo) against a simulated host whose GPU indexes are
 Slurm's."""
 

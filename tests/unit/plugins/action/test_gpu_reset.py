@@ -132,3 +132,21 @@ def test_the_role_s_finishing_settings_are_checked_too(gpuhost, tmp_path):
 def test_a_mistyped_variable_with_control_characters_is_named_escaped(gpuhost, tmp_path):
     result, ran = action_run(gpuhost, tmp_path, task_vars={'gpu_reset_x\x1b[2J': 1})
     assert result['warnings'] == ['gpu_reset_x\\x1b[2J is no setting of gpu_reset (a typo?); it is ignored']
+
+
+def test_a_gpu_whose_xid_calls_for_a_reset_is_reset_and_the_report_says_why(gpuhost, tmp_path):
+    gpuhost.fault('xid', gpu=6, code=119)
+    result, ran = action_run(gpuhost, tmp_path, allow_gpu_reset=True, kernel_log=gpuhost.kernel_log)
+    assert result['outcome'] == 'released' and 'failed' not in result, result
+    assert result['escalation']['reasons'] == [{'index': 6, 'reasons': ['Xid 119 since the last cure']}]
+    assert result['escalation']['reset_ok'] is True and result['escalation']['problems'] == []
+
+
+def test_a_fabric_that_does_not_come_back_fails_the_host(gpuhost, tmp_path):
+    gpuhost.fault('fabric', value='on', seconds=0.2)
+    gpuhost.fault('fabric', gpu=3, value='stuck')
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result, ran = action_run(gpuhost, tmp_path, allow_gpu_reset=True, timeout=4)
+    assert result['failed'] is True and result['outcome'] == 'failed'
+    assert 'GPU 3: the NVLink fabric is not back after the GPU reset (state In Progress' in result['msg'], result['msg']
+    assert result['escalation']['fabric'][0]['ok'] is False

@@ -73,7 +73,7 @@ def test_a_peer_that_is_not_orphaned_in_scope_is_never_reset(tmp_path):
     assert result['persistence_mode_off'] == [0] and result['persistence_mode_restored'] is True
     assert 'nvidia-smi --gpu-reset -i 0 refused (exit 255, internal driver error): The following GPUs could not be ' \
            'reset: GPU 00000000:18:00.0: In use by another client GPU 00000000:2A:00.0: In use' in result['message']
-    assert 'names GPU 1 with it, which is not among the GPUs in scope left with orphaned memory' in result['message']
+    assert 'names GPU 1 with it, which is not among the GPUs in scope that need a reset' in result['message']
     assert '--gpu-reset -i 0,1' not in calls(log)
     assert calls(log)[-1] == '-i 0 -pm 1'
 
@@ -98,8 +98,10 @@ def test_nothing_is_run_when_no_time_is_left(tmp_path):
 
 
 def test_check_mode_entry_names_the_gpus():
-    entry = would_reset([3, 1])
+    entry = would_reset({3: ['Xid 95 since the last cure'], 1: ['orphaned memory']})
     assert entry['attempted'] is False and entry['gpus'] == [1, 3] and entry['ok'] is None
+    assert entry['reasons'] == [{'index': 1, 'reasons': ['orphaned memory']},
+                                {'index': 3, 'reasons': ['Xid 95 since the last cure']}]
     assert entry['persistence_mode_off'] == [] and entry['persistence_mode_restored'] is None
     assert entry['message'].startswith('check mode: GPU 1, 3 would be reset')
 

@@ -207,6 +207,7 @@ def test_reset_orphaned_in_check_mode_says_what_would_be_reset(capsys, gpuhost, 
     result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, _ansible_check_mode=True)
     assert result['changed'] is True and result['orphaned_gpus'] == [5]
     assert result['escalation'] == {'attempted': False, 'gpus': [5], 'ok': None, 'message': result['escalation']['message'],
+                                    'reasons': [{'index': 5, 'reasons': ['orphaned memory']}],
                                     'persistence_mode_off': [], 'persistence_mode_restored': None,
                                     'quiesced': result['escalation']['quiesced']}
     assert result['escalation']['quiesced']['to_stop'] == [] and result['escalation']['quiesced']['refusal'] is None
@@ -297,3 +298,145 @@ def test_gpus_the_reader_does_not_list_are_never_released(capsys, gpuhost_factor
     assert 'GPU 00000000:3A:00.0 lost or unreadable (on the PCI bus (PCI ID 10de:2335) but no driver is bound' in result['msg']
     assert 'still seen at %s/sys/bus/pci/devices/0000:3a:00.0' % host.root in result['msg']
     assert [gpu['index'] for gpu in result['gpus_after']] == [0, 1, 2, 3, 4, 5, None, None]
+
+
+def reset_run(capsys, host, tmp_path, **args):
+    """A release with reset_orphaned that reads the host's own kernel log and keeps its state
+    (the GPUs' cures) in tmp_path."""
+    params = dict(reset_orphaned=True, host_root=host.root, devices=['/dev/nvidia*'], kernel_log=host.kernel_log,
+                  state_dir=str(tmp_path / 'state'), grace_period=0.3, timeout=6)
+    params.update(args)
+    return run_module(capsys, host, tmp_path, **params)
+
+
+@pytest.mark.parametrize('fault, because', [
+    (dict(kind='xid', gpu=2, code=95), 'Xid 95 since the last cure'),
+    (dict(kind='xid', gpu=2, code=119), 'Xid 119 since the last cure'),
+    (dict(kind='xid', gpu=2, code=154, text='GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)'),
+     'Xid 154 since the last cure'),
+    (dict(kind='remap', gpu=2, pending=True), 'remapped rows pending'),
+    (dict(kind='retired', gpu=2, value=True), 'retired pages pending'),
+    (dict(kind='reset-required', gpu=2),
+     'the driver says: GPU requires reset (for utilization.gpu, temperature.gpu, retired_pages.pending)'),
+])
+def test_every_reason_the_driver_gives_triggers_a_reset(capsys, gpuhost, tmp_path, fault, because):
+    gpuhost.fault(fault.pop('kind'), **fault)
+    result = reset_run(capsys, gpuhost, tmp_path)
+    assert result['released'] is True and result['changed'] is True, result
+    escalation = result['escalation']
+    assert escalation['ok'] is True and escalation['gpus'] == [2]
+    assert escalation['reasons'] == [{'index': 2, 'reasons': [because]}]
+    # The GPU reads as nothing needs a reset any more, and the Xid is history: nothing to do again.
+    again = reset_run(capsys, gpuhost, tmp_path)
+    assert again['escalation'] is None and again['changed'] is False, again
+
+
+def test_the_drivers_recovery_action_of_reset_triggers_one(capsys, gpuhost_factory, tmp_path):
+    host = gpuhost_factory(driver_version='570.124.06')
+    host.fault('recovery', gpu=4, value='reset')
+    result = reset_run(capsys, host, tmp_path)
+    assert result['released'] is True and result['escalation']['gpus'] == [4], result
+    assert result['escalation']['reasons'] == [{'index': 4, 'reasons': ["the driver's GPU recovery action is reset_gpu"]}]
+
+
+@pytest.mark.parametrize('code', [48, 79])
+def test_an_xid_that_a_reset_does_not_cure_is_left_to_a_person(capsys, gpuhost, tmp_path, code):
+    # Xid 48 (double bit ECC) follows NVIDIA's workflow; Xid 79 (fallen off the bus) needs a reboot.
+    gpuhost.fault('xid', gpu=1, code=code)
+    result = reset_run(capsys, gpuhost, tmp_path)
+    assert result['escalation'] is None, result
+
+
+def test_an_xid_alone_is_no_reason_without_reset_orphaned(capsys, gpuhost, tmp_path):
+    gpuhost.fault('xid', gpu=2, code=95)
+    result = reset_run(capsys, gpuhost, tmp_path, reset_orphaned=False)
+    assert result['released'] is True and result['escalation'] is None and result['changed'] is False
+
+
+def test_check_mode_says_why_each_gpu_would_be_reset(capsys, gpuhost, tmp_path):
+    gpuhost.fault('xid', gpu=2, code=95)
+    gpuhost.fault('stuck', gpu=5, mib=2048)
+    result = reset_run(capsys, gpuhost, tmp_path, _ansible_check_mode=True)
+    assert result['escalation']['attempted'] is False
+    assert result['escalation']['reasons'] == [{'index': 2, 'reasons': ['Xid 95 since the last cure']},
+                                               {'index': 5, 'reasons': ['orphaned memory']}]
+
+
+def test_a_failed_reset_for_an_xid_leaves_the_gpu_not_released(capsys, gpuhost, tmp_path):
+    hostengine = gpuhost.hold(gpus=[2], mib=0, name='nv-hostengine', daemon=True)['pid']
+    gpuhost.fault('xid', gpu=2, code=95)
+    result = reset_run(capsys, gpuhost, tmp_path)
+    assert result['failed'] is True and result['released'] is False, result
+    assert 'GPU 2 needs a GPU reset (Xid 95 since the last cure)' in result['msg']
+    assert 'the GPU reset failed' in result['msg'] and alive(hostengine)
+
+
+def test_the_fabric_is_waited_for_after_a_reset(capsys, gpuhost, tmp_path):
+    gpuhost.fault('fabric', value='on', seconds=1.5)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    started = time.monotonic()
+    result = reset_run(capsys, gpuhost, tmp_path, timeout=10)
+    assert result['released'] is True, (result.get('msg'), result['escalation'])
+    assert result['escalation']['fabric'] == [{'index': 3, 'state': 'Completed', 'status': 'Success', 'ok': True}]
+    assert time.monotonic() - started >= 1.5
+
+
+@pytest.mark.parametrize('value, words', [
+    ('stuck', 'state In Progress, status N/A: the GPU did not register with the NVLink fabric in time'),
+    ('Insufficient Resources', 'state Completed, status Insufficient Resources: the fabric registration completed'),
+])
+def test_a_fabric_that_does_not_come_back_is_not_clean(capsys, gpuhost, tmp_path, value, words):
+    gpuhost.fault('fabric', value='on', seconds=0.2)
+    gpuhost.fault('fabric', gpu=3, value=value)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = reset_run(capsys, gpuhost, tmp_path, timeout=4)
+    assert result['failed'] is True and result['released'] is False, result
+    assert result['escalation']['ok'] is True and result['escalation']['fabric'][0]['ok'] is False
+    assert 'GPU 3: the NVLink fabric is not back after the GPU reset (%s' % words in result['msg']
+    # The memory was freed: only the fabric says the GPU is not ready.
+    assert gpuhost.memory_used()[3] == 1
+
+
+def test_a_host_without_fabric_is_not_waited_for(capsys, gpuhost, tmp_path):
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = reset_run(capsys, gpuhost, tmp_path)
+    assert result['released'] is True
+    assert result['escalation']['fabric'] == [{'index': 3, 'state': '[N/A]', 'status': '[N/A]', 'ok': True,
+                                               'note': 'no NVLink fabric'}]
+
+
+def test_a_failed_reset_leaves_a_bug_report_in_a_root_only_directory(capsys, gpuhost, tmp_path):
+    gpuhost.hold(gpus=[3], mib=0, name='nv-hostengine', daemon=True)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    reports = tmp_path / 'evidence'
+    result = reset_run(capsys, gpuhost, tmp_path, bug_report_dir=str(reports))
+    assert result['failed'] is True and result['escalation']['ok'] is False
+    report = result['escalation']['bug_report']
+    assert report['ok'] is True and os.path.dirname(report['path']) == str(reports), report
+    assert report['path'].endswith('.log.gz') and os.path.getsize(report['path']) > 0
+    assert os.stat(str(reports)).st_mode & 0o777 == 0o700
+
+
+def test_a_bug_report_that_hangs_is_cut_off(capsys, gpuhost, tmp_path):
+    gpuhost.hold(gpus=[3], mib=0, name='nv-hostengine', daemon=True)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    gpuhost.fault('bug-report-hang', seconds=60)
+    started = time.monotonic()
+    result = reset_run(capsys, gpuhost, tmp_path, bug_report_dir=str(tmp_path / 'evidence'), bug_report_timeout=1)
+    assert time.monotonic() - started < 12
+    report = result['escalation']['bug_report']
+    assert report['ok'] is False and report['path'] is None
+    assert 'nvidia-bug-report.sh was not run to the end' in report['message']
+    assert 'bug_report_dir: nvidia-bug-report.sh was not run to the end' in result['warning_text']
+
+
+def test_a_bug_report_directory_others_can_read_is_refused(capsys, gpuhost, tmp_path):
+    gpuhost.hold(gpus=[3], mib=0, name='nv-hostengine', daemon=True)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    shared = tmp_path / 'shared'
+    shared.mkdir(mode=0o755)
+    os.chmod(str(shared), 0o755)
+    result = reset_run(capsys, gpuhost, tmp_path, bug_report_dir=str(shared))
+    report = result['escalation']['bug_report']
+    assert report['ok'] is False and 'must belong to uid' in report['message'] and 'mode 0700' in report['message']
+    assert os.listdir(str(shared)) == []

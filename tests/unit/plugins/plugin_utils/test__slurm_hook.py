@@ -50,15 +50,23 @@ def test_what_only_the_playbook_can_do_sends_the_hook_to_it(tmp_path, text):
     assert _slurm_hook.main(['--node', 'n1', '--vars-file', str(path)]) == _slurm_hook.RUNNER_NEEDS_PLAYBOOK
 
 
+def identity_gres_conf(host):
+    """A gres.conf line for the simulated host's GPUs in the order of their indexes."""
+    return 'Name=gpu File=%s\n' % ','.join(host.dev_path(index) for index in range(len(host.memory_used())))
+
+
 @pytest.fixture
 def hook(gpuhost, tmp_path):
     """run(*args) -> (exit status, report, drain command's arguments or None): the runner as the
-    hook starts it, on gpuhost, with a drain command that writes down its arguments."""
+    hook starts it, on gpuhost, with a drain command that writes down its arguments, and
+    tmp_path/gres.conf (the GPUs listed in index order unless a test writes its own)."""
     scontrol = tmp_path / 'scontrol'
     drained = tmp_path / 'drained.json'
     scontrol.write_text('#!%s\nimport json, sys\njson.dump(sys.argv[1:], open(%r, "w"))\n' % (sys.executable, str(drained)))
     scontrol.chmod(0o755)
     variables = tmp_path / 'gpu_reset.yml'
+    gres_conf = tmp_path / 'gres.conf'
+    gres_conf.write_text(identity_gres_conf(gpuhost))
     cuda = gpuhost.install_cuda()
 
     def run(*args, **more):
@@ -68,7 +76,8 @@ def hook(gpuhost, tmp_path):
             'gpu_reset_backend': 'nvidia-smi', 'gpu_reset_probe_cuda_library': cuda,
             'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_grace_period': 0.5}, **more)))
         proc = subprocess.run([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook',
-                               '--node', 'gpu07', '--vars-file', str(variables), '--scontrol', str(scontrol)] + list(args),
+                               '--node', 'gpu07', '--vars-file', str(variables), '--scontrol', str(scontrol),
+                               '--gres-conf', str(gres_conf)] + list(args),
                               capture_output=True, text=True, timeout=60, check=False)
         report = json.loads(proc.stdout) if proc.stdout.strip() else None
         return proc.returncode, report, json.loads(drained.read_text()) if drained.exists() else None
@@ -140,6 +149,45 @@ def test_only_the_jobs_gpus_are_released(gpuhost, hook):
     assert [p['pid'] for p in report['signalled']] == [job['pid']]
     assert gone(job['pid'])
     assert alive(other['pid'])
+
+
+def test_the_jobs_gpus_are_found_by_their_device_nodes_whatever_the_order_of_gres_conf(gpuhost, hook, tmp_path):
+    """Slurm's GPU 0 is gres.conf's first device node, nvidia3; on this host that is minor 3, the
+    GPU of index 7. Only its holder is stopped: not the one on GPU 0 (Slurm's number taken for an
+    index), nor the one on GPU 3 (the number in the node's name taken for an index)."""
+    gpuhost.init(minors=[4, 5, 6, 7, 0, 1, 2, 3])
+    (tmp_path / 'gres.conf').write_text('# out of order\nName=gpu Type=h200 File=%s/dev/nvidia[3,1,0,2,7,6,5,4] '
+                                        'Cores=0-1\n' % gpuhost.root)
+    job = gpuhost.hold(gpus=[7], mib=2048)
+    by_number = gpuhost.hold(gpus=[0], mib=1024)
+    by_name = gpuhost.hold(gpus=[3], mib=1024)
+    rc, report, drained = hook('--gpus', '0', '--timeout', '5')
+    assert (rc, report['outcome'], drained) == (0, 'released', None), report
+    assert [p['pid'] for p in report['signalled']] == [job['pid']]
+    assert [gpu['index'] for gpu in report['probe']['gpus']] == [7]
+    assert gone(job['pid'])
+    assert alive(by_number['pid']) and alive(by_name['pid'])
+
+
+@pytest.mark.parametrize('gres, message', [
+    (None, 'cannot read {tmp}/gres.conf (No such file or directory)'),
+    ('AutoDetect=nvml\n', 'gres.conf line 1: AutoDetect=nvml, so Slurm orders the GPUs itself'),
+    ('Name=gpu File={root}/dev/nvidia[0-1]\n', 'Slurm gave the job GPU 2, but {tmp}/gres.conf lists 2 GPUs for gpu07'),
+    ('Name=gpu File={root}/dev/nvidia[0-1],{root}/dev/nvidia-uvm\n', "gres.conf's {root}/dev/nvidia-uvm is not a GPU"),
+])
+def test_a_job_gpu_that_cannot_be_told_drains_naming_why_and_releases_nothing(gpuhost, hook, tmp_path, gres, message):
+    if gres is None:
+        (tmp_path / 'gres.conf').unlink()
+    else:
+        (tmp_path / 'gres.conf').write_text(gres.format(root=gpuhost.root))
+    holder = gpuhost.hold(gpus=[2], mib=1024)
+    rc, report, drained = hook('--gpus', '2', '--timeout', '5')
+    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert report['reason'].startswith('SLURM_JOB_GPUS=2: ' + message.format(
+        root=gpuhost.root, tmp=tmp_path)), report['reason']
+    assert (report['signalled'], report['steps']) == ([], [])
+    assert drained[-1] == 'reason=' + drain_reason(report['reason'])
+    assert alive(holder['pid'])
 
 
 def test_orphaned_memory_fails_and_drains_with_the_reason(gpuhost, hook):
@@ -299,13 +347,39 @@ def test_garbage_gpus_are_a_settings_error_without_a_traceback(capsys):
     assert 'argument --gpus: SLURM_JOB_GPUS: GPU 2000000 is past the 64 GPUs' in err and 'Traceback' not in err
 
 
-def test_the_playbook_runner_gets_its_variables_as_json_built_in_python(tmp_path):
-    """What the hook fixes for ansible-playbook (-e @FILE): the GPUs parsed as for the module
-    runner, never spliced into a shell word (that is how a drain command could be injected)."""
+def playbook_runner_args(host, tmp_path, gres_text):
+    variables = tmp_path / 'gpu_reset.yml'
+    variables.write_text('gpu_reset_host_root: %s\n' % json.dumps(host.root))
+    gres_conf = tmp_path / 'gres.conf'
+    gres_conf.write_text(gres_text)
+    return ['--node', 'n1', '--vars-file', str(variables), '--gres-conf', str(gres_conf)]
+
+
+def test_the_playbook_runner_gets_its_variables_as_json_built_in_python(gpuhost, tmp_path):
+    """What the hook fixes for ansible-playbook (-e @FILE): the GPUs parsed and mapped as for the
+    module runner, never spliced into a shell word (that is how a drain command could be injected)."""
     path = tmp_path / 'hook-vars.json'
-    assert _slurm_hook.main(['--node', 'n1', '--gpus', '0-2,5', '--timeout', '7', '--playbook-vars', str(path)]) == 0
+    args = playbook_runner_args(gpuhost, tmp_path, identity_gres_conf(gpuhost))
+    assert _slurm_hook.main(args + ['--gpus', '0-2,5', '--timeout', '7', '--playbook-vars', str(path)]) == 0
     assert json.loads(path.read_text()) == {'gpu_reset_on_failure': 'drain', 'gpu_reset_gpus': [0, 1, 2, 5],
                                             'gpu_reset_timeout': 7.0}
+
+
+def test_the_playbook_runner_is_not_started_when_the_jobs_gpus_cannot_be_told(gpuhost, tmp_path, capsys):
+    """gres.conf names a GPU the host does not have: the node is drained with why, and no
+    variables are written for a playbook that would release some other GPU."""
+    path = tmp_path / 'hook-vars.json'
+    scontrol = tmp_path / 'scontrol'
+    scontrol.write_text('#!/bin/sh\necho "$@" > %s\n' % (tmp_path / 'drained'))
+    scontrol.chmod(0o755)
+    args = playbook_runner_args(gpuhost, tmp_path, 'Name=gpu File=%s/dev/nvidia9\n' % gpuhost.root)
+    rc = _slurm_hook.main(args + ['--gpus', '0', '--scontrol', str(scontrol), '--playbook-vars', str(path)])
+    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert not path.exists()
+    reason = (tmp_path / 'drained').read_text()
+    assert reason.startswith("update nodename=n1 state=drain reason=gpu_reset: SLURM_JOB_GPUS=0: gres.conf's "
+                             '%s/dev/nvidia9 cannot be read' % gpuhost.root), reason
+    assert 'Traceback' not in capsys.readouterr().err
 
 
 # -- the health check: what Slurm says about the node ---------------------------------------------

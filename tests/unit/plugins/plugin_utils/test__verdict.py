@@ -85,10 +85,10 @@ def test_orphaned_memory_names_the_setting_or_the_failed_reset():
     report = _verdict.verdict('n1', release=refused, facts=read, allow_gpu_reset=True)
     assert report['reason'] == ('GPU 1: 513 MiB held with no process left (orphaned memory; only a GPU reset '
                                 'frees it, and the reset failed: %s)' % REFUSED)
-    assert report['escalation'] == {'gpus': [1], 'persistence_mode_off': [1], 'reset_ok': False, 'output': REFUSED,
-                                    'persistence_mode_restored': True}
-    assert list(report['escalation']) == ['gpus', 'persistence_mode_off', 'reset_ok', 'output',
-                                          'persistence_mode_restored']
+    assert report['escalation'] == {'gpus': [1], 'reasons': [], 'persistence_mode_off': [1], 'reset_ok': False,
+                                    'output': REFUSED, 'persistence_mode_restored': True, 'problems': []}
+    assert list(report['escalation']) == ['gpus', 'reasons', 'persistence_mode_off', 'reset_ok', 'output',
+                                          'persistence_mode_restored', 'problems']
 
 
 def test_failed_reset_output_is_one_line_in_the_reason():
@@ -107,9 +107,24 @@ def test_reset_that_frees_orphaned_memory_is_a_release():
     assert report['gpus_after'] == memory(1, 1)
     # The release reads the GPUs again after the reset: GPU 1 is no longer among its orphaned_gpus.
     assert report['orphaned_gpus'] == [1]
-    assert report['escalation'] == {'gpus': [1], 'persistence_mode_off': [], 'reset_ok': True,
+    assert report['escalation'] == {'gpus': [1], 'reasons': [], 'persistence_mode_off': [], 'reset_ok': True,
                                     'output': 'GPU 1 reset: GPU 00000000:11:00.0 was successfully reset. All done.',
-                                    'persistence_mode_restored': None}
+                                    'persistence_mode_restored': None, 'problems': []}
+
+
+def test_a_reset_that_left_the_fabric_behind_fails_the_host_though_the_gpus_read_clean():
+    back = dict(index=1, state='Completed', status='Success', ok=True)
+    stuck = dict(index=1, state='In Progress', status='N/A', ok=False, note='the GPU did not register in time')
+    problem = 'GPU 1: the NVLink fabric is not back after the GPU reset (state In Progress, status N/A: ...)'
+    done = dict(module_escalation(True, 'GPU 1 reset', off=()), fabric=[stuck], problems=[problem])
+    report = _verdict.verdict('n1', release=release(False, changed=True, before=(1, 4097), escalation=done),
+                              facts=facts([gpu(0), gpu(1)]), allow_gpu_reset=True)
+    assert report['outcome'] == 'failed' and report['reason'] == problem
+    assert report['escalation']['fabric'] == [stuck] and report['escalation']['problems'] == [problem]
+    fine = dict(module_escalation(True, 'GPU 1 reset', off=()), fabric=[back], problems=[])
+    report = _verdict.verdict('n1', release=release(True, changed=True, before=(1, 4097), escalation=fine),
+                              facts=facts([gpu(0), gpu(1)]), allow_gpu_reset=True)
+    assert report['outcome'] == 'released' and report['reason'] is None
 
 
 def test_no_escalation_in_the_report_without_an_attempt_or_an_allowed_reset():

@@ -24,9 +24,11 @@
 #                           PrologEpilogTimeout in slurm.conf. The release gets half.
 #   GPU_RESET_HEALTH_BUDGET_S  the same for the health check (default 40, at most 50: slurmd kills a
 #                           health check after 60 s)
-#   GPU_RESET_SCOPE         job (default): only the job's GPUs (SLURM_JOB_GPUS), nothing for a
-#                           job without GPUs; node: every GPU of the node, for nodes given whole
-#                           to one job without GPUs configured in gres.conf
+#   GPU_RESET_SCOPE         job (default): only the job's GPUs (SLURM_JOB_GPUS, their places in
+#                           the node's gres.conf, mapped through its File= device nodes to the
+#                           GPUs of those minor numbers), nothing for a job without GPUs; node:
+#                           every GPU of the node, for nodes given whole to one job without GPUs
+#                           configured in gres.conf
 #   GPU_RESET_VARS_FILE     YAML file of gpu_reset_* variables (default gpu_reset.yml next to
 #                           this script, used when it exists)
 #   GPU_RESET_REBOOT        no (default): a node whose GPUs are not clean is drained; asap: when
@@ -175,9 +177,16 @@ run_playbook() {
   # module runner parses them) as JSON written by Python, for -e @file: never spliced into a
   # shell word, where SLURM_JOB_GPUS could add variables (a drain command) of its own.
   hook_vars=$(mktemp "$ansible_home/hook-vars.XXXXXX") || return 20
+  # The job's GPUs mapped through gres.conf; when they cannot be told, the node is drained with
+  # why (10, 11) and nothing is released.
   "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook --node "$node" \
-    ${gpus:+--gpus "$gpus"} --timeout "$release_timeout" --playbook-vars "$hook_vars" || {
-    rm -f "$hook_vars"; return 20; }
+    ${vars_file:+--vars-file "$vars_file"} ${gpus:+--gpus "$gpus"} --timeout "$release_timeout" \
+    --scontrol "$scontrol" --playbook-vars "$hook_vars"
+  rc=$?
+  if [ "$rc" -ne 0 ]; then
+    rm -f "$hook_vars"
+    case $rc in 10 | 11) return "$rc" ;; *) return 20 ;; esac
+  fi
   set -- -i "$node," -c local -e target=all -e gpu_reset_become=false \
     -e "ansible_python_interpreter=$python"
   [ -n "$vars_file" ] && set -- "$@" -e "@$vars_file"

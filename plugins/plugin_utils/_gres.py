@@ -1,0 +1,267 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This plugin_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""A job's GPUs as Slurm numbers them (SLURM_JOB_GPUS) made nvidia-smi indexes, through gres.conf.
+
+slurmd numbers a node's GPUs by their place in its gres.conf: the Name=gpu lines that apply to the
+node, in the file's order, each File= expanded in the order written. SLURM_JOB_GPUS in a Prolog or
+Epilog holds those places, not the number in a device file's name (Slurm 22.05: with File= listing
+nvidia3 first, the first job gets SLURM_JOB_GPUS=0, as Slurm's current gres_common.c sets it). So:
+
+    place in SLURM_JOB_GPUS -> gres.conf's device node there -> its minor number (st_rdev; N of
+    nvidiaN for a simulated node, a regular file) -> the GPU the driver attached under that minor
+    (/proc/driver/nvidia/gpus, read as the release reads it) -> that GPU's nvidia-smi index
+
+and the order of gres.conf never matters. What cannot be followed is a GresError naming the
+problem, never a guess: no gres.conf, AutoDetect (Slurm then orders the GPUs it finds itself),
+GPUs of several Type= on the node (slurmd groups them by type), MultipleFiles=, Include, a File=
+that is not a GPU's device node, a minor number no GPU has, and any line it cannot read.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import re
+import stat
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import check_device_node
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import DRIVER_GPUS, HostView, read_driver, under_root
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import node_number
+
+DEFAULT_SLURM_CONF = '/etc/slurm/slurm.conf'
+# The driver's major number of /dev/nvidiaN (and nvidiactl); nvidia-uvm's and the caps' are dynamic.
+NVIDIA_GPU_MAJOR = 195
+# Bounds on what is read: a gres.conf past MAX_BYTES, or a hostlist expanding to more than
+# MAX_NAMES names, is refused before it costs anything. Slurm's own limit is 1024 files a node.
+MAX_BYTES = 1024 * 1024
+MAX_NAMES = 100000
+MAX_FILES = 1024
+# gres.conf's parameters (case-insensitive, as Slurm reads them).
+KEYS = frozenset(('autodetect', 'count', 'cores', 'cpus', 'file', 'flags', 'links', 'multiplefiles', 'name',
+                  'nodename', 'type'))
+RANGE_RE = re.compile(r'^([0-9]{1,9})(?:-([0-9]{1,9}))?$')
+
+
+class GresError(ValueError):
+    """The job's GPUs cannot be followed through gres.conf to the host's."""
+
+
+def gres_conf_path(environ=None):
+    """gres.conf: always in slurm.conf's directory (SLURM_CONF, which slurmd gives its Prolog and Epilog)."""
+    environ = os.environ if environ is None else environ
+    return os.path.join(os.path.dirname(environ.get('SLURM_CONF') or DEFAULT_SLURM_CONF), 'gres.conf')
+
+
+def read_text(path):
+    """The text of gres.conf, at most MAX_BYTES."""
+    try:
+        with open(path, 'rb') as handle:
+            data = handle.read(MAX_BYTES + 1)
+    except (IOError, OSError) as exc:
+        raise GresError('cannot read %s (%s): without it the GPUs Slurm gave the job cannot be told apart'
+                        % (printable(path), exc.strerror))
+    if len(data) > MAX_BYTES:
+        raise GresError('%s is larger than %d bytes' % (printable(path), MAX_BYTES))
+    return data.decode('utf-8', 'replace')
+
+
+def logical_lines(text):
+    """(line number, text) of each line with its comment cut and its continuations (a trailing
+    backslash) joined; empty lines left out."""
+    start, pending = None, ''
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = re.split(r'(?<!\\)#', raw, maxsplit=1)[0].replace('\\#', '#')
+        line = '%s %s' % (pending, line) if pending else line
+        start = start or number
+        if line.rstrip().endswith('\\'):
+            pending = line.rstrip()[:-1]
+            continue
+        if line.strip():
+            yield start, line.strip()
+        start, pending = None, ''
+    if pending.strip():
+        yield start, pending.strip()
+
+
+def parse_line(number, line):
+    """{parameter (lower case): value} of one gres.conf line; GresError for what Slurm's own
+    parameters are not."""
+    where = 'gres.conf line %d' % number
+    if line.split(None, 1)[0].lower() == 'include':
+        raise GresError('%s includes another file (%s), which the hook does not follow: write the GPUs '
+                        'in gres.conf itself' % (where, printable(line, 100)))
+    fields = {}
+    for token in line.split():
+        key, sep, value = token.partition('=')
+        if not sep or not key or not value or '"' in token or "'" in token:
+            raise GresError("%s: '%s' is not a parameter=value" % (where, printable(token, 60)))
+        if key.lower() not in KEYS:
+            raise GresError("%s: '%s' is not a gres.conf parameter" % (where, printable(key, 60)))
+        if key.lower() in fields:
+            raise GresError('%s gives %s twice' % (where, printable(key, 60)))
+        fields[key.lower()] = value
+    return fields
+
+
+def split_list(text, what):
+    """The parts of a hostlist (a,b[1-2],c) split on the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for position, char in enumerate(text):
+        if char in '[]':
+            depth += 1 if char == '[' else -1
+            if depth not in (0, 1):
+                raise GresError("%s '%s' has unbalanced or nested brackets" % (what, printable(text, 100)))
+        elif char == ',' and depth == 0:
+            parts.append(text[start:position])
+            start = position + 1
+    if depth:
+        raise GresError("%s '%s' has an unclosed bracket" % (what, printable(text, 100)))
+    parts.append(text[start:])
+    if not all(parts):
+        raise GresError("%s '%s' has an empty name" % (what, printable(text, 100)))
+    return parts
+
+
+def bracket_values(text, what, whole):
+    """The names of one bracket (0-3,7; 01-10 keeps its zeros), in the order written."""
+    ranges = []
+    for part in text.split(','):
+        match = RANGE_RE.match(part)
+        if not match or int(match.group(2) or match.group(1)) < int(match.group(1)):
+            raise GresError("%s '%s': '[%s]' is not a range of numbers" % (what, printable(whole, 100), printable(text, 40)))
+        ranges.append((match.group(1), int(match.group(2) or match.group(1))))
+    if sum(last - int(first) + 1 for first, last in ranges) > MAX_NAMES:
+        raise GresError("%s '%s' names more than %d" % (what, printable(whole, 100), MAX_NAMES))
+    return ['%0*d' % (len(first), value) for first, last in ranges for value in range(int(first), last + 1)]
+
+
+def expand(text, what):
+    """A Slurm hostlist (node[01-04,07],login1; /dev/nvidia[0-3]) as its names, in the order written."""
+    names = []
+    for part in split_list(text, what):
+        found = ['']
+        for piece in re.split(r'(\[[^\]]*\])', part):
+            values = bracket_values(piece[1:-1], what, text) if piece.startswith('[') else [piece]
+            if len(found) * len(values) + len(names) > MAX_NAMES:
+                raise GresError("%s '%s' names more than %d" % (what, printable(text, 100), MAX_NAMES))
+            found = [head + value for head in found for value in values]
+        names.extend(found)
+    return names
+
+
+def node_records(text, node):
+    """(line number, parameters) of each gres.conf line that applies to node, and the AutoDetect
+    that applies to it (None when none is set); every line is checked."""
+    records, autodetect = [], {}
+    for number, line in logical_lines(text):
+        fields = parse_line(number, line)
+        names = fields.get('nodename')
+        if names is not None and node not in expand(names, 'gres.conf line %d: NodeName' % number):
+            continue
+        if 'autodetect' in fields:
+            autodetect['node' if names is not None else 'all'] = (number, fields['autodetect'])
+        if 'name' in fields:
+            records.append((number, fields))
+        elif set(fields) - set(('nodename', 'autodetect')):
+            raise GresError('gres.conf line %d has no Name=' % number)
+    return records, autodetect.get('node', autodetect.get('all'))
+
+
+def gpu_files(text, node):
+    """The device nodes of node's GPUs as Slurm numbers them: the places of SLURM_JOB_GPUS."""
+    records, autodetect = node_records(text, node)
+    if autodetect and autodetect[1].lower() != 'off':
+        raise GresError('gres.conf line %d: AutoDetect=%s, so Slurm orders the GPUs itself and gres.conf cannot '
+                        'tell their device nodes; list them with File= and AutoDetect=off'
+                        % (autodetect[0], printable(autodetect[1], 40)))
+    gpus = [(number, fields) for number, fields in records if fields['name'].lower() == 'gpu']
+    types = sorted(set(fields.get('type', '') for dummy, fields in gpus))
+    if len(types) > 1:
+        raise GresError('gres.conf gives %s GPUs of several types (%s): slurmd numbers them by type, in an order '
+                        'gres.conf does not tell' % (printable(node, 100), printable(', '.join(t or 'none' for t in types), 100)))
+    files = []
+    for number, fields in gpus:
+        files.extend(record_files(number, fields))
+        if len(files) > MAX_FILES:
+            raise GresError('gres.conf gives %s more than %d GPUs' % (printable(node, 100), MAX_FILES))
+    if not files:
+        raise GresError('gres.conf has no Name=gpu line with File= for %s' % printable(node, 100))
+    return files
+
+
+def record_files(number, fields):
+    """The device nodes of one Name=gpu line, each checked to be a path."""
+    where = 'gres.conf line %d' % number
+    if 'multiplefiles' in fields:
+        raise GresError('%s gives a GPU MultipleFiles=, which the hook cannot follow to one device node' % where)
+    if 'file' not in fields:
+        raise GresError('%s lists GPUs without File=: Slurm counts them but names no device node' % where)
+    files = expand(fields['file'], '%s: File' % where)
+    if 'count' in fields and fields['count'] != str(len(files)):
+        raise GresError('%s: Count=%s is not the %d files of File=' % (where, printable(fields['count'], 20), len(files)))
+    for path in files:
+        if not os.path.isabs(path):
+            raise GresError("%s: File '%s' is not an absolute path" % (where, printable(path, 100)))
+    return files
+
+
+def node_minor(path):
+    """The minor number of a GPU's device node: st_rdev of the character device, N of a
+    simulated nvidiaN (a regular file the release would accept too)."""
+    problem = check_device_node(path, set((NVIDIA_GPU_MAJOR,)))
+    if problem:
+        raise GresError("gres.conf's %s %s" % (printable(path, 200), problem))
+    mode = os.stat(path)
+    if stat.S_ISCHR(mode.st_mode):
+        return os.minor(mode.st_rdev)
+    number = node_number(path)
+    if number is None:
+        raise GresError("gres.conf's %s is not a GPU's device node (nvidiaN)" % printable(path, 200))
+    return number
+
+
+def index_by_minor(host_root):
+    """{minor number: nvidia-smi index} of the GPUs the driver attached (in bus order, as the
+    release numbers them); None when the driver's entries cannot be read (a container without
+    them): then, as the release does (_host.gpu_nodes), /dev/nvidiaN is taken to be GPU N, so
+    the node gres.conf names is the node the release stops the holders of."""
+    driver = read_driver(host_root)
+    if driver is None:
+        return None
+    view = HostView(None, driver, host_root)
+    return dict((info['minor'], index) for index, info in enumerate(view.attached()) if info['minor'] is not None)
+
+
+def job_gpu_indexes(places, node, path, host_root='/'):
+    """(the nvidia-smi indexes of the job's GPUs, sorted; a line saying how they were found)
+    from places (SLURM_JOB_GPUS, a list of ints) and node's gres.conf at path."""
+    files = gpu_files(read_text(path), node)
+    indexes = index_by_minor(host_root)
+    found = []
+    for place in places:
+        if place >= len(files):
+            raise GresError('Slurm gave the job GPU %d, but %s lists %d GPUs for %s (0-%d)'
+                            % (place, printable(path), len(files), printable(node, 100), len(files) - 1))
+        minor = node_minor(files[place])
+        if indexes is None:
+            found.append((place, files[place], minor, minor))
+            continue
+        if minor not in indexes:
+            raise GresError("GPU %d is gres.conf's %s, minor number %d, which no GPU the driver attached has "
+                            '(minor numbers %s)' % (place, printable(files[place], 200), minor,
+                                                    ', '.join(str(m) for m in sorted(indexes)) or 'none'))
+        found.append((place, files[place], minor, indexes[minor]))
+    note = 'SLURM_JOB_GPUS %s: %s' % (','.join(str(place) for place in places), '; '.join(
+        '%d is %s (minor %d), nvidia-smi GPU %d' % (item[0], printable(item[1], 200), item[2], item[3]) for item in found))
+    if indexes is None:
+        note += ' (%s cannot be read: GPU N taken to be /dev/nvidiaN, as the release takes it)' % (
+            under_root(DRIVER_GPUS, host_root))
+    return sorted(set(item[3] for item in found)), note
