@@ -1007,7 +1007,7 @@ class Release:
         snapshot, holders = self._observe(force_read=True, final=True, full=True)
         result.failure = None
         self._report(result, snapshot, holders)
-        result.changed = True
+        result.changed = result.changed or escalation['attempted'] or bool(escalation['quiesced']['stopped'])
         problems = escalation['problems'] = self._after_reset(escalation, snapshot, todo)
         if problems:
             result.released = False
@@ -1015,7 +1015,8 @@ class Release:
                 'GPUs not released: %s' % '; '.join(problems)
         if result.failure and not escalation['ok']:
             result.failure += '; the GPU reset failed: %s' % escalation['message']
-        if result.failure and self.options.bug_report_dir:
+        if result.failure and self.options.bug_report_dir and escalation['attempted']:
+            # Evidence of what the driver did; a reset not tried has none.
             escalation['bug_report'] = self._bug_report()
 
     def _after_reset(self, escalation, snapshot, todo):

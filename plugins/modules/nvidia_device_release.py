@@ -203,7 +203,7 @@ options:
     type: path
   bug_report_dir:
     description:
-      - When a GPU reset fails (refused, failed, or the fabric did not come back), run NVIDIA's
+      - When a GPU reset that was tried fails (nvidia-smi refused or failed it, or the fabric did not come back), run NVIDIA's
         C(nvidia-bug-report.sh) (the one beside O(nvidia_smi_path) when that is a path, else the
         one on C(PATH)), which NVIDIA support asks for, writing its report into this directory;
         its path is RV(escalation.bug_report.path).

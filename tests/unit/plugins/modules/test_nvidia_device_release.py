@@ -363,12 +363,23 @@ def test_check_mode_says_why_each_gpu_would_be_reset(capsys, gpuhost, tmp_path):
 
 
 def test_a_failed_reset_for_an_xid_leaves_the_gpu_not_released(capsys, gpuhost, tmp_path):
-    hostengine = gpuhost.hold(gpus=[2], mib=0, name='nv-hostengine', daemon=True)['pid']
+    gpuhost.fault('reset-refused', gpu=2)
     gpuhost.fault('xid', gpu=2, code=95)
     result = reset_run(capsys, gpuhost, tmp_path)
     assert result['failed'] is True and result['released'] is False, result
     assert 'GPU 2 needs a GPU reset (Xid 95 since the last cure)' in result['msg']
-    assert 'the GPU reset failed' in result['msg'] and alive(hostengine)
+    assert 'the GPU reset failed' in result['msg']
+
+
+def test_a_reset_not_attempted_changes_nothing_and_makes_no_bug_report(capsys, gpuhost, tmp_path):
+    # A protected daemon outside any unit the rule allows to stop: the reset is not tried.
+    hostengine = gpuhost.hold(gpus=[2], mib=0, name='nv-hostengine', daemon=True)['pid']
+    gpuhost.fault('xid', gpu=2, code=95)
+    result = reset_run(capsys, gpuhost, tmp_path, bug_report_dir=str(tmp_path / 'evidence'))
+    assert result['failed'] is True and result['escalation']['attempted'] is False, result
+    assert result['changed'] is False and 'bug_report' not in result['escalation']
+    assert 'GPU 2 needs a GPU reset (Xid 95 since the last cure)' in result['msg'] and alive(hostengine)
+    assert not os.path.exists(str(tmp_path / 'evidence'))
 
 
 def test_the_fabric_is_waited_for_after_a_reset(capsys, gpuhost, tmp_path):
@@ -406,7 +417,7 @@ def test_a_host_without_fabric_is_not_waited_for(capsys, gpuhost, tmp_path):
 
 
 def test_a_failed_reset_leaves_a_bug_report_in_a_root_only_directory(capsys, gpuhost, tmp_path):
-    gpuhost.hold(gpus=[3], mib=0, name='nv-hostengine', daemon=True)
+    gpuhost.fault('reset-refused', gpu=3)
     gpuhost.fault('stuck', gpu=3, mib=4096)
     reports = tmp_path / 'evidence'
     result = reset_run(capsys, gpuhost, tmp_path, bug_report_dir=str(reports))
@@ -418,7 +429,7 @@ def test_a_failed_reset_leaves_a_bug_report_in_a_root_only_directory(capsys, gpu
 
 
 def test_a_bug_report_that_hangs_is_cut_off(capsys, gpuhost, tmp_path):
-    gpuhost.hold(gpus=[3], mib=0, name='nv-hostengine', daemon=True)
+    gpuhost.fault('reset-refused', gpu=3)
     gpuhost.fault('stuck', gpu=3, mib=4096)
     gpuhost.fault('bug-report-hang', seconds=60)
     started = time.monotonic()
@@ -431,7 +442,7 @@ def test_a_bug_report_that_hangs_is_cut_off(capsys, gpuhost, tmp_path):
 
 
 def test_a_bug_report_directory_others_can_read_is_refused(capsys, gpuhost, tmp_path):
-    gpuhost.hold(gpus=[3], mib=0, name='nv-hostengine', daemon=True)
+    gpuhost.fault('reset-refused', gpu=3)
     gpuhost.fault('stuck', gpu=3, mib=4096)
     shared = tmp_path / 'shared'
     shared.mkdir(mode=0o755)
