@@ -28,6 +28,7 @@ import fnmatch
 import os
 import re
 import shutil
+import stat
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
@@ -268,7 +269,7 @@ class Quiesce:
         pipe_dir = _environ(holder.pid, 'CUDA_MPS_PIPE_DIRECTORY', self.proc)
         if pipe_dir:
             env['CUDA_MPS_PIPE_DIRECTORY'] = pipe_dir
-        program = holder.exe if holder.exe and not holder.exe.endswith(' (deleted)') else MPS_CONTROL
+        program = _running_program(holder, self.proc) or MPS_CONTROL
         try:
             rc, stdout, stderr = Runner(program, name=MPS_CONTROL, env=env).run(
                 [], timeout=max(self._left(), 0.1), input_text='quit\n')
@@ -327,6 +328,27 @@ def _exited(holder, proc='/proc'):
     return is_gone(info) or info.starttime != holder.starttime
 
 
+def _running_program(holder, proc='/proc'):
+    """The path of the file holder runs, when that path still names that very file and only root
+    can change it (root-owned, in a root-owned directory, neither writable by group or others);
+    else None. Run as root, a path a user could swap would run the user's program."""
+    path = holder.exe
+    if not path or not os.path.isabs(path) or path.endswith(' (deleted)'):
+        return None
+    try:
+        running = os.stat(os.path.join(proc, str(holder.pid), 'exe'))
+        named = os.stat(path)
+        directory = os.stat(os.path.dirname(path))
+    except OSError:
+        return None
+    if (named.st_dev, named.st_ino) != (running.st_dev, running.st_ino):
+        return None
+    unsafe = stat.S_IWGRP | stat.S_IWOTH
+    if named.st_uid != 0 or directory.st_uid != 0 or named.st_mode & unsafe or directory.st_mode & unsafe:
+        return None
+    return path
+
+
 def _environ(pid, name, proc='/proc'):
     """The value of name in pid's environment (as it started), or None."""
     try:
@@ -354,7 +376,7 @@ def quiesced_reset(quiesce, reset, todo):
         finally:
             quiesce.restore()
     if entry is None:
-        entry = escalation(sorted(todo), False, refusal, attempted=False, reasons=getattr(reset, 'reasons', None))
+        entry = escalation(sorted(todo), False, refusal, attempted=False, reasons=reset.reasons)
     if quiesce.problems and refusal is None:
         entry['message'] += '; ' + '; '.join(quiesce.problems)
     entry['quiesced'] = quiesce.report()

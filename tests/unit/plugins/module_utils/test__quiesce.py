@@ -101,6 +101,7 @@ class Reset:
 
     def __init__(self, host, ok=True, raises=None):
         self.host, self.ok, self.raises = host, ok, raises
+        self.reasons = {}
         self.active_during = None
 
     def run(self, todo):
@@ -371,6 +372,8 @@ def mps_holder(tmp_path, proc, script=MPS):
     (fake / 'cgroup').write_text('0::/\n')
     for name in ('stat', 'cmdline', 'environ'):
         os.symlink('/proc/%d/%s' % (proc.pid, name), str(fake / name))
+    # What runs, as /proc/PID/exe names it: the fake nvidia-cuda-mps-control.
+    os.symlink(str(exe), str(fake / 'exe'))
     return Holder(proc.pid, info.ppid, info.uid, MPS_CONTROL, MPS_CONTROL, exe, info.starttime, 'S', 0, 1,
                   ['/dev/nvidia0']), log, str(tmp_path / 'proc')
 
@@ -386,6 +389,8 @@ def test_the_mps_control_daemon_outside_a_service_is_asked_to_quit_in_its_own_pi
 
 
 class _NoUnits:
+    reasons = {}
+
     def run(self, todo):
         return {'attempted': True, 'gpus': sorted(todo), 'ok': True, 'message': 'reset',
                 'persistence_mode_off': [], 'persistence_mode_restored': None}
@@ -406,3 +411,19 @@ def test_an_mps_control_daemon_that_does_not_quit_leaves_the_reset_unattempted(t
     entry = quiesced_reset(quiesce, _NoUnits(), [0])
     assert entry['attempted'] is False and entry['quiesced']['mps_quit'] is False
     assert 'the MPS control daemon (pid %d) did not exit after quit within the timeout' % mps_daemon.pid in entry['message']
+
+
+def test_a_daemon_whose_path_names_another_file_now_is_not_run_from_that_path(tmp_path, mps_daemon, monkeypatch):
+    # The file at the daemon's path was swapped after it started: that path is not run as root;
+    # nvidia-cuda-mps-control is looked up on PATH instead (none here).
+    daemon, log, proc = mps_holder(tmp_path, mps_daemon)
+    running = tmp_path / 'running'
+    running.write_text('')
+    link = os.path.join(proc, str(daemon.pid), 'exe')
+    os.unlink(link)
+    os.symlink(str(running), link)
+    monkeypatch.setenv('PATH', str(tmp_path / 'empty'))
+    quiesce = Quiesce([(daemon, [0])], DEFAULT_STOP_UNITS, time.monotonic() + 10, proc=proc, log=lambda message: None)
+    entry = quiesced_reset(quiesce, _NoUnits(), [0])
+    assert entry['attempted'] is False and 'nvidia-cuda-mps-control not found' in entry['message'], entry
+    assert not log.exists() and mps_daemon.poll() is None
