@@ -131,6 +131,9 @@ KERNEL_LOG_MAX_S = 10.0
 # What only the release's first, full read of the GPUs has, for their health.
 HEALTH_KEYS = ('remapped_rows_pending', 'remapped_rows_failure', 'retired_pages_pending', 'driver_recovery_action')
 
+# An entry of reset_stop_units: a unit name (systemd.unit(5)'s characters) with shell glob characters.
+STOP_UNIT_RE = re.compile(r'^[A-Za-z0-9:_.@\\*?\[\]-]{1,255}\Z')
+
 REGEX_HINT_RE = re.compile(r'\.[*+]|[\\^$+(){}|]')
 REASONS = ('uninterruptible', 'zombie', 'respawned', 'ignored_signals', 'not_permitted')
 # Why a holder was left alone although it is no protected daemon: a root or system process that
@@ -180,6 +183,10 @@ class ReleaseOptions:
             raise GpuopsError(problem)
         if bug_report_dir is not None and not os.path.isabs(bug_report_dir):
             raise GpuopsError('bug_report_dir: %r is not an absolute path' % (bug_report_dir,))
+        for pattern in reset_stop_units or ():
+            if not STOP_UNIT_RE.match(pattern) or not pattern.strip('*?'):
+                raise GpuopsError('reset_stop_units: %r is no systemd unit name or glob of one (e.g. '
+                                  'nvidia-dcgm.service or nvsm*.service); a bare * would allow every unit' % (pattern,))
         # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
         self.devices = device_patterns(devices, host_root)
         self.host_root = host_root

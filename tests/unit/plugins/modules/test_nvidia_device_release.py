@@ -49,6 +49,11 @@ def run_module(capsys, host, tmp_path, **args):
     (dict(devices=['nvidia*']), 'not an absolute path'),
     (dict(facts_after='maybe'), "argument 'facts_after' is of type"),
     (dict(gpus=[]), 'name at least one GPU index'),
+    (dict(bug_report_timeout=0), 'bug_report_timeout must be more than 0 seconds'),
+    (dict(bug_report_dir='evidence'), "bug_report_dir: 'evidence' is not an absolute path"),
+    (dict(reset_stop_units=['*']), "reset_stop_units: '*' is no systemd unit name"),
+    (dict(reset_stop_units=['dcgm.service; rm -rf /']), 'reset_stop_units: '),
+    (dict(reset_stop_units=['']), "reset_stop_units: '' is no systemd unit name"),
 ])
 def test_bad_options_fail_cleanly(capsys, gpuhost, tmp_path, args, message):
     result = run_module(capsys, gpuhost, tmp_path, **args)
