@@ -3,11 +3,18 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Waiting on processes that tests start: a pid a script writes, a process that must end."""
+"""Waiting on processes that tests start: a pid a script writes, a process that must end; and
+running a risky test in a private PID namespace."""
 
+import functools
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
+
+import pytest
 
 from gpusim.state import is_alive as alive
 
@@ -58,3 +65,25 @@ def wait_exec(pid, seconds=10):
             return
         time.sleep(0.01)
     raise AssertionError('pid %d still runs bash' % pid)
+
+
+INSIDE = 'GPUOPS_PRIVATE_PID_NAMESPACE'
+
+
+def in_private_pid_namespace(test):
+    """Run the test in a new PID namespace with its own /proc: pytest re-runs this one test
+    there (as its PID 1), and the outer test passes when the inner one does."""
+    @functools.wraps(test)
+    def wrapper(*args, **kwargs):
+        if os.environ.get(INSIDE) == '1':
+            return test(*args, **kwargs)
+        if os.getuid() != 0 or not shutil.which('unshare'):
+            pytest.skip('needs root and unshare(1) for a private PID namespace')
+        node = os.environ['PYTEST_CURRENT_TEST'].rsplit(' ', 1)[0]
+        proc = subprocess.run(['unshare', '-pf', '--mount-proc', sys.executable, '-m', 'pytest', '-q',
+                               '-p', 'no:cacheprovider', node],
+                              env=dict(os.environ, **{INSIDE: '1'}), capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        assert '1 passed' in proc.stdout, proc.stdout[-4000:]
+    return wrapper

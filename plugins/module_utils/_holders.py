@@ -62,6 +62,8 @@ class Holder:
         self.protected = False
         self.foreign = False
         self.impersonates = None
+        self.job = None  # the Slurm job it belongs to, when the release runs for a job
+        self.spared = None  # why a job's release leaves it alone (_jobs: another_job, ...)
 
     @property
     def user(self):

@@ -59,6 +59,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     uninspectable_warning,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import ANOTHER_JOB, JobScope, check_job, read_job
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
@@ -162,6 +163,12 @@ def release_argument_spec():
         bug_report_dir=dict(type='path'),
         bug_report_timeout=dict(type='float', default=DEFAULT_BUG_REPORT_TIMEOUT_S),
         reset_stop_units=dict(type='list', elements='str', default=list(DEFAULT_STOP_UNITS)),
+        job=dict(type='dict', options=dict(
+            id=dict(type='str', required=True),
+            uid=dict(type='int'),
+            shared_gpus=dict(type='list', elements='int', default=[]),
+            live_jobs=dict(type='dict'),
+        )),
     )
     spec.update(reader_argument_spec())
     spec.update(holders_argument_spec())
@@ -175,7 +182,8 @@ class ReleaseOptions:
                  wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
                  facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
                  nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None, kernel_log=None,
-                 bug_report_dir=None, bug_report_timeout=DEFAULT_BUG_REPORT_TIMEOUT_S, reset_stop_units=None):
+                 bug_report_dir=None, bug_report_timeout=DEFAULT_BUG_REPORT_TIMEOUT_S, reset_stop_units=None,
+                 job=None):
         parsed, gpus = check_release_options(devices, gpus, signals, grace_period, timeout, memory_threshold_mib,
                                              protect, settle_time, expected_gpus)
         problem = check_seconds('bug_report_timeout', bug_report_timeout, positive=True)
@@ -187,6 +195,7 @@ class ReleaseOptions:
             if not STOP_UNIT_RE.match(pattern) or not pattern.strip('*?'):
                 raise GpuopsError('reset_stop_units: %r is no systemd unit name or glob of one (e.g. '
                                   'nvidia-dcgm.service or nvsm*.service); a bare * would allow every unit' % (pattern,))
+        self.job = check_job(job)
         # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
         self.devices = device_patterns(devices, host_root)
         self.host_root = host_root
@@ -222,7 +231,7 @@ class ReleaseOptions:
                    params.get('reset_orphaned', False), params.get('nvidia_smi_path') or 'nvidia-smi',
                    params.get('expected_gpus'), params.get('state_dir'), params.get('kernel_log'),
                    params.get('bug_report_dir'), params.get('bug_report_timeout', DEFAULT_BUG_REPORT_TIMEOUT_S),
-                   params.get('reset_stop_units'))
+                   params.get('reset_stop_units'), params.get('job'))
 
 
 class Target:
@@ -285,13 +294,27 @@ def _holders_text(holders):
     for holder in holders:
         lines.append('%d %s %s [%s]%s\n' % (
             holder.pid, holder.user, printable(holder.cmdline or holder.comm, 200), ', '.join(holder.devices),
-            ' (foreign)' if holder.foreign else ' (protected)' if holder.protected else ''))
+            ' (%s)' % holder.spared if holder.spared else ' (foreign)' if holder.foreign
+            else ' (protected)' if holder.protected else ''))
     return ''.join(lines)
 
 
-def _foreign_why(holder):
-    return ('pid %d (%s, user %s, %s: a root or system process that the driver places on no GPU and that '
-            'belongs to no job, never signalled)' % (holder.pid, printable(holder.comm), holder.user, FOREIGN_HOLDER))
+def _foreign_why(holder, proc='/proc'):
+    unit = supervisor(holder, proc)['unit']
+    return ('pid %d (%s, user %s%s, holding %s; %s: a root or system process that the driver places on no GPU and '
+            'that belongs to no job, never signalled)' % (
+                holder.pid, printable(holder.comm), holder.user, ', unit %s' % printable(unit) if unit else '',
+                ', '.join(printable(path) for path in holder.devices) or 'no GPU node', FOREIGN_HOLDER))
+
+
+def _spared_why(holder):
+    job = 'job %s' % holder.job if holder.job else 'no job'
+    return 'pid %d (%s, user %s, %s; %s)' % (holder.pid, printable(holder.comm), holder.user, job, holder.spared)
+
+
+# What helps when a foreign holder keeps a GPU that needs a reset open.
+FOREIGN_RETRY = ('the driver refuses a reset while any process has the GPU\'s node open: a descriptor queued on D-Bus '
+                 'is dropped after its pending_fd_timeout (150 s by default), so try again then, or restart that daemon')
 
 
 def raise_fd_limit():
@@ -347,10 +370,12 @@ class ReleaseResult:
         self.failure = None
         self.warnings = []
         self.foreign_holders = []
+        self.other_jobs = []
 
     def dump(self, diff=False):
         out = dict(changed=self.changed, released=self.released, signalled=self.signalled,
-                   protected=self.protected, foreign_holders=self.foreign_holders, survivors=self.survivors,
+                   protected=self.protected, foreign_holders=self.foreign_holders, other_jobs=self.other_jobs,
+                   survivors=self.survivors,
                    orphaned_gpus=self.orphaned_gpus, gpus_before=self.gpus_before,
                    gpus_after=self.gpus_after, gpu_states=self.gpu_states, escalation=self.escalation,
                    elapsed_s=self.elapsed_s)
@@ -401,6 +426,10 @@ class Release:
         self.warnings = list(options.warnings)
         self.own_session = os.getsid(0)
         self.own_cgroup = cgroup(os.getpid(), proc)
+        self.jobs = JobScope(options.job, proc, own=ancestors(os.getpid(), proc)) if options.job else None
+        self.other_jobs_seen = {}
+        self.spared_pids = {}  # pid -> why, of the holders the job's release leaves alone, as last seen
+        self.job_scoped = set()  # the shared GPUs judged for the job alone: others' processes are on them
 
     # -- observation ---------------------------------------------------------------------
     def _warn(self, text):
@@ -471,8 +500,38 @@ class Release:
         trusted = snapshot.trusted if snapshot is not None else {}
         holders = [holder for holder in scan.holders if self._holds_scope(holder, placed, trusted)]
         holders += self._reported_only(snapshot, scan, trusted)
+        self._set_aside_for_job(holders, snapshot)
         self._mark_foreign(holders, trusted)
         return sorted(holders, key=lambda holder: holder.pid)
+
+    def _set_aside_for_job(self, holders, snapshot):
+        """With job: mark protected the holders the job's release must leave alone (another live
+        job's; on a shared GPU, any not the job's; an MPS daemon another job uses), and find the
+        shared GPUs that are then judged for the job alone."""
+        if self.jobs is None:
+            return
+        scope = self._scope(snapshot or self.last_snapshot)
+        for holder in holders:
+            holder.job = self.jobs.job_of(holder.pid)
+        others = [(gpu.get('index'), process.get('pid')) for gpu in scope for process in gpu.get('processes') or []
+                  if self.jobs.is_other_live(self.jobs.job_of(process.get('pid')))]
+        busy = set(index for index, dummy in others)
+        busy.update(gpu.get('index') for gpu in scope for holder in holders
+                    if self.jobs.is_other_live(holder.job) and self._blocks(holder, gpu))
+        busy &= self.jobs.shared
+        self.spared_pids = dict((pid, ANOTHER_JOB) for dummy, pid in others)
+        for holder in holders:
+            held = [gpu.get('index') for gpu in scope if self._blocks(holder, gpu)]
+            why = None if holder.protected else self.jobs.why_left_alone(holder, holder.job, held, busy)
+            if why:
+                holder.protected = True
+                holder.spared = why
+                holder.gpus = held
+                self.spared_pids[holder.pid] = why
+        self.job_scoped = set(gpu.get('index') for gpu in scope if gpu.get('index') in self.jobs.shared
+                              if any(self._blocks_pid(pid, gpu) for pid in self.spared_pids)
+                              or any(self._blocks(holder, gpu) for holder in holders
+                                     if holder.spared))
 
     def _scan(self):
         scan = scan_holders(self.paths, self.options.protect, self.proc, self.deadline, self.clock)
@@ -562,7 +621,9 @@ class Release:
             snapshot = self._read(final, full)
         holders = self._discover(snapshot)
         for holder in holders:
-            if holder.protected:
+            if holder.spared:
+                self.other_jobs_seen[_key(holder)] = holder
+            elif holder.protected and not holder.foreign:
                 self.protected_seen.setdefault(_key(holder), holder)
             elif holder.impersonates and holder.pid not in self.impersonators:
                 self.impersonators.add(holder.pid)
@@ -588,7 +649,10 @@ class Release:
 
     def _gpu_clean(self, gpu):
         """Readable, at or below the threshold, and no process on it in the driver's list (one
-        that is no holder on this host is named in the failure, never called gone)."""
+        that is no holder on this host is named in the failure, never called gone). A shared GPU
+        that other jobs use is judged for the job: readable, none of its processes left on it."""
+        if gpu.get('index') in self.job_scoped:
+            return not gpu.get('error') and not self._job_processes(gpu)
         used = gpu.get('memory_used_mib')
         return not gpu.get('error') and used is not None and used <= self.options.memory_threshold_mib \
             and not gpu.get('processes')
@@ -597,6 +661,21 @@ class Release:
         if snapshot is None or self.scan_incomplete or any(not holder.protected for holder in holders):
             return False
         return all(self._gpu_clean(gpu) for gpu in self._scope(snapshot))
+
+    def _spared_on(self, gpu):
+        """The holders the job's release leaves alone that hold gpu, when it is judged as a whole."""
+        if gpu.get('index') in self.job_scoped:
+            return []
+        return [holder for key, holder in sorted(self.other_jobs_seen.items())
+                if holder.pid in self.spared_pids and self._blocks(holder, gpu)]
+
+    def _only_spared_left(self, snapshot, holders):
+        """True when waiting cannot help: no holder is left to signal and every dirty GPU is held
+        by a process the job's release leaves alone (another live job's)."""
+        if snapshot is None or self.jobs is None or any(not holder.protected for holder in holders):
+            return False
+        dirty = [gpu for gpu in self._scope(snapshot) if not self._gpu_clean(gpu)]
+        return bool(dirty) and all(self._spared_on(gpu) for gpu in dirty)
 
     def _only_lost_left(self, snapshot, holders):
         """True when waiting cannot help: no holder is left and every dirty GPU is lost."""
@@ -904,7 +983,10 @@ class Release:
             result.gpus_after = result.gpus_before
             result.gpu_states = self._states(snapshot)
             result.released = self._clean(snapshot, holders)
-            result.protected = [_describe(holder) for holder in holders if holder.protected]
+            result.protected = [_describe(holder) for holder in holders
+                                if holder.protected and not holder.foreign and not holder.spared]
+            result.foreign_holders = [self._foreign(holder) for holder in holders if holder.foreign]
+            result.other_jobs = [self._other_job(holder, self._scope(snapshot)) for holder in holders if holder.spared]
             result.diff['after'] = _holders_text([holder for holder in holders if holder.protected])
             if self.options.wait and not would:
                 result.orphaned_gpus = self._orphaned(self._scope(snapshot), [])
@@ -941,6 +1023,7 @@ class Release:
                     (not self.targets or now >= self.last_exit + self.options.settle_time):
                 break
             if self._only_lost_left(snapshot, holders) or self._only_respawns_left(now, holders) \
+                    or self._only_spared_left(snapshot, holders) \
                     or self.read_error_permanent or self._orphaned_for_good(now, snapshot, holders):
                 break
             if now >= self.signal_deadline:
@@ -992,13 +1075,15 @@ class Release:
             return
         foreign = [holder for holder in self.foreign_seen.values()
                    if any(self._blocks(holder, gpu) for gpu in self._scope(snapshot) if gpu.get('index') in todo)]
+        if self._other_jobs_block_reset(result, snapshot, todo):
+            return
         if result.survivors or foreign:
             blocking = ['pid %d' % survivor['pid'] for survivor in result.survivors]
-            blocking.extend(_foreign_why(holder) for holder in foreign)
+            blocking.extend(_foreign_why(holder, self.proc) for holder in foreign)
             self._warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
                 ', '.join(str(index) for index in sorted(todo)), ', '.join(blocking)))
-            if foreign and result.failure:
-                result.failure += '; GPU reset not attempted: held by %s' % ', '.join(_foreign_why(h) for h in foreign)
+            if foreign:
+                self._foreign_blocks_reset(result, todo, foreign)
             return
         runner = self.smi_runner or SmiRunner(self.options.nvidia_smi_path)
         bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
@@ -1025,6 +1110,29 @@ class Release:
         if result.failure and self.options.bug_report_dir and escalation['attempted']:
             # Evidence of what the driver did; a reset not tried has none.
             escalation['bug_report'] = self._bug_report()
+
+    def _other_jobs_block_reset(self, result, snapshot, todo):
+        """True when a process the job's release leaves alone holds a GPU to reset: a reset would
+        end that job, so it is not tried, and the GPU is not released."""
+        gpus = [gpu for gpu in self._scope(snapshot) if gpu.get('index') in todo]
+        spared = [holder for holder in self._discover(snapshot) if holder.spared
+                  if any(self._blocks(holder, gpu) for gpu in gpus)]
+        if not spared:
+            return False
+        why = 'GPU %s needs a reset, not attempted: %s would lose the GPU' % (
+            ', '.join(str(index) for index in sorted(todo)), ', '.join(_spared_why(holder) for holder in spared))
+        result.released = False
+        result.failure = '%s; %s' % (result.failure, why) if result.failure else 'GPUs not released: %s' % why
+        return True
+
+    def _foreign_blocks_reset(self, result, todo, foreign):
+        """A GPU that needs a reset is not released while a foreign holder keeps its node open."""
+        why = 'GPU %s needs a reset (%s), not attempted: held by %s; %s' % (
+            ', '.join(str(index) for index in sorted(todo)),
+            '; '.join('GPU %s: %s' % (index, ', '.join(reasons)) for index, reasons in sorted(todo.items())),
+            ', '.join(_foreign_why(holder, self.proc) for holder in foreign), FOREIGN_RETRY)
+        result.released = False
+        result.failure = '%s; %s' % (result.failure, why) if result.failure else 'GPUs not released: %s' % why
 
     def _after_reset(self, escalation, snapshot, todo):
         """What is still wrong after the reset that the GPUs' readings do not show: a fabric not
@@ -1072,7 +1180,7 @@ class Release:
         causes = self._reset_causes(snapshot)
         for gpu in self._scope(snapshot):
             index = gpu.get('index')
-            if index not in causes or gpu.get('processes'):
+            if index not in causes or gpu.get('processes') or index in self.job_scoped:
                 continue
             todo[index] = todo.get(index, []) + causes[index]
         return todo
@@ -1106,7 +1214,7 @@ class Release:
 
     def _orphaned(self, scope, survivors):
         """The indexes of the GPUs of scope with memory used and no process holding them."""
-        return [gpu.get('index') for gpu in scope
+        return [gpu.get('index') for gpu in scope if gpu.get('index') not in self.job_scoped
                 if gpu.get('memory_used_mib') is not None and not gpu.get('error')
                 if gpu['memory_used_mib'] > self.options.memory_threshold_mib
                 if not gpu.get('processes') and not any(self._blocks(holder, gpu) for holder in survivors)]
@@ -1133,6 +1241,14 @@ class Release:
         node = self.gpu_nodes.get(gpu.get('index'))
         return blocks(holder.devices, holder.pid, set() if node is None else set([node]), [gpu])
 
+    @staticmethod
+    def _blocks_pid(pid, gpu):
+        return any(process.get('pid') == pid for process in gpu.get('processes') or [])
+
+    def _job_processes(self, gpu):
+        """The processes the driver lists on gpu that the job's release does not leave alone."""
+        return [process for process in gpu.get('processes') or [] if process.get('pid') not in self.spared_pids]
+
     def _survivor(self, holder, scope):
         target = self.targets.get(_key(holder))
         out = dict(_describe(holder), reason=self._reason(holder),
@@ -1152,8 +1268,8 @@ class Release:
                                          exited=target.ref.exited()))
         result.changed = any(target.signals_sent for target in self.targets.values())
         result.protected = [_describe(holder) for key, holder in sorted(self.protected_seen.items())]
-        result.foreign_holders = [dict(_describe(holder), reason=FOREIGN_HOLDER)
-                                  for key, holder in sorted(self.foreign_seen.items())]
+        result.foreign_holders = [self._foreign(holder) for key, holder in sorted(self.foreign_seen.items())]
+        result.other_jobs = [self._other_job(holder, scope) for key, holder in sorted(self.other_jobs_seen.items())]
         survivors = [holder for holder in holders if not holder.protected]
         result.survivors = [self._survivor(holder, scope) for holder in survivors]
         result.gpus_after = self._memory(snapshot)
@@ -1169,6 +1285,13 @@ class Release:
             result.orphaned_gpus = self._orphaned(scope, survivors)
             if not result.released:
                 result.failure = self._failure(snapshot, scope, result)
+
+    def _foreign(self, holder):
+        return dict(_describe(holder), reason=FOREIGN_HOLDER, unit=supervisor(holder, self.proc)['unit'])
+
+    def _other_job(self, holder, scope):
+        return dict(_describe(holder), job_id=holder.job, why=holder.spared,
+                    gpus=[gpu.get('index') for gpu in scope if self._blocks(holder, gpu)])
 
     @staticmethod
     def _why(survivor):
@@ -1193,7 +1316,7 @@ class Release:
             index = gpu.get('index')
             holders = [survivor for survivor in result.survivors if index in survivor['gpus']]
             blocking.update(survivor['pid'] for survivor in holders)
-            reported = [process for process in gpu.get('processes') or []
+            reported = [process for process in self._job_processes(gpu)
                         if not any(process.get('pid') == survivor['pid'] for survivor in holders)]
             used = gpu.get('memory_used_mib')
             if gpu.get('error') and gpu_state(gpu) == 'reset_required':
@@ -1208,7 +1331,9 @@ class Release:
                         if process.get('pid') in protected else
                         'pid %s (%s, reported by the driver)' % (process.get('pid'), printable(process.get('name')))
                         for process in reported]
-                why += [_foreign_why(holder) for holder in self.foreign_seen.values() if self._blocks(holder, gpu)]
+                why += [_foreign_why(holder, self.proc) for holder in self.foreign_seen.values()
+                        if self._blocks(holder, gpu)]
+                why += [_spared_why(holder) for holder in self._spared_on(gpu)]
                 problems.append(_reason.held(gpu, why))
         for survivor in result.survivors:
             if survivor['pid'] not in blocking:

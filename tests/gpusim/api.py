@@ -232,17 +232,18 @@ class Host:
     # -- workloads -----------------------------------------------------------------------
     def hold(self, gpus="all", mib=0, util=0, name=None, ignore_term=False, children=0,
              respawn=0, respawn_delay=0.0, map=False, leak=False, open_gpus=None,
-             argv=None, cwd=None, daemon=False):
+             argv=None, cwd=None, daemon=False, cgroup=None):
         """Start a detached holder; returns {"pid", "monitor_pid", "children"}.
 
         daemon=True runs it from an executable file named `name` (sbin/<name>, owned by the
         caller, mode 0755), as a real daemon runs from its own program: the release protects a
-        process by its executable, not by the name it gives itself."""
+        process by its executable, not by the name it gives itself. cgroup: the real cgroup the
+        holder runs in (CONTROLLER:PATH, see gpusim.cgroups.job_cgroup), made and removed by gpusim."""
         info, proc = _hold.start_hold(
             self.paths, gpus, mib, util=util, name=name, ignore_term=ignore_term,
             children=children, respawn=respawn, respawn_delay=respawn_delay, map=map,
             leak=leak, open_gpus=open_gpus, argv=argv, cwd=cwd,
-            exe=_hold.install_daemon(self.paths, name) if daemon else None)
+            exe=_hold.install_daemon(self.paths, name) if daemon else None, cgroup=cgroup)
         self._monitors.append(proc)
         return info
 

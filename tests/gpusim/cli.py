@@ -50,6 +50,8 @@ def _parser():
     c.add_argument("--respawn-delay", type=float, default=0.0)
     c.add_argument("--map", action="store_true")
     c.add_argument("--leak", action="store_true")
+    c.add_argument("--cgroup", default=None, metavar="CONTROLLER:PATH",
+                   help="run in this real cgroup (root), e.g. freezer:/slurm/uid_0/job_5/step_0")
 
     c = cmd("fault", help="inject a fault")
     fs = c.add_subparsers(dest="kind", required=True)
@@ -153,7 +155,7 @@ def main(argv=None):
                              ignore_term=args.ignore_term, children=args.children,
                              respawn=args.respawn, respawn_delay=args.respawn_delay,
                              map=args.map, leak=args.leak, open_gpus=args.open_gpus,
-                             daemon=args.daemon)
+                             daemon=args.daemon, cgroup=args.cgroup)
             print(json.dumps(info))
         elif args.cmd == "fault":
             k = args.kind

@@ -116,6 +116,9 @@ def stop_all(paths, timeout=15.0):
                 os.unlink(os.path.join(paths.tracked, "%d.json" % e["pid"]))
             except OSError:
                 pass
+    from gpusim.cgroups import remove_all
+
+    remove_all(paths)
 
 
 # ---------------------------------------------------------------- launcher
@@ -136,7 +139,7 @@ def _gpu_list(spec, all_gpus):
 
 def start_hold(paths, gpus, mib, util=0, name=None, ignore_term=False, children=0,
                respawn=0, respawn_delay=0.0, map=False, leak=False, open_gpus=None,
-               argv=None, cwd=None, timeout=20.0, exe=None):
+               argv=None, cwd=None, timeout=20.0, exe=None, cgroup=None):
     """Start a detached monitor + holder; return ({"pid", "monitor_pid", "children"}, Popen)."""
     import select
     import subprocess
@@ -157,6 +160,7 @@ def start_hold(paths, gpus, mib, util=0, name=None, ignore_term=False, children=
         "argv": argv or [name or "python3", os.path.join(paths.lib, "holder.py")],
         "cwd": cwd or "/",
         "exe": exe or sys.executable,
+        "cgroup": cgroup,
     }
     env = dict(os.environ)
     env["GPUSIM_MONITOR"] = json.dumps(cfg)
@@ -247,6 +251,19 @@ def _spawn_holder(paths, cfg):
         return {"error": "holder %d exited before it was ready" % pid, "pid": pid}
 
 
+def _enter_cgroup(paths, spec):
+    """None once the monitor (and so its holder) is in the cgroup spec, or the error."""
+    if not spec:
+        return None
+    from gpusim.cgroups import enter
+
+    try:
+        enter(paths, spec)
+    except (OSError, RuntimeError) as exc:
+        return {"error": "cannot enter cgroup %s: %s" % (spec, exc)}
+    return None
+
+
 def monitor_main():
     cfg = json.loads(os.environ["GPUSIM_MONITOR"])
     paths = Paths(cfg["root"])
@@ -254,7 +271,7 @@ def monitor_main():
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     track(paths, os.getpid(), "monitor")
     respawn = cfg["respawn"]
-    info = _spawn_holder(paths, cfg)
+    info = _enter_cgroup(paths, cfg["cgroup"]) or _spawn_holder(paths, cfg)
     out = dict(info, monitor_pid=os.getpid())
     os.write(1, (json.dumps(out) + "\n").encode())
     devnull = os.open(os.devnull, os.O_RDWR)

@@ -14,7 +14,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import functools
 import os
 import pwd
 import re
@@ -32,29 +31,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._release import Rele
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import Signaller
 from gpusim.api import Host
 from gpusim.state import is_alive as alive
-from processes import await_ready
-
-INSIDE = 'GPUOPS_PRIVATE_PID_NAMESPACE'
-
-
-def in_private_pid_namespace(test):
-    """Run the test in a new PID namespace with its own /proc: pytest re-runs this one test
-    there (as its PID 1), and the outer test passes when the inner one does."""
-    @functools.wraps(test)
-    def wrapper(*args, **kwargs):
-        if os.environ.get(INSIDE) == '1':
-            return test(*args, **kwargs)
-        if os.getuid() != 0 or not shutil.which('unshare'):
-            pytest.skip('needs root and unshare(1) for a private PID namespace')
-        node = os.environ['PYTEST_CURRENT_TEST'].rsplit(' ', 1)[0]
-        proc = subprocess.run(['unshare', '-pf', '--mount-proc', sys.executable, '-m', 'pytest', '-q',
-                               '-p', 'no:cacheprovider', node],
-                              env=dict(os.environ, **{INSIDE: '1'}), capture_output=True, text=True,
-                              timeout=300, check=False)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-        assert '1 passed' in proc.stdout, proc.stdout[-4000:]
-    return wrapper
-
+from processes import await_ready, in_private_pid_namespace
 
 @pytest.fixture
 def public_host():

@@ -1,0 +1,152 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""Jobs on a node: which Slurm job a process belongs to, and whom a job's release may signal.
+
+A process's job is read on the host, never taken from what the process says: its cgroup, which
+only root can set (slurmstepd puts every task in ``.../slurm/uid_<uid>/job_<id>/...`` on cgroup
+v1 and in ``.../slurmstepd.scope/job_<id>/...`` on cgroup v2), else the pids slurmd lists for
+the job (``scontrol listpids``, for nodes that track jobs without cgroups), a process forked
+from one of them included.
+
+The rule (JobScope.why_left_alone): a process of another live job is never signalled, whatever
+it holds. On a GPU that Slurm shares between jobs (gres/shard, gres/mps) only the job's own
+processes are: those in its cgroup, or, outside every live job, those of the job's user. An MPS
+daemon is stopped only when no other job's process is on its GPU.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import re
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import read_process
+
+# slurm, or slurm_<node> when several slurmd share a host; uid_<uid> only on cgroup v1.
+SLURM_V1_RE = re.compile(r'/slurm(?:_[^/]+)?/(?:uid_[0-9]+/)?job_([0-9]+)(?:/|$)')
+# slurmstepd.scope, or <node>_slurmstepd.scope.
+SLURM_V2_RE = re.compile(r'/(?:[^/]+_)?slurmstepd\.scope/job_([0-9]+)(?:/|$)')
+JOB_ID_RE = re.compile(r'^[0-9]{1,12}$')
+MPS_DAEMONS = frozenset(('nvidia-cuda-mps-server', 'nvidia-cuda-mps-control'))
+
+# Why a holder is left alone for a job (other_jobs[].why).
+ANOTHER_JOB = 'another_job'
+NOT_THIS_JOB = 'not_this_job'
+MPS_IN_USE = 'mps_in_use'
+
+
+def job_of_cgroups(text):
+    """The Slurm job id named by the lines of a /proc/PID/cgroup, or None."""
+    for line in text.splitlines():
+        path = line.split(':', 2)[-1]
+        match = SLURM_V1_RE.search(path) or SLURM_V2_RE.search(path)
+        if match:
+            return match.group(1)
+    return None
+
+
+def read_job(pid, proc='/proc'):
+    """The Slurm job id of pid's cgroup, or None (no job, or pid is gone)."""
+    try:
+        with open(os.path.join(proc, str(pid), 'cgroup')) as handle:
+            return job_of_cgroups(handle.read(65536))
+    except (IOError, OSError):
+        return None
+
+
+def check_job(job):
+    """job (the release option) checked and normalised; GpuopsError naming what is wrong."""
+    if job is None:
+        return None
+    if not isinstance(job, dict):
+        raise GpuopsError('job must be a mapping (id, uid, shared_gpus, live_jobs), got %r' % (job,))
+    unknown = sorted(set(job) - set(('id', 'uid', 'shared_gpus', 'live_jobs')))
+    if unknown:
+        raise GpuopsError('job: unknown key(s) %s (known: id, uid, shared_gpus, live_jobs)' % ', '.join(unknown))
+    job_id = _job_id(job.get('id'), 'job.id')
+    uid = job.get('uid')
+    if uid is not None and (isinstance(uid, bool) or not isinstance(uid, int) or uid < 0):
+        raise GpuopsError('job.uid must be a user id (a whole number, 0 or more), got %r' % (uid,))
+    shared = job.get('shared_gpus') or []
+    if not isinstance(shared, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in shared):
+        raise GpuopsError('job.shared_gpus must be a list of GPU indexes, got %r' % (shared,))
+    live = job.get('live_jobs')
+    if live is not None:
+        if not isinstance(live, dict):
+            raise GpuopsError('job.live_jobs must map job ids to the pids slurmd lists for them, got %r' % (live,))
+        live = dict((_job_id(key, 'job.live_jobs'), _pids(pids, key)) for key, pids in live.items())
+    return {'id': job_id, 'uid': uid, 'shared_gpus': sorted(set(shared)), 'live_jobs': live}
+
+
+def _job_id(value, what):
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not JOB_ID_RE.match(text):
+        raise GpuopsError('%s must be a Slurm job id (digits), got %r' % (what, printable(str(value), 40)))
+    return text
+
+
+def _pids(pids, key):
+    if not isinstance(pids, list) or any(isinstance(p, bool) or not isinstance(p, int) or p <= 1 for p in pids):
+        raise GpuopsError('job.live_jobs[%s] must be a list of pids, got %r' % (printable(str(key), 40), pids))
+    return set(pids)
+
+
+class JobScope:
+    """The job a release runs for (the checked job option), and the jobs still on the node.
+
+    live_jobs None: which jobs are still on the node is not known, so every other job a cgroup
+    names counts as live."""
+
+    def __init__(self, job, proc='/proc', own=()):
+        self.id = job['id']
+        self.uid = job['uid']
+        self.shared = set(job['shared_gpus'])
+        self.live = job['live_jobs']
+        self.proc = proc
+        self.own = set(own)  # the release and its ancestors: never a job's process
+        self.listed = {}
+        for job_id, pids in (self.live or {}).items():
+            for pid in pids:
+                self.listed.setdefault(pid, job_id)
+
+    def job_of(self, pid):
+        """The job pid belongs to, or None: its cgroup's, else that of the first of it and its
+        ancestors that slurmd lists (a process forked from a job's task)."""
+        if pid is None:
+            return None
+        found = read_job(pid, self.proc)
+        if found is not None or not self.listed:
+            return found
+        seen = set()
+        while pid and pid not in seen and pid not in self.own:
+            if pid in self.listed:
+                return self.listed[pid]
+            seen.add(pid)
+            info = read_process(pid, self.proc)
+            pid = info.ppid if info else None
+        return None
+
+    def is_other_live(self, job_id):
+        return job_id is not None and job_id != self.id and (self.live is None or job_id in self.live)
+
+    def why_left_alone(self, holder, job_id, held, busy):
+        """Why the job's release leaves holder alone (ANOTHER_JOB, NOT_THIS_JOB, MPS_IN_USE), or
+        None when it may be signalled. held: the indexes of the GPUs in scope it holds; busy: the
+        indexes of the shared GPUs another live job's process is on."""
+        if self.is_other_live(job_id):
+            return ANOTHER_JOB
+        if not held or not set(held) <= self.shared:
+            return None  # it holds a GPU of this job alone: as without jobs
+        if job_id != self.id and not (job_id is None and self.uid is not None and holder.uid == self.uid):
+            return NOT_THIS_JOB
+        if holder.exe_name in MPS_DAEMONS and set(held) & busy:
+            return MPS_IN_USE
+        return None
