@@ -191,6 +191,13 @@ options:
       - The CUDA driver library the probe loads.
     type: str
     default: libcuda.so.1
+  job:
+    description:
+      - The Slurm job the run is for, as O(gpuops.nvidia.nvidia_device_release#module:job) takes it
+        (V(id), V(uid), V(shared_gpus), V(live_jobs)); the Slurm hooks set it.
+      - Another live job's processes are never signalled; on a shared GPU only the job's own are,
+        the GPU is judged for the job alone while another job uses it, and it is not probed.
+    type: dict
 notes:
   - The role's variables are these options with the prefix C(gpu_reset_); in the role, messages
     name the variables.

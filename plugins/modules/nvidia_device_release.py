@@ -238,6 +238,46 @@ options:
       - "The default: C(nvidia-dcgm.service) (nv-hostengine), C(nvidia-dcgm-exporter.service)
         and C(dcgm-exporter.service), C(nvsm*.service) and C(nvidia-cuda-mps-control). NVIDIA's
         Kubernetes device plugin runs in a pod, not in a unit of its own: it is named, never stopped."
+  job:
+    description:
+      - The Slurm job this release runs for (the Slurm hooks fill it from C(SLURM_JOB_ID),
+        C(SLURM_JOB_UID), C(gres.conf) and C(scontrol listpids)). Not set, the release acts as if
+        no other job ran on the host.
+      - A process's job is read on the host, never from what the process says, from its cgroup
+        (C(.../slurm/uid_U/job_N/...) on cgroup v1, C(.../slurmstepd.scope/job_N/...) on v2),
+        else the pids O(job.live_jobs) lists for a job, with what they forked.
+      - A process of another live job is never signalled, whatever it holds; it is reported in
+        RV(other_jobs). On a GPU of O(job.shared_gpus) only the job's own processes are signalled
+        (in its cgroup, or in no live job and of O(job.uid)); such a GPU is judged for the job
+        alone while another job's process is on it (none of the job's processes left, whatever
+        memory the others use), it is never reset then, and C(nvidia-cuda-mps-server) or
+        C(nvidia-cuda-mps-control) on it is left running while another job's process uses it.
+    type: dict
+    suboptions:
+      id:
+        description: The job's id (C(SLURM_JOB_ID)), digits.
+        type: str
+        required: true
+      uid:
+        description:
+          - The job's user (C(SLURM_JOB_UID)). On a shared GPU a process in no live job is the
+            job's only when it runs as this user; not set, no such process is.
+        type: int
+      shared_gpus:
+        description:
+          - The GPUs in scope (nvidia-smi indexes) that Slurm may give to several jobs at once
+            (C(gres/shard), C(gres/mps)).
+        type: list
+        elements: int
+        default: []
+      live_jobs:
+        description:
+          - The other jobs still on the node, each with the pids slurmd lists for it
+            (C(scontrol listpids)); a mapping of job id to a list of pids. A job a cgroup names
+            that is not here has ended, and its leftover processes are released as any stray is.
+          - Not set, which jobs are still on the node is not known, and every job a cgroup names
+            counts as live.
+        type: dict
     type: list
     elements: str
     default: [nvidia-dcgm.service, nvidia-dcgm-exporter.service, dcgm-exporter.service, nvsm*.service, nvidia-cuda-mps-control]
@@ -389,13 +429,17 @@ foreign_holders:
     places on no GPU and that share no session, cgroup or ancestry with a job (a daemon that
     was handed a device descriptor, a root monitoring agent). They are never signalled; one
     that holds a GPU still holding memory, or a GPU to reset, is named in the failure. Each
-    entry has the fields of an entry of RV(protected), and RV(foreign_holders[].reason).
+    entry has the fields of an entry of RV(protected), and RV(foreign_holders[].reason) and
+    RV(foreign_holders[].unit). They are not listed in RV(protected).
   returned: always
   type: list
   elements: dict
   contains:
     reason:
       description: Always V(foreign_holder).
+      type: str
+    unit:
+      description: The systemd unit its cgroup places it in, or null.
       type: str
   sample:
     - pid: 845
@@ -404,6 +448,38 @@ foreign_holders:
       cmdline: /usr/bin/dbus-daemon --system
       devices: [/dev/nvidia0]
       reason: foreign_holder
+      unit: dbus.service
+other_jobs:
+  description:
+    - With O(job), the holders the release left alone for that job, never signalled. Each entry
+      has the fields of an entry of RV(protected), and RV(other_jobs[].job_id),
+      RV(other_jobs[].why), RV(other_jobs[].gpus).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    job_id:
+      description: The Slurm job the process belongs to, by its cgroup or slurmd's pids; null for none.
+      type: str
+    why:
+      description:
+        - V(another_job), a process of another live job; V(not_this_job), on a shared GPU, a
+          process of no live job and not of O(job.uid); V(mps_in_use), an MPS daemon on a GPU
+          that another job's process uses.
+      type: str
+    gpus:
+      description: The GPUs in scope it holds or the driver places it on.
+      type: list
+      elements: int
+  sample:
+    - pid: 5120
+      user: alice
+      comm: python3
+      cmdline: python3 train.py
+      devices: [/dev/nvidia0, /dev/nvidiactl]
+      job_id: "4711"
+      why: another_job
+      gpus: [0]
 survivors:
   description: Unprotected holders still there at the end.
   returned: always

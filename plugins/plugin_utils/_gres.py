@@ -240,6 +240,42 @@ def index_by_minor(host_root):
     return dict((info['minor'], index) for index, info in enumerate(view.attached()) if info['minor'] is not None)
 
 
+# gres.conf's names for a GPU that Slurm gives to several jobs at once.
+SHARING = frozenset(('shard', 'mps'))
+
+
+def shared_gpu_files(text, node):
+    """The device nodes of node's GPUs that gres/shard or gres/mps shares between jobs: those a
+    Name=shard or Name=mps line names with File=, every GPU of the node for such a line without
+    File= (Slurm then spreads the shares over all of them)."""
+    records, dummy = node_records(text, node)
+    files = []
+    for number, fields in records:
+        if fields['name'].lower() not in SHARING:
+            continue
+        given = fields.get('file') or fields.get('multiplefiles')
+        if given is None:
+            return gpu_files(text, node)
+        files.extend(expand(given, 'gres.conf line %d: File' % number))
+    return files
+
+
+def shared_gpu_indexes(node, path, host_root='/'):
+    """The nvidia-smi indexes of node's GPUs that Slurm shares between jobs (shared_gpu_files),
+    mapped through their minor numbers as job_gpu_indexes maps them."""
+    text = read_text(path)
+    indexes = index_by_minor(host_root)
+    found = set()
+    for device in shared_gpu_files(text, node):
+        minor = node_minor(device)
+        index = minor if indexes is None else indexes.get(minor)
+        if index is None:
+            raise GresError("a shared GPU, gres.conf's %s, has minor number %d, which no GPU the driver attached has"
+                            % (printable(device, 200), minor))
+        found.add(index)
+    return sorted(found)
+
+
 def job_gpu_indexes(places, node, path, host_root='/'):
     """(the nvidia-smi indexes of the job's GPUs, sorted; a line saying how they were found)
     from places (SLURM_JOB_GPUS, a list of ints) and node's gres.conf at path."""

@@ -41,7 +41,7 @@ VERIFY_DELAY_S = 1.0
 
 RELEASE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'gpus', 'signals',
                    'grace_period', 'timeout', 'memory_threshold_mib', 'extra_protect', 'lock_file', 'kernel_log',
-                   'bug_report_dir', 'bug_report_timeout')
+                   'bug_report_dir', 'bug_report_timeout', 'job')
 FACTS_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'extra_protect',
                  'memory_threshold_mib', 'timeout')
 PROBE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'gpus', 'memory_threshold_mib')
@@ -123,8 +123,26 @@ class Run:
         args['facts_after'] = self.options['clean_query'] is not None or self.check_mode
         return args
 
+    def shared_gpus(self):
+        """The GPUs Slurm shares with other jobs, of the job the run is for."""
+        return set((self.options.get('job') or {}).get('shared_gpus') or [])
+
+    def probe_gpus(self):
+        """The GPUs to probe: those in scope but the shared ones, which other jobs may be using
+        (None: every GPU)."""
+        shared = self.shared_gpus()
+        if not shared:
+            return self.options['gpus']
+        scope = self.options['gpus']
+        if scope is None:
+            scope = [gpu.get('index') for gpu in self.report.get('gpus_after') or []]
+        return [index for index in scope if index not in shared]
+
     def probe_args(self):
         args = self._pick(PROBE_OPTIONS)
+        args['gpus'] = self.probe_gpus()
+        if args['gpus'] is None:
+            del args['gpus']
         args.update(probe_mib=self.options['probe_mib'], missing_library=self.options['probe_missing_library'],
                     cuda_library=self.options['probe_cuda_library'])
         left = self.left()
@@ -183,6 +201,11 @@ def verify(run):
         return
     if run.error:
         return
+    if not release['released'] and run.shared_gpus():
+        # A GPU other jobs use is judged for the job by the release alone: the GPU's own readings
+        # count the other jobs' processes and memory.
+        run.error = '%s: %s' % (RELEASE, release.get('msg') or 'failed')
+        return
     reads = VERIFY_READS if release['released'] else 1
     for attempt in range(reads):
         if attempt:
@@ -217,6 +240,8 @@ def prove(run):
     report = run.report
     if run.misconfigured or run.check_mode or not run.options['probe'] or report['outcome'] == 'failed':
         return
+    if run.probe_gpus() == []:
+        return  # every GPU in scope is shared with other jobs
     args = run.probe_args()
     try:
         probe = run.module(PROVE, 'nvidia_gpu_probe', args)

@@ -372,12 +372,14 @@ def gpus_argument(text):
         raise argparse.ArgumentTypeError(str(exc))
 
 
-def hook_vars(args, gpus=None):
+def hook_vars(args, gpus=None, job=None):
     """The variables the hook fixes, over the variables file: drain on failure, the release's
-    time, the job's GPUs (nvidia-smi indexes, job_gpus)."""
+    time, the job's GPUs (nvidia-smi indexes, job_gpus) and the job itself (job_setting)."""
     found = {'gpu_reset_on_failure': 'drain'}
     if gpus is not None:
         found['gpu_reset_gpus'] = gpus
+    if job is not None:
+        found['gpu_reset_job'] = job
     if args.timeout is not None:
         found['gpu_reset_timeout'] = args.timeout
     return found
@@ -400,12 +402,84 @@ def job_gpus(args, host_root):
     return indexes, None
 
 
+# -- the job the hook runs for, and the other jobs on the node ----------------------------------
+
+JOB_ID_RE = re.compile(r'^[0-9]{1,12}$')
+
+
+def job_setting(args, gpus, host_root, environ=None):
+    """The release's job option (see nvidia_device_release) for the job slurmd runs the hook for
+    (SLURM_JOB_ID, SLURM_JOB_UID), or None outside a job: which of its GPUs Slurm shares with other
+    jobs (gres.conf's Name=shard and Name=mps lines), and the jobs still on the node with their
+    pids (scontrol listpids, from the node's own slurmd). What cannot be read is said on stderr and
+    taken the safe way: a GPU whose sharing cannot be told is shared, jobs that cannot be listed
+    are all live."""
+    environ = os.environ if environ is None else environ
+    job_id = environ.get('SLURM_JOB_ID', '')
+    if not JOB_ID_RE.match(job_id):
+        if job_id:
+            sys.stderr.write('gpu_reset: SLURM_JOB_ID %s is not a job id: released as for no job\n' % printable(job_id, 40))
+        return None
+    uid = environ.get('SLURM_JOB_UID', '')
+    return {'id': job_id, 'uid': int(uid) if uid.isdigit() and len(uid) < 11 else None,
+            'shared_gpus': shared_gpus(args, gpus, host_root),
+            'live_jobs': live_jobs(args.scontrol, min(SLURM_CALL_S, (args.deadline or 60) / 10.0))}
+
+
+def shared_gpus(args, gpus, host_root):
+    """The GPUs of gpus (None: every GPU) that gres.conf shares between jobs."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._gres import GresError, gres_conf_path, shared_gpu_indexes
+
+    path = args.gres_conf or gres_conf_path()
+    if gpus is None and not os.path.exists(path):
+        return []
+    try:
+        found = shared_gpu_indexes(args.node, path, host_root if isinstance(host_root, str) and host_root else '/')
+    except GresError as exc:
+        if gpus is None:
+            sys.stderr.write('gpu_reset: which GPUs Slurm shares cannot be told (%s): taken as none\n' % exc)
+            return []
+        sys.stderr.write("gpu_reset: whether the job's GPUs are shared cannot be told (%s): taken as shared\n" % exc)
+        return list(gpus)
+    shared = [index for index in found if gpus is None or index in gpus]
+    if shared:
+        sys.stderr.write('gpu_reset: GPU %s shared with other jobs (gres.conf): only the job\'s own processes are '
+                         'released there\n' % ','.join(str(index) for index in shared))
+    return shared
+
+
+def live_jobs(scontrol, seconds):
+    """{job id: [pids]} of the jobs slurmd runs on this node (scontrol listpids), or None when it
+    cannot be asked."""
+    try:
+        rc, stdout, stderr = slurm_call([scontrol, 'listpids'], seconds)
+    except SlurmUnreadable as exc:
+        rc, stderr = None, str(exc)
+    if rc != 0:
+        sys.stderr.write('gpu_reset: scontrol listpids failed (%s): every job a cgroup names counts as live\n'
+                         % printable((stderr or '').strip() or 'rc %s' % rc, 200))
+        return None
+    return parse_listpids(stdout)
+
+
+def parse_listpids(text):
+    """{job id: [pids]} of scontrol listpids' table (PID JOBID STEPID LOCALID GLOBALID); lines
+    that are not a pid and a job id are left out."""
+    jobs = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].isdigit() and JOB_ID_RE.match(parts[1]) and int(parts[0]) > 1:
+            jobs.setdefault(parts[1], []).append(int(parts[0]))
+    return jobs
+
+
 def playbook_vars(args):
     """--playbook-vars: the hook's variables for ansible-playbook; when the job's GPUs cannot be
     told, the node drained with why instead (RUNNER_DRAINED or RUNNER_NOT_DRAINED)."""
-    gpus, problem = job_gpus(args, host_root_of(args.vars_file))
+    host_root = host_root_of(args.vars_file)
+    gpus, problem = job_gpus(args, host_root)
     if problem is None:
-        return write_playbook_vars(args.playbook_vars, hook_vars(args, gpus))
+        return write_playbook_vars(args.playbook_vars, hook_vars(args, gpus, job_setting(args, gpus, host_root)))
     result = drain({'host': args.node, 'outcome': 'failed', 'reason': problem}, args.scontrol, args.node, SLURM_CALL_S)
     sys.stdout.write(json.dumps(result) + '\n')
     sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))
@@ -653,6 +727,7 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    started = time.monotonic()
     args = parse_args(argv)
     if args.playbook_vars:
         return playbook_vars(args)
@@ -669,7 +744,10 @@ def main(argv=None):
     gpus, problem = job_gpus(args, settings.get(PREFIX + 'host_root'))
     if gpus is not None:
         settings[PREFIX + 'gpus'] = gpus
-    result = reset(settings, args.node, args.scontrol, args.deadline, reboot_stamp=reboot_stamp(args), refused=problem)
+    if problem is None:
+        settings[PREFIX + 'job'] = job_setting(args, gpus, settings.get(PREFIX + 'host_root'))
+    result = reset(settings, args.node, args.scontrol, args.deadline - (time.monotonic() - started),
+                   reboot_stamp=reboot_stamp(args), refused=problem)
     sys.stdout.write(json.dumps(result) + '\n')
     if result['outcome'] == 'failed':
         sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))

@@ -44,6 +44,7 @@ SEQUENCE_SPEC = dict(
     probe_mib=dict(type='int', default=1024),
     probe_missing_library=dict(type='str', choices=['skip', 'fail'], default='skip'),
     probe_cuda_library=dict(type='str', default='libcuda.so.1'),
+    job=dict(type='dict', default=None),
 )
 
 # The default drain command, as the role templates it (the hook builds the same argv itself).

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._gres import (
-    MAX_BYTES, GresError, expand, gpu_files, gres_conf_path, job_gpu_indexes, logical_lines, node_minor)
+    MAX_BYTES, GresError, expand, gpu_files, gres_conf_path, job_gpu_indexes, logical_lines, node_minor,
+    shared_gpu_indexes)
 
 
 def files(text, node='gpu07'):
@@ -175,3 +176,28 @@ def test_without_the_drivers_entries_gpu_n_is_dev_nvidia_n_as_the_release_takes_
 def test_no_gres_conf_is_an_error_naming_it(tmp_path):
     with pytest.raises(GresError, match='cannot read %s/gres.conf \\(No such file or directory\\)' % tmp_path):
         job_gpu_indexes([0], 'gpu07', str(tmp_path / 'gres.conf'))
+
+
+@pytest.mark.parametrize('lines, shared', [
+    # gres/shard on both GPUs of the node: what Slurm's shards share, by device node.
+    (['Name=shard Count=8 File={root}/dev/nvidia3', 'Name=shard Count=8 File={root}/dev/nvidia1'], [5, 7]),
+    (['Name=mps Count=100 File={root}/dev/nvidia1'], [5]),
+    # Without File= Slurm spreads the shares over every GPU of the node.
+    (['Name=shard Count=16'], [0, 1, 2, 3, 4, 5, 6, 7]),
+    (['NodeName=other Name=shard Count=16'], []),
+    ([], []),
+])
+def test_the_gpus_slurm_shares_are_those_of_its_shard_and_mps_lines(shuffled, lines, shared):
+    host, path = shuffled
+    with open(path, 'a') as handle:
+        handle.write(''.join(line.format(root=host.root) + '\n' for line in lines))
+    # nvidia3 is minor 3, index 7; nvidia1 is minor 1, index 5.
+    assert shared_gpu_indexes('gpu07', path, host.root) == shared
+
+
+def test_a_shared_gpu_that_is_no_gpu_of_the_host_is_refused(shuffled):
+    host, path = shuffled
+    with open(path, 'a') as handle:
+        handle.write('Name=shard Count=8 File=%s/dev/nvidia-uvm\n' % host.root)
+    with pytest.raises(GresError, match="nvidia-uvm is not a GPU's device node"):
+        shared_gpu_indexes('gpu07', path, host.root)

@@ -613,3 +613,75 @@ def test_what_a_reboot_is_not_needed_for_is_drained(gpuhost, hook, tmp_path, reb
 def test_a_reboot_is_asked_for_one_node_only(node, tmp_path):
     assert 'not one node name' in _slurm_hook.why_not_reboot(node, str(tmp_path / 'stamp'))
     assert _slurm_hook.why_not_reboot('gpu07', str(tmp_path / 'stamp')) is None
+
+
+def test_slurmds_pid_table_names_each_jobs_processes():
+    table = ('PID      JOBID    STEPID   LOCALID GLOBALID\n'
+             '4021     42       batch    0       0\n'
+             '4100     42       0        0       0\n'
+             '4200     43       extern   -       -\n'
+             'garbage line\n'
+             '1        44       0        0       0\n')
+    assert _slurm_hook.parse_listpids(table) == {'42': [4021, 4100], '43': [4200]}
+
+
+@pytest.fixture
+def shard_node(gpuhost, tmp_path):
+    """run(job, *args) -> (exit status, report, drains): the runner in job's Epilog on a node whose GPU 0
+    gres/shard shares, with an scontrol that lists the pids of the jobs it is told of (listpids) and
+    writes down every other call."""
+    listed = tmp_path / 'listpids.out'
+    drains = tmp_path / 'drains.jsonl'
+    scontrol = tmp_path / 'scontrol'
+    scontrol.write_text('#!%s\nimport json, sys\nif sys.argv[1:] == ["listpids"]:\n'
+                        '    sys.stdout.write(open(%r).read())\n    sys.exit(0)\n'
+                        'open(%r, "a").write(json.dumps(sys.argv[1:]) + "\\n")\n'
+                        % (sys.executable, str(listed), str(drains)))
+    scontrol.chmod(0o755)
+    gres_conf = tmp_path / 'gres.conf'
+    gres_conf.write_text(identity_gres_conf(gpuhost) + 'Name=shard Count=8 File=%s\n' % gpuhost.dev_path(0))
+    variables = tmp_path / 'gpu_reset.yml'
+    cuda = gpuhost.install_cuda()
+
+    def run(jobs, job_id, *args, **more):
+        variables.write_text(yaml.safe_dump(dict({
+            'gpu_reset_nvidia_smi_path': gpuhost.smi_path, 'gpu_reset_host_root': gpuhost.root,
+            'gpu_reset_backend': 'nvidia-smi', 'gpu_reset_probe_cuda_library': cuda,
+            'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_grace_period': 0.5}, **more)))
+        listed.write_text('PID JOBID STEPID LOCALID GLOBALID\n' + ''.join(
+            '%d %s 0 0 0\n' % (pid, job) for job, pids in jobs.items() for pid in pids))
+        proc = subprocess.run([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook',
+                               '--node', 'gpu07', '--vars-file', str(variables), '--scontrol', str(scontrol),
+                               '--gres-conf', str(gres_conf)] + list(args),
+                              env=dict(os.environ, SLURM_JOB_ID=job_id, SLURM_JOB_UID=str(os.getuid())),
+                              capture_output=True, text=True, timeout=60, check=False)
+        report = json.loads(proc.stdout) if proc.stdout.strip() else None
+        calls = [json.loads(line) for line in drains.read_text().splitlines()] if drains.exists() else []
+        return proc.returncode, report, calls, proc.stderr
+    return run
+
+
+def test_the_epilog_of_a_shard_job_leaves_the_other_job_on_its_gpu_running(gpuhost, shard_node):
+    neighbour = gpuhost.hold(gpus=[0], mib=4000)
+    mine = gpuhost.hold(gpus=[0], mib=1000)
+    rc, report, calls, log = shard_node({'5': [mine['monitor_pid']], '6': [neighbour['monitor_pid']]}, '5',
+                                        '--gpus', '0', '--timeout', '5')
+    assert (rc, report['outcome'], calls) == (0, 'released', []), (report, log)
+    assert gone(mine['pid']) and alive(neighbour['pid'])
+    assert [(job['pid'], job['job_id'], job['why']) for job in report['other_jobs']] == \
+        [(neighbour['pid'], '6', 'another_job')]
+    assert "GPU 0 shared with other jobs (gres.conf): only the job's own processes are released there" in log
+    # GPU 0 is shared: it is not probed while another job may use it.
+    assert 'probe' not in report
+
+
+def test_a_shard_job_that_leaves_a_process_behind_drains_naming_it_not_the_neighbour(gpuhost, shard_node):
+    neighbour = gpuhost.hold(gpus=[0], mib=4000)
+    stuck = gpuhost.hold(gpus=[0], mib=1000, ignore_term=True)
+    rc, report, calls, log = shard_node({'5': [stuck['monitor_pid']], '6': [neighbour['monitor_pid']]}, '5',
+                                        '--gpus', '0', '--timeout', '3', gpu_reset_signals=['TERM'])
+    assert alive(neighbour['pid'])
+    assert rc == _slurm_hook.RUNNER_DRAINED, (report, log)
+    assert 'pid %d' % stuck['pid'] in report['reason'] and 'pid %d' % neighbour['pid'] not in report['reason'], \
+        report['reason']
+    assert len(calls) == 1 and calls[0][:3] == ['update', 'nodename=gpu07', 'state=drain']
