@@ -1127,9 +1127,8 @@ class Release:
 
     def _foreign_blocks_reset(self, result, todo, foreign):
         """A GPU that needs a reset is not released while a foreign holder keeps its node open."""
-        why = 'GPU %s needs a reset (%s), not attempted: held by %s; %s' % (
-            ', '.join(str(index) for index in sorted(todo)),
-            '; '.join('GPU %s: %s' % (index, ', '.join(reasons)) for index, reasons in sorted(todo.items())),
+        why = '%s, not attempted: held by %s; %s' % (
+            '; '.join('GPU %s needs a reset (%s)' % (index, ', '.join(reasons)) for index, reasons in sorted(todo.items())),
             ', '.join(_foreign_why(holder, self.proc) for holder in foreign), FOREIGN_RETRY)
         result.released = False
         result.failure = '%s; %s' % (result.failure, why) if result.failure else 'GPUs not released: %s' % why

@@ -408,7 +408,28 @@ def test_a_gpu_descriptor_handed_to_a_root_daemon_does_not_get_the_daemon_killed
     result = release(public_host, gpus=[0])
     assert daemon.poll() is None and result.signalled == [], (result.signalled, result.warnings)
     assert [(entry['pid'], entry['reason']) for entry in result.foreign_holders] == [(daemon.pid, 'foreign_holder')]
+    assert result.foreign_holders[0]['devices'] == [public_host.dev_path(0)]
+    # Named as what it is, never as a protected daemon.
+    assert result.protected == []
     assert result.released is True, result.failure
+
+
+@in_private_pid_namespace
+def test_a_gpu_that_needs_a_reset_is_not_released_while_a_daemon_keeps_a_handed_descriptor(public_host):
+    public_host.fault('remap', gpu=0, pending=True)
+    sock = os.path.join(public_host.root, 'bus.sock')
+    daemon = _daemon([sys.executable, '-c', KEEPS_FDS, sock])
+    tenant = start(['/usr/bin/python3', '-c', HANDS_OVER, sock, public_host.dev_path(0)], user=_nobody())
+    assert daemon.stdout.readline().strip() == b'ready'
+    tenant.wait()
+    result = release(public_host, gpus=[0], reset_orphaned=True, nvidia_smi_path=public_host.smi_path)
+    assert daemon.poll() is None and result.signalled == []
+    assert result.released is False
+    assert 'GPU 0 needs a reset (remapped rows pending), not attempted: held by pid %d (python' % daemon.pid \
+        in result.failure, result.failure
+    assert 'holding %s' % public_host.dev_path(0) in result.failure
+    assert 'pending_fd_timeout' in result.failure
+    assert result.escalation is None
 
 
 @in_private_pid_namespace
@@ -418,7 +439,8 @@ def test_a_daemon_holding_a_gpu_that_must_be_reset_is_named_and_left_alone(gpuho
                       gpuhost.dev_path(1)])
     result = release(gpuhost, gpus=[1], timeout=3, reset_orphaned=True, nvidia_smi_path=gpuhost.smi_path)
     assert daemon.poll() is None and result.released is False
-    assert 'pid %d (sleep, user root, foreign_holder' % daemon.pid in result.failure, result.failure
+    assert 'pid %d (sleep, user root, holding %s; foreign_holder' % (daemon.pid, gpuhost.dev_path(1)) \
+        in result.failure, result.failure
 
 
 @in_private_pid_namespace
