@@ -116,7 +116,7 @@ SlurmctldLogFile={dir}/slurmctld.log
 SlurmdLogFile={dir}/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
+ProctrackType=proctrack/{proctrack}
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
@@ -130,11 +130,33 @@ SlurmdTimeout=60
 KillWait=2
 MinJobAge=600
 MessageTimeout=10
-GresTypes=gpu
+GresTypes={gres_types}
 PrologFlags=Alloc
 {hooks}
-NodeName={node} NodeAddr=127.0.0.1 {topology} Gres=gpu:{gpus} State=UNKNOWN
+NodeName={node} NodeAddr=127.0.0.1 {topology} Gres={gres} State=UNKNOWN
 PartitionName=gpu Nodes={node} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+FREEZER = '/sys/fs/cgroup/freezer'
+
+
+def remove_empty_tree(top):
+    """rmdir top and the cgroups below it, deepest first (a cgroup with a process stays)."""
+    for path, dummy, dummy in sorted(os.walk(top), key=lambda entry: -entry[0].count('/')):
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+
+# proctrack/cgroup on the cgroup v1 hierarchies: only the freezer, which tracks the job's processes.
+CGROUP_CONF = """\
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainCores=no
+ConstrainRAMSpace=no
+ConstrainDevices=no
 """
 
 
@@ -142,12 +164,15 @@ class SlurmBench:
     """One Slurm node (munged + slurmctld + slurmd) in directory, all started by this process."""
 
     def __init__(self, directory, prolog=None, epilog=None, include=None, gpus=8, prolog_epilog_timeout=30,
-                 extra=(), gres_order=None):
+                 extra=(), gres_order=None, shards=0, proctrack='linuxproc'):
         """prolog, epilog: the scripts; include: a file of slurm.conf lines (the hooks' own, with
         their PrologEpilogTimeout); prolog_epilog_timeout: Slurm's, when include is None; extra:
         more slurm.conf lines (a RebootProgram); gres_order: the numbers N of the device nodes
         nvidiaN in the order gres.conf lists them (default 0 to gpus - 1), which is how Slurm
-        numbers the GPUs."""
+        numbers the GPUs. shards: gres/shard's shares of each GPU (0: none), a line of gres.conf
+        each (Slurm 22.05 gives a job of one GPU's shards a SLURM_JOB_GPUS that is no GPU of it
+        when only some GPUs have shards); proctrack: Slurm's process tracking, linuxproc (by parent pid) or cgroup (the
+        job's processes in the cgroup v1 freezer hierarchy, /slurm/uid_U/job_N/...)."""
         self.dir = os.path.abspath(str(directory))
         self.prolog = prolog
         self.epilog = epilog
@@ -156,6 +181,8 @@ class SlurmBench:
         self.prolog_epilog_timeout = prolog_epilog_timeout
         self.extra = list(extra)
         self.gres_order = list(gres_order) if gres_order is not None else None
+        self.shards = shards
+        self.proctrack = proctrack
         self.node = socket.gethostname().split('.')[0]
         self.conf = os.path.join(self.dir, 'slurm.conf')
         self.munge_dir = os.path.join(self.dir, 'munge')
@@ -190,7 +217,9 @@ class SlurmBench:
         hooks.extend(self.extra)
         text = SLURM_CONF.format(
             node=self.node, dir=self.dir, ctld_port=self.ctld_port, slurmd_port=self.slurmd_port,
-            munge_socket=self.munge_socket, gpus=self.gpus, topology=self.topology, hooks='\n'.join(hooks))
+            munge_socket=self.munge_socket, topology=self.topology, hooks='\n'.join(hooks), proctrack=self.proctrack,
+            gres_types='gpu,shard' if self.shards else 'gpu',
+            gres='gpu:%d' % self.gpus + (',shard:%d' % (self.shards * self.gpus) if self.shards else ''))
         tmp = self.conf + '.tmp'
         with open(tmp, 'w') as handle:
             handle.write(text)
@@ -222,6 +251,11 @@ class SlurmBench:
                      os.makedev(NVIDIA_MAJOR, index))
         with open(os.path.join(self.dir, 'gres.conf'), 'w') as handle:
             handle.write(self._gres_conf())
+            for index in range(self.gpus if self.shards else 0):
+                handle.write('Name=shard Count=%d File=%s/nvidia%d\n' % (self.shards, self.gres_dir, index))
+        if self.proctrack == 'cgroup':
+            with open(os.path.join(self.dir, 'cgroup.conf'), 'w') as handle:
+                handle.write(CGROUP_CONF)
         self.ctld_port = free_port()
         self.slurmd_port = free_port()
         self.topology = node_topology()
@@ -280,7 +314,15 @@ class SlurmBench:
         return self
 
     def stop(self):
-        """Stop every daemon this bench started (slurmd first), by pid, and reap it."""
+        """Stop every daemon this bench started (slurmd first), by pid, and reap it; remove the
+        cgroups proctrack/cgroup left."""
+        try:
+            self._stop_daemons()
+        finally:
+            if self.proctrack == 'cgroup':
+                remove_empty_tree(os.path.join(FREEZER, 'slurm_%s' % self.node))
+
+    def _stop_daemons(self):
         for name in ('slurmd', 'slurmctld', 'munged'):
             proc = self.procs.pop(name, None)
             if proc is None:

@@ -201,7 +201,13 @@ def host_minors():
 
 
 @pytest.fixture(scope='module')
-def cluster(hook_role_vars, gres_order, host_minors):
+def bench_options():
+    """More options of the SlurmBench (a test file overrides this): shards, proctrack."""
+    return {}
+
+
+@pytest.fixture(scope='module')
+def cluster(hook_role_vars, gres_order, host_minors, bench_options):
     """A Slurm node whose Prolog and Epilog are the collection's hooks, installed by its role,
     pointed at a simulated host of 8 GPUs (gres.conf's device nodes in gres_order, the GPUs'
     minor numbers host_minors). Stopped at the end, pass or fail."""
@@ -224,7 +230,8 @@ def cluster(hook_role_vars, gres_order, host_minors):
         }, slurm_hooks_budget_s=BUDGET_S, slurm_hooks_prolog_epilog_timeout=PROLOG_EPILOG_TIMEOUT,
             slurm_hooks_scontrol=scontrol, **hook_role_vars)
         found.bench = SlurmBench(bench_dir, include=os.path.join(found.hooks, 'slurm-hooks.conf'),
-                                 extra=['RebootProgram=%s' % reboot_program(directory)], gres_order=gres_order)
+                                 extra=['RebootProgram=%s' % reboot_program(directory)], gres_order=gres_order,
+                                 **bench_options)
         found.bench.start()
         with open(found.conf) as handle:
             found.conf_text = handle.read()
