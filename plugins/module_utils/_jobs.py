@@ -9,8 +9,8 @@
 """Jobs on a node: which Slurm job a process belongs to, and whom a job's release may signal.
 
 A process's job is read on the host, never taken from what the process says: its cgroup, which
-only root can set (slurmstepd puts every task in ``.../slurm/uid_<uid>/job_<id>/...`` on cgroup
-v1 and in ``.../slurmstepd.scope/job_<id>/...`` on cgroup v2), else the pids slurmd lists for
+only root can set (slurmstepd puts every task in ``/slurm/uid_<uid>/job_<id>/...`` on cgroup v1
+and in ``/system.slice/slurmstepd.scope/job_<id>/...`` on cgroup v2), else the pids slurmd lists for
 the job (``scontrol listpids``, for nodes that track jobs without cgroups), a process forked
 from one of them included.
 
@@ -30,10 +30,12 @@ import re
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import read_process
 
-# slurm, or slurm_<node> when several slurmd share a host; uid_<uid> only on cgroup v1.
-SLURM_V1_RE = re.compile(r'/slurm(?:_[^/]+)?/(?:uid_[0-9]+/)?job_([0-9]+)(?:/|$)')
-# slurmstepd.scope, or <node>_slurmstepd.scope.
-SLURM_V2_RE = re.compile(r'/(?:[^/]+_)?slurmstepd\.scope/job_([0-9]+)(?:/|$)')
+# Anchored at the hierarchy's root, where only root makes cgroups: a user who may make cgroups of
+# their own (a delegated systemd subtree) cannot make one that reads as a job's.
+# v1 (a controller's line): /slurm/uid_<uid>/job_<id>, or /slurm_<node>/... for several slurmd on a host.
+SLURM_V1_RE = re.compile(r'^/slurm(?:_[^/]+)?/uid_[0-9]+/job_([0-9]+)(?:/|$)')
+# v2 (the 0:: line): slurmstepd.scope in system.slice (or at the root), <node>_slurmstepd.scope for several.
+SLURM_V2_RE = re.compile(r'^(?:/system\.slice)?/(?:[^/]+_)?slurmstepd\.scope/job_([0-9]+)(?:/|$)')
 JOB_ID_RE = re.compile(r'^[0-9]{1,12}$')
 MPS_DAEMONS = frozenset(('nvidia-cuda-mps-server', 'nvidia-cuda-mps-control'))
 
@@ -46,8 +48,10 @@ MPS_IN_USE = 'mps_in_use'
 def job_of_cgroups(text):
     """The Slurm job id named by the lines of a /proc/PID/cgroup, or None."""
     for line in text.splitlines():
-        path = line.split(':', 2)[-1]
-        match = SLURM_V1_RE.search(path) or SLURM_V2_RE.search(path)
+        parts = line.split(':', 2)
+        if len(parts) != 3:
+            continue
+        match = (SLURM_V2_RE if parts[0] == '0' and parts[1] == '' else SLURM_V1_RE).match(parts[2])
         if match:
             return match.group(1)
     return None

@@ -244,7 +244,7 @@ options:
         C(SLURM_JOB_UID), C(gres.conf) and C(scontrol listpids)). Not set, the release acts as if
         no other job ran on the host.
       - A process's job is read on the host, never from what the process says, from its cgroup
-        (C(.../slurm/uid_U/job_N/...) on cgroup v1, C(.../slurmstepd.scope/job_N/...) on v2),
+        (C(/slurm/uid_U/job_N/...) on cgroup v1, C(/system.slice/slurmstepd.scope/job_N/...) on v2),
         else the pids O(job.live_jobs) lists for a job, with what they forked.
       - A process of another live job is never signalled, whatever it holds; it is reported in
         RV(other_jobs). On a GPU of O(job.shared_gpus) only the job's own processes are signalled

@@ -1,0 +1,114 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Which Slurm job a process belongs to, and whom a job's release may signal."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import (
+    ANOTHER_JOB, MPS_IN_USE, NOT_THIS_JOB, JobScope, check_job, job_of_cgroups)
+
+
+@pytest.mark.parametrize('text, job', [
+    # cgroup v1 (proctrack/cgroup): the freezer and the other controllers name the job.
+    ('12:freezer:/slurm/uid_1000/job_4711/step_0/task_0\n11:memory:/slurm/uid_1000/job_4711/step_0\n0::/\n', '4711'),
+    ('6:freezer:/slurm_gpu07/uid_0/job_1/step_batch\n', '1'),
+    # cgroup v2: slurmstepd.scope, also with the node's name for several slurmd on one host.
+    ('0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n', '42'),
+    ('0::/system.slice/gpu07_slurmstepd.scope/job_42/step_extern/user\n', '42'),
+    # Not a job: a unit, a container, a user's own cgroup that only looks like one.
+    ('0::/system.slice/nvidia-dcgm.service\n', None),
+    ('0::/user.slice/user-1000.slice/job_5\n', None),
+    ('0::/system.slice/slurmstepd.scope/system\n', None),
+    ('0::/slurm/uid_0/job_x/step_0\n', None),
+    # A cgroup a user made in a subtree delegated to them, named like a job's.
+    ('0::/user.slice/user-1000.slice/user@1000.service/app.slice/slurmstepd.scope/job_6/step_0\n', None),
+    ('0::/user.slice/user-1000.slice/user@1000.service/system.slice/slurmstepd.scope/job_6\n', None),
+    # The v1 layout on the unified line, or the v2 one on a controller's, is no job either.
+    ('0::/slurm/uid_0/job_7/step_0\n', None),
+    ('4:freezer:/system.slice/slurmstepd.scope/job_7\n', None),
+    ('', None),
+])
+def test_a_processs_job_is_read_from_slurms_own_cgroup_paths(text, job):
+    assert job_of_cgroups(text) == job
+
+
+def proc_with(tmp_path, pid, cgroup_text=None, ppid=1):
+    """A /proc of files for pid: its stat (with ppid) and, when given, its cgroup."""
+    base = tmp_path / str(pid)
+    base.mkdir(parents=True)
+    (base / 'stat').write_text('%d (job) S %d %d %d 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0\n' % (pid, ppid, pid, pid, 100 + pid))
+    (base / 'cmdline').write_bytes(b'job\0')
+    if cgroup_text is not None:
+        (base / 'cgroup').write_text(cgroup_text)
+    return str(tmp_path)
+
+
+class Holder:
+    def __init__(self, uid, exe_name='python3'):
+        self.uid, self.exe_name = uid, exe_name
+
+
+def scope(proc, shared=(), uid=None, live=None, job='5'):
+    return JobScope(check_job({'id': job, 'uid': uid, 'shared_gpus': list(shared), 'live_jobs': live}), proc)
+
+
+def test_a_cgroup_names_the_job_before_slurmds_pids_and_a_fork_of_a_listed_pid_is_its_jobs(tmp_path):
+    proc = proc_with(tmp_path, 300, '0::/system.slice/slurmstepd.scope/job_6/step_0\n')
+    proc_with(tmp_path, 400)
+    proc_with(tmp_path, 401, ppid=400)
+    jobs = scope(proc, live={'6': [], '7': [400, 300]})
+    assert jobs.job_of(300) == '6'  # its cgroup, whatever slurmd lists
+    assert jobs.job_of(401) == '7'  # forked from a pid slurmd lists for job 7
+    assert jobs.job_of(999) is None  # gone
+
+
+def test_another_live_job_is_left_alone_wherever_it_is():
+    jobs = JobScope(check_job({'id': '5', 'live_jobs': {'6': []}}), '/nonexistent')
+    assert jobs.why_left_alone(Holder(0), '6', [1], set()) == ANOTHER_JOB
+    # A job that ended (not among the live ones) is a stray, as without jobs.
+    assert jobs.why_left_alone(Holder(0), '4', [1], set()) is None
+    unknown = JobScope(check_job({'id': '5'}), '/nonexistent')
+    assert unknown.why_left_alone(Holder(0), '4', [1], set()) == ANOTHER_JOB
+
+
+def test_on_a_shared_gpu_only_the_jobs_own_processes_may_be_signalled():
+    jobs = JobScope(check_job({'id': '5', 'uid': 1000, 'shared_gpus': [0]}), '/nonexistent')
+    assert jobs.why_left_alone(Holder(1000), '5', [0], set()) is None
+    assert jobs.why_left_alone(Holder(1000), None, [0], set()) is None  # its cgroup is gone: the job's user
+    assert jobs.why_left_alone(Holder(2000), None, [0], set()) == NOT_THIS_JOB
+    # A process that also holds a GPU of this job alone is released as without jobs.
+    assert jobs.why_left_alone(Holder(2000), None, [0, 1], set()) is None
+    # The MPS daemons stay while another job's process is on their GPU.
+    assert jobs.why_left_alone(Holder(1000, 'nvidia-cuda-mps-server'), '5', [0], set([0])) == MPS_IN_USE
+    assert jobs.why_left_alone(Holder(1000, 'nvidia-cuda-mps-control'), '5', [0], set()) is None
+
+
+@pytest.mark.parametrize('job, said', [
+    ('5', 'job must be a mapping'),
+    ({'uid': 0}, 'job.id must be a Slurm job id'),
+    ({'id': '5; rm -rf /'}, 'job.id must be a Slurm job id'),
+    ({'id': True}, 'job.id must be a Slurm job id'),
+    ({'id': '5', 'uid': 'root'}, 'job.uid must be a user id'),
+    ({'id': '5', 'shared_gpus': [0, -1]}, 'job.shared_gpus must be a list of GPU indexes'),
+    ({'id': '5', 'live_jobs': [6]}, 'job.live_jobs must map job ids'),
+    ({'id': '5', 'live_jobs': {'6': [0]}}, r'job.live_jobs\[6\] must be a list of pids'),
+    ({'id': '5', 'color': 'red'}, r'job: unknown key\(s\) color'),
+])
+def test_a_malformed_job_is_refused_naming_the_part(job, said):
+    with pytest.raises(GpuopsError, match=said):
+        check_job(job)
+
+
+def test_a_job_id_given_as_a_number_is_its_digits():
+    assert check_job({'id': 42, 'live_jobs': {7: [os.getpid()]}}) == {
+        'id': '42', 'uid': None, 'shared_gpus': [], 'live_jobs': {'7': set([os.getpid()])}}
