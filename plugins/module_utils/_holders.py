@@ -280,11 +280,26 @@ class NodeSet:
                 continue
             self.by_identity.setdefault(node_identity(info), path)
             self.by_inode.setdefault((info.st_dev, info.st_ino), path)
+        # A maps line that maps a node has its inode between spaces: maps without one are not parsed
+        # (most processes map no node).
+        inodes = sorted(set(b'%d' % inode for dummy, inode in self.by_inode))
+        self.inode_field = re.compile(b' (?:%s) ' % b'|'.join(inodes)) if inodes else None
 
     def __bool__(self):
         return bool(self.by_identity)
 
     __nonzero__ = __bool__
+
+    def mapped(self, maps):
+        """The nodes that the text of a /proc/PID/maps maps."""
+        if self.inode_field is None or not self.inode_field.search(maps):
+            return set()
+        found = set()
+        for line in maps.splitlines():
+            inode = _mapped_inode(line)
+            if inode in self.by_inode:
+                found.add(self.by_inode[inode])
+        return found
 
 
 class OutOfDescriptors(GpuopsError):
@@ -297,44 +312,94 @@ def _check_fds_left(exc, what):
                                'known; raise the open files limit (ulimit -n)' % (what, exc.strerror))
 
 
-def _fd_nodes(fd_dir, nodes):
-    """(matched nodes open in fd_dir, whether it has any descriptor), or None when it cannot be
-    read (permission)."""
+# Why a process was read only in part (Partial.why).
+TOO_MANY_DESCRIPTORS = 'too_many_descriptors'
+TOO_MANY_MAPPINGS = 'too_many_mappings'
+DEADLINE = 'deadline'
+
+# The descriptors read of one process, at most: the usual soft limit of open files (ulimit -n), so
+# only a process that raised its own limit has more. Each costs a stat that resolves the descriptor
+# in the kernel (about 5 us): a process is read in 5 ms at most, and 50 tenants of 20,000 each cost
+# 0.25 s, not 5 s. The rest is no blind spot for a GPU job: the driver's nodes are opened at CUDA's
+# start, among the first descriptors (read in ascending order), and they are mapped too (the maps
+# are read whole). A process read in part is named (Scan.partial), never taken for clean.
+DESCRIPTORS_READ_AT_MOST = 1024
+# The clock is read once per this many descriptors: about a millisecond of stat calls.
+CLOCK_EVERY_DESCRIPTORS = 256
+# /proc/PID/maps is read in chunks of this size, the clock read after each, up to the bound: far
+# above a CUDA job's (a few thousand mappings of ~100 bytes), below vm.max_map_count's 65530 lines.
+MAPS_CHUNK = 65536
+MAPS_READ_AT_MOST = 4 << 20
+
+
+class _Deadline:
+    """The scan's deadline (None: none) on its clock."""
+
+    def __init__(self, deadline, clock):
+        self.deadline = deadline
+        self.clock = clock
+
+    def passed(self):
+        return self.deadline is not None and self.clock() >= self.deadline
+
+
+def _fd_nodes(fd_dir, nodes, deadline):
+    """(matched nodes open in fd_dir, whether it has any descriptor, why not all were read or None),
+    or None when it cannot be read (permission)."""
     try:
-        names = os.listdir(fd_dir)
+        dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         _check_fds_left(exc, fd_dir)
-        return None if exc.errno in (errno.EACCES, errno.EPERM) else (set(), False)
+        return None if exc.errno in (errno.EACCES, errno.EPERM) else (set(), False, None)
+    try:
+        return _walk_fds(dir_fd, fd_dir, nodes, deadline)
+    finally:
+        os.close(dir_fd)
+
+
+def _walk_fds(dir_fd, fd_dir, nodes, deadline):
     found = set()
-    for name in names:
-        try:
-            identity = node_identity(os.stat(os.path.join(fd_dir, name)))
-        except OSError as exc:
-            _check_fds_left(exc, fd_dir)
-            if exc.errno in (errno.EACCES, errno.EPERM):
-                return None
-            continue  # closed meanwhile
-        if identity in nodes.by_identity:
-            found.add(nodes.by_identity[identity])
-    return found, bool(names)
+    count = 0
+    try:
+        with os.scandir(dir_fd) as entries:
+            for count, entry in enumerate(entries, 1):
+                if count > DESCRIPTORS_READ_AT_MOST:
+                    return found, True, TOO_MANY_DESCRIPTORS
+                if count % CLOCK_EVERY_DESCRIPTORS == 0 and deadline.passed():
+                    return found, True, DEADLINE
+                try:
+                    identity = node_identity(os.stat(entry.name, dir_fd=dir_fd))
+                except OSError as exc:
+                    _check_fds_left(exc, fd_dir)
+                    if exc.errno in (errno.EACCES, errno.EPERM):
+                        return None
+                    continue  # closed meanwhile
+                if identity in nodes.by_identity:
+                    found.add(nodes.by_identity[identity])
+    except OSError as exc:  # the listing itself: the process exited meanwhile
+        _check_fds_left(exc, fd_dir)
+    return found, count > 0, None
 
 
-def _open_nodes(pid, proc, nodes):
-    """Matched nodes pid has open, or None when its descriptors cannot be read (permission).
+def _open_nodes(pid, proc, nodes, deadline):
+    """(matched nodes pid has open, why not all were read or None), or None when its descriptors
+    cannot be read (permission).
 
     When the thread-group leader has exited, its own fd table is empty while its threads
     still hold theirs: those are read instead.
     """
-    read = _fd_nodes(os.path.join(proc, str(pid), 'fd'), nodes)
+    read = _fd_nodes(os.path.join(proc, str(pid), 'fd'), nodes, deadline)
     if read is None:
         # A zombie's descriptors read as permission denied even for root: it has none left.
-        return set() if is_gone(read_process(pid, proc)) else None
-    found, any_open = read
+        return (set(), None) if is_gone(read_process(pid, proc)) else None
+    found, any_open, why = read
     if any_open:
-        return found
+        return found, why
     for task in _thread_dirs(pid, proc):
-        found |= (_fd_nodes(os.path.join(task, 'fd'), nodes) or (set(), False))[0]
-    return found
+        found_there, dummy, why_there = _fd_nodes(os.path.join(task, 'fd'), nodes, deadline) or (set(), False, None)
+        found |= found_there
+        why = why or why_there
+    return found, why
 
 
 def _mapped_inode(line):
@@ -349,25 +414,38 @@ def _mapped_inode(line):
         return None
 
 
-def _read_maps(path, nodes):
-    found = set()
+def _read_maps(path, deadline):
+    """(the text of the maps file at path, why not all of it was read or None)."""
     try:
-        with open(path, 'rb') as handle:
-            for line in handle:
-                inode = _mapped_inode(line)
-                if inode in nodes.by_inode:
-                    found.add(nodes.by_inode[inode])
-    except (IOError, OSError) as exc:
+        handle = os.open(path, os.O_RDONLY)
+    except OSError as exc:
         _check_fds_left(exc, path)
-    return found
+        return b'', None
+    chunks = []
+    size = 0
+    why = None
+    try:
+        while why is None:
+            chunk = os.read(handle, MAPS_CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            why = TOO_MANY_MAPPINGS if size >= MAPS_READ_AT_MOST else DEADLINE if deadline.passed() else None
+    except OSError as exc:
+        _check_fds_left(exc, path)
+    finally:
+        os.close(handle)
+    return b''.join(chunks), why
 
 
-def _mapped_nodes(pid, proc, nodes):
-    found = _read_maps(os.path.join(proc, str(pid), 'maps'), nodes)
-    if not found:
-        for task in _thread_dirs(pid, proc)[:1]:  # threads share one address space
-            found = _read_maps(os.path.join(task, 'maps'), nodes)
-    return found
+def _mapped_nodes(pid, proc, nodes, deadline):
+    """(matched nodes pid maps, why not all its maps were read or None)."""
+    maps, why = _read_maps(os.path.join(proc, str(pid), 'maps'), deadline)
+    if not maps:  # a leader that has exited maps nothing: its threads share one address space
+        for task in _thread_dirs(pid, proc)[:1]:
+            maps, why = _read_maps(os.path.join(task, 'maps'), deadline)
+    return nodes.mapped(maps), why
 
 
 def _pids(proc):
@@ -378,52 +456,113 @@ def _pids(proc):
         raise GpuopsError('cannot list %s: %s' % (proc, exc.strerror))
 
 
-class Scan:
-    """One pass over /proc: the holders found, and (pid, comm) of the processes whose descriptors
-    could not be read (kernel threads, which hold no device, left out).
+# A process read only in part: its descriptors past DESCRIPTORS_READ_AT_MOST, its maps past
+# MAPS_READ_AT_MOST, or the rest of either when the deadline came (why), with its uid.
+Partial = namedtuple('Partial', 'pid comm why uid')
 
-    complete is False when the pass stopped at its deadline: what it did not reach is unknown."""
+
+class Scan:
+    """One pass over /proc: the holders found, (pid, comm) of the processes whose descriptors
+    could not be read (kernel threads, which hold no device, left out), and the Partial of those
+    read only in part (holders among them too, when what was read holds a node).
+
+    complete is False when the pass stopped at its deadline: what it did not reach is unknown.
+    A process read in part leaves the pass complete: it is named, and the GPUs' own reading says
+    whether anything still holds them."""
 
     def __init__(self):
         self.holders = []
         self.unreadable = []
+        self.partial = []
         self.complete = True
 
     def unreadable_pids(self):
-        return set(pid for pid, dummy in self.unreadable)
+        """The processes whose descriptors could not all be read, for any reason."""
+        return set(pid for pid, dummy in self.unreadable) | set(entry.pid for entry in self.partial)
 
 
-# The deadline is looked at once per this many processes: a clock read costs about as much as
-# a process without descriptors.
-SCAN_CLOCK_EVERY = 64
+def _holdings(pid, proc, nodes, deadline):
+    """(matched nodes pid holds, why not all could be read or None), or None when its descriptors
+    cannot be read (permission). The maps first: they hold a CUDA process's nodes however many
+    descriptors it has."""
+    mapped, why = _mapped_nodes(pid, proc, nodes, deadline)
+    opened = _open_nodes(pid, proc, nodes, deadline)
+    if opened is None:
+        return None
+    return mapped | opened[0], why or opened[1]
 
 
 def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.monotonic):
     """A Scan of every process holding one of the device paths (by identity), sorted by pid.
 
     Processes with a verified protected identity (see verify_protected), and this process with
-    its ancestors, are marked protected. With a deadline the pass stops there, incomplete.
+    its ancestors, are marked protected. With a deadline the pass stops there, incomplete; the
+    deadline is looked at inside each process's descriptors too, so that no process can hold the
+    pass past it.
     """
     scan = Scan()
     if not devices:
         return scan
     nodes = NodeSet(devices)  # empty when none can be looked at: the processes are still counted
     own = ancestors(os.getpid(), proc)
-    for count, pid in enumerate(_pids(proc)):
-        if deadline is not None and count % SCAN_CLOCK_EVERY == 0 and clock() >= deadline:
+    timer = _Deadline(deadline, clock)
+    for pid in _pids(proc):
+        if timer.passed():
             scan.complete = False
             break
-        held = _open_nodes(pid, proc, nodes)
-        if held is None:
+        read = _holdings(pid, proc, nodes, timer)
+        if read is None:
             if not _kernel_thread(pid, proc):
                 scan.unreadable.append((pid, _comm(pid, proc)))
             continue
-        held |= _mapped_nodes(pid, proc, nodes)
+        held, why = read
+        if why is not None:
+            scan.partial.append(Partial(pid, _comm(pid, proc), why, process_uid(pid, proc)))
         if held:
             holder = load_holder(pid, held, protect, own, proc)
             if holder is not None:
                 scan.holders.append(holder)
     return scan
+
+
+def process_uid(pid, proc='/proc'):
+    """The uid that owns pid, or None when it is gone."""
+    try:
+        return os.stat(os.path.join(proc, str(pid))).st_uid
+    except OSError:
+        return None
+
+
+def _user_name(uid):
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, TypeError):
+        return str(uid)
+
+
+def unread_processes(scan):
+    """{pid, user, comm, why} of each process that scan read only in part, by pid."""
+    return [dict(pid=entry.pid, user=_user_name(entry.uid), comm=entry.comm, why=entry.why)
+            for entry in sorted(scan.partial)]
+
+
+def named_unread(entries):
+    """The processes of unread_processes, named for a message (at most NAMED_AT_MOST)."""
+    named = ', '.join('pid %d (user %s, %s: %s)' % (entry['pid'], entry['user'], printable(entry['comm']), entry['why'])
+                      for entry in entries[:NAMED_AT_MOST])
+    if len(entries) > NAMED_AT_MOST:
+        named += ' and %d more' % (len(entries) - NAMED_AT_MOST)
+    return named
+
+
+def partial_warning(scan):
+    """The warning about the processes that scan read only in part, or None."""
+    entries = unread_processes(scan)
+    if not entries:
+        return None
+    return ('%d process(es) were read only in part (more than %d descriptors or %d MiB of mappings, or the '
+            'deadline came first): %s; what they hold beyond that is seen only in the GPUs\' memory'
+            % (len(entries), DESCRIPTORS_READ_AT_MOST, MAPS_READ_AT_MOST >> 20, named_unread(entries)))
 
 
 def find_holders(devices, protect=(), proc='/proc'):

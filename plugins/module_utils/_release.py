@@ -52,11 +52,14 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     cgroup,
     expand_devices,
     load_holder,
+    named_unread,
+    partial_warning,
     read_process,
     real_and_effective_uid,
     scan_holders,
     uid_min,
     uninspectable_warning,
+    unread_processes,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import ANOTHER_JOB, JobScope, check_job, read_job
@@ -371,6 +374,7 @@ class ReleaseResult:
         self.warnings = []
         self.foreign_holders = []
         self.other_jobs = []
+        self.unreadable = []
 
     def dump(self, diff=False):
         out = dict(changed=self.changed, released=self.released, signalled=self.signalled,
@@ -378,7 +382,7 @@ class ReleaseResult:
                    survivors=self.survivors,
                    orphaned_gpus=self.orphaned_gpus, gpus_before=self.gpus_before,
                    gpus_after=self.gpus_after, gpu_states=self.gpu_states, escalation=self.escalation,
-                   elapsed_s=self.elapsed_s)
+                   elapsed_s=self.elapsed_s, unreadable=self.unreadable)
         if self.facts_after is not None:
             out['facts_after'] = self.facts_after
         if diff:
@@ -415,6 +419,7 @@ class Release:
         self.reported_before = {}  # (pid, start time) -> the driver reported it on a scoped GPU
         self.last_keys = set()
         self.scan_incomplete = False
+        self.last_scan = None  # the latest Scan: the one that says what holds the GPUs now
         self.unreadable = set()
         self.read_error = None
         self.read_error_permanent = False
@@ -526,7 +531,6 @@ class Release:
             if why:
                 holder.protected = True
                 holder.spared = why
-                holder.gpus = held
                 self.spared_pids[holder.pid] = why
         self.job_scoped = set(gpu.get('index') for gpu in scope if gpu.get('index') in self.jobs.shared
                               if any(self._blocks_pid(pid, gpu) for pid in self.spared_pids)
@@ -536,10 +540,8 @@ class Release:
     def _scan(self):
         scan = scan_holders(self.paths, self.options.protect, self.proc, self.deadline, self.clock)
         self.unreadable.update(scan.unreadable)
-        if not scan.complete and not self.scan_incomplete:
-            self.scan_incomplete = True
-            self._warn('the scan of /proc for holders did not finish within the timeout: processes it did not '
-                       'reach are unknown, so the GPUs cannot be called released')
+        self.scan_incomplete = not scan.complete
+        self.last_scan = scan
         return scan
 
     def _scope_nodes(self):
@@ -919,6 +921,14 @@ class Release:
         warning = uninspectable_warning(self.unreadable, 'release')
         if warning:
             self._warn(warning)
+        if self.scan_incomplete:
+            self._warn('the scan of /proc for holders did not finish within the timeout: processes it did not '
+                       'reach are unknown, so the GPUs cannot be called released')
+        if self.last_scan is not None:
+            result.unreadable = unread_processes(self.last_scan)
+            warning = partial_warning(self.last_scan)
+            if warning:
+                self._warn(warning)
         result.warnings = self.warnings
         return result
 
@@ -1309,6 +1319,9 @@ class Release:
             problems.append('the GPUs could not be read: %s' % self.read_error)
         if self.scan_incomplete:
             problems.append('the scan of /proc for holders did not finish in time')
+        unread = unread_processes(self.last_scan) if self.last_scan is not None else []
+        if unread and not all(self._gpu_clean(gpu) for gpu in scope):
+            problems.append('the descriptors of %s could not all be read' % named_unread(unread))
         protected = dict((holder.pid, holder) for holder in self.protected_seen.values())
         blocking = set()
         for gpu in scope:

@@ -803,6 +803,34 @@ elapsed_s:
   returned: always
   type: float
   sample: 1.52
+unreadable:
+  description: The processes whose descriptors or mappings the last scan of C(/proc) could read only in
+    part, so that what they hold beyond that is unknown to it. A process has at most 1024 of its
+    descriptors read (the usual soft limit of open files) and 4 MiB of its mappings, and no
+    process is read past the deadline, so no process can stall the release. Such a process does not
+    fail the release when every GPU in scope reads clean and no holder that could be read is left;
+    when the GPUs are not clean, the failure names them.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+    user:
+      description: The user the process runs as (its uid when it has no name).
+      type: str
+    comm:
+      description: The process name (C(/proc/PID/comm)).
+      type: str
+    why:
+      description: V(too_many_descriptors), V(too_many_mappings), or V(deadline) (the timeout came first).
+      type: str
+  sample:
+    - pid: 5120
+      user: nobody
+      comm: python3
+      why: too_many_descriptors
 '''
 
 from ansible.module_utils.basic import AnsibleModule

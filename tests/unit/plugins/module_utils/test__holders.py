@@ -18,6 +18,7 @@ import tempfile
 
 import pytest
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_PROTECT, GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     ancestors,
@@ -303,3 +304,100 @@ def test_a_users_discovery_names_the_root_processes_it_cannot_inspect(devroot, s
                          r'\(permission denied\): pid ', text).group(1))
     assert len(re.findall(r'pid \d+ \([^)]*\)', text)) == min(count, 5), text
     assert text.endswith('; run as root (become: true) to see every holder')
+
+
+# Holds N descriptors of /dev/null, then the node given (open, or mapped and closed: 'map'), says
+# ready and waits for its stdin to close.
+MANY_DESCRIPTORS = '''
+import mmap, os, sys
+first = os.open(os.devnull, os.O_RDONLY)
+for fd in range(first + 1, first + int(sys.argv[1])):
+    os.dup2(first, fd)
+node = os.open(sys.argv[2], os.O_RDWR)
+if sys.argv[3] == 'map':
+    kept = mmap.mmap(node, 4096)
+    os.close(node)
+print('ready', flush=True)
+os.read(0, 1)
+'''
+
+
+@pytest.fixture
+def crowded(tmp_path):
+    """start(descriptors, node, how) -> (process, proc): a process holding node past descriptors
+    others, and a /proc of its own that lists only it."""
+    started = []
+
+    def start(descriptors, node, how='open'):
+        proc = subprocess.Popen([sys.executable, '-c', MANY_DESCRIPTORS, str(descriptors), str(node), how],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        started.append(proc)
+        assert proc.stdout.readline().strip() == b'ready'
+        only = tmp_path / ('proc-%d' % proc.pid)
+        only.mkdir()
+        os.symlink('/proc/%d' % proc.pid, str(only / str(proc.pid)))
+        return proc, str(only)
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.stdin.close()
+            proc.wait()
+            proc.stdout.close()
+
+
+def test_a_process_past_the_descriptor_bound_is_read_in_part_and_named(devroot, crowded, monkeypatch):
+    monkeypatch.setattr(_holders, 'DESCRIPTORS_READ_AT_MOST', 40)
+    proc, only = crowded(100, devroot / 'nvidia0')
+    scan = scan_holders([str(devroot / 'nvidia0')], proc=only)
+    assert scan.complete is True and scan.holders == []
+    assert scan.partial == [(proc.pid, 'python', 'too_many_descriptors', os.getuid())]
+    assert scan.unreadable_pids() == set([proc.pid])
+    assert _holders.unread_processes(scan) == [dict(pid=proc.pid, user=pwd.getpwuid(os.getuid()).pw_name,
+                                                    comm='python', why='too_many_descriptors')]
+    assert re.match(r"1 process\(es\) were read only in part \(more than 40 descriptors .*: pid %d \(user \w+, "
+                    r"python: too_many_descriptors\)" % proc.pid, _holders.partial_warning(scan))
+
+
+def test_a_process_under_the_bound_is_read_whole(devroot, crowded, monkeypatch):
+    monkeypatch.setattr(_holders, 'DESCRIPTORS_READ_AT_MOST', 40)
+    proc, only = crowded(30, devroot / 'nvidia0')
+    scan = scan_holders([str(devroot / 'nvidia0')], proc=only)
+    assert [holder.pid for holder in scan.holders] == [proc.pid] and scan.partial == []
+    assert _holders.partial_warning(scan) is None
+
+
+def test_a_mapped_node_is_found_whatever_the_descriptors_hide(devroot, crowded, monkeypatch):
+    monkeypatch.setattr(_holders, 'DESCRIPTORS_READ_AT_MOST', 40)
+    proc, only = crowded(100, devroot / 'nvidia1', 'map')
+    scan = scan_holders([str(devroot / 'nvidia1')], proc=only)
+    assert [(holder.pid, holder.devices) for holder in scan.holders] == [(proc.pid, [str(devroot / 'nvidia1')])]
+    assert [entry.why for entry in scan.partial] == ['too_many_descriptors']
+
+
+def counting_clock():
+    """A clock that moves one second each time it is read."""
+    ticks = iter(range(10 ** 6))
+    return lambda: next(ticks)
+
+
+def test_the_deadline_is_looked_at_inside_a_process_s_descriptors(devroot, crowded, monkeypatch):
+    monkeypatch.setattr(_holders, 'CLOCK_EVERY_DESCRIPTORS', 8)
+    proc, only = crowded(100, devroot / 'nvidia0')
+    # Read 0 before the process, 1 after its maps, 2 at its 8th descriptor: the deadline.
+    scan = scan_holders([str(devroot / 'nvidia0')], proc=only, deadline=2, clock=counting_clock())
+    assert scan.holders == [] and [entry.why for entry in scan.partial] == ['deadline']
+    assert scan.complete is True  # nothing was left unreached: the one process is named
+
+
+def test_a_deadline_inside_one_process_leaves_the_next_unreached(devroot, crowded, monkeypatch, tmp_path):
+    monkeypatch.setattr(_holders, 'CLOCK_EVERY_DESCRIPTORS', 8)
+    first, only = crowded(100, devroot / 'nvidia0')
+    second, dummy = crowded(3, devroot / 'nvidia0')
+    low, high = sorted([first.pid, second.pid])
+    both = tmp_path / 'proc-both'
+    both.mkdir()
+    for pid in (low, high):
+        os.symlink('/proc/%d' % pid, str(both / str(pid)))
+    scan = scan_holders([str(devroot / 'nvidia0')], proc=str(both), deadline=2, clock=counting_clock())
+    assert scan.complete is False  # the clock passed the deadline before the second process

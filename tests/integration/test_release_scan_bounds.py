@@ -1,0 +1,70 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""No tenant can stall the release: crowds of user nobody that the scan of /proc must get through
+within the timeout, beside one job on GPU 0 that TERM frees. Each test runs in a private PID
+namespace of its own (see test_release_adversarial.py), so /proc holds only its crowd, and
+everything the test started ends with it."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import pwd
+import time
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import DESCRIPTORS_READ_AT_MOST
+from crowd import Crowd
+from gpusim.state import is_alive as alive
+from integration.test_release_adversarial import in_private_pid_namespace, release
+
+TIMEOUT = 3
+# What the deadline logic bounds: the release ends by its timeout, and this much more is for the
+# work after it (the lock, the result); a loaded machine makes the release slower, never later.
+AFTER_THE_DEADLINE_S = 1.0
+
+
+@pytest.fixture
+def nobody_crowd():
+    with Crowd(pwd.getpwnam('nobody').pw_uid) as crowd:
+        yield crowd
+
+
+def release_one_job(gpuhost):
+    job = gpuhost.hold(gpus=[0], mib=4000)
+    started = time.monotonic()
+    result = release(gpuhost, timeout=TIMEOUT, grace_period=1)
+    return job, result, time.monotonic() - started
+
+
+# A scan of 10,000 processes takes about 0.5 s on a 2-core machine (the kernel's share: their maps
+# and descriptors), and the job's exit costs two (the rescan after a holder vanished): the settle
+# window does not always fit in a timeout of 3 s. Not met yet; the verdict is asserted as it should be.
+@pytest.mark.xfail(reason='10,000 processes: the settle window does not always fit in timeout 3 (not_settled)',
+                   strict=False)
+@in_private_pid_namespace
+def test_ten_thousand_processes_do_not_keep_a_freed_gpu_from_being_released(gpuhost, nobody_crowd):
+    nobody_crowd.start_sleepers(10000)
+    job, result, took = release_one_job(gpuhost)
+    assert result.released is True, result.failure
+    assert [entry['pid'] for entry in result.signalled] == [job['pid']] and not alive(job['pid'])
+    assert result.unreadable == []
+    assert took < TIMEOUT + AFTER_THE_DEADLINE_S, took
+
+
+@in_private_pid_namespace
+def test_fifty_tenants_of_twenty_thousand_descriptors_are_named_not_waited_for(gpuhost, nobody_crowd):
+    nobody_crowd.start_tenants(50, 20000)
+    job, result, took = release_one_job(gpuhost)
+    assert result.released is True, result.failure
+    assert [entry['pid'] for entry in result.signalled] == [job['pid']] and not alive(job['pid'])
+    tenants = sorted(proc.pid for proc in nobody_crowd.starters)
+    assert [entry['pid'] for entry in result.unreadable] == tenants
+    assert set((entry['user'], entry['why']) for entry in result.unreadable) == set([('nobody', 'too_many_descriptors')])
+    assert any('50 process(es) were read only in part (more than %d descriptors' % DESCRIPTORS_READ_AT_MOST in warning
+               for warning in result.warnings), result.warnings
+    assert took < TIMEOUT + AFTER_THE_DEADLINE_S, took
