@@ -475,6 +475,15 @@ class Scan:
         self.unreadable = []
         self.partial = []
         self.complete = True
+        self.listed = set()  # the pids the pass went through
+
+    def merge(self, later):
+        """Add what a later pass over other processes (scan_holders' after) found."""
+        self.holders = sorted(self.holders + later.holders, key=lambda holder: holder.pid)
+        self.unreadable += later.unreadable
+        self.partial += later.partial
+        self.complete = self.complete and later.complete
+        self.listed |= later.listed
 
     def unreadable_pids(self):
         """The processes whose descriptors could not all be read, for any reason."""
@@ -492,8 +501,9 @@ def _holdings(pid, proc, nodes, deadline):
     return mapped | opened[0], why or opened[1]
 
 
-def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.monotonic):
-    """A Scan of every process holding one of the device paths (by identity), sorted by pid.
+def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.monotonic, after=None):
+    """A Scan of every process holding one of the device paths (by identity), sorted by pid;
+    after (a Scan): only of the processes that scan did not list (started since).
 
     Processes with a verified protected identity (see verify_protected), and this process with
     its ancestors, are marked protected. With a deadline the pass stops there, incomplete; the
@@ -506,7 +516,9 @@ def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.mo
     nodes = NodeSet(devices)  # empty when none can be looked at: the processes are still counted
     own = ancestors(os.getpid(), proc)
     timer = _Deadline(deadline, clock)
-    for pid in _pids(proc):
+    pids = [pid for pid in _pids(proc) if after is None or pid not in after.listed]
+    scan.listed = set(pids)
+    for pid in pids:
         if timer.passed():
             scan.complete = False
             break

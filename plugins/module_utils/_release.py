@@ -492,13 +492,15 @@ class Release:
 
     def _discover(self, snapshot):
         """The holders of the scope, found on the host by device identity and placed on GPUs by
-        what the driver reports; a scan in which a holder vanished is done again, so that a
-        successor started behind it is not missed."""
+        what the driver reports. When a holder vanished, the processes started during the scan
+        are scanned too, so that a successor started behind it (at a lower pid) is not missed."""
         snapshot = snapshot or self.last_snapshot
         scan = self._scan()
         keys = set(_key(holder) for holder in scan.holders)
         if self.last_keys - keys:
-            scan = self._scan()
+            scan.merge(self._scan(after=scan))
+            self.scan_incomplete = not scan.complete
+            self.last_scan = scan
             keys = set(_key(holder) for holder in scan.holders)
         self.last_keys = keys
         placed = snapshot.placements if snapshot is not None else {}
@@ -537,8 +539,8 @@ class Release:
                               or any(self._blocks(holder, gpu) for holder in holders
                                      if holder.spared))
 
-    def _scan(self):
-        scan = scan_holders(self.paths, self.options.protect, self.proc, self.deadline, self.clock)
+    def _scan(self, after=None):
+        scan = scan_holders(self.paths, self.options.protect, self.proc, self.deadline, self.clock, after)
         self.unreadable.update(scan.unreadable)
         self.scan_incomplete = not scan.complete
         self.last_scan = scan
@@ -831,12 +833,16 @@ class Release:
         return sum(len(target.signals_sent) for target in self.targets.values()) > sent
 
     def _note_exits(self):
+        """Note the targets seen gone; when every target is gone, when that was seen (clock)."""
         tick = None
         for target in self.targets.values():
             if target.gone_tick is None and target.ref.exited():
                 tick = boot_ticks() if tick is None else tick
                 target.gone_tick = tick
                 target.ref.close()
+        if self.targets and all(target.gone_tick is not None for target in self.targets.values()):
+            return self.clock()
+        return None
 
     def _ladder_pending(self, now, holders):
         """True while a target may still get a signal or is within the wait after its last one,
@@ -1021,13 +1027,15 @@ class Release:
                 break
             self._pause(self._next_event(self.clock(), delay))
             delay = min(delay * POLL_GROWTH, POLL_MAX_S if self.unheld_since is None else UNHELD_POLL_MAX_S)
-            self._note_exits()
+            exited_at = self._note_exits()
             snapshot, holders = self._observe()
             now = self.clock()
             if any(not holder.protected for holder in holders):
                 self.last_exit = None
             elif self.last_exit is None:
-                self.last_exit = now
+                # When the last target was seen gone, before the scan that found no holder left:
+                # on a host of many processes a scan takes a while, and the window counts from the exit.
+                self.last_exit = now if exited_at is None else exited_at
                 delay = POLL_MIN_S  # the driver frees the memory from now on: look again soon
             if self.options.wait and self._clean(snapshot, holders) and \
                     (not self.targets or now >= self.last_exit + self.options.settle_time):
