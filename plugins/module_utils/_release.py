@@ -62,7 +62,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     unread_processes,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
-from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import ANOTHER_JOB, JobScope, check_job, read_job
+from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import JobScope, check_job
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
@@ -433,7 +433,7 @@ class Release:
         self.own_cgroup = cgroup(os.getpid(), proc)
         self.jobs = JobScope(options.job, proc, own=ancestors(os.getpid(), proc)) if options.job else None
         self.other_jobs_seen = {}
-        self.spared_pids = {}  # pid -> why, of the holders the job's release leaves alone, as last seen
+        self.spared_pids = set()  # the holders the job's release leaves alone, and other jobs' pids, as last seen
         self.job_scoped = set()  # the shared GPUs judged for the job alone: others' processes are on them
 
     # -- observation ---------------------------------------------------------------------
@@ -526,14 +526,14 @@ class Release:
         busy.update(gpu.get('index') for gpu in scope for holder in holders
                     if self.jobs.is_other_live(holder.job) and self._blocks(holder, gpu))
         busy &= self.jobs.shared
-        self.spared_pids = dict((pid, ANOTHER_JOB) for dummy, pid in others)
+        self.spared_pids = set(pid for dummy, pid in others)
         for holder in holders:
             held = [gpu.get('index') for gpu in scope if self._blocks(holder, gpu)]
             why = None if holder.protected else self.jobs.why_left_alone(holder, holder.job, held, busy)
             if why:
                 holder.protected = True
                 holder.spared = why
-                self.spared_pids[holder.pid] = why
+                self.spared_pids.add(holder.pid)
         self.job_scoped = set(gpu.get('index') for gpu in scope if gpu.get('index') in self.jobs.shared
                               if any(self._blocks_pid(pid, gpu) for pid in self.spared_pids)
                               or any(self._blocks(holder, gpu) for holder in holders

@@ -271,6 +271,12 @@ survivors:
   returned: always
   type: list
   elements: dict
+other_jobs:
+  description: With O(job), the holders left alone as other jobs' (as M(gpuops.nvidia.nvidia_device_release)
+    returns them).
+  returned: always
+  type: list
+  elements: dict
 orphaned_gpus:
   description: Indexes of the GPUs found holding memory with no process left.
   returned: always
