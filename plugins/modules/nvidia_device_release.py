@@ -238,6 +238,9 @@ options:
       - "The default: C(nvidia-dcgm.service) (nv-hostengine), C(nvidia-dcgm-exporter.service)
         and C(dcgm-exporter.service), C(nvsm*.service) and C(nvidia-cuda-mps-control). NVIDIA's
         Kubernetes device plugin runs in a pod, not in a unit of its own: it is named, never stopped."
+    type: list
+    elements: str
+    default: [nvidia-dcgm.service, nvidia-dcgm-exporter.service, dcgm-exporter.service, nvsm*.service, nvidia-cuda-mps-control]
   job:
     description:
       - The Slurm job this release runs for (the Slurm hooks fill it from C(SLURM_JOB_ID),
@@ -278,9 +281,6 @@ options:
           - Not set, which jobs are still on the node is not known, and every job a cgroup names
             counts as live.
         type: dict
-    type: list
-    elements: str
-    default: [nvidia-dcgm.service, nvidia-dcgm-exporter.service, dcgm-exporter.service, nvsm*.service, nvidia-cuda-mps-control]
 notes:
   - A pattern in O(devices) that matches no NVIDIA device node, a typo or a host without the
     driver, fails the task before anything is signalled; the module never calls GPUs released

@@ -405,6 +405,8 @@ def job_gpus(args, host_root):
 # -- the job the hook runs for, and the other jobs on the node ----------------------------------
 
 JOB_ID_RE = re.compile(r'^[0-9]{1,12}$')
+# What scontrol listpids says (exit 1) on a node where no job runs a step.
+NO_STEPS = 'No job steps exist on this node'
 
 
 def job_setting(args, gpus, host_root, environ=None):
@@ -455,6 +457,8 @@ def live_jobs(scontrol, seconds):
         rc, stdout, stderr = slurm_call([scontrol, 'listpids'], seconds)
     except SlurmUnreadable as exc:
         rc, stderr = None, str(exc)
+    if rc != 0 and NO_STEPS in (stderr or ''):
+        return {}
     if rc != 0:
         sys.stderr.write('gpu_reset: scontrol listpids failed (%s): every job a cgroup names counts as live\n'
                          % printable((stderr or '').strip() or 'rc %s' % rc, 200))

@@ -55,17 +55,17 @@ def test_a_shard_jobs_prolog_and_epilog_leave_the_other_job_on_its_gpu_alone(nod
 def test_a_whole_gpu_job_beside_a_shard_job_stops_a_leftover_of_no_job(node):
     """A job of whole GPUs beside a shard job: its Prolog stops a leftover of no job (of the job's
     user) on its GPUs, and leaves the shard job alone."""
-    b_out = node.path('b.json')
-    other = node.bench.sbatch('--gres=shard:1', '--output', node.path('b.out'), '--wrap',
+    b_out = node.path('b2.json')
+    other = node.bench.sbatch('--gres=shard:1', '--output', node.path('b2.out'), '--wrap',
                               hold_command(node, '$SLURM_JOB_GPUS', 2000, b_out) + '; sleep 600')
     b_holder = read_json(b_out, 90)
     leftover = node.host.hold(gpus=[3], mib=3000)  # of no job: an orphan of one that ended
-    job = node.bench.sbatch('--gres=gpu:7', '--output', node.path('a.out'), '--wrap', 'true')
+    job = node.bench.sbatch('--gres=gpu:7', '--output', node.path('a2.out'), '--wrap', 'true')
     node.bench.wait_job(job, 'COMPLETED', 120)
     prolog = node.wait_run('prolog', job)
     assert prolog.exit == 0 and '3' in prolog.gpus.split(','), prolog
-    assert [entry['pid'] for entry in prolog.report['signalled']] == [leftover['pid']]
-    assert gone(leftover['pid'], 5) and alive(b_holder['pid'])
+    assert [entry['pid'] for entry in prolog.report['signalled']] == [leftover['pid']], prolog.lines
+    assert gone(leftover['pid'], 5) and alive(b_holder['pid']), prolog.lines
     if '0' in prolog.gpus.split(','):  # Slurm 22.05 may give a shard's GPU whole to another job
         assert [entry['pid'] for entry in prolog.report['other_jobs']] == [b_holder['pid']]
     assert node.wait_run('epilog', job).exit == 0

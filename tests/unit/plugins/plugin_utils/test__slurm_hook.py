@@ -685,3 +685,17 @@ def test_a_shard_job_that_leaves_a_process_behind_drains_naming_it_not_the_neigh
     assert 'pid %d' % stuck['pid'] in report['reason'] and 'pid %d' % neighbour['pid'] not in report['reason'], \
         report['reason']
     assert len(calls) == 1 and calls[0][:3] == ['update', 'nodename=gpu07', 'state=drain']
+
+
+@pytest.mark.parametrize('script, jobs', [
+    ('echo "PID JOBID STEPID LOCALID GLOBALID"; echo "4021 42 batch 0 0"', {'42': [4021]}),
+    # No job runs a step here: slurmd says so with exit status 1.
+    ('echo "No job steps exist on this node." >&2; exit 1', {}),
+    # slurmd does not answer: which jobs live is not known.
+    ('echo "slurm_load_node error: Unable to contact slurm controller" >&2; exit 1', None),
+])
+def test_the_jobs_on_the_node_as_slurmd_lists_them(tmp_path, script, jobs):
+    scontrol = tmp_path / 'scontrol'
+    scontrol.write_text('#!/bin/sh\n%s\n' % script)
+    scontrol.chmod(0o755)
+    assert _slurm_hook.live_jobs(str(scontrol), 5) == jobs
