@@ -141,6 +141,11 @@ class JobScope:
     def is_other_live(self, job_id):
         return job_id is not None and job_id != self.id and (self.live is None or job_id in self.live)
 
+    def _orphan_of_the_job(self, holder, job_id):
+        """Whether a process of no job's cgroup is the job's own (its cgroup gone): of the job's
+        user, and in no live job, which only slurmd's list of the jobs' pids can tell."""
+        return job_id is None and self.uid is not None and holder.uid == self.uid and self.live is not None
+
     def why_left_alone(self, holder, job_id, held, busy):
         """Why the job's release leaves holder alone (ANOTHER_JOB, NOT_THIS_JOB, MPS_IN_USE), or
         None when it may be signalled. held: the indexes of the GPUs in scope it holds; busy: the
@@ -149,7 +154,7 @@ class JobScope:
             return ANOTHER_JOB
         if not held or not set(held) <= self.shared:
             return None  # it holds a GPU of this job alone: as without jobs
-        if job_id != self.id and not (job_id is None and self.uid is not None and holder.uid == self.uid):
+        if job_id != self.id and not self._orphan_of_the_job(holder, job_id):
             return NOT_THIS_JOB
         if holder.exe_name in MPS_DAEMONS and set(held) & busy:
             return MPS_IN_USE

@@ -251,7 +251,7 @@ options:
         else the pids O(job.live_jobs) lists for a job, with what they forked.
       - A process of another live job is never signalled, whatever it holds; it is reported in
         RV(other_jobs). On a GPU of O(job.shared_gpus) only the job's own processes are signalled
-        (in its cgroup, or in no live job and of O(job.uid)); such a GPU is judged for the job
+        (in its cgroup, or, when O(job.live_jobs) is given, in no live job and of O(job.uid)); such a GPU is judged for the job
         alone while another job's process is on it (none of the job's processes left, whatever
         memory the others use), it is never reset then, and C(nvidia-cuda-mps-server) or
         C(nvidia-cuda-mps-control) on it is left running while another job's process uses it.

@@ -103,9 +103,19 @@ def test_on_a_shared_gpu_only_the_jobs_own_are_signalled(gpuhost):
     # A process in no job: of the job's user (the job's cgroup is gone) it is the job's; of
     # another user it is left alone on a GPU others use.
     own_orphan = gpuhost.hold(gpus=[0], mib=200)
-    result = release(gpuhost, job(5, shared=[0], uid=0), gpus=[0])
+    result = release(gpuhost, job(5, shared=[0], uid=0, live={'6': []}), gpus=[0])
     assert gone(own_orphan['pid']) and alive(neighbour['pid'])
     assert result.released is True, result.failure
+
+    # Without slurmd's list of the jobs' pids, a process of no job's cgroup may be another job's
+    # (tracked without cgroups): on a GPU others use it is left alone, and named.
+    unknown = gpuhost.hold(gpus=[0], mib=200)
+    result = release(gpuhost, job(5, shared=[0], uid=0), gpus=[0])
+    assert alive(unknown['pid']) and result.signalled == []
+    assert (unknown['pid'], 'not_this_job') in [(entry['pid'], entry['why']) for entry in result.other_jobs]
+    gpuhost.stop()
+    gpuhost.init()
+    neighbour = gpuhost.hold(gpus=[0], mib=4000, cgroup=job_cgroup(6))
 
     other_users = gpuhost.hold(gpus=[0], mib=200)
     result = release(gpuhost, job(5, shared=[0], uid=4242), gpus=[0])

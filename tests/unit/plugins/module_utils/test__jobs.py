@@ -82,9 +82,12 @@ def test_another_live_job_is_left_alone_wherever_it_is():
 
 
 def test_on_a_shared_gpu_only_the_jobs_own_processes_may_be_signalled():
-    jobs = JobScope(check_job({'id': '5', 'uid': 1000, 'shared_gpus': [0]}), '/nonexistent')
+    jobs = JobScope(check_job({'id': '5', 'uid': 1000, 'shared_gpus': [0], 'live_jobs': {}}), '/nonexistent')
     assert jobs.why_left_alone(Holder(1000), '5', [0], set()) is None
     assert jobs.why_left_alone(Holder(1000), None, [0], set()) is None  # its cgroup is gone: the job's user
+    # Which jobs live not known (no slurmd list): a process of no job's cgroup may be another's.
+    unknown = JobScope(check_job({'id': '5', 'uid': 1000, 'shared_gpus': [0]}), '/nonexistent')
+    assert unknown.why_left_alone(Holder(1000), None, [0], set()) == NOT_THIS_JOB
     assert jobs.why_left_alone(Holder(2000), None, [0], set()) == NOT_THIS_JOB
     # A process that also holds a GPU of this job alone is released as without jobs.
     assert jobs.why_left_alone(Holder(2000), None, [0, 1], set()) is None
