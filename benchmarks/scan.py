@@ -64,9 +64,9 @@ def measure(root, host, runs):
 
 def report(crowd, side, found):
     runs = ' '.join('%.3f' % took for took in found['runs'])
-    print('%-34s %-18s %8.3f  %-32s %7d %8d  %s' % (crowd, side, statistics.median(found['runs']), runs,
-                                                   found['holders'], found['partial'],
-                                                   'yes' if found['complete'] else 'no'))
+    row = (crowd, side, statistics.median(found['runs']), runs, found['holders'], found['partial'],
+           'yes' if found['complete'] else 'no')
+    print('%-34s %-18s %8.3f  %-32s %7d %8d  %s' % row)
 
 
 def run_crowds(opts, roots):
@@ -77,8 +77,8 @@ def run_crowds(opts, roots):
     crowds = [('%d processes' % opts.processes, lambda crowd: crowd.start_sleepers(opts.processes)),
               ('%d x %d descriptors' % (opts.tenants, opts.descriptors),
                lambda crowd: crowd.start_tenants(opts.tenants, opts.descriptors))]
-    print('%-34s %-18s %8s  %-32s %7s %8s  %s' % ('crowd', 'checkout', 'median s', 'runs (s)', 'holders',
-                                                 'partial', 'complete'))
+    header = ('crowd', 'checkout', 'median s', 'runs (s)', 'holders', 'partial', 'complete')
+    print('%-34s %-18s %8s  %-32s %7s %8s  %s' % header)
     try:
         host.hold(gpus=[0], mib=1000)
         for name, start in crowds:

@@ -74,7 +74,7 @@ class Crowd:
     def start_tenants(self, count, descriptors):
         """count processes with descriptors open descriptors each (at most the hard limit of open
         files: raising that takes CAP_SYS_RESOURCE, which a container may not have)."""
-        self._ready([self._start(TENANT, descriptors, descriptors) for _ in range(count)])
+        self._ready([self._start(TENANT, descriptors, descriptors) for dummy in range(count)])
 
     def stop(self, timeout=60):
         for proc in self.starters:

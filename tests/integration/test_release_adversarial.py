@@ -33,6 +33,7 @@ from gpusim.api import Host
 from gpusim.state import is_alive as alive
 from processes import await_ready, in_private_pid_namespace
 
+
 @pytest.fixture
 def public_host():
     """A simulated host that every user can reach (its device nodes mode 0666), for attacks run
