@@ -534,10 +534,14 @@ class Release:
                 holder.protected = True
                 holder.spared = why
                 self.spared_pids.add(holder.pid)
+        spared = [holder for holder in holders if holder.spared]
         self.job_scoped = set(gpu.get('index') for gpu in scope if gpu.get('index') in self.jobs.shared
-                              if any(self._blocks_pid(pid, gpu) for pid in self.spared_pids)
-                              or any(self._blocks(holder, gpu) for holder in holders
-                                     if holder.spared))
+                              if self._others_on(gpu, spared))
+
+    def _others_on(self, gpu, spared):
+        """Whether a process the job's release leaves alone is on gpu (the driver's list) or holds it."""
+        return any(self._blocks_pid(pid, gpu) for pid in self.spared_pids) or \
+            any(self._blocks(holder, gpu) for holder in spared)
 
     def _scan(self, after=None):
         scan = scan_holders(self.paths, self.options.protect, self.proc, self.deadline, self.clock, after)
