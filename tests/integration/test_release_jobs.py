@@ -13,35 +13,19 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import os
-
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_PROTECT, GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release import Release, ReleaseOptions
-from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import Signaller
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release import ReleaseOptions
 from gpusim.cgroups import available, job_cgroup
 from gpusim.state import is_alive as alive
+from integration.test_release_adversarial import release
 from processes import gone, in_private_pid_namespace
 
 
 def cgroups(version):
     why = available(version)
     return pytest.mark.skipif(why is not None, reason='job cgroups v%d: %s' % (version, why))
-
-
-def release(host, job, **options):
-    options.setdefault('devices', [host.dev_glob])
-    options.setdefault('protect', DEFAULT_PROTECT)
-    options.setdefault('timeout', 10)
-    options.setdefault('grace_period', 1)
-    options.setdefault('lock_file', os.path.join(host.root, 'release.lock'))
-    logged = []
-    reader, dummy = select_reader('nvidia-smi', host.smi_path, 10)
-    result = Release(reader, ReleaseOptions(job=job, **options), signaller=Signaller(logged.append)).run()
-    result.logged = logged
-    return result
 
 
 def job(job_id, shared=(), uid=None, live=None):
@@ -57,7 +41,7 @@ def pids(entries):
 def test_the_epilog_of_a_shard_job_leaves_the_other_job_on_its_gpu_alone(gpuhost, version):
     mine = gpuhost.hold(gpus=[0], mib=1000, cgroup=job_cgroup(5, version))
     neighbour = gpuhost.hold(gpus=[0], mib=4000, cgroup=job_cgroup(6, version))
-    result = release(gpuhost, job(5, shared=[0]), gpus=[0])
+    result = release(gpuhost, job=job(5, shared=[0]), gpus=[0])
     assert gone(mine['pid'])
     assert alive(neighbour['pid'])
     assert result.released is True, result.failure
@@ -75,7 +59,7 @@ def test_the_epilog_of_a_shard_job_leaves_the_other_job_on_its_gpu_alone(gpuhost
 def test_another_live_job_is_never_signalled_even_on_a_gpu_slurm_does_not_share(gpuhost):
     # Without ConstrainDevices a job's CUDA opens every GPU's node; the driver places it on GPU 0 here.
     neighbour = gpuhost.hold(gpus=[0], mib=3000, cgroup=job_cgroup(6))
-    result = release(gpuhost, job(5), gpus=[0], timeout=20)
+    result = release(gpuhost, job=job(5), gpus=[0], timeout=20)
     assert alive(neighbour['pid'])
     assert result.signalled == []
     assert result.released is False
@@ -90,7 +74,7 @@ def test_another_live_job_is_never_signalled_even_on_a_gpu_slurm_does_not_share(
 @cgroups(1)
 def test_a_job_that_ended_is_not_live_and_its_orphan_is_released(gpuhost):
     stray = gpuhost.hold(gpus=[1], mib=500, cgroup=job_cgroup(4))
-    result = release(gpuhost, job(5, live={'6': []}), gpus=[1])
+    result = release(gpuhost, job=job(5, live={'6': []}), gpus=[1])
     assert gone(stray['pid'])
     assert result.released is True, result.failure
     assert result.other_jobs == []
@@ -103,14 +87,14 @@ def test_on_a_shared_gpu_only_the_jobs_own_are_signalled(gpuhost):
     # A process in no job: of the job's user (the job's cgroup is gone) it is the job's; of
     # another user it is left alone on a GPU others use.
     own_orphan = gpuhost.hold(gpus=[0], mib=200)
-    result = release(gpuhost, job(5, shared=[0], uid=0, live={'6': []}), gpus=[0])
+    result = release(gpuhost, job=job(5, shared=[0], uid=0, live={'6': []}), gpus=[0])
     assert gone(own_orphan['pid']) and alive(neighbour['pid'])
     assert result.released is True, result.failure
 
     # Without slurmd's list of the jobs' pids, a process of no job's cgroup may be another job's
     # (tracked without cgroups): on a GPU others use it is left alone, and named.
     unknown = gpuhost.hold(gpus=[0], mib=200)
-    result = release(gpuhost, job(5, shared=[0], uid=0), gpus=[0])
+    result = release(gpuhost, job=job(5, shared=[0], uid=0), gpus=[0])
     assert alive(unknown['pid']) and result.signalled == []
     assert (unknown['pid'], 'not_this_job') in [(entry['pid'], entry['why']) for entry in result.other_jobs]
     gpuhost.stop()
@@ -118,7 +102,7 @@ def test_on_a_shared_gpu_only_the_jobs_own_are_signalled(gpuhost):
     neighbour = gpuhost.hold(gpus=[0], mib=4000, cgroup=job_cgroup(6))
 
     other_users = gpuhost.hold(gpus=[0], mib=200)
-    result = release(gpuhost, job(5, shared=[0], uid=4242), gpus=[0])
+    result = release(gpuhost, job=job(5, shared=[0], uid=4242), gpus=[0])
     assert alive(other_users['pid']) and alive(neighbour['pid'])
     assert result.signalled == []
     assert result.released is True, result.failure
@@ -131,7 +115,7 @@ def test_on_a_shared_gpu_only_the_jobs_own_are_signalled(gpuhost):
 def test_a_job_process_that_ignores_term_on_a_shared_gpu_fails_for_that_job_alone(gpuhost):
     neighbour = gpuhost.hold(gpus=[0], mib=4000, cgroup=job_cgroup(6))
     stuck = gpuhost.hold(gpus=[0], mib=1000, cgroup=job_cgroup(5), ignore_term=True)
-    result = release(gpuhost, job(5, shared=[0]), gpus=[0], signals=['TERM'], timeout=3)
+    result = release(gpuhost, job=job(5, shared=[0]), gpus=[0], signals=['TERM'], timeout=3)
     assert alive(stuck['pid']) and alive(neighbour['pid'])
     assert result.released is False
     assert 'pid %d' % stuck['pid'] in result.failure
@@ -144,7 +128,7 @@ def test_slurmd_s_pids_name_the_job_where_no_cgroup_does(gpuhost):
     neighbour = gpuhost.hold(gpus=[0], mib=4000, children=1)
     mine = gpuhost.hold(gpus=[0], mib=1000)
     listed = {'5': [mine['monitor_pid']], '6': [neighbour['monitor_pid']]}
-    result = release(gpuhost, job(5, shared=[0], uid=0, live=listed), gpus=[0])
+    result = release(gpuhost, job=job(5, shared=[0], uid=0, live=listed), gpus=[0])
     assert gone(mine['pid'])
     assert alive(neighbour['pid']) and all(alive(pid) for pid in neighbour['children'])
     assert result.released is True, result.failure
@@ -157,7 +141,7 @@ def test_an_mps_server_stays_while_another_jobs_client_uses_the_gpu(gpuhost):
     server = gpuhost.hold(gpus=[0], mib=300, name='nvidia-cuda-mps-server', daemon=True, cgroup=job_cgroup(5))
     client = gpuhost.hold(gpus=[0], mib=2000, cgroup=job_cgroup(6))
     mine = gpuhost.hold(gpus=[0], mib=1000, cgroup=job_cgroup(5))
-    result = release(gpuhost, job(5, shared=[0]), gpus=[0])
+    result = release(gpuhost, job=job(5, shared=[0]), gpus=[0])
     assert gone(mine['pid']) and alive(server['pid']) and alive(client['pid'])
     assert result.released is True, result.failure
     assert sorted((entry['pid'], entry['why']) for entry in result.other_jobs) == sorted(
@@ -166,7 +150,7 @@ def test_an_mps_server_stays_while_another_jobs_client_uses_the_gpu(gpuhost):
     gpuhost.stop()  # the other job ends: its client is gone, the server is the job's to stop
     gpuhost.init()
     server = gpuhost.hold(gpus=[0], mib=300, name='nvidia-cuda-mps-server', daemon=True, cgroup=job_cgroup(5))
-    result = release(gpuhost, job(5, shared=[0]), gpus=[0])
+    result = release(gpuhost, job=job(5, shared=[0]), gpus=[0])
     assert gone(server['pid'])
     assert result.released is True, result.failure
 
