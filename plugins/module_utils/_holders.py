@@ -690,6 +690,16 @@ def real_and_effective_uid(pid, proc='/proc'):
     return None
 
 
+def runs_root_owned_program(pid, proc='/proc'):
+    """Whether pid's executable (the file really running) is owned by root and writable by
+    neither group nor others: a program an administrator installed, not a user's copy."""
+    try:
+        exe = os.stat(os.path.join(proc, str(pid), 'exe'))
+    except OSError:
+        return False
+    return exe.st_uid == 0 and not exe.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
 def verify_protected(holder, protect, proc='/proc'):
     """True when holder is what a protected name promises, not only what it calls itself.
 
@@ -700,11 +710,7 @@ def verify_protected(holder, protect, proc='/proc'):
     name = holder.exe_name
     if not name or not any(fnmatch.fnmatchcase(name, pattern) for pattern in protect):
         return False
-    try:
-        exe = os.stat(os.path.join(proc, str(holder.pid), 'exe'))
-    except OSError:
-        return False
-    if exe.st_uid != 0 or exe.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if not runs_root_owned_program(holder.pid, proc):
         return False
     uids = real_and_effective_uid(holder.pid, proc)
     return uids is not None and all(uid < uid_min() for uid in uids)

@@ -28,7 +28,7 @@ import os
 import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import read_process
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import read_process, runs_root_owned_program
 
 # Anchored at the hierarchy's root, where only root makes cgroups: a user who may make cgroups of
 # their own (a delegated systemd subtree) cannot make one that reads as a job's.
@@ -156,6 +156,6 @@ class JobScope:
             return None  # it holds a GPU of this job alone: as without jobs
         if job_id != self.id and not self._orphan_of_the_job(holder, job_id):
             return NOT_THIS_JOB
-        if holder.exe_name in MPS_DAEMONS and set(held) & busy:
+        if holder.exe_name in MPS_DAEMONS and set(held) & busy and runs_root_owned_program(holder.pid, self.proc):
             return MPS_IN_USE
         return None

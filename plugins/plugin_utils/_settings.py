@@ -23,6 +23,7 @@ import re
 from ansible.module_utils.common.parameters import DEFAULT_TYPE_VALIDATORS
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import check_job
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_release_options
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import SETTINGS_SPEC
@@ -100,6 +101,10 @@ def settings_problems(settings, name=None):
                                      if options[option] is not None))
     except GpuopsError as exc:
         found.append(RELEASE_OPTION_RE.sub(lambda match: name(match.group(1)), str(exc), count=1))
+    try:
+        check_job(options['job'])
+    except GpuopsError as exc:
+        found.append(str(exc).replace('job', name('job'), 1))
     query = options['clean_query']
     if query is not None and not query.strip():
         found.append('%s must be a JMESPath expression or null, it is empty' % name('clean_query'))

@@ -108,3 +108,10 @@ def test_a_typo_is_named_and_the_other_variables_are_not():
     names = ['gpu_reset_timout', 'gpu_reset_timeout', 'gpu_reset_result', 'gpu_reset__release', 'gpu_reset_serial',
              'gpu_reset_sliced', 'other', 'gpu_reset_probe_mib']
     assert unknown_variables(names) == ['gpu_reset_timout']
+
+
+def test_a_malformed_job_is_refused_on_the_controller_naming_the_variable():
+    found = settings_problems({'job': {'id': '5; reboot', 'shared_gpus': [0]}}, role_name)[1]
+    assert found == ["gpu_reset_job.id must be a Slurm job id (digits), got '5; reboot'"]
+    assert settings_problems({'job': {'id': '5', 'uid': 0, 'shared_gpus': [0], 'live_jobs': {'6': [1234]}}},
+                             role_name)[1] == []
