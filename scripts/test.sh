@@ -7,36 +7,56 @@
 #                collection tarball (build, install, no development files), galaxy-importer
 #                (Galaxy's import checks) on the tarball, antsibull-docs lint-collection-docs
 #   molecule     the Molecule scenarios in podman containers (as root)
-# Usage: scripts/test.sh [unit|integration|sanity|lint|molecule|all] [pytest arguments...]
-#        (default all; the pytest arguments go to the unit and integration stages)
-# Before anything else it says what it will install or change (see plan below); everything
-# else it writes stays in this checkout (.venv*, .build: the tools' caches, the collection
-# link, ansible-test's home), and nothing is left in /dev, /etc/containers, ~/.ansible or
-# ~/.cache (tests/leftovers.sh checks that).
+# and, run on request only:
+#   stress       stress [STAGE] [pytest arguments...]: STAGE (default all) while stress-ng --cpu N
+#                (N: the machine's cores) keeps every core busy beside it, stopped however the
+#                stage ends: the suite shown to pass on a loaded machine
+# Usage: scripts/test.sh [unit|integration|sanity|lint|molecule|all|stress [STAGE]] [pytest arguments...]
+#        (default all; the pytest arguments go to the unit and integration stages: a file, a
+#        directory or a node id among them, from the repository root, runs only that, in place of
+#        the stage's own directories; `all` takes options only)
+# Before anything else it says what it will install or change (scripts/test.sh --help prints
+# it); everything else it writes stays in this checkout (.venv*, .build: the tools' caches, the
+# collection link, ansible-test's home), and nothing is left in /dev, /etc/containers, ~/.ansible
+# or ~/.cache (tests/leftovers.sh checks that).
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,15s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "$0"; }
 
-# What the stage will install or change outside this checkout, said before it does.
+# What the stage will install or change outside this checkout, said before it does (help: what
+# any stage may).
 plan() {
-  local stage=$1
-  say "scripts/test.sh $stage: what it installs or changes outside this checkout"
+  local stage=$1 all='' help=''
+  case $stage in all | help) all=1 ;; esac
+  [ "$stage" = help ] && help=1
+  if [ "$stage" = help ]; then
+    echo "What scripts/test.sh installs or changes outside this checkout:"
+  else
+    say "scripts/test.sh $stage: what it installs or changes outside this checkout"
+  fi
   echo "  - Debian packages, when missing: procps psmisc gcc git rsync shellcheck"
-  if [ "$stage" = integration ] || [ "$stage" = all ]; then
-    echo "  - for tests/slurm, when missing (as root): Debian's munge slurmctld slurmd slurm-client;"
+  if [ "$stage" = help ] || [ -n "$stress" ]; then
+    echo "  - for stress${help:+ (any stage)}, when missing (as root): Debian's stress-ng; it runs beside the"
+    echo "    stage and is stopped when the stage ends, however it ends."
+  fi
+  if [ "$stage" = integration ] || [ -n "$all" ]; then
+    echo "  - for tests/slurm${all:+ (integration)}, when missing (as root): Debian's munge slurmctld slurmd slurm-client;"
     echo "    their installation creates /etc/munge/munge.key, /etc/slurm and the users munge and slurm."
     echo "    The tests' own cluster runs from a temporary directory and is stopped at the end."
     echo "  - NVIDIA's nvidia-smi and libnvidia-ml1 packages (Debian non-free) are downloaded with a"
     echo "    private apt configuration and unpacked under .build/cache, never installed; as root they"
     echo "    run in a private mount namespace with a /dev of their own."
+    echo "  - for tests/integration/test_monitoring.py${all:+ (integration)}, when missing (as root): Debian's prometheus"
+    echo "    (promtool) and prometheus-node-exporter; on a host that runs systemd, Debian's packages enable"
+    echo "    and start prometheus.service and prometheus-node-exporter.service (ports 9090 and 9100)."
   fi
-  if [ "$stage" = sanity ] || [ "$stage" = all ]; then
-    echo "  - ansible-test runs on a copy of the collection in ${TMPDIR:-/tmp}/gpuops-nvidia-sanity (it"
+  if [ "$stage" = sanity ] || [ -n "$all" ]; then
+    echo "  - ansible-test${all:+ (sanity)} runs on a copy of the collection in ${TMPDIR:-/tmp}/gpuops-nvidia-sanity (it"
     echo "    needs one outside a git work tree), kept and refreshed by the next run."
   fi
-  if [ "$stage" = molecule ] || [ "$stage" = all ]; then
+  if [ "$stage" = molecule ] || [ -n "$all" ]; then
     echo "  - for Molecule (as root), when missing: Debian's podman runc debootstrap gcc tar, and the"
     echo "    podman images localhost/gpuops-nvidia-base and localhost/gpuops-nvidia-gpuhost, and their"
     echo "    systemd variants (-systemd, for the quiesce scenario; kept for the next run); podman's"
@@ -54,30 +74,82 @@ ensure_slurm() {
   ensure_commands munged:munge mungekey:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client
 }
 
-stage=all
+# tests/integration/test_monitoring.py runs promtool and node_exporter: Debian's, installed here.
+ensure_monitoring() {
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "tests/integration/test_monitoring.py needs Debian's prometheus and prometheus-node-exporter (as root)"
+    return 0
+  fi
+  ensure_commands promtool:prometheus prometheus-node-exporter:prometheus-node-exporter
+}
+
+is_stage() { case $1 in unit | integration | sanity | lint | molecule | all) return 0 ;; esac; return 1; }
+
+stage=all stress=''
 if [ $# -gt 0 ]; then
   case $1 in
-    unit|integration|sanity|lint|molecule|all) stage=$1; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) echo "unknown stage: $1" >&2; usage >&2; exit 2 ;;
+    -h | --help) usage; echo; plan help; exit 0 ;;
+    stress)
+      stress=1; shift
+      if [ $# -gt 0 ] && is_stage "$1"; then stage=$1; shift; fi
+      ;;
+    *)
+      if is_stage "$1"; then stage=$1; shift; else echo "unknown stage: $1" >&2; usage >&2; exit 2; fi
+      ;;
   esac
+fi
+
+# Whether the pytest arguments name what to run: a file, a directory or a node id
+# (tests/unit/test_x.py::test_y) that exists, not the value of an option (-k EXPR).
+names_tests() {
+  local arg skip=''
+  for arg in "$@"; do
+    if [ -n "$skip" ]; then skip=; continue; fi
+    case $arg in
+      -k | -m | -p | -c | -o | -W | -n | --deselect | --ignore | --ignore-glob | --basetemp | --rootdir | \
+        --confcutdir | --junitxml | --junit-xml | --durations | --maxfail | --tb | --dist) skip=1 ;;
+      -*) ;;
+      *) [ -e "${arg%%::*}" ] && return 0 ;;
+    esac
+  done
+  return 1
+}
+
+cd "$REPO"
+if [ "$stage" = all ] && names_tests "$@"; then
+  echo "all runs every stage: name a file or a test with the unit or integration stage" >&2
+  exit 2
 fi
 
 plan "$stage"
 ensure_commands fuser:psmisc ps:procps gcc:gcc git:git rsync:rsync shellcheck:shellcheck
+[ -z "$stress" ] || ensure_commands stress-ng:stress-ng
 ensure_venv "$REPO/.venv" "$REPO/requirements/test.txt"
 link_collection
-cd "$REPO"
+
+# pytest with the arguments given, over the stage's own directories unless they name what to run.
+run_pytest() {
+  local count=$1
+  shift
+  local own=("${@:1:count}")
+  shift "$count"
+  if names_tests "$@"; then
+    python -m pytest -p no:cacheprovider "$@"
+  else
+    python -m pytest -p no:cacheprovider "$@" "${own[@]}"
+  fi
+}
 
 stage_unit() {
   say "pytest: unit and simulator tests"
-  python -m pytest -p no:cacheprovider "$@" tests/unit tests/gpusim
+  run_pytest 2 tests/unit tests/gpusim "$@"
 }
 
 stage_integration() {
   ensure_slurm
+  ensure_monitoring
   say "pytest: integration, device-check and Slurm hook tests"
-  python -m pytest -p no:cacheprovider "$@" tests/integration tests/device tests/slurm
+  run_pytest 3 tests/integration tests/device tests/slurm "$@"
 }
 
 stage_sanity() {
@@ -107,9 +179,13 @@ stage_lint() (
     ansible-doc "gpuops.nvidia.$name" >/dev/null
     echo "gpuops.nvidia.$name renders"
   done
-  for filter in plugins/filter/*.py; do
-    ansible-doc -t filter "gpuops.nvidia.$(basename "$filter" .py)" >/dev/null
-    echo "filter gpuops.nvidia.$(basename "$filter" .py) renders"
+  # Each filter by its documentation: in its own file, or in a .yml file beside the file that
+  # holds its code (gpu_reset_deprecated.py, which documents nothing itself).
+  for filter in plugins/filter/*.py plugins/filter/*.yml; do
+    case $filter in *.py) grep -q '^DOCUMENTATION' "$filter" || continue ;; esac
+    name=$(basename "${filter%.*}")
+    ansible-doc -t filter "gpuops.nvidia.$name" >/dev/null
+    echo "filter gpuops.nvidia.$name renders"
   done
   for role in roles/*/; do
     name=$(basename "$role")
@@ -174,6 +250,30 @@ stage_molecule() {
   "$REPO/scripts/molecule.sh"
 }
 
+# stress: stress-ng beside the stage, in a session of its own (a Ctrl-C stops the stage, and the
+# trap stress-ng), stopped on every way out; where setpriv can, it also gets SIGTERM when this
+# script dies without running its traps (SIGKILL).
+stress_pid=''
+stop_stress() {
+  if [ -n "$stress_pid" ]; then
+    kill -TERM -- "-$stress_pid" 2>/dev/null || kill -TERM "$stress_pid" 2>/dev/null || true
+    wait "$stress_pid" 2>/dev/null || true
+    stress_pid=
+    say "stress-ng stopped"
+  fi
+}
+if [ -n "$stress" ]; then
+  trap stop_stress EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM HUP
+  cores=$(nproc)
+  say "stress-ng --cpu $cores beside the $stage stage"
+  deathsig=()
+  setpriv --help 2>/dev/null | grep -q -- --pdeathsig && deathsig=(setpriv --pdeathsig TERM)
+  setsid "${deathsig[@]}" stress-ng --cpu "$cores" --quiet </dev/null >/dev/null 2>&1 &
+  stress_pid=$!
+fi
+
 case $stage in
   unit) stage_unit "$@" ;;
   integration) stage_integration "$@" ;;
@@ -189,4 +289,4 @@ case $stage in
     ;;
 esac
 
-say "$stage: all checks passed"
+say "${stress:+stress: }$stage: all checks passed"

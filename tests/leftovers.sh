@@ -2,12 +2,16 @@
 # Runs a command (default: scripts/demo.sh, then scripts/test.sh) and checks that it left the
 # machine as README says: git status as before, /dev as before (no device node left by NVIDIA's
 # library), no file in /etc/containers that no Debian package owns, nothing new in the home
-# directory itself, ~/.ansible or ~/.cache. Prints what changed and exits 1 when anything did.
+# directory itself, ~/.ansible or ~/.cache, nothing new or changed in the machine's own state
+# directory /run/gpuops (simulated hosts keep theirs under their root), and nothing new in the
+# temporary directory ${TMPDIR:-/tmp}. Prints what changed and exits 1 when anything did.
 # Usage: tests/leftovers.sh [COMMAND [ARGS...]]
+#   e.g. tests/leftovers.sh .venv/bin/python -m pytest -q tests/integration/test_release_module.py
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
+TMP_DIR=$(cd "${TMPDIR:-/tmp}" && pwd -P)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -30,9 +34,29 @@ containers_conf() {
   done
 }
 
-# The home directory's own entries (a log file a tool drops there), ~/.ansible and ~/.cache.
+# The home directory's own entries (a log file a tool drops there), ~/.ansible and ~/.cache
+# (either may be missing: nothing in it, then).
 home_state() {
-  { find "$HOME" -mindepth 1 -maxdepth 1 -print; find "$HOME/.ansible" "$HOME/.cache" -mindepth 1 -print; } 2>/dev/null | sort
+  { find "$HOME" -mindepth 1 -maxdepth 1 -print; find "$HOME/.ansible" "$HOME/.cache" -mindepth 1 -print || true; } 2>/dev/null | sort
+}
+
+# The machine's own state directory of the collection (/run/gpuops, root's default state_dir and
+# lock directory), files with their content: a cure or a kernel-log cursor a test wrote there
+# hides the next run's Xid errors.
+run_state() {
+  local path
+  [ -d /run/gpuops ] || return 0
+  { find /run/gpuops -print 2>/dev/null || true; } | sort | while read -r path; do
+    if [ -f "$path" ]; then echo "$path $(sha256sum <"$path" | cut -c1-16)"; else echo "$path"; fi
+  done
+}
+
+# The temporary directory's own entries, shared by every checkout of one user. Not counted:
+# pytest-of-<user>, pytest's own base directory, where pytest keeps the last few runs' tmp_path
+# directories and removes older ones itself; gpuops-nvidia-sanity, the copy of the collection
+# that scripts/test.sh sanity keeps there for ansible-test, as it says.
+tmp_entries() {
+  find "$TMP_DIR" -mindepth 1 -maxdepth 1 ! -name 'pytest-of-*' ! -name gpuops-nvidia-sanity -print | sort
 }
 
 snapshot() {
@@ -42,6 +66,8 @@ snapshot() {
   dev_nodes >"$dir/dev"
   containers_conf >"$dir/etc-containers"
   home_state >"$dir/home"
+  run_state >"$dir/run-gpuops"
+  tmp_entries >"$dir/tmp"
 }
 
 if [ $# -eq 0 ]; then
@@ -54,7 +80,7 @@ status=0
 snapshot "$work/after"
 
 left=0
-for part in git-status dev etc-containers home; do
+for part in git-status dev etc-containers home run-gpuops tmp; do
   added=$(comm -13 "$work/before/$part" "$work/after/$part")
   if [ -n "$added" ]; then
     left=1
@@ -64,4 +90,4 @@ for part in git-status dev etc-containers home; do
 done
 [ "$status" -eq 0 ] || { echo "the command failed (exit $status)" >&2; exit "$status"; }
 [ "$left" -eq 0 ] || exit 1
-echo "nothing left behind in git status, /dev, /etc/containers, ~/.ansible or ~/.cache"
+echo "nothing left behind in git status, /dev, /etc/containers, ~/.ansible, ~/.cache, /run/gpuops or $TMP_DIR"

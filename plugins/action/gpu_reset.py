@@ -49,7 +49,12 @@ class ActionModule(ActionBase):
             '%s is no setting of gpu_reset (a typo?); it is ignored' % printable(name, 80)
             for name in unknown_variables(task_vars))
         result.update((key, values) for key, values in self._passed_on.items() if values)
-        if report['outcome'] == 'failed' and (run.options or {}).get('assert_clean', True):
+        if run.misconfigured:
+            # Wrong settings fail the task whatever assert_clean says: nothing was read, so there is
+            # nothing to judge. Ansible names the host; the same words on many hosts are said once.
+            result['failed'] = True
+            result['msg'] = report['reason']
+        elif report['outcome'] == 'failed' and (run.options or {}).get('assert_clean', True):
             result['failed'] = True
             result['msg'] = '%s%s%s' % (printable(report['host']), ' is not clean: ' if report['gpus_after'] else ': ',
                                         report['reason'])

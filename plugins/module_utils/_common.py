@@ -14,6 +14,7 @@ __metaclass__ = type
 
 import math
 import re
+import time
 
 
 DEFAULT_DEVICES = ['/dev/nvidia*']
@@ -107,6 +108,53 @@ class GpuopsError(Exception):
 class PermanentReadError(GpuopsError):
     """The GPUs cannot be read and asking again will not help (no driver, no library, no
     nvidia-smi that runs): a caller stops retrying at once."""
+
+
+# The least time a call to nvidia-smi, NVML, the CUDA driver or any other program is started
+# with. A real nvidia-smi call with persistence mode on takes 50 to 150 ms; 0.5 s is over three
+# times the slowest, room for a loaded host. A call given less would be killed before a healthy
+# driver answers, and blamed on the driver: with less left, the call is not made.
+CALL_FLOOR_S = 0.5
+# The shortest timeout of a release or a probe: a read of the GPUs at the start and one at the end,
+# each given at least CALL_FLOOR_S, with the time between for the work.
+MIN_TIMEOUT_S = 4 * CALL_FLOOR_S
+
+
+class NoTimeLeft(GpuopsError):
+    """A call not made: less than CALL_FLOOR_S was left for it within the timeout."""
+
+
+class Budget:
+    """The timeout of a task, spent phase by phase: when a step finds less left than it needs,
+    its message says where the rest went."""
+
+    def __init__(self, task, timeout, clock=time.monotonic):
+        self.task = task
+        self.timeout = timeout
+        self.clock = clock
+        self.started = clock()
+        self.spent = {}
+        self.order = []
+
+    def spend(self, phase, since):
+        """Count the time from since (on clock) to now against phase."""
+        if phase not in self.spent:
+            self.spent[phase] = 0.0
+            self.order.append(phase)
+        self.spent[phase] += max(self.clock() - since, 0.0)
+
+    def used(self):
+        """'the release used 2.7 s of 3.0 s: scan of /proc 0.4 s, waiting for the holders to exit 2.3 s'."""
+        phases = ', '.join('%s %.1f s' % (phase, self.spent[phase]) for phase in self.order if self.spent[phase] >= 0.05)
+        return '%s used %.1f s of %.1f s%s' % (self.task, self.clock() - self.started, self.timeout,
+                                               ': ' + phases if phases else '')
+
+
+def check_time_left(what, left):
+    """Raise NoTimeLeft when left (seconds) is less than a call of what is given at least."""
+    if left < CALL_FLOOR_S:
+        raise NoTimeLeft('no time was left within the timeout to %s (%.2f s left; a call is given at least %.1f s)'
+                         % (what, max(left, 0.0), CALL_FLOOR_S))
 
 
 def reader_argument_spec():

@@ -21,7 +21,7 @@ __metaclass__ = type
 
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, GpuopsError, printable
 
 FIELDS = '--query-gpu=index,fabric.state,fabric.status'
 COMPLETED = 'Completed'
@@ -31,10 +31,6 @@ PENDING = ('Not Started', 'In Progress')
 # No NVSwitch fabric: nothing to wait for. Only these mean "does not apply".
 NO_FABRIC = ('[N/A]', 'N/A', '[Not Supported]', 'Not Supported')
 POLL_S = 0.5
-# A poll is made only while this much is left for its nvidia-smi call after the pause: a real call
-# takes 50-150 ms with persistence mode on; the rest is room for a loaded host. Otherwise the
-# reading in hand stands (a fabric still registering then is not back in time).
-CALL_FLOOR_S = 0.5
 # The longest text of nvidia-smi kept in an entry.
 QUOTE_MAX = 200
 
@@ -76,11 +72,8 @@ def wait_for_fabric(runner, indexes, deadline, clock=time.monotonic, sleep=time.
     indexes = sorted(indexes)
     ids = ','.join(str(index) for index in indexes)
     while True:
-        left = deadline - clock()
         try:
-            if left <= 0:
-                raise GpuopsError('no time left within timeout')
-            rc, stdout, stderr = runner.run(['-i', ids, FIELDS, '--format=csv,noheader'], timeout=left)
+            rc, stdout, stderr = runner.run(['-i', ids, FIELDS, '--format=csv,noheader'], timeout=deadline - clock())
         except GpuopsError as exc:
             return [_entry(index, None, None, False, 'the fabric state could not be read: %s' % exc) for index in indexes]
         said = ' '.join((stdout + ' ' + stderr).split())
@@ -92,6 +85,8 @@ def wait_for_fabric(runner, indexes, deadline, clock=time.monotonic, sleep=time.
             note = 'the fabric state could not be read: nvidia-smi (exit %d) said %s' % (rc, printable(said)[:QUOTE_MAX])
             return [_entry(index, None, None, False, note) for index in indexes]
         pending = [index for index in indexes if found[index][0] in PENDING]
+        # A poll is made only while its call keeps its floor after the pause; otherwise the reading
+        # in hand stands (a fabric still registering then is not back in time).
         if not pending or clock() + POLL_S + CALL_FLOOR_S >= deadline:
             return [_judge(index, *found[index]) for index in indexes]
         sleep(POLL_S)

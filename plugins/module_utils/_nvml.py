@@ -21,7 +21,8 @@ import os
 import threading
 import traceback
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import EXIT_CODES, UNREPORTED_PROCESS_NAMES, GpuopsError, PermanentReadError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
+    CALL_FLOOR_S, EXIT_CODES, UNREPORTED_PROCESS_NAMES, GpuopsError, PermanentReadError, check_time_left)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import (
     DRIVER_RECOVERY_ACTIONS,
@@ -142,8 +143,10 @@ def call_with_timeout(func, timeout, what):
 
     NVML calls can block inside the driver (uninterruptible) on a sick GPU, and nothing can
     cancel them: after timeout seconds the thread is abandoned (it is a daemon thread, so it
-    does not keep the process alive) and NvmlTimeout is raised.
+    does not keep the process alive) and NvmlTimeout is raised. With less than a call is given
+    at least, nothing is called (NoTimeLeft).
     """
+    check_time_left('call NVML while %s' % what, timeout)
     outcome = {}
 
     def run():
@@ -230,7 +233,7 @@ class NvmlReader(GpuReader):
             return
         self._open = False
         try:
-            self._call(self.nvml.nvmlShutdown, min(self.timeout or 2.0, 2.0), 'shutting NVML down')
+            self._call(self.nvml.nvmlShutdown, max(min(self.timeout or 2.0, 2.0), CALL_FLOOR_S), 'shutting NVML down')
         except Exception:  # nothing left to do about a library that will not shut down
             pass
 

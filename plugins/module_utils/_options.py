@@ -16,7 +16,7 @@ __metaclass__ = type
 
 import os
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, check_seconds
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, MIN_TIMEOUT_S, GpuopsError, check_seconds
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import parse_signal
 
 DEFAULT_SIGNALS = ['TERM', 'KILL']
@@ -39,6 +39,9 @@ def check_release_options(devices, gpus=None, signals=None, grace_period=5.0, ti
                     check_seconds('settle_time', settle_time)):
         if problem:
             raise GpuopsError(problem)
+    if timeout < MIN_TIMEOUT_S:
+        raise GpuopsError('timeout must be at least %s (the GPUs are read at the start and at the end, each read '
+                          'given at least %s), got %s' % (seconds(MIN_TIMEOUT_S), seconds(CALL_FLOOR_S), timeout))
     if not 0 <= memory_threshold_mib <= MAX_MEMORY_THRESHOLD_MIB:
         raise GpuopsError('memory_threshold_mib must be between 0 and %d MiB (idle GPUs read up to 8 MiB, '
                           'a CUDA context hundreds), got %s' % (MAX_MEMORY_THRESHOLD_MIB, memory_threshold_mib))

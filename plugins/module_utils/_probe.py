@@ -22,8 +22,12 @@ import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _cuda
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
+    CALL_FLOOR_S,
     DEFAULT_MEMORY_THRESHOLD_MIB,
+    MIN_TIMEOUT_S,
+    Budget,
     GpuopsError,
+    NoTimeLeft,
     check_seconds,
     printable,
     reader_argument_spec,
@@ -44,6 +48,9 @@ DEFAULT_PROBE_MIB = 1024
 DEFAULT_TIMEOUT_S = 30.0
 # How often the GPUs are read while the probe's memory is being released.
 RELEASE_POLL_S = 0.05
+# Kept from the child for the reads after it: the probe's memory is read as released even when
+# the child had to be killed (twice a call's floor: a read may be two calls).
+READ_RESERVE_S = 2 * CALL_FLOOR_S
 PROBE_NAME = 'the CUDA probe'
 # CUDA reads these to number and hide devices; the probe addresses GPUs by bus id and ignores both.
 CUDA_ENVIRONMENT = ('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER')
@@ -72,6 +79,9 @@ class ProbeOptions:
         problem = check_seconds('timeout', timeout, positive=True)
         if problem:
             raise GpuopsError(problem)
+        if timeout < MIN_TIMEOUT_S:
+            raise GpuopsError('timeout must be at least %.1f s (a read of the GPUs, the CUDA probe, and %.1f s for the '
+                              'reads after it), got %s' % (MIN_TIMEOUT_S, READ_RESERVE_S, timeout))
         if probe_mib is None or probe_mib < 1:
             raise GpuopsError('probe_mib must be 1 or more, got %s' % probe_mib)
         if gpus is not None and not gpus:
@@ -241,13 +251,16 @@ class Prober:
         self.reader = reader
         self.options = options
         self.child = child or ProbeChild(library=options.cuda_library)
+        self.budget = Budget('the probe', options.timeout)
         self.deadline = time.monotonic() + options.timeout
 
     def left(self):
         return max(0.0, self.deadline - time.monotonic())
 
     def run(self, check_mode=False):
+        started = time.monotonic()
         snapshot = self.reader.read(timeout=self.left())
+        self.budget.spend('reading the GPUs', started)
         check_expected_gpus(snapshot.gpus + snapshot.missing, self.options.expected_gpus)
         scope = select_gpus(snapshot, self.options.gpus)
         result = ProbeResult([blank_result(gpu) for gpu in scope])
@@ -288,8 +301,13 @@ class Prober:
 
     def _answer(self, gpus, results):
         """The child's answer merged into results; None when it gave none (results say why)."""
+        started = time.monotonic()
         try:
-            answer = self.child.run(gpus, self.options.probe_mib, self.left())
+            answer = self.child.run(gpus, self.options.probe_mib, self.left() - READ_RESERVE_S)
+        except NoTimeLeft:
+            fail_all(results, error_name='PROBE_ERROR', error_string='not probed: no time was left for %s (%s; %.1f s '
+                     'are kept for the reads after it)' % (PROBE_NAME, self.budget.used(), READ_RESERVE_S))
+            return None
         except CommandTimeout as exc:
             fail_all(results, error_name='PROBE_TIMEOUT', error_string='%s did not answer within %.1f s and was '
                      'killed (a CUDA call hung in the driver)' % (PROBE_NAME, exc.timeout))
@@ -297,6 +315,8 @@ class Prober:
         except GpuopsError as exc:
             fail_all(results, error_name='PROBE_ERROR', error_string=str(exc))
             return None
+        finally:
+            self.budget.spend('the CUDA probe', started)
         if not answer.get('library_error'):
             merge(results, answer)
         return answer
@@ -313,12 +333,18 @@ class Prober:
         that still does when time is up has failed (the probe must not be what the next job finds)."""
         baseline = dict((gpu.get('index'), gpu.get('memory_used_mib')) for gpu, dummy in probed)
         pending = dict((gpu.get('index'), res) for gpu, res in probed)
-        while pending:
-            snapshot = self.reader.read(timeout=max(self.left(), 0.1))
+        while pending and self.left() >= CALL_FLOOR_S:
+            started = time.monotonic()
+            try:
+                snapshot = self.reader.read(timeout=self.left())
+            except NoTimeLeft:  # a read of several calls, the last of them left short
+                break
+            finally:
+                self.budget.spend('waiting for the memory to be released', started)
             for gpu in snapshot.gpus:
                 if gpu.get('index') in pending and self._released(gpu, baseline[gpu.get('index')]):
                     pending.pop(gpu.get('index'))['released'] = True
-            if not pending or self.left() <= 0:
+            if not pending:
                 break
             time.sleep(min(RELEASE_POLL_S, self.left()))
         for res in pending.values():

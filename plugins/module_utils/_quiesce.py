@@ -232,10 +232,7 @@ class Quiesce:
     def _systemctl(self, args, restore=False):
         """(rc, output) of systemctl args within the deadline; GpuopsError when it cannot run,
         does not answer, or there is no time left."""
-        left = self._left(restore)
-        if left <= 0:
-            raise GpuopsError('no time left within timeout for systemctl %s' % ' '.join(args))
-        rc, stdout, stderr = Runner(self.systemctl).run(['--no-ask-password'] + list(args), timeout=left)
+        rc, stdout, stderr = Runner(self.systemctl).run(['--no-ask-password'] + list(args), timeout=self._left(restore))
         return rc, ' '.join((stdout + ' ' + stderr).split())[:300]
 
     def stop(self):

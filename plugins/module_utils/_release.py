@@ -35,8 +35,11 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._bug_report import (
     program_next_to,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
+    CALL_FLOOR_S,
     DEFAULT_MEMORY_THRESHOLD_MIB,
+    Budget,
     GpuopsError,
+    NoTimeLeft,
     PermanentReadError,
     check_seconds,
     holders_argument_spec,
@@ -106,7 +109,8 @@ POLL_GROWTH = 2
 # the reads grow further apart, up to this.
 UNHELD_POLL_MAX_S = 1.0
 # The last read of the GPUs, which reports the state at the end, may take this long after
-# the signalling stops; the signalling stops that much before the timeout.
+# the signalling stops; the signalling stops that much before the timeout. Twice a call's floor
+# (CALL_FLOOR_S): the read starts a little after the signalling stops, and may be two calls.
 READ_MIN_S = 1.0
 # After the last signals at the deadline, how long to wait for the processes to exit before
 # the final reading.
@@ -423,6 +427,8 @@ class Release:
         self.unreadable = set()
         self.read_error = None
         self.read_error_permanent = False
+        self.read_skipped = False  # the last read was not made: too little time was left for it
+        self.budget = None
         self.last_snapshot = None
         self.first_snapshot = None
         self.reset_deadline = None
@@ -441,25 +447,38 @@ class Release:
         if text not in self.warnings:
             self.warnings.append(text)
 
+    def _no_time_to_read(self):
+        """None, noting why: a read is not started with less left than a call is given at least.
+        The error of the last read that was tried says more than this, when there was one."""
+        if self.read_error is None or self.read_skipped:
+            self.read_error = 'no time was left to read the GPUs%s: %s; a read is given at least %.1f s' % (
+                ' again' if self.last_snapshot is not None else '', self.budget.used(), CALL_FLOOR_S)
+            self.read_skipped = True
+        return None
+
     def _read(self, final=False, full=False):
         # Every read ends by the deadline (a hung nvidia-smi must not make the release outlast its
         # timeout); those while signalling end by the signal deadline, which leaves the final read
         # of the state at the end its share.
         now = self.clock()
         left = (self.deadline if final or now >= self.signal_deadline else self.signal_deadline) - now
-        if left <= 0:
-            # The last read that was tried says more than this one, when there was one.
-            self.read_error = self.read_error or 'no time was left within the timeout to read the GPUs'
-            return None
+        if left < CALL_FLOOR_S:
+            return self._no_time_to_read()
         tick = boot_ticks()
         try:
             snapshot = self.reader.read(timeout=left, full=full)
+        except NoTimeLeft:  # a read of several calls, the last of them left short
+            return self._no_time_to_read()
         except GpuopsError as exc:
             self.read_error = str(exc)
             self.read_error_permanent = isinstance(exc, PermanentReadError)
+            self.read_skipped = False
             return None
+        finally:
+            self.budget.spend('reads of the GPUs', now)
         self.read_error = None
         self.read_error_permanent = False
+        self.read_skipped = False
         snapshot.read_tick = tick
         snapshot.placements = placements(snapshot)
         snapshot.trusted = self._trusted_placements(snapshot)
@@ -544,7 +563,9 @@ class Release:
             any(self._blocks(holder, gpu) for holder in spared)
 
     def _scan(self, after=None):
+        started = self.clock()
         scan = scan_holders(self.paths, self.options.protect, self.proc, self.deadline, self.clock, after)
+        self.budget.spend('scans of /proc', started)
         self.unreadable.update(scan.unreadable)
         self.scan_incomplete = not scan.complete
         self.last_scan = scan
@@ -873,11 +894,12 @@ class Release:
 
     def _pause(self, until):
         """Sleep until then, waking early when a target exits (pidfds)."""
-        left = until - self.clock()
+        started = self.clock()
+        left = until - started
         if left <= 0:
             return
-        pidfds = [target.ref.pidfd for target in self.targets.values()
-                  if target.ref.pidfd is not None and not target.ref.exited()]
+        alive = [target for target in self.targets.values() if not target.ref.exited()]
+        pidfds = [target.ref.pidfd for target in alive if target.ref.pidfd is not None]
         if pidfds:
             poller = select.poll()
             for fd in pidfds:
@@ -885,6 +907,7 @@ class Release:
             poller.poll(max(1, int(left * 1000)))
         else:
             self.sleep(left)
+        self.budget.spend('waiting for the holders to exit' if alive else 'waiting for the driver to free memory', started)
 
     # -- the run -------------------------------------------------------------------------
     def _resolve_devices(self):
@@ -898,8 +921,9 @@ class Release:
 
     def run(self):
         started = self.clock()
+        self.budget = Budget('the release', self.options.timeout, self.clock)
         self.deadline = started + self.options.timeout
-        self.signal_deadline = self.deadline - min(READ_MIN_S, self.options.timeout / 4)
+        self.signal_deadline = self.deadline - READ_MIN_S
         # The reset's share ends where the signalling would: the read after it keeps its own.
         self.reset_deadline = self.signal_deadline - max(READ_MIN_S, self.options.timeout * RESET_SHARE) \
             if self.options.reset_orphaned else None
@@ -920,6 +944,7 @@ class Release:
             if not self.check_mode:
                 lock = ReleaseLock(self.options.lock_file)
                 lock.acquire(self.deadline, self.clock, self.sleep)
+                self.budget.spend('waiting for the lock', started)
             self._run(result)
         finally:
             if lock is not None:
@@ -1111,12 +1136,16 @@ class Release:
         bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
         # The reset ends when the signalling would: the read after it has the time left.
         reset = GpuReset(runner, bus_ids, todo, self.signal_deadline, self.clock, reasons=todo)
+        started = self.clock()
         escalation = result.escalation = quiesced_reset(self._quiesce(snapshot, todo), reset, sorted(todo))
+        self.budget.spend('the GPU reset', started)
         for problem in escalation['quiesced']['problems']:
             self._warn('reset_stop_units: %s' % problem)
         if escalation['ok']:
+            started = self.clock()
             escalation['fabric'] = wait_for_fabric(runner, escalation['gpus'], self.signal_deadline, self.clock,
                                                    self.sleep)
+            self.budget.spend('waiting for the NVLink fabric', started)
         self._record_cures(escalation, snapshot)
         snapshot, holders = self._observe(force_read=True, final=True, full=True)
         result.failure = None
@@ -1214,7 +1243,9 @@ class Release:
         left = min(KERNEL_LOG_MAX_S, self.signal_deadline - self.clock())
         events = None
         if left > 0:
+            started = self.clock()
             events, warnings = read_xid_events(self.options.kernel_log, left, state=state, boot=boot)
+            self.budget.spend('reading the kernel log', started)
             for warning in warnings:
                 self._warn(warning)
         cures = load_cures(state, boot)
@@ -1330,7 +1361,7 @@ class Release:
         if snapshot is None:
             problems.append('the GPUs could not be read: %s' % self.read_error)
         if self.scan_incomplete:
-            problems.append('the scan of /proc for holders did not finish in time')
+            problems.append('the scan of /proc for holders did not finish in time (%s)' % self.budget.used())
         unread = unread_processes(self.last_scan) if self.last_scan is not None else []
         if unread and not all(self._gpu_clean(gpu) for gpu in scope):
             problems.append('the descriptors of %s could not all be read' % named_unread(unread))

@@ -22,7 +22,7 @@ import stat
 import subprocess
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError, check_time_left
 
 
 class CommandTimeout(GpuopsError):
@@ -81,11 +81,13 @@ class Runner:
         """Run the program with args; return (rc, stdout, stderr) as text.
 
         input_text: a short text written to its standard input (none by default). Raise
-        PermanentReadError when it cannot run, and CommandTimeout when it does not exit within
-        timeout seconds (the runner's timeout by default).
+        PermanentReadError when it cannot run, CommandTimeout when it does not exit within
+        timeout seconds (the runner's timeout by default), and NoTimeLeft, running nothing, when
+        timeout is less than a call is given at least.
         """
         timeout = self.timeout if timeout is None else timeout
         path = self.resolve()
+        check_time_left('run %s' % self.name, timeout)
         env = dict(os.environ, LC_ALL='C', LANG='C', **self.env)
         for name in self.unset:
             env.pop(name, None)

@@ -167,6 +167,8 @@ options:
       - Fail the host when it is not clean, with a message that names each dirty GPU and why.
       - V(false) returns the report with C(outcome=failed) and leaves the judgment to the caller
         (the role does so, to drain the host and write its report first).
+      - Wrong settings fail the task either way, with the report (C(outcome=failed)) and a
+        message naming each wrong setting, since nothing was read and there is nothing to judge.
     type: bool
     default: true
   probe:

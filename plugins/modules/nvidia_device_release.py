@@ -111,9 +111,13 @@ options:
       - Seconds, counted from the start of the task and including the wait for O(lock_file),
         until the GPUs must be clean. It bounds the whole release, grace periods, newcomers and
         every read of the GPUs included (an C(nvidia-smi) that hangs is stopped in time).
-        Signalling stops a little before it (at most one second, a quarter of it when shorter),
-        so that a last read of the GPUs can report the state at the end.
-      - A finite number of seconds, more than 0 and at most 2147483 (what C(poll) accepts).
+        Signalling stops one second before it, so that a last read of the GPUs can report the state
+        at the end.
+      - No call to C(nvidia-smi), NVML or another program is started with less than half a second
+        left for it (a real C(nvidia-smi) call takes 50 to 150 ms); when the time left is shorter,
+        the step is not made and the message says where the time went, phase by phase.
+      - A finite number of seconds, at least 2 (the GPUs are read at the start and at the end) and at
+        most 2147483 (what C(poll) accepts).
     type: float
     default: 60
   settle_time:

@@ -78,6 +78,8 @@ options:
       - Seconds the whole probe may take, the reads of the GPUs and the wait for the probe's
         memory to be released included. A child that has not answered by then is killed, and
         each GPU it probed fails with RV(gpus[].error_name=PROBE_TIMEOUT).
+      - One second of it is kept from the child for the reads after it, and no call is started with
+        less than half a second left for it. At least 2.
     type: float
     default: 30
   missing_library:

@@ -24,10 +24,11 @@ __metaclass__ = type
 
 import time
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import MIN_TIMEOUT_S, Budget
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import settings_problems
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import facts_of, is_clean, task_error, verdict
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import MISCONFIGURED, facts_of, is_clean, task_error, verdict
 
 READ_FIRST = 'Read the GPUs and who holds them'
 RELEASE = 'Release the GPUs'
@@ -78,6 +79,7 @@ class Run:
         self.warnings = []
         # The steps that ran a module, in order (each one module call on the host).
         self.steps = []
+        self.budget = None if deadline is None else Budget('the run', deadline - time.monotonic())
 
     def left(self):
         """Seconds left before the deadline (None: no deadline)."""
@@ -99,7 +101,12 @@ class Run:
     def module(self, step, module, args):
         """run_module, noted as the step's."""
         self.steps.append(step)
-        result = self.run_module(module, args)
+        started = time.monotonic()
+        try:
+            result = self.run_module(module, args)
+        finally:
+            if self.budget is not None:
+                self.budget.spend(step, started)
         self.warnings.extend(warning for warning in result.get('warnings') or [] if warning not in self.warnings)
         return result
 
@@ -147,7 +154,7 @@ class Run:
                     cuda_library=self.options['probe_cuda_library'])
         left = self.left()
         if left is not None:
-            args['timeout'] = max(1, left - 1)
+            args['timeout'] = left - 1
         return args
 
     def _pick(self, names):
@@ -170,7 +177,7 @@ def check_settings(run):
     options, found = settings_problems(run.settings, run.name)
     if found:
         run.misconfigured = True
-        run.error = 'gpu_reset is misconfigured: %s' % '; '.join(found)
+        run.error = '%s: %s' % (MISCONFIGURED, '; '.join(found))
     run.options = options
 
 
@@ -243,6 +250,9 @@ def prove(run):
     if run.probe_gpus() == []:
         return  # every GPU in scope is shared with other jobs
     args = run.probe_args()
+    if args.get('timeout', MIN_TIMEOUT_S) < MIN_TIMEOUT_S:
+        failed(report, PROVE, 'not started: %s, and the probe needs at least %.1f s' % (run.budget.used(), MIN_TIMEOUT_S))
+        return
     try:
         probe = run.module(PROVE, 'nvidia_gpu_probe', args)
     except ModuleError as exc:

@@ -18,7 +18,9 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import copy
+import json
 import re
+import shlex
 
 from ansible.module_utils.common.parameters import DEFAULT_TYPE_VALIDATORS
 
@@ -81,11 +83,29 @@ def convert(settings, name=None, spec=None):
         options[option] = copy.deepcopy(spec[option].get('default'))
         if value is None:
             continue
+        if _looks_like_a_list(spec[option], value):
+            found.append('%s is %r, a text that looks like a list: on the command line a list is given as JSON, %s' % (
+                name(option), value, _as_json(name(option), value)))
+            continue
         try:
             options[option] = _converted(spec[option], value)
         except ValueError:
             found.append('%s is %r, expected %s' % (name(option), value, _expected(spec[option])))
     return options, found
+
+
+def _looks_like_a_list(option, value):
+    """Whether value is a text in brackets where a list is expected: what -e NAME=[A,B] gives,
+    which Ansible would read as the list of the one text '[A,B]' or of '[A' and 'B]'."""
+    text = value.strip() if isinstance(value, str) else ''
+    return option.get('type') == 'list' and text.startswith('[') and text.endswith(']')
+
+
+def _as_json(name, value):
+    """The -e argument that gives the list value meant ('[TERM,KILL]'), as JSON."""
+    items = [item.strip().strip('\'"') for item in value.strip()[1:-1].split(',')]
+    items = [int(item) if re.match(r'^-?[0-9]+$', item) else item for item in items if item]
+    return '-e %s' % shlex.quote(json.dumps({name: items}))
 
 
 def settings_problems(settings, name=None):

@@ -250,13 +250,14 @@ def note_reboot(result, stamp):
     return result
 
 
-def write_metrics(directory, result):
-    """The role's node_exporter metrics (its template gpu_reset.prom.j2), written atomically."""
+def write_metrics(directory, result, hook=None):
+    """The role's node_exporter metrics (its template gpu_reset.prom.j2), written atomically;
+    hook: {budget_s, duration_s} of the hook's run, for its own gauges."""
     import jinja2
 
     with open(METRICS_TEMPLATE) as handle:
         template = jinja2.Environment(trim_blocks=True, keep_trailing_newline=True).from_string(handle.read())
-    text = template.render(gpu_reset_result=result)
+    text = template.render(gpu_reset_result=result, gpu_reset__hook=hook)
     write_file(os.path.join(directory, 'gpu_reset.prom'), text)
 
 
@@ -273,13 +274,16 @@ def write_file(path, text):
         raise
 
 
-def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None, refused=None):
+def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None, refused=None, budget=None):
     """The sequence on one node, then the finishing section; returns its report (gpu_reset_result).
 
     why_not_drain: called before draining a node that is not clean; a reason (text) not to
     drain it after all is noted in the report (drain_skipped) instead. reboot_stamp: ask Slurm
     for a reboot instead of a drain when only a reboot cures the GPUs (ask_reboot). refused: why
-    nothing may be released (the job's GPUs could not be told): the node is failed with it."""
+    nothing may be released (the job's GPUs could not be told): the node is failed with it.
+    budget: (time.monotonic() when the hook started, its seconds), for the metrics (default:
+    this call's own)."""
+    started, budget_s = budget or (time.monotonic(), deadline)
     ends = time.monotonic() + deadline
     # The modules end that much before the hook's time does, for the drain command.
     modules_end = ends - min(DRAIN_RESERVE_S, deadline / 10.0)
@@ -300,7 +304,8 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
             drain(result, scontrol, node, seconds)
     if options['textfile_dir']:
         try:
-            write_metrics(options['textfile_dir'], result)
+            write_metrics(options['textfile_dir'], result,
+                          hook={'budget_s': budget_s, 'duration_s': round(time.monotonic() - started, 3)})
         except (OSError, ImportError) as exc:
             _sequence.failed(result, 'write node_exporter metrics', exc)
     if options['report_dir']:
@@ -677,7 +682,8 @@ def health_check(args):
     settings = load_settings(args.vars_file, hook_vars(args))
     recheck = min(SLURM_CALL_S, RESUME_RESERVE_S / 2.0)
     result = reset(settings, args.node, args.scontrol, ends - time.monotonic() - RESUME_RESERVE_S,
-                   why_not_drain=lambda: changed_since(args, read, recheck), reboot_stamp=reboot_stamp(args))
+                   why_not_drain=lambda: changed_since(args, read, recheck), reboot_stamp=reboot_stamp(args),
+                   budget=(ends - args.deadline, args.deadline))
     sys.stdout.write(json.dumps(result) + '\n')
     return health_verdict(args, result, read, max(ends - time.monotonic(), 1))
 
@@ -751,7 +757,7 @@ def main(argv=None):
     if problem is None:
         settings[PREFIX + 'job'] = job_setting(args, gpus, settings.get(PREFIX + 'host_root'))
     result = reset(settings, args.node, args.scontrol, args.deadline - (time.monotonic() - started),
-                   reboot_stamp=reboot_stamp(args), refused=problem)
+                   reboot_stamp=reboot_stamp(args), refused=problem, budget=(started, args.deadline))
     sys.stdout.write(json.dumps(result) + '\n')
     if result['outcome'] == 'failed':
         sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))

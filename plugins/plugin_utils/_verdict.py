@@ -30,6 +30,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
 
 OUTCOMES = ('clean', 'released', 'would_release', 'failed')
+# How the reason of a host whose settings are wrong starts (nothing was read or signalled there).
+MISCONFIGURED = 'gpu_reset is misconfigured'
 
 
 class VerdictError(AnsibleFilterError):
@@ -137,11 +139,14 @@ def report_escalation(escalation, allow_gpu_reset=False):
     return report
 
 
-def orphaned_gpus(release, escalation):
-    """The GPUs the release found with orphaned memory: those it left so, and those its GPU reset
+def orphaned_gpus(release, escalation, final=None):
+    """The GPUs the release found with orphaned memory: those it left so, those its GPU reset
     was tried on (the release reads the GPUs again after it; a GPU the reset freed is no longer
-    among its own orphaned_gpus)."""
+    among its own orphaned_gpus), and those the last read (final, facts) finds so, which the
+    reason names."""
     found = set(release.get('orphaned_gpus') or [])
+    found.update(gpu.get('index') for gpu in (final or {}).get('nvidia_gpus') or []
+                 if gpu.get('state') == 'orphaned_memory' and gpu.get('index') is not None)
     if isinstance(escalation, Mapping):
         found.update(escalation.get('gpus') or [])
     return sorted(found)
@@ -227,8 +232,20 @@ def task_error(failure):
         python = failure.get('python') or "the Python Ansible found"
         # The remedy first: a drain reason keeps only the start of the text.
         text = ('%s could not run the module; set ansible_python_interpreter for this host to a Python 3 that can, '
-                'for example /usr/bin/python3 (it printed: %s)' % (python, said[-200:] or 'nothing'))
+                'for example /usr/bin/python3 (it printed: %s)' % (python, _what_it_said(output) or 'nothing'))
     return '%s: %s' % (failure.get('task') or 'the role', text)
+
+
+# The line of an interpreter's output that says what went wrong: its error ("SyntaxError: ...").
+ERROR_LINE_RE = re.compile(r'^\w*(Error|Exception)\b')
+
+
+def _what_it_said(output):
+    """One line of what a Python that could not run the module printed: its last error line, else
+    its first line ("pyenv: python2: command not found", without the help text that follows)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if ERROR_LINE_RE.match(line)]
+    return printable((errors or lines or [''])[-1 if errors else 0], 160)
 
 
 def verdict(host, release=None, facts_before=None, facts=None, error=None, gpus=None,
@@ -324,7 +341,7 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
         'signalled': signalled,
         'survivors': survivors,
         'other_jobs': release.get('other_jobs') or [],
-        'orphaned_gpus': orphaned_gpus(release, escalation),
+        'orphaned_gpus': orphaned_gpus(release, escalation, final),
         'escalation': escalation or None,
         'gpus': gpu_metrics(release, final, gpus_before, threshold),
         'release_s': release.get('elapsed_s'),
@@ -427,6 +444,11 @@ def clean_line(found):
         len(found), gpus, host_list(report['host'] for report in found))
 
 
+def misconfigured(report):
+    """Whether report is that of a host that failed on its settings, before anything was read."""
+    return str(report.get('reason') or '').startswith(MISCONFIGURED)
+
+
 def summary_line(report, width=0):
     """One line for a host's report that is not clean: what happened, in a few words."""
     host = str(report.get('host')).ljust(width)
@@ -447,7 +469,9 @@ def summary_line(report, width=0):
         if signalled:
             text += ' (%s)' % ', '.join(_unique(process.get('comm') for process in signalled))
         return 'checked   %s  %s, %s' % (host, text, _gpu_count(report))
-    took = 'after %s s: ' % round(report['duration_s'], 1) if report.get('duration_s') is not None else ''
+    # A misconfigured host ran nothing: how long it took says nothing.
+    timed = report.get('duration_s') is not None and not misconfigured(report)
+    took = 'after %s s: ' % round(report['duration_s'], 1) if timed else ''
     return 'FAILED    %s  %s%s' % (host, took, ' '.join(str(report.get('reason') or 'failed').split()))
 
 

@@ -24,16 +24,16 @@ import platform
 import shlex
 import subprocess
 import sys
-import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _collection_path():
-    """A directory holding ansible_collections/gpuops/nvidia -> this checkout, on sys.path."""
+    """A directory holding ansible_collections/gpuops/nvidia -> this checkout, on sys.path:
+    $GPUOPS_COLLECTIONS (check.sh's), else the checkout's own .build/collections."""
     base = os.environ.get('GPUOPS_COLLECTIONS')
     if not base:
-        base = os.path.join(tempfile.gettempdir(), 'gpuops-device-%d' % os.getuid())
+        base = os.path.join(REPO, '.build', 'collections')
     link = os.path.join(base, 'ansible_collections', 'gpuops', 'nvidia')
     if os.path.realpath(link) != os.path.realpath(REPO):
         os.makedirs(os.path.dirname(link), exist_ok=True)

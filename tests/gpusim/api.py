@@ -96,6 +96,14 @@ class Host:
     def kernel_log(self):
         return self.paths.kernel_log
 
+    @property
+    def state_dir(self):
+        """The collection's state directory of this host: ROOT/run/gpuops, the modules' default
+        with host_root ROOT. A run that finds the host by devices and nvidia_smi_path alone (no
+        host_root) is given it as state_dir: otherwise it uses the machine's own /run/gpuops,
+        shared by every simulated host (and their GPUs share UUIDs)."""
+        return self.paths.state_dir
+
     def env(self, base=None, nvml=False, cuda=False):
         """Environment for a process on this host: the fake nvidia-smi first on PATH and, with
         nvml=True or cuda=True, the directory of the simulated libnvidia-ml.so.1 and libcuda.so.1
@@ -155,8 +163,9 @@ class Host:
         for d in (p.dev, p.bin, p.lib, p.procs, p.tracked):
             os.makedirs(d, exist_ok=True)
         if p.root != "/":
-            # Where a host keeps /run/gpuops (the collection's state directory) on its tmpfs.
-            os.makedirs(os.path.join(p.root, "run"), exist_ok=True)
+            # Where a host keeps /run/gpuops (the collection's state directory, state_dir) on its
+            # tmpfs; the collection makes the directory itself, mode 0700.
+            os.makedirs(os.path.dirname(p.state_dir), exist_ok=True)
         nodes = ["nvidia%d" % g["minor"] for g in state["gpus"]]
         for n in ["nvidiactl", "nvidia-uvm"] + nodes:
             path = os.path.join(p.dev, n)

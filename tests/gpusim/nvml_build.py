@@ -9,6 +9,10 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED = os.path.join(HERE, "libsim", "sim.h")
+# gpusim in a checkout (CHECKOUT/tests/gpusim) caches its builds in CHECKOUT/.build, as the
+# checkout's tools keep theirs: two checkouts never share a build.
+TESTS = os.path.dirname(HERE)
+CHECKOUT = os.path.dirname(TESTS) if os.path.basename(TESTS) == "tests" else None
 
 # Which entry points a build leaves out, as an older driver's library lacks them: pynvml looks
 # each function up by name (dlsym), so a missing symbol is what it meets on such a host.
@@ -47,18 +51,26 @@ def _digest(paths):
     return sha.hexdigest()[:16]
 
 
+def default_cache_dir(library="nvml"):
+    """Where builds of library are cached: CHECKOUT/.build/gpusim/lib<library> in a checkout;
+    gpusim copied elsewhere (a container image's) uses the temporary directory."""
+    if CHECKOUT:
+        return os.path.join(CHECKOUT, ".build", "gpusim", "lib" + library)
+    return os.path.join(tempfile.gettempdir(), "gpusim-lib%s-%d" % (library, os.getuid()))
+
+
 def build(cache_dir=None, cc=None, flavor="current", library="nvml"):
     """Return the path of a built library ("nvml" or "cuda"), compiling it if its sources are new.
 
-    The cache is keyed by the sources' hash and the flavor (NVML_FLAVORS), so concurrent test
-    workers share one build and an edited source is rebuilt. Raises BuildError (with gcc's
-    output) when it cannot build.
+    The cache (cache_dir, default default_cache_dir(library)) is keyed by the sources' hash and
+    the flavor (NVML_FLAVORS), so concurrent test workers share one build and an edited source is
+    rebuilt. Raises BuildError (with gcc's output) when it cannot build.
     """
     spec = LIBRARIES[library]
     if flavor not in spec["flavors"]:
         raise ValueError("unknown flavor %r (known: %s)" % (flavor, ", ".join(sorted(spec["flavors"]))))
     digest = _digest([spec["source"], SHARED])
-    cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "gpusim-lib%s-%d" % (library, os.getuid()))
+    cache_dir = cache_dir or default_cache_dir(library)
     out_dir = os.path.join(cache_dir, digest if flavor == "current" else "%s-%s" % (digest, flavor))
     lib = os.path.join(out_dir, spec["soname"])
     if os.path.isfile(lib):

@@ -71,6 +71,9 @@ class Paths:
         # /sys and /proc, which gpusim does not write.
         self.pci_devices = os.path.join(self.root, "sys", "bus", "pci", "devices")
         self.driver_gpus = os.path.join(self.root, "proc", "driver", "nvidia", "gpus")
+        # The collection's state directory on this host (its default under host_root ROOT): the
+        # kernel log's last read and the GPUs' cures. With ROOT "/" it is the machine's own.
+        self.state_dir = os.path.join(self.root, "run", "gpuops")
 
     def gpu_dev(self, minor):
         """The device node of minor number `minor` (see minor_of for a GPU's)."""

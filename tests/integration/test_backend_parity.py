@@ -163,7 +163,8 @@ def test_gpu_reset_applies_pending_remaps_on_both_backends(nvmlhost):
 
 
 def test_memory_follows_release_delay_and_leaks(gpuhost_factory):
-    host = gpuhost_factory(release_delay=1.5)
+    # A delay long enough that the first reads land inside it on a loaded machine too.
+    host = gpuhost_factory(release_delay=6)
     host.install_nvml()
     held = host.hold(gpus='0', mib=4096)
     host.hold(gpus='1', mib=1024, leak=True, name='leaky')
@@ -178,7 +179,8 @@ def test_memory_follows_release_delay_and_leaks(gpuhost_factory):
         time.sleep(0.05)
     out = read_both(host)['nvml']['gpus']
     assert (out[0]['memory_used_mib'], out[0]['state'], out[1]['memory_used_mib']) == (1 + 4096, 'orphaned_memory', 1 + 1024)
-    time.sleep(1.6)
+    died = max(record['died_at'] for record in host.ps())
+    time.sleep(max(0.0, died + 6.1 - time.time()))
     gpus = assert_parity(host)
     assert (gpus[0]['memory_used_mib'], gpus[1]['memory_used_mib']) == (1, 1 + 1024)
     assert (gpus[0]['state'], gpus[1]['state']) == ('free', 'orphaned_memory')
@@ -258,6 +260,9 @@ def run_module(host, module='nvidia_gpu_facts', **options):
     args = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob])
     if module == 'nvidia_gpu_facts':
         args['kernel_log'] = host.kernel_log
+    if 'host_root' not in options:
+        # Found by its devices alone, the host keeps its state in its own directory, not the machine's.
+        args['state_dir'] = host.state_dir
     args.update(options)
     ansible = os.path.join(os.path.dirname(sys.executable), 'ansible')
     proc = subprocess.run([ansible if os.path.exists(ansible) else 'ansible', 'localhost', '-c', 'local', '-i', 'localhost,', '-m',

@@ -19,6 +19,9 @@ from adhoc import run_module
 
 def run_facts(host, **options):
     args = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob])
+    if 'host_root' not in options:
+        # Found by its devices alone, the host keeps its state in its own directory, not the machine's.
+        args['state_dir'] = host.state_dir
     args.update(options)
     return run_module('nvidia_gpu_facts', args)
 

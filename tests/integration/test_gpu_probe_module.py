@@ -65,7 +65,7 @@ def test_waits_until_the_probe_memory_is_released(gpuhost_factory):
 def test_probe_memory_not_released_in_time_fails_the_gpu(gpuhost_factory):
     host = gpuhost_factory(release_delay=60)
     host.install_cuda()
-    result, proc = run_probe(host, gpus=[0], timeout=3)
+    result, proc = run_probe(host, gpus=[0], timeout=6)
     assert result['failed']
     gpu = by_index(result)[0]
     assert (gpu['ok'], gpu['released'], gpu['error_name']) == (False, False, 'PROBE_MEMORY_HELD')
@@ -143,7 +143,7 @@ def test_no_device_where_cuda_sees_none(cudahost):
 
 def test_hung_cuinit_is_killed_at_the_deadline(cudahost):
     cudahost.fault('cuda-hang', seconds=300)
-    result, proc = run_probe(cudahost, timeout=2)
+    result, proc = run_probe(cudahost, timeout=4)
     assert result['failed'], proc.stdout
     assert set(gpu['error_name'] for gpu in result['gpus']) == set(['PROBE_TIMEOUT'])
     assert 'did not answer within' in result['msg']

@@ -41,12 +41,13 @@ def mitogen_env(tmp):
 
 
 def inventory(path, hosts, tmp):
-    """A YAML (here JSON) inventory: each simulated host through the local connection."""
+    """A YAML (here JSON) inventory: each simulated host through the local connection, found by
+    its root (its own state directory too, ROOT/run/gpuops, not the machine's)."""
     entries = {}
     for name, host in hosts.items():
         entries[name] = dict(ansible_connection='local', ansible_python_interpreter=sys.executable,
                              gpu_reset_become=False, gpu_reset_nvidia_smi_path=host.smi_path,
-                             gpu_reset_devices=[host.dev_glob], gpu_reset_lock_file=str(tmp / (name + '.lock')),
+                             gpu_reset_host_root=host.root, gpu_reset_lock_file=str(tmp / (name + '.lock')),
                              gpu_reset_grace_period=0.5, gpu_reset_timeout=8)
     path.write_text(json.dumps({'gpu_hosts': {'hosts': entries}}))
     return path

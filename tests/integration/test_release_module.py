@@ -19,6 +19,9 @@ from gpusim.state import is_alive as alive
 def run_release(host, tmp_path, *flags, **options):
     args = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob],
                 lock_file=str(tmp_path / 'release.lock'))
+    if 'host_root' not in options:
+        # Found by its devices alone, the host keeps its state in its own directory, not the machine's.
+        args['state_dir'] = host.state_dir
     args.update(options)
     return run_module('nvidia_device_release', args, *flags)
 
@@ -53,7 +56,7 @@ def test_hung_job_released_through_ansible(gpuhost, tmp_path):
 
 def test_orphaned_memory_fails_the_task_naming_the_gpu(gpuhost, tmp_path):
     gpuhost.hold(gpus=[3], mib=8192, leak=True, ignore_term=True)
-    result, proc = run_release(gpuhost, tmp_path, grace_period=0.3, timeout=2)
+    result, proc = run_release(gpuhost, tmp_path, grace_period=0.3, timeout=3)
     assert proc.returncode != 0
     assert result['failed'] is True
     assert 'GPU 3: 8193 MiB held with no process left (orphaned memory' in result['msg']

@@ -107,10 +107,19 @@ def test_a_wrong_option_fails_before_any_module_runs(gpuhost, tmp_path):
     job = gpuhost.hold(gpus=[0], mib=1024)
     result, ran = action_run(gpuhost, tmp_path, timeout='5s')
     assert ran == [] and alive(job['pid'])
-    assert result['msg'] == "node1: gpu_reset is misconfigured: timeout is '5s', expected a number"
+    # Ansible names the host; the message is the same on every host with the same mistake.
+    assert result['failed'] is True and result['outcome'] == 'failed'
+    assert result['msg'] == "gpu_reset is misconfigured: timeout is '5s', expected a number"
     # In the role, the settings are named by the role's variables.
     result, ran = action_run(gpuhost, tmp_path, timeout='5s', role='gpuops.nvidia.gpu_reset')
-    assert result['msg'] == "node1: gpu_reset is misconfigured: gpu_reset_timeout is '5s', expected a number"
+    assert result['msg'] == "gpu_reset is misconfigured: gpu_reset_timeout is '5s', expected a number"
+
+
+def test_a_wrong_option_fails_the_task_also_when_the_caller_judges(gpuhost, tmp_path):
+    # assert_clean false leaves the verdict on the GPUs to the caller; a misconfiguration is none.
+    result, ran = action_run(gpuhost, tmp_path, grace_period=-1, assert_clean=False)
+    assert ran == [] and result['failed'] is True
+    assert result['msg'] == 'gpu_reset is misconfigured: grace_period must be zero or more, got -1.0'
 
 
 def test_an_unknown_option_is_refused(gpuhost, tmp_path):
@@ -146,7 +155,7 @@ def test_a_fabric_that_does_not_come_back_fails_the_host(gpuhost, tmp_path):
     gpuhost.fault('fabric', value='on', seconds=0.2)
     gpuhost.fault('fabric', gpu=3, value='stuck')
     gpuhost.fault('stuck', gpu=3, mib=4096)
-    result, ran = action_run(gpuhost, tmp_path, allow_gpu_reset=True, timeout=4)
+    result, ran = action_run(gpuhost, tmp_path, allow_gpu_reset=True, timeout=6)
     assert result['failed'] is True and result['outcome'] == 'failed'
     assert 'GPU 3: the NVLink fabric is not back after the GPU reset (state In Progress' in result['msg'], result['msg']
     assert result['escalation']['fabric'][0]['ok'] is False

@@ -7,8 +7,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.gpuops.nvidia.plugins.filter.gpu_reset_problems import FilterModule as Problems
-from ansible_collections.gpuops.nvidia.plugins.filter.gpu_reset_verdict import FilterModule, gpu_reset_verdict
+from ansible_collections.gpuops.nvidia.plugins.filter.gpu_reset_deprecated import FilterModule as Problems
+from ansible_collections.gpuops.nvidia.plugins.filter.gpu_reset_deprecated import FilterModule, gpu_reset_verdict
 
 
 def test_filters_registered():

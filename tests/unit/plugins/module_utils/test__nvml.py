@@ -333,14 +333,14 @@ def test_init_failures_no_retry_cures_are_permanent(code, permanent):
 
 def test_a_hung_driver_call_times_out_and_is_not_called_again():
     fake = FakeNvml(hang=30)
-    reader = NvmlReader(0.3, nvml=fake).open()
+    reader = NvmlReader(1.0, nvml=fake).open()
     started = time.monotonic()
-    with pytest.raises(NvmlTimeout, match='did not answer within 0.3 s'):
+    with pytest.raises(NvmlTimeout, match='did not answer within 1.0 s'):
         reader.read()
     with pytest.raises(NvmlTimeout, match='still stuck'):
         reader.read()
     reader.close()
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10
     assert 'nvmlShutdown' not in fake.calls
 
 

@@ -73,73 +73,79 @@ def answer(*results, **extra):
     return dict(dict(pid=4242, library_error=None, init=None, gpus=list(results)), **extra)
 
 
-def test_every_gpu_is_probed_by_bus_id_and_released():
+@pytest.fixture
+def probe_options(tmp_path):
+    """ProbeOptions(**options) that keep the probe's state (its cures) in a directory of the test's own."""
+    return lambda **options: ProbeOptions(**dict(dict(state_dir=str(tmp_path / 'state')), **options))
+
+
+def test_every_gpu_is_probed_by_bus_id_and_released(probe_options):
     child = Child(answer(passed(0), passed(1)))
-    result = probe(Reader([gpu(0), gpu(1)]), ProbeOptions(), child=child)
+    result = probe(Reader([gpu(0), gpu(1)]), probe_options(), child=child)
     assert [g['pci_bus_id'] for g in child.asked[0]] == BUS[:2] and child.asked[1] == 1024
     assert [(g['ok'], g['released'], g['mib']) for g in result.gpus] == [(True, True, 1024)] * 2
     assert result.failure is None and result.probed
 
 
-def test_the_probe_waits_while_its_process_or_its_memory_shows():
+def test_the_probe_waits_while_its_process_or_its_memory_shows(probe_options):
     reader = Reader([gpu(0)], [gpu(0, 1025, pids=[4242])], [gpu(0, 1025)], [gpu(0, 1)])
-    result = probe(reader, ProbeOptions(), child=Child(answer(passed(0))))
+    result = probe(reader, probe_options(), child=Child(answer(passed(0))))
     assert result.gpus[0]['released'] is True
     assert reader.reads == 4  # before, the process listed, its memory still counted, released
 
 
-def test_memory_still_held_at_the_deadline_fails_the_gpu():
+def test_memory_still_held_at_the_deadline_fails_the_gpu(probe_options):
     reader = Reader([gpu(0)], [gpu(0, 1025)])
-    result = probe(reader, ProbeOptions(timeout=0.3), child=Child(answer(passed(0))))
+    result = probe(reader, probe_options(timeout=2), child=Child(answer(passed(0))))
     assert (result.gpus[0]['ok'], result.gpus[0]['released'], result.gpus[0]['error_name']) == (
         False, False, 'PROBE_MEMORY_HELD')
     assert result.failure.startswith('the allocation probe failed on 1 of 1 GPUs: GPU 0 (00000000:18:00.0): '
                                      'PROBE_MEMORY_HELD (')
 
 
-def test_a_failed_gpu_is_named_with_the_cuda_error_and_call():
+def test_a_failed_gpu_is_named_with_the_cuda_error_and_call(probe_options):
     child = Child(answer(passed(0), failed(1, 'cuMemAlloc_v2', 2, 'CUDA_ERROR_OUT_OF_MEMORY', 'out of memory')))
-    result = probe(Reader([gpu(0), gpu(1)]), ProbeOptions(), child=child)
+    result = probe(Reader([gpu(0), gpu(1)]), probe_options(), child=child)
     assert result.failure == ('the allocation probe failed on 1 of 2 GPUs: GPU 1 (00000000:2A:00.0): '
                               'CUDA_ERROR_OUT_OF_MEMORY at cuMemAlloc_v2 (out of memory)')
     assert result.gpus[1]['released'] is True and result.gpus[1]['ok'] is False
 
 
-def test_cuinit_failure_fails_every_gpu_it_was_asked_for():
+def test_cuinit_failure_fails_every_gpu_it_was_asked_for(probe_options):
     init = dict(ok=False, call='cuInit', error_code=100, error_name='CUDA_ERROR_NO_DEVICE',
                 error_string='no CUDA-capable device is detected')
-    result = probe(Reader([gpu(0), gpu(1)]), ProbeOptions(), child=Child(answer(init=init)))
+    result = probe(Reader([gpu(0), gpu(1)]), probe_options(), child=Child(answer(init=init)))
     assert [(g['ok'], g['call'], g['error_name']) for g in result.gpus] == [(False, 'cuInit', 'CUDA_ERROR_NO_DEVICE')] * 2
 
 
-def test_a_lost_gpu_is_not_probed_and_not_clean():
+def test_a_lost_gpu_is_not_probed_and_not_clean(probe_options):
     child = Child(answer(passed(0)))
-    result = probe(Reader([gpu(0), gpu(1, None, error='GPU is lost')]), ProbeOptions(), child=child)
+    result = probe(Reader([gpu(0), gpu(1, None, error='GPU is lost')]), probe_options(), child=child)
     assert [g['index'] for g in child.asked[0]] == [0]
     assert (result.gpus[1]['ok'], result.gpus[1]['error_name'], result.gpus[1]['error_string']) == (
         False, 'GPU_LOST', 'GPU is lost')
     assert 'GPU 1 (00000000:2A:00.0): GPU_LOST (GPU is lost)' in result.failure
 
 
-def test_gpus_picks_the_scope_and_an_unknown_index_is_an_error():
+def test_gpus_picks_the_scope_and_an_unknown_index_is_an_error(probe_options):
     child = Child(answer(passed(2)))
-    result = probe(Reader([gpu(0), gpu(1), gpu(2)]), ProbeOptions(gpus=[2]), child=child)
+    result = probe(Reader([gpu(0), gpu(1), gpu(2)]), probe_options(gpus=[2]), child=child)
     assert [g['index'] for g in result.gpus] == [2]
     with pytest.raises(GpuopsError, match=r'gpus: no GPU of index 5 on this host \(indexes seen: 0, 1, 2\)'):
-        probe(Reader([gpu(0), gpu(1), gpu(2)]), ProbeOptions(gpus=[5]), child=child)
+        probe(Reader([gpu(0), gpu(1), gpu(2)]), probe_options(gpus=[5]), child=child)
 
 
-def test_check_mode_asks_nothing_of_cuda():
+def test_check_mode_asks_nothing_of_cuda(probe_options):
     child = Child(answer(passed(0)))
-    result = probe(Reader([gpu(0)]), ProbeOptions(), check_mode=True, child=child)
+    result = probe(Reader([gpu(0)]), probe_options(), check_mode=True, child=child)
     assert child.asked is None and result.probed is False
     assert result.gpus[0]['ok'] is None and result.failure is None
 
 
 @pytest.mark.parametrize('setting, failure, skipped', [('fail', True, False), ('skip', False, True)])
-def test_missing_library_fails_or_is_skipped_with_a_warning(setting, failure, skipped):
+def test_missing_library_fails_or_is_skipped_with_a_warning(setting, failure, skipped, probe_options):
     child = Child(answer(library_error='libcuda.so.1 cannot be loaded (nope)'))
-    result = probe(Reader([gpu(0)]), ProbeOptions(missing_library=setting), child=child)
+    result = probe(Reader([gpu(0)]), probe_options(missing_library=setting), child=child)
     assert bool(result.failure) is failure and result.skipped is skipped and result.probed is False
     if failure:
         assert result.failure == 'libcuda.so.1 cannot be loaded (nope) (set missing_library=skip to go on without the probe)'
@@ -147,15 +153,15 @@ def test_missing_library_fails_or_is_skipped_with_a_warning(setting, failure, sk
         assert result.warnings == ['libcuda.so.1 cannot be loaded (nope); nothing was probed (missing_library=skip)']
 
 
-def test_a_child_that_fails_fails_each_gpu_in_words():
+def test_a_child_that_fails_fails_each_gpu_in_words(probe_options):
     child = Child(error=GpuopsError('the CUDA probe was killed by SIGSEGV'))
-    result = probe(Reader([gpu(0)]), ProbeOptions(), child=child)
+    result = probe(Reader([gpu(0)]), probe_options(), child=child)
     assert (result.gpus[0]['error_name'], result.gpus[0]['error_string']) == (
         'PROBE_ERROR', 'the CUDA probe was killed by SIGSEGV')
 
 
-def test_an_answer_for_other_gpus_is_not_believed():
-    result = probe(Reader([gpu(0), gpu(1)]), ProbeOptions(), child=Child(answer(passed(0))))
+def test_an_answer_for_other_gpus_is_not_believed(probe_options):
+    result = probe(Reader([gpu(0), gpu(1)]), probe_options(), child=Child(answer(passed(0))))
     assert set(g['error_name'] for g in result.gpus) == set(['PROBE_ERROR'])
 
 
@@ -211,8 +217,8 @@ def test_a_child_that_dies_or_prints_garbage_is_said_in_words(tmp_path, body, me
     assert str(info.value) == message
 
 
-def test_a_hung_child_is_killed_at_its_deadline(tmp_path):
+def test_a_hung_child_is_killed_at_its_deadline(tmp_path, probe_options):
     child = ProbeChild(fake_python(tmp_path, 'exec sleep 60'))
-    result = probe(Reader([gpu(0)]), ProbeOptions(timeout=0.5), child=child)
+    result = probe(Reader([gpu(0)]), probe_options(timeout=2), child=child)
     assert result.gpus[0]['error_name'] == 'PROBE_TIMEOUT'
-    assert result.gpus[0]['error_string'].startswith('the CUDA probe did not answer within 0.')
+    assert result.gpus[0]['error_string'].startswith('the CUDA probe did not answer within 1.0 s')

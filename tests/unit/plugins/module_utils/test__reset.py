@@ -91,7 +91,7 @@ def test_persistence_is_restored_when_the_reset_hangs(tmp_path):
 def test_nothing_is_run_when_no_time_is_left(tmp_path):
     runner, log = fake_smi(tmp_path)
     result, dummy = reset(runner, [2], [2], seconds=-1)
-    assert result['ok'] is False and 'no time left within timeout' in result['message']
+    assert result['ok'] is False and 'no time was left within the timeout to run nvidia-smi' in result['message']
     assert not log.exists()
     # Nothing was switched off, so there is nothing to restore.
     assert result['persistence_mode_off'] == [] and result['persistence_mode_restored'] is None

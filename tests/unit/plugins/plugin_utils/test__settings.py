@@ -35,6 +35,20 @@ def test_a_wrong_value_is_named_with_what_it_must_be(name, value, expected):
     assert convert({name: value}, role_name)[1] == [expected]
 
 
+@pytest.mark.parametrize('name, value, given', [
+    ('signals', '[KILLX]', '{"gpu_reset_signals": ["KILLX"]}'),
+    ('signals', '[TERM, "KILL"]', '{"gpu_reset_signals": ["TERM", "KILL"]}'),
+    ('gpus', ' [0,2] ', '{"gpu_reset_gpus": [0, 2]}'),
+    ('extra_protect', "['my daemon']", '{"gpu_reset_extra_protect": ["my daemon"]}'),
+])
+def test_a_list_given_as_text_in_brackets_is_told_how_to_give_it(name, value, given):
+    """-e gpu_reset_signals=[KILLX] gives the text '[KILLX]': said so, with the JSON that gives the
+    list (also where Ansible's own reading of the text would pass, as a list of one text)."""
+    said = '%s is %r, a text that looks like a list: on the command line a list is given as JSON, -e %s' % (
+        role_name(name), value, "'%s'" % given)
+    assert settings_problems({name: value}, role_name)[1] == [said]
+
+
 @pytest.mark.parametrize('name, value, expected', [
     ('timeout', '5', 5.0),            # -e gives text; Ansible converts it
     ('timeout', 2.5, 2.5),

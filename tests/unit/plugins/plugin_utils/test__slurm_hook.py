@@ -234,7 +234,8 @@ def test_a_module_cut_off_takes_its_children_with_it(gpuhost):
     """A module stopped at the hook's deadline takes the nvidia-smi it started (in a session of
     its own) with it."""
     gpuhost.fault('hang', seconds=60)
-    args = dict(nvidia_smi_path=gpuhost.smi_path, backend='nvidia-smi', devices=[gpuhost.dev_glob], timeout=30)
+    args = dict(nvidia_smi_path=gpuhost.smi_path, backend='nvidia-smi', devices=[gpuhost.dev_glob], timeout=30,
+                state_dir=gpuhost.state_dir)
     with pytest.raises(_slurm_hook.ModuleError, match='gave no result within 1.0 s and was stopped'):
         _slurm_hook.ModuleRunner(time.monotonic() + 1)('nvidia_gpu_facts', args)
     for dummy in range(40):
@@ -294,7 +295,7 @@ def escaped_lock_holder(tmp_path):
 
 def test_control_characters_in_the_reason_are_escaped_in_the_drain(hook, escaped_lock_holder):
     """The reason names the process that holds the lock by its name, which its owner chose."""
-    rc, report, drained = hook('--timeout', '1')
+    rc, report, drained = hook('--timeout', '2')
     assert report['outcome'] == 'failed' and '(\\x1b]0;pwn\\x07' in report['reason'], report['reason']
     assert len(drained) == 4 and drained[:3] == ['update', 'nodename=gpu07', 'state=drain']
     assert '(\\x1b]0;pwn\\x07' in drained[3], drained

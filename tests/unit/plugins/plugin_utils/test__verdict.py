@@ -241,6 +241,14 @@ def test_summary_of_100_hosts_with_95_clean_groups_them_in_one_line():
                         'gpu[001-006,009-049,051-098]')
 
 
+def test_a_misconfigured_host_s_line_says_no_time():
+    report = _verdict.verdict('gpu01', error='gpu_reset is misconfigured: gpu_reset_grace_period must be zero or more, '
+                              'got -1.0', started=0, now=0)
+    assert _verdict.misconfigured(report)
+    assert _verdict.summary_line(report) == (
+        'FAILED    gpu01  gpu_reset is misconfigured: gpu_reset_grace_period must be zero or more, got -1.0')
+
+
 def test_host_list_writes_numbered_names_in_ranges():
     assert _verdict.host_list(['n3', 'n1', 'n2', 'n10', 'gpu-a', 'rack2-gpu07', 'rack2-gpu08']) == (
         'gpu-a,n10,n[1-3],rack2-gpu[07-08]')
@@ -343,7 +351,13 @@ def test_the_metrics_template_has_per_gpu_gauges():
 @pytest.mark.parametrize('result, said', [
     ({'msg': 'Module result deserialization failed: No start of json char found',
       'module_stderr': '  File "<stdin>", line 1\nSyntaxError: invalid syntax\n', 'rc': 1},
-     'File "<stdin>", line 1 SyntaxError: invalid syntax'),
+     'SyntaxError: invalid syntax'),
+    # pyenv's shim of a Python it has but does not use: its first line, not the help text after it.
+    ({'msg': 'Module result deserialization failed: No start of json char found',
+      'module_stderr': "pyenv: python2: command not found\n\nThe `python2' command exists in these Python versions:\n"
+                       "  2.7.18\n\nNote: See 'pyenv help global' for tips on allowing multiple\n"
+                       "      Python versions to be found at the same time.\n", 'rc': 127},
+     'pyenv: python2: command not found'),
     ({'msg': "The module interpreter '/opt/py/bin/python' was not found.",
       'module_stderr': '/bin/sh: 1: /opt/py/bin/python: not found\n', 'rc': 127},
      '/bin/sh: 1: /opt/py/bin/python: not found'),

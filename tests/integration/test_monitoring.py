@@ -1,0 +1,304 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The metrics as operators consume them: the alert rules of examples/prometheus checked and
+tested by Debian's promtool, and the textfile of real Slurm hook runs on a simulated host (one
+released, one failed and drained) served by Debian's prometheus-node-exporter, scraped over
+loopback, and judged by the alert rules."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(REPO, 'examples', 'prometheus')
+RULES = os.path.join(EXAMPLES, 'gpuops.rules.yml')
+PACKAGES = 'prometheus prometheus-node-exporter'
+# Where Debian puts them, should PATH leave those directories out.
+SYSTEM_PATH = '/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin'
+# Seconds node_exporter may take to answer after it starts (a busy machine), and each request.
+EXPORTER_START_S = 20
+REQUEST_S = 5
+# The Slurm hook's budget and the release's time in these runs.
+BUDGET_S = 60
+RELEASE_S = 10
+
+SAMPLE_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def tool(name):
+    """The path of a Debian tool these tests need; the test fails, saying what to install, without it."""
+    found = shutil.which(name) or shutil.which(name, path=SYSTEM_PATH)
+    if found is None:
+        pytest.fail("%s is not installed: install Debian's packages prometheus and prometheus-node-exporter "
+                    '(apt-get install -y %s; scripts/test.sh integration installs them)' % (name, PACKAGES), pytrace=False)
+    return found
+
+
+@pytest.fixture(scope='module')
+def promtool():
+    return tool('promtool')
+
+
+@pytest.fixture(scope='module')
+def node_exporter_program():
+    return tool('prometheus-node-exporter')
+
+
+def samples(text):
+    """[(name, {label: value}, value)] of a metrics text (the text format, no timestamps)."""
+    found = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith('#'):
+            continue
+        match = SAMPLE_RE.match(line)
+        assert match, 'not a sample line: %r' % line
+        found.append((match.group(1), dict(LABEL_RE.findall(match.group(2) or '')), float(match.group(3))))
+    return found
+
+
+def key(name, labels):
+    return name, tuple(sorted(labels.items()))
+
+
+# -- the rules --------------------------------------------------------------------------------
+
+def test_promtool_checks_the_rules_and_passes_their_tests(promtool):
+    check = subprocess.run([promtool, 'check', 'rules', 'gpuops.rules.yml'], cwd=EXAMPLES, capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert check.returncode == 0 and 'SUCCESS' in check.stdout, check.stdout + check.stderr
+    alerts = [rule['alert'] for rule in rules()]
+    assert '%d rules found' % len(alerts) in check.stdout, check.stdout
+    test = subprocess.run([promtool, 'test', 'rules', 'gpuops.rules.test.yml'], cwd=EXAMPLES, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert test.returncode == 0 and 'SUCCESS' in test.stdout, test.stdout + test.stderr
+    # Each alert has a test of its own in the file.
+    with open(os.path.join(EXAMPLES, 'gpuops.rules.test.yml')) as handle:
+        tested = handle.read()
+    assert [alert for alert in alerts if 'alertname: %s\n' % alert not in tested] == []
+
+
+# -- a real run's metrics, through node_exporter ----------------------------------------------
+
+def run_hook(host, directory, textfile_dir, **more):
+    """(exit status, report, drain command's arguments or None) of the Slurm hook's runner on
+    host, every GPU, writing its metrics to textfile_dir; more: gpu_reset_* variables."""
+    scontrol = directory / 'scontrol'
+    drained = directory / 'drained.json'
+    scontrol.write_text('#!%s\nimport json, sys\njson.dump(sys.argv[1:], open(%r, "w"))\n' % (sys.executable, str(drained)))
+    scontrol.chmod(0o755)
+    variables = directory / 'gpu_reset.yml'
+    variables.write_text(yaml.safe_dump(dict({
+        'gpu_reset_nvidia_smi_path': host.smi_path, 'gpu_reset_host_root': host.root,
+        'gpu_reset_backend': 'nvidia-smi', 'gpu_reset_probe': False, 'gpu_reset_grace_period': 0.5,
+        'gpu_reset_lock_file': str(directory / 'release.lock'), 'gpu_reset_textfile_dir': str(textfile_dir)}, **more)))
+    env = dict((name, value) for name, value in os.environ.items() if not name.startswith('SLURM_'))
+    proc = subprocess.run([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook',
+                           '--node', 'gpu07', '--vars-file', str(variables), '--scontrol', str(scontrol),
+                           '--gres-conf', str(directory / 'gres.conf'), '--timeout', str(RELEASE_S),
+                           '--deadline', str(BUDGET_S)],
+                          capture_output=True, text=True, timeout=BUDGET_S * 2, env=env, check=False)
+    assert proc.stdout.strip(), 'the hook gave no report (rc %d): %s' % (proc.returncode, proc.stderr)
+    return proc.returncode, json.loads(proc.stdout), json.loads(drained.read_text()) if drained.exists() else None
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=REQUEST_S) as response:
+        return response.status, response.read().decode('utf-8')
+
+
+class NodeExporter:
+    """Debian's prometheus-node-exporter with only its textfile collector, on a loopback port,
+    its log in a file."""
+
+    def __init__(self, program, textfile_dir, log):
+        self.program, self.textfile_dir, self.log = program, str(textfile_dir), log
+        self.proc = self.url = None
+
+    def start(self):
+        """Start it and wait until it answers; another port when the first was taken meanwhile."""
+        for dummy in range(3):
+            port = free_port()
+            self.url = 'http://127.0.0.1:%d/metrics' % port
+            with open(str(self.log), 'a') as log:
+                self.proc = subprocess.Popen([self.program, '--collector.disable-defaults', '--collector.textfile',
+                                              '--collector.textfile.directory=%s' % self.textfile_dir,
+                                              '--web.listen-address=127.0.0.1:%d' % port],
+                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            if self.wait_answer():
+                return
+            if 'address already in use' not in self.log.read_text():
+                break
+        pytest.fail('prometheus-node-exporter did not answer on %s within %d s; its log:\n%s'
+                    % (self.url, EXPORTER_START_S, self.log.read_text()))
+
+    def wait_answer(self):
+        """True once it serves /metrics; False when it exited or did not answer in time."""
+        ends = time.monotonic() + EXPORTER_START_S
+        while time.monotonic() < ends:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                if get(self.url)[0] == 200:
+                    return True
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        return False
+
+    def scrape(self):
+        status, text = get(self.url)
+        assert status == 200
+        return text
+
+    def stop(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def node_exporter(node_exporter_program, tmp_path):
+    """start(textfile_dir) -> a started NodeExporter; every one started is stopped at teardown."""
+    started = []
+
+    def start(textfile_dir):
+        exporter = NodeExporter(node_exporter_program, textfile_dir, tmp_path / ('node_exporter-%d.log' % len(started)))
+        started.append(exporter)
+        exporter.start()
+        return exporter
+
+    try:
+        yield start
+    finally:
+        for exporter in started:
+            exporter.stop()
+
+
+def released_host(host):
+    """A job's process holds GPUs 0 and 1: the hook signals it and the GPUs come free."""
+    host.hold(gpus='0,1', mib=4096, name='train')
+    return {}
+
+
+def failed_host(host):
+    """GPU 1 holds memory with no process, and its GPU reset is refused: the hook drains the node."""
+    host.fault('stuck', gpu=1, mib=2048)
+    host.fault('reset-refused', gpu=1)
+    return {'gpu_reset_allow_gpu_reset': True}
+
+
+SCENARIOS = {
+    'released': (released_host, 0, 'released'),
+    'failed': (failed_host, 10, 'failed'),
+}
+
+
+@pytest.mark.parametrize('scenario', sorted(SCENARIOS))
+def test_node_exporter_serves_every_gauge_of_a_real_run(gpuhost, tmp_path, node_exporter, promtool, scenario):
+    make, status, outcome = SCENARIOS[scenario]
+    textfile_dir = tmp_path / 'textfile'
+    textfile_dir.mkdir()
+    rc, report, drained = run_hook(gpuhost, tmp_path, textfile_dir, **make(gpuhost))
+    assert (rc, report['outcome']) == (status, outcome), report['reason']
+    written = (textfile_dir / 'gpu_reset.prom').read_text()
+    in_file = samples(written)
+
+    exporter = node_exporter(textfile_dir)
+    scraped_text = exporter.scrape()
+    exporter.stop()
+    scraped = dict((key(name, labels), value) for name, labels, value in samples(scraped_text))
+
+    # Every sample of the file, with its labels and its value, and every gauge typed as such.
+    missing = [(name, labels) for name, labels, value in in_file if key(name, labels) not in scraped]
+    assert missing == [], 'not served by node_exporter: %s\n--- served:\n%s' % (missing, scraped_text)
+    for name, labels, value in in_file:
+        assert math.isclose(scraped[key(name, labels)], value, rel_tol=1e-12), (name, labels, value)
+    for name in set(name for name, labels, value in in_file):
+        assert '# TYPE %s gauge\n' % name in scraped_text, name
+    assert scraped[key('node_textfile_scrape_error', {})] == 0
+    mtimes = [dict(labels).get('file', '') for (name, labels) in scraped if name == 'node_textfile_mtime_seconds']
+    assert [path for path in mtimes if path.endswith('gpu_reset.prom')], scraped_text
+    log = exporter.log.read_text()
+    assert [line for line in log.splitlines() if complains(line)] == [], log
+
+    values = dict((key(name, labels), value) for name, labels, value in in_file)
+    assert values[key('gpu_reset_hook_budget_seconds', {})] == BUDGET_S
+    assert 0 < values[key('gpu_reset_hook_duration_seconds', {})] < BUDGET_S
+    assert values[key('gpu_reset_outcome', {'outcome': outcome})] == 1
+    gpus = set((labels['gpu'], labels['pci_bus_id']) for name, labels, value in in_file if name == 'gpu_reset_gpu_state')
+    assert len(gpus) == 8 and all(bus for dummy, bus in gpus), gpus
+    resets = [labels for name, labels, value in in_file if name == 'gpu_reset_gpu_reset_timestamp_seconds']
+    if scenario == 'released':
+        assert values[key('gpu_reset_success', {})] == 1 and values[key('gpu_reset_drained', {})] == 0
+        assert values[key('gpu_reset_processes_signalled', {})] >= 1 and drained is None
+        assert resets == []
+    else:
+        assert values[key('gpu_reset_success', {})] == 0 and values[key('gpu_reset_drained', {})] == 1
+        assert drained[:3] == ['update', 'nodename=gpu07', 'state=drain'], drained
+        assert [labels['gpu'] for labels in resets] == ['1'] and resets[0]['pci_bus_id'], resets
+        assert values[key('gpu_reset_gpu_orphaned_mib', resets[0])] >= 2048
+    assert_alerts(promtool, tmp_path, in_file, scenario, ['GpuResetDrained'] if scenario == 'failed' else [])
+
+
+def assert_alerts(promtool, directory, in_file, instance, firing):
+    """The alert rules over the run's gauges, as Prometheus would have scraped them for ten
+    minutes from instance: exactly the alerts of firing fire."""
+    series = [{'series': '%s{%s}' % (name, ', '.join('%s="%s"' % item for item in sorted(
+        dict(labels, instance=instance, job='node').items()))), 'values': '%r+0x10' % value}
+        for name, labels, value in in_file]
+    expected = [{'labels': 'ALERTS{alertname="%s", alertstate="firing", instance="%s", job="node", severity="%s"}'
+                 % (alert, instance, severity(alert)), 'value': 1} for alert in firing]
+    test = {'rule_files': [RULES], 'evaluation_interval': '1m', 'tests': [{
+        'interval': '1m', 'input_series': series,
+        'promql_expr_test': [{'expr': 'ALERTS{alertstate="firing"}', 'eval_time': '5m', 'exp_samples': expected}]}]}
+    path = directory / 'alerts.test.yml'
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = subprocess.run([promtool, 'test', 'rules', str(path)], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def complains(line):
+    """Whether a line of node_exporter's log is an error, or a warning about the metrics file."""
+    return 'level=error' in line or ('level=warn' in line and 'gpu_reset' in line)
+
+
+def rules():
+    """The alert rules, each a dict (alert, expr, labels, annotations)."""
+    with open(RULES) as handle:
+        return [rule for group in yaml.safe_load(handle)['groups'] for rule in group['rules']]
+
+
+def severity(alert):
+    return [rule['labels']['severity'] for rule in rules() if rule['alert'] == alert][0]

@@ -1,0 +1,167 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The gauges' names and labels as operators consume them: README's "Monitoring" table, the
+template gpu_reset.prom.j2 (as the Slurm hook renders it and as the role does) and the alert
+rules of examples/prometheus agree, so that a rename cannot go unnoticed."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import re
+
+import pytest
+import yaml
+
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _slurm_hook
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TEMPLATE = os.path.join(REPO, 'roles', 'gpu_reset', 'templates', 'gpu_reset.prom.j2')
+RULES = os.path.join(REPO, 'examples', 'prometheus', 'gpuops.rules.yml')
+SECTION = '## Monitoring'
+# A row of README's table: | `name` | labels | meaning |
+ROW_RE = re.compile(r'^\| `(gpu_reset_[a-z_]+)` \| ([^|]*) \|')
+# A sample line of the text format: name, {labels} (optional), value.
+SAMPLE_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+# A result that has every gauge in its metrics: a GPU reset, a drain, the hook's budget.
+RESULT = {
+    'host': 'gpu07', 'outcome': 'failed', 'reason': 'GPU 1: 2048 MiB held with no process left',
+    'started': 1767225600.5, 'duration_s': 3.25, 'drained': True,
+    'signalled': [{'pid': 4242, 'signal': 'TERM'}],
+    'escalation': {'gpus': [1], 'reset_ok': False},
+    'gpus': [
+        {'index': 0, 'pci_bus_id': '00000000:18:00.0', 'state': 'free', 'recovery_action': 'none',
+         'orphaned_mib': 0, 'seconds_until_free': 1.5},
+        {'index': 1, 'pci_bus_id': '00000000:2A:00.0', 'state': 'orphaned_memory', 'recovery_action': 'reset_gpu',
+         'orphaned_mib': 2048, 'seconds_until_free': None},
+    ],
+}
+HOOK = {'budget_s': 60.0, 'duration_s': 4.5}
+
+
+def readme_gauges():
+    """{name: set of labels} of README's Monitoring table."""
+    with open(os.path.join(REPO, 'README.md')) as handle:
+        text = handle.read()
+    assert SECTION + '\n' in text, 'README.md has no "%s" section' % SECTION
+    section = text[text.index(SECTION + '\n') + len(SECTION):]
+    section = section[:section.index('\n## ')] if '\n## ' in section else section
+    found = {}
+    for line in section.splitlines():
+        match = ROW_RE.match(line)
+        if match:
+            assert match.group(1) not in found, '%s is listed twice' % match.group(1)
+            found[match.group(1)] = set(re.findall(r'`([a-z_]+)`', match.group(2)))
+    return found
+
+
+def template_types():
+    """{name: type} of the template's # TYPE lines, each with its # HELP line."""
+    with open(TEMPLATE) as handle:
+        lines = handle.read().splitlines()
+    types = dict(line.split()[2:4] for line in lines if line.startswith('# TYPE '))
+    helps = [line.split()[2] for line in lines if line.startswith('# HELP ')]
+    assert sorted(helps) == sorted(types), 'each gauge has one # HELP and one # TYPE line'
+    return types
+
+
+def samples(text):
+    """{name: set of frozensets of label names} of a metrics text, and its lines' values."""
+    found = {}
+    for line in text.splitlines():
+        if not line or line.startswith('#'):
+            continue
+        match = SAMPLE_RE.match(line)
+        assert match, 'not a sample line: %r' % line
+        float(match.group(3))
+        labels = frozenset(name for name, dummy in LABEL_RE.findall(match.group(2) or ''))
+        found.setdefault(match.group(1), set()).add(labels)
+    return found
+
+
+def rendered_by_the_hook(tmp_path):
+    _slurm_hook.write_metrics(str(tmp_path), RESULT, hook=HOOK)
+    with open(str(tmp_path / 'gpu_reset.prom')) as handle:
+        return handle.read()
+
+
+def rendered_by_the_role():
+    """The template as the role's template task renders it (Ansible's templating, no hook)."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    with open(TEMPLATE) as handle:
+        text = handle.read()
+    templar = Templar(loader=DataLoader(), variables={'gpu_reset_result': RESULT})
+    return templar.template(trust_as_template(text), escape_backslashes=False)
+
+
+def test_every_gauge_is_a_documented_gauge_of_the_gpu_reset_prefix():
+    types = template_types()
+    assert types and set(types.values()) == {'gauge'}
+    assert all(re.match(r'^gpu_reset_[a-z_]+$', name) for name in types), sorted(types)
+    documented = readme_gauges()
+    assert sorted(documented) == sorted(types), (
+        'README.md "Monitoring" and gpu_reset.prom.j2 disagree: only in README %s, only in the template %s'
+        % (sorted(set(documented) - set(types)), sorted(set(types) - set(documented))))
+
+
+def test_the_labels_are_the_documented_ones(tmp_path):
+    documented = readme_gauges()
+    rendered = samples(rendered_by_the_hook(tmp_path))
+    assert sorted(rendered) == sorted(documented), 'a gauge is missing from a full render'
+    for name, label_sets in rendered.items():
+        assert label_sets == {frozenset(documented[name])}, (name, label_sets, documented[name])
+
+
+def test_the_per_gpu_gauges_share_one_label_set(tmp_path):
+    rendered = samples(rendered_by_the_hook(tmp_path))
+    per_gpu = [name for name in rendered if name.startswith('gpu_reset_gpu_')]
+    assert len(per_gpu) >= 5
+    for name in per_gpu:
+        (labels,) = rendered[name]
+        assert {'gpu', 'pci_bus_id'} <= labels and len(labels - {'gpu', 'pci_bus_id'}) <= 1, (name, labels)
+
+
+def test_the_new_gauges_carry_what_the_result_says(tmp_path):
+    text = rendered_by_the_hook(tmp_path)
+    assert 'gpu_reset_drained 1\n' in text
+    assert 'gpu_reset_gpu_reset_timestamp_seconds{gpu="1",pci_bus_id="00000000:2A:00.0"} 1767225600.5\n' in text
+    assert 'gpu_reset_hook_budget_seconds 60.0\n' in text and 'gpu_reset_hook_duration_seconds 4.5\n' in text
+
+
+def test_the_role_renders_the_same_gauges_but_the_hooks():
+    """The role has no budget: the hook's two gauges are left out, every other one is there."""
+    text = rendered_by_the_role()
+    rendered = samples(text)
+    hook_only = {'gpu_reset_hook_budget_seconds', 'gpu_reset_hook_duration_seconds'}
+    assert sorted(rendered) == sorted(set(readme_gauges()) - hook_only)
+    assert 'gpu_reset_gpu_reset_timestamp_seconds{gpu="1",pci_bus_id="00000000:2A:00.0"} 1767225600.5\n' in text
+
+
+@pytest.mark.parametrize('escalation', [None, {'gpus': []}])
+def test_a_run_without_a_gpu_reset_has_no_reset_samples(tmp_path, escalation):
+    _slurm_hook.write_metrics(str(tmp_path), dict(RESULT, escalation=escalation, drained=False))
+    with open(str(tmp_path / 'gpu_reset.prom')) as handle:
+        rendered = samples(handle.read())
+    assert 'gpu_reset_gpu_reset_timestamp_seconds' not in rendered
+    assert 'gpu_reset_hook_budget_seconds' not in rendered
+
+
+def test_the_alert_rules_use_only_gauges_the_template_writes():
+    with open(RULES) as handle:
+        rules = yaml.safe_load(handle)
+    types = template_types()
+    exprs = [rule['expr'] for group in rules['groups'] for rule in group['rules']]
+    used = set(name for expr in exprs for name in re.findall(r'\bgpu_reset_[a-z_]+\b', expr))
+    assert used and used <= set(types), sorted(used - set(types))
+    alerts = [rule['alert'] for group in rules['groups'] for rule in group['rules']]
+    with open(os.path.join(REPO, 'examples', 'prometheus', 'README.md')) as handle:
+        documented = handle.read()
+    assert [alert for alert in alerts if '`%s`' % alert not in documented] == []
