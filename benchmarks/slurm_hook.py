@@ -58,7 +58,8 @@ def reexec_in_venv():
 
     venv = os.path.join(REPO, '.venv', 'bin', 'python')
     if importlib.util.find_spec('ansible') is None:
-        if os.path.exists(venv) and os.path.realpath(sys.executable) != os.path.realpath(venv):
+        # Not by resolved paths: a venv's python is a link to the interpreter it was made from.
+        if os.path.exists(venv) and os.path.abspath(sys.executable) != os.path.abspath(venv):
             os.execv(venv, [venv] + sys.argv)
         sys.exit('ansible-core is not installed for %s (nor is %s there)' % (sys.executable, venv))
 

@@ -81,11 +81,12 @@ snapshot "$work/after"
 
 left=0
 for part in git-status dev etc-containers home run-gpuops tmp; do
-  added=$(comm -13 "$work/before/$part" "$work/after/$part")
+  # comm needs both sides in one order (git status is in git's own): bytewise, whatever the locale.
+  added=$(LC_ALL=C comm -13 <(LC_ALL=C sort "$work/before/$part") <(LC_ALL=C sort "$work/after/$part"))
   if [ -n "$added" ]; then
     left=1
     echo "left behind ($part):" >&2
-    printf '  %s\n' "$added" >&2
+    printf '%s\n' "$added" | sed 's/^/  /' >&2
   fi
 done
 [ "$status" -eq 0 ] || { echo "the command failed (exit $status)" >&2; exit "$status"; }

@@ -22,7 +22,9 @@ from crowd import Crowd
 from gpusim.state import is_alive as alive
 from integration.test_release_adversarial import in_private_pid_namespace, release
 
-TIMEOUT = 3
+# A scan of 10,000 processes takes about 0.5 s on a quiet 2-core machine and several seconds on a
+# loaded one: the timeout leaves room for both (benchmarks/scan.py measures the scan itself).
+TIMEOUT = 10
 # What the deadline logic bounds: the release ends by its timeout, and this much more is for the
 # work after it (the lock, the result); a loaded machine makes the release slower, never later.
 AFTER_THE_DEADLINE_S = 1.0
@@ -41,8 +43,7 @@ def release_one_job(gpuhost):
     return job, result, time.monotonic() - started
 
 
-# A scan of 10,000 processes takes about 0.5 s on a 2-core machine (the kernel's share: their maps
-# and descriptors): the settle window counts from the job's exit, not from the scan that saw it.
+# The settle window counts from the job's exit, not from the scan that saw it.
 @in_private_pid_namespace
 def test_ten_thousand_processes_do_not_keep_a_freed_gpu_from_being_released(gpuhost, nobody_crowd):
     nobody_crowd.start_sleepers(10000)
