@@ -10,6 +10,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import fcntl
 import json
 import os
 import re
@@ -473,6 +474,19 @@ def run_hook(host, tmp, mode, gres_conf=None, **env_extra):
     # The calls that change Slurm's state: listpids only reads the jobs on the node (none here).
     calls = [line for line in calls.read_text().splitlines() if line != 'listpids'] if calls.exists() else []
     return proc, calls, log
+
+
+def test_a_health_check_that_finds_another_running_does_nothing(gpuhost_factory, tmp_path):
+    # slurmd runs each health check slurmctld asks for in a thread of its own: two can meet.
+    host = gpuhost_factory(gpus=1)
+    holder = host.hold(gpus=[0], mib=1024)['pid']
+    with open(HOOK) as running:
+        fcntl.flock(running, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc, calls, log = run_hook(host, tmp_path, 'health')
+    assert proc.returncode == 0, log
+    assert log.strip() == '=== health check: another health check is running; nothing done', log
+    # Not even asked about the node; nothing signalled.
+    assert not (tmp_path / 'scontrol.calls').exists() and alive(holder)
 
 
 def test_slurm_epilog_frees_only_the_jobs_gpus(gpuhost_factory, tmp_path):

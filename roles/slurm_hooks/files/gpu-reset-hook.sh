@@ -57,7 +57,8 @@
 #   64 wrong arguments (a hook run by hand): nothing is done
 # The last line of each run in the log is "=== <mode> job <id>: hook exit <status>".
 # Exit status of the health check (slurmd only logs it; the hook drains nothing itself here):
-#   0  nothing to do, or the node was resumed; 1 its GPUs are still not clean: kept drained with
+#   0  nothing to do, the node was resumed, or another health check was running (one runs at a
+#      time; the later one does nothing); 1 its GPUs are still not clean: kept drained with
 #   the new reason; 2 the checks could not run or Slurm's answers could not be read (nothing
 #   done); 3 cut off at GPU_RESET_HEALTH_BUDGET_S. Its log lines start "=== health check".
 
@@ -205,6 +206,18 @@ run_playbook() {
     *) return 20 ;;
   esac
 }
+
+# slurmctld asks for a health check every HealthCheckInterval, and slurmd runs each request in a
+# thread of its own: a check that outlasts the interval (a slow probe, a loaded node) would meet the
+# next one, and their probes would find each other's memory. One at a time: a check that finds
+# another running (a lock on this script) does nothing.
+if [ "$mode" = health ] && command -v flock >/dev/null 2>&1; then
+  exec 9<"$0"
+  if ! flock -n 9; then
+    echo "=== health check: another health check is running; nothing done" >>"$log"
+    exit 0
+  fi
+fi
 
 # The runners' statuses, as the rest of the hook reads them: 0 clean; 10 not clean, the node
 # drained with the reason; 11 not clean and that drain failed; 124 or 137 cut off at the budget;
