@@ -466,6 +466,7 @@ def run_hook(host, tmp, mode, gres_conf=None, **env_extra):
                GPU_RESET_HOOK_CONF=str(tmp / 'absent.conf'), GPU_RESET_VARS_FILE=str(variables),
                GPU_RESET_PLAYBOOK=PLAYBOOK, GPU_RESET_ANSIBLE_PLAYBOOK=os.path.join(BIN, 'ansible-playbook'),
                GPU_RESET_LOG=str(tmp / 'hook.log'), GPU_RESET_BUDGET_S='30',
+               GPU_RESET_ANSIBLE_HOME=str(tmp / 'ansible-home'),
                GPU_RESET_PYTHON=sys.executable, GPU_RESET_SCONTROL=str(scontrol),
                GPU_RESET_COLLECTIONS_PATH=os.path.join(REPO, '.build', 'collections'))
     env.update(env_extra)
