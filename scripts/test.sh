@@ -230,7 +230,10 @@ stage_lint() (
     GALAXY_IMPORTER_TMP_ROOT_DIR="$importer/tmp" GALAXY_IMPORTER_ANSIBLE_LOCAL_TMP="$importer/ansible-tmp" \
     python -m galaxy_importer.main "$tarball" >"$importer/output.txt" 2>&1) || {
       cat "$importer/output.txt"; echo "galaxy-importer failed" >&2; exit 1; }
-  if grep -E '^(WARNING|ERROR|CRITICAL|Traceback)' "$importer/output.txt" >&2; then
+  # One finding is the importer's own: it runs flake8 on the YAML documentation of a filter that
+  # has no Python file of its name (the deprecated filters' plugins/filter/NAME.yml), as Python.
+  if grep -E '^(WARNING|ERROR|CRITICAL|Traceback)' "$importer/output.txt" |
+    grep -Ev '^WARNING: plugins/filter/[a-z0-9_]+\.yml:[0-9]+:[0-9]+: E999 SyntaxError: ' >&2; then
     echo "galaxy-importer reported the findings above (full output: $importer/output.txt)" >&2
     exit 1
   fi
