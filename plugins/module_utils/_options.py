@@ -15,6 +15,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
+import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, MIN_TIMEOUT_S, GpuopsError, check_seconds
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import parse_signal
@@ -23,6 +24,9 @@ DEFAULT_SIGNALS = ['TERM', 'KILL']
 
 # A threshold above this is no test of idle memory (a whole GPU of the smallest data-centre kind).
 MAX_MEMORY_THRESHOLD_MIB = 16384
+
+# An entry of reset_stop_units: a unit name (systemd.unit(5)'s characters) with shell glob characters.
+STOP_UNIT_RE = re.compile(r'^[A-Za-z0-9:_.@\\*?\[\]-]{1,255}\Z')
 
 
 def seconds(value):
@@ -64,6 +68,27 @@ def check_release_options(devices, gpus=None, signals=None, grace_period=5.0, ti
     if expected_gpus is not None and expected_gpus < 0:
         raise GpuopsError('expected_gpus must be zero or more, got %s' % expected_gpus)
     return parsed, _check_gpus(gpus)
+
+
+def check_escalation_options(bug_report_dir=None, bug_report_timeout=120.0, reset_stop_units=()):
+    """GpuopsError, the message starting with the option's name, for the first option of the
+    reset's escalation (the units stopped around it, the bug report after a failed one) that is
+    not valid."""
+    problem = check_seconds('bug_report_timeout', bug_report_timeout, positive=True)
+    if problem:
+        raise GpuopsError(problem)
+    if bug_report_dir is not None and not os.path.isabs(bug_report_dir):
+        raise GpuopsError('bug_report_dir: %r is not an absolute path' % (bug_report_dir,))
+    for pattern in reset_stop_units or ():
+        if not STOP_UNIT_RE.match(pattern) or not pattern.strip('*?'):
+            raise GpuopsError('reset_stop_units: %r is no systemd unit name or glob of one (e.g. '
+                              'nvidia-dcgm.service or nvsm*.service); a bare * would allow every unit' % (pattern,))
+
+
+def check_probe_mib(probe_mib):
+    """GpuopsError when probe_mib is no size the probe can allocate."""
+    if probe_mib is None or probe_mib < 1:
+        raise GpuopsError('probe_mib must be 1 or more, got %s' % probe_mib)
 
 
 def _check_signals(signals):

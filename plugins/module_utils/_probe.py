@@ -33,6 +33,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     reader_argument_spec,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_probe_mib
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
 
@@ -82,8 +83,7 @@ class ProbeOptions:
         if timeout < MIN_TIMEOUT_S:
             raise GpuopsError('timeout must be at least %.1f s (a read of the GPUs, the CUDA probe, and %.1f s for the '
                               'reads after it), got %s' % (MIN_TIMEOUT_S, READ_RESERVE_S, timeout))
-        if probe_mib is None or probe_mib < 1:
-            raise GpuopsError('probe_mib must be 1 or more, got %s' % probe_mib)
+        check_probe_mib(probe_mib)
         if gpus is not None and not gpus:
             raise GpuopsError('gpus is an empty list: name the GPUs to probe, or leave gpus out to probe every GPU')
         if memory_threshold_mib < 0:

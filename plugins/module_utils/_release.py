@@ -41,7 +41,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     GpuopsError,
     NoTimeLeft,
     PermanentReadError,
-    check_seconds,
     holders_argument_spec,
     printable,
     reader_argument_spec,
@@ -70,6 +69,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     DEFAULT_SIGNALS,
+    check_escalation_options,
     check_release_options,
     seconds,
 )
@@ -139,9 +139,6 @@ KERNEL_LOG_MAX_S = 10.0
 # What only the release's first, full read of the GPUs has, for their health.
 HEALTH_KEYS = ('remapped_rows_pending', 'remapped_rows_failure', 'retired_pages_pending', 'driver_recovery_action')
 
-# An entry of reset_stop_units: a unit name (systemd.unit(5)'s characters) with shell glob characters.
-STOP_UNIT_RE = re.compile(r'^[A-Za-z0-9:_.@\\*?\[\]-]{1,255}\Z')
-
 REGEX_HINT_RE = re.compile(r'\.[*+]|[\\^$+(){}|]')
 REASONS = ('uninterruptible', 'zombie', 'respawned', 'ignored_signals', 'not_permitted')
 # Why a holder was left alone although it is no protected daemon: a root or system process that
@@ -193,15 +190,7 @@ class ReleaseOptions:
                  job=None):
         parsed, gpus = check_release_options(devices, gpus, signals, grace_period, timeout, memory_threshold_mib,
                                              protect, settle_time, expected_gpus)
-        problem = check_seconds('bug_report_timeout', bug_report_timeout, positive=True)
-        if problem:
-            raise GpuopsError(problem)
-        if bug_report_dir is not None and not os.path.isabs(bug_report_dir):
-            raise GpuopsError('bug_report_dir: %r is not an absolute path' % (bug_report_dir,))
-        for pattern in reset_stop_units or ():
-            if not STOP_UNIT_RE.match(pattern) or not pattern.strip('*?'):
-                raise GpuopsError('reset_stop_units: %r is no systemd unit name or glob of one (e.g. '
-                                  'nvidia-dcgm.service or nvsm*.service); a bare * would allow every unit' % (pattern,))
+        check_escalation_options(bug_report_dir, bug_report_timeout, reset_stop_units)
         self.job = check_job(job)
         # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
         self.devices = device_patterns(devices, host_root)

@@ -26,7 +26,11 @@ from ansible.module_utils.common.parameters import DEFAULT_TYPE_VALIDATORS
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import check_job
-from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_release_options
+from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
+    check_escalation_options,
+    check_probe_mib,
+    check_release_options,
+)
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import SETTINGS_SPEC
 
@@ -34,8 +38,11 @@ EXPECTED = {'float': 'a number', 'int': 'a whole number', 'bool': 'true or false
             'dict': 'a mapping', 'str': 'a string', 'path': 'a path'}
 ELEMENTS = {'int': 'whole numbers', 'str': 'strings', 'float': 'numbers'}
 
-# The option a release module message starts with ("timeout must be ...", "signals: ...").
-RELEASE_OPTION_RE = re.compile(r'^(devices|gpus|signals|grace_period|timeout|memory_threshold_mib)\b')
+# The option a module's message starts with ("timeout must be ...", "signals: ..."), and the
+# setting it is.
+MODULE_OPTION_RE = re.compile(r'^(devices|gpus|signals|grace_period|timeout|memory_threshold_mib|bug_report_dir|'
+                              r'bug_report_timeout|reset_stop_units|probe_mib)\b')
+SETTING_OF_OPTION = {'reset_stop_units': 'stop_units'}
 # The settings that are options of the release module, checked by the module's own rules.
 RELEASE_SETTINGS = ('devices', 'gpus', 'signals', 'grace_period', 'timeout', 'memory_threshold_mib')
 
@@ -109,18 +116,26 @@ def _as_json(name, value):
 
 
 def settings_problems(settings, name=None):
-    """(options, problems) of convert, then, when every value fits, the release's own rules
-    (module_utils/_options.py: the limits the module applies on the host) and the rules between
-    settings."""
+    """(options, problems) of convert, then, when every value fits, the modules' own rules
+    (module_utils/_options.py: the limits the release and the probe apply on the host) and the
+    rules between settings."""
     name = name or (lambda option: option)
     options, found = convert(settings, name)
     if found:
         return options, found
-    try:
-        check_release_options(**dict((option, options[option]) for option in RELEASE_SETTINGS
-                                     if options[option] is not None))
-    except GpuopsError as exc:
-        found.append(RELEASE_OPTION_RE.sub(lambda match: name(match.group(1)), str(exc), count=1))
+    checks = (
+        lambda: check_release_options(**dict((option, options[option]) for option in RELEASE_SETTINGS
+                                             if options[option] is not None)),
+        lambda: check_escalation_options(options['bug_report_dir'], options['bug_report_timeout'],
+                                         options['stop_units']),
+        lambda: check_probe_mib(options['probe_mib']),
+    )
+    for check in checks:
+        try:
+            check()
+        except GpuopsError as exc:
+            found.append(MODULE_OPTION_RE.sub(
+                lambda match: name(SETTING_OF_OPTION.get(match.group(1), match.group(1))), str(exc), count=1))
     try:
         check_job(options['job'])
     except GpuopsError as exc:

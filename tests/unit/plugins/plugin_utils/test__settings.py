@@ -89,6 +89,14 @@ def test_a_wrong_type_ends_the_check_before_the_release_rules():
     (dict(gpus=['two']), "gpu_reset_gpus is ['two'], expected a list of whole numbers"),
     (dict(clean_query='  '), 'gpu_reset_clean_query must be a JMESPath expression or null, it is empty'),
     (dict(on_failure='drain', drain_command=[]), 'gpu_reset_drain_command is empty'),
+    (dict(timeout=1), 'gpu_reset_timeout must be at least 2.0 s'),
+    # The rules of the reset's escalation and of the probe, on the controller too: a host is never
+    # released, then failed (and drained) for a setting.
+    (dict(probe_mib=0), 'gpu_reset_probe_mib must be 1 or more, got 0'),
+    (dict(stop_units=['*']), "gpu_reset_stop_units: '*' is no systemd unit name or glob of one"),
+    (dict(stop_units=['a b.service']), "gpu_reset_stop_units: 'a b.service' is no systemd unit name"),
+    (dict(bug_report_dir='evidence'), "gpu_reset_bug_report_dir: 'evidence' is not an absolute path"),
+    (dict(bug_report_timeout=0), 'gpu_reset_bug_report_timeout must be more than 0 seconds, got 0'),
 ])
 def test_each_problem_is_named_once(settings, problem):
     good = dict(timeout=60, grace_period=5, memory_threshold_mib=32, signals=['TERM'], devices=['/dev/nvidia*'],

@@ -209,6 +209,18 @@ def test_a_misconfigured_hook_drains_with_the_reason(hook):
     assert drained[-1] == 'reason=' + drain_reason(report['reason'])
 
 
+@pytest.mark.parametrize('setting, words', [
+    (dict(gpu_reset_probe_mib=0), 'gpu_reset_probe_mib must be 1 or more, got 0'),
+    (dict(gpu_reset_stop_units=['*']), "gpu_reset_stop_units: '*' is no systemd unit name"),
+])
+def test_a_wrong_probe_or_reset_setting_is_found_before_anything_is_signalled(gpuhost, hook, setting, words):
+    job = gpuhost.hold(gpus=[0], mib=1024)['pid']
+    rc, report, drained = hook('--timeout', '5', **setting)
+    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert report['reason'].startswith('gpu_reset is misconfigured: ' + words), report['reason']
+    assert report['signalled'] == [] and alive(job)
+
+
 def test_settings_that_cannot_be_read_are_an_error_of_their_own(tmp_path):
     path = tmp_path / 'vars.yml'
     path.write_text('gpu_reset_grace_period: [\n')
