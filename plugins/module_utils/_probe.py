@@ -34,6 +34,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_probe_mib
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import no_such_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
 
@@ -162,9 +163,7 @@ def select_gpus(snapshot, wanted):
     indexes = set(gpu.get('index') for gpu in known)
     unknown = sorted(set(wanted) - indexes)
     if unknown:
-        raise GpuopsError('gpus: no GPU of index %s on this host (indexes seen: %s)' % (
-            ', '.join(str(index) for index in unknown),
-            ', '.join(str(index) for index in sorted(index for index in indexes if index is not None)) or 'none'))
+        raise GpuopsError('gpus: %s' % no_such_gpus(unknown, indexes))
     return [gpu for gpu in known if gpu.get('index') in set(wanted)]
 
 

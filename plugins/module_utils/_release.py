@@ -65,7 +65,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import JobScope, check_job
-from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope, no_such_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     DEFAULT_SIGNALS,
@@ -985,9 +985,7 @@ class Release:
             known = set(gpu.get('index') for gpu in snapshot.gpus)
             unknown = [index for index in self.options.gpus if index not in known]
             if unknown:
-                raise GpuopsError('gpus: no GPU %s on this host (it has %s)' % (
-                    ', '.join(str(index) for index in unknown),
-                    ', '.join(str(index) for index in sorted(known)) or 'none'))
+                raise GpuopsError('gpus: %s' % no_such_gpus(unknown, known))
 
     def _states(self, snapshot):
         """Each GPU in scope as the release left it: its state and what the driver says of it."""

@@ -33,6 +33,13 @@ def gpu_node_number(gpu):
     return gpu.get('index') if gpu.get('minor_number') is None else gpu['minor_number']
 
 
+def no_such_gpus(unknown, known):
+    """The one wording of GPU indexes asked for that the host does not have."""
+    return 'no GPU %s on this host (it has %s)' % (
+        ', '.join(str(index) for index in sorted(unknown)),
+        ', '.join(str(index) for index in sorted(index for index in known if index is not None)) or 'none')
+
+
 def gpus_in_scope(gpus, wanted=None):
     """The GPUs whose index is in wanted (every GPU when wanted is None), by index; a lost GPU
     that could not be placed has no index and comes last."""

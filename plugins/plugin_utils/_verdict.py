@@ -26,7 +26,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpu_node_number, gpus_in_scope
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpu_node_number, gpus_in_scope, no_such_gpus
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
 
 OUTCOMES = ('clean', 'released', 'would_release', 'failed')
@@ -55,9 +55,7 @@ def gpu_scope(facts, gpus=None):
     known = set(gpu.get('index') for gpu in all_gpus if gpu.get('index') is not None)
     unknown = sorted(wanted - known)
     if unknown:
-        raise VerdictError('gpu_scope: no GPU %s on this host (it has %s)' % (
-            ', '.join(str(index) for index in unknown),
-            ', '.join(str(index) for index in sorted(known)) or 'none'))
+        raise VerdictError('gpu_scope: %s' % no_such_gpus(unknown, known))
     kept = gpus_in_scope(all_gpus, wanted)
     nodes = set(gpu_node_number(gpu) for gpu in kept)
     scoped['nvidia_gpus'] = kept

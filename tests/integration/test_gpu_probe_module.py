@@ -220,7 +220,7 @@ def test_check_mode_probes_nothing(cudahost):
 def test_unknown_gpu_index_is_an_error(cudahost):
     result, proc = run_probe(cudahost, gpus=[9])
     assert result['failed']
-    assert result['msg'] == 'gpus: no GPU of index 9 on this host (indexes seen: 0, 1, 2, 3, 4, 5, 6, 7)'
+    assert result['msg'] == 'gpus: no GPU 9 on this host (it has 0, 1, 2, 3, 4, 5, 6, 7)'
 
 
 def test_nvml_backend_sees_the_probe_released(cudahost):

@@ -131,7 +131,7 @@ def test_gpus_picks_the_scope_and_an_unknown_index_is_an_error(probe_options):
     child = Child(answer(passed(2)))
     result = probe(Reader([gpu(0), gpu(1), gpu(2)]), probe_options(gpus=[2]), child=child)
     assert [g['index'] for g in result.gpus] == [2]
-    with pytest.raises(GpuopsError, match=r'gpus: no GPU of index 5 on this host \(indexes seen: 0, 1, 2\)'):
+    with pytest.raises(GpuopsError, match=r'gpus: no GPU 5 on this host \(it has 0, 1, 2\)'):
         probe(Reader([gpu(0), gpu(1), gpu(2)]), probe_options(gpus=[5]), child=child)
 
 
