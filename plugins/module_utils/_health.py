@@ -19,9 +19,9 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import (
     FALLEN,
     FALLEN_TEXT,
     INIT_FAILED,
-    bus_key,
     parse_xid_events,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import bus_key
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import DRIVER_ACTIONS
 
 XID_154_RE = re.compile(r'to 0x([0-9A-Fa-f]+)')

@@ -24,8 +24,7 @@ import os
 import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import bus_key
-from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import normalize_bus_id
+from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import bus_key, normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import GpuReader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import node_number
 
@@ -293,7 +292,7 @@ def _driver_path(bus_id, host_root):
 
 
 def mark_fallen(gpus, fallen):
-    """Mark as lost the GPUs (dicts with pci_bus_id and error) whose bus key (_health.bus_key)
+    """Mark as lost the GPUs (dicts with pci_bus_id and error) whose bus key (_pci.bus_key)
     is in fallen: those the kernel log says have fallen off the bus (_health.fallen_off_bus)."""
     keys = set(fallen or ())
     for gpu in gpus:

@@ -27,6 +27,7 @@ import re
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import bus_key
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
 
 # NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
@@ -75,16 +76,6 @@ TEXT_MAX = 300
 # Entries kept per state file: far more GPUs and codes than a host has.
 MAX_ENTRIES = 4096
 STATE_VERSION = 1
-
-
-def bus_key(bus_id):
-    """(domain, bus, device) of a PCI bus id in any of the driver's spellings, or None."""
-    if not bus_id:
-        return None
-    match = re.match(r'^(?:PCI:)?([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})', bus_id.strip())
-    if not match:
-        return None
-    return tuple(int(part, 16) for part in match.groups())
 
 
 def line_time(prefix):

@@ -20,6 +20,16 @@ import re
 PCI_BUS_ID_RE = re.compile(r'([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])')
 
 
+def bus_key(bus_id):
+    """(domain, bus, device) of a PCI bus id in any of the driver's spellings, or None."""
+    if not bus_id:
+        return None
+    match = re.match(r'^(?:PCI:)?([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})', bus_id.strip())
+    if not match:
+        return None
+    return tuple(int(part, 16) for part in match.groups())
+
+
 def normalize_bus_id(bus_id):
     """Upper-case, 8-digit-domain form of a PCI bus id, as nvidia-smi prints it."""
     if not bus_id:

@@ -12,8 +12,8 @@ import stat
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
+from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import bus_key
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import (
-    bus_key,
     fallen_off_bus,
     health_facts,
     parse_fallen_off_bus,
