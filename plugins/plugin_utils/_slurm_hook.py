@@ -181,6 +181,9 @@ def drain(result, scontrol, node, seconds, argv=None):
 # for is drained for a person: a GPU that a reboot does not cure would otherwise reboot the node
 # after every job.
 REBOOT_AT_MOST_EVERY_S = 24 * 3600
+# How the reason of a node drained for a person starts (after the drain prefix): a reboot was not
+# asked for, or did not cure it. The health check leaves such a node drained.
+NOT_REBOOTED = 'not rebooted ('
 
 
 def reboot_cures(result):
@@ -237,7 +240,7 @@ def ask_reboot(result, scontrol, node, seconds, stamp):
             return note_reboot(result, stamp)
         why = 'the reboot command failed'
     # First, where a reason cut to its length for sinfo -R keeps it.
-    result['reason'] = 'not rebooted (%s): %s' % (why, result['reason'])
+    result['reason'] = '%s%s): %s' % (NOT_REBOOTED, why, result['reason'])
     return drain(result, scontrol, node, seconds / 2.0)
 
 
@@ -570,7 +573,8 @@ def parse_node(text, node):
 
 def why_not_heal(node, state, reason):
     """None when the health check may put the node's GPUs back: drained, idle, with a reason of
-    this collection (the drain prefix); otherwise why not, as the log says it."""
+    this collection (the drain prefix) that is not for a person; otherwise why not, as the log
+    says it."""
     from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIX as DRAIN_PREFIX
 
     if 'DRAIN' not in state.split('+'):
@@ -578,6 +582,11 @@ def why_not_heal(node, state, reason):
     if not reason.startswith(DRAIN_PREFIX):
         return ("%s is drained for a reason that is not this collection's (%s): left to whoever drained it"
                 % (printable(node), printable(reason or 'none', 200)))
+    if reason.startswith(DRAIN_PREFIX + NOT_REBOOTED):
+        # A fault that a reboot did not cure: clean GPUs now (an intermittent GPU that fell off the
+        # bus) prove nothing, and a person decides.
+        return ('%s is drained by gpu_reset for a person (%s): left drained'
+                % (printable(node), printable(reason, 200)))
     if state != RESUMABLE_STATE:
         return ('%s is drained by gpu_reset but State=%s, not %s (a job still runs or ends there, or Slurm '
                 'has other business with it): nothing done' % (printable(node), printable(state, 100), RESUMABLE_STATE))

@@ -455,6 +455,9 @@ def test_an_unreadable_node_name_is_escaped_in_the_message():
     ('IDLE+COMPLETING+DRAIN', 'gpu_reset: GPU 3', 'a job still runs or ends there'),
     ('IDLE+DRAIN+REBOOT_REQUESTED', 'gpu_reset: GPU 3', 'State=IDLE+DRAIN+REBOOT_REQUESTED'),
     ('DOWN+DRAIN', 'gpu_reset: GPU 3', 'State=DOWN+DRAIN'),
+    # Drained for a person: a reboot asked for within a day did not cure it.
+    ('IDLE+DRAIN', 'gpu_reset: not rebooted (a reboot asked for at 2026-12-01T10:00:00Z did not cure it): GPU 1 '
+                   'fell off the bus', 'for a person'),
 ])
 def test_only_a_node_this_collection_drained_and_idle_is_healed(state, reason, expected):
     why = _slurm_hook.why_not_heal('gpu07', state, reason)
