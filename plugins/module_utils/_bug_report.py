@@ -19,6 +19,7 @@ import stat
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import directory_chain, shared_dir_problem
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 
 PROGRAM = 'nvidia-bug-report.sh'
@@ -37,7 +38,8 @@ def program_next_to(nvidia_smi_path):
 
 def _private_directory(directory):
     """Create directory (mode 0700) when missing; GpuopsError unless it is a real directory of
-    this user that nobody else can write to or read."""
+    this user that nobody else can write to or read, below directories nobody else can replace it
+    in."""
     try:
         os.makedirs(directory, 0o700)
     except OSError:
@@ -52,6 +54,14 @@ def _private_directory(directory):
         raise GpuopsError('bug_report_dir %s must belong to uid %d with mode 0700 (it is uid %d, mode %04o): the report '
                           'holds the kernel log and the process list' % (
                               printable(directory), os.geteuid(), info.st_uid, stat.S_IMODE(info.st_mode)))
+    # The report is written as root by a program that follows links: a directory above it that
+    # another user can write lets them swap it for a link after this check.
+    for above in directory_chain(os.path.dirname(os.path.abspath(directory))):
+        problem = shared_dir_problem(os.stat(above), os.geteuid(), parent=False)
+        if problem:
+            raise GpuopsError('bug_report_dir %s is below %s, which %s: another user could replace it with a link '
+                              'to where the report would then be written; use a directory only root can write '
+                              'above it' % (printable(directory), printable(above), problem))
 
 
 def collect(directory, timeout, program=PROGRAM, now=time.time):

@@ -120,7 +120,7 @@ def ensure_private_dir(path, euid=None):
                           'then hold or replace the lock (remove it, or %s)' % (path, problem, HINT))
 
 
-def _shared_dir_problem(st, euid, parent):
+def shared_dir_problem(st, euid, parent):
     """Why a directory with stat st lets another user plant or hold a lock file in it, or None.
 
     parent: the lock file's own directory, where a sticky bit does not help (anyone can create
@@ -140,9 +140,9 @@ def check_lock_dir(path, euid=None):
     can create the name first, or swap the directory, can block every release."""
     euid = os.geteuid() if euid is None else euid
     directory = os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    for current in _ancestors(directory):
+    for current in directory_chain(directory):
         try:
-            problem = _shared_dir_problem(os.stat(current), euid, parent=current == directory)
+            problem = shared_dir_problem(os.stat(current), euid, parent=current == directory)
         except OSError:
             return  # opening the lock file says what is missing
         if problem:
@@ -152,7 +152,7 @@ def check_lock_dir(path, euid=None):
                               'for the default (%s)' % (path, where, problem, _user(euid), default_lock_file()))
 
 
-def _ancestors(directory):
+def directory_chain(directory):
     """directory, then each directory above it up to /."""
     while True:
         yield directory

@@ -445,6 +445,20 @@ def test_a_bug_report_that_hangs_is_cut_off(capsys, gpuhost, tmp_path):
     assert 'bug_report_dir: nvidia-bug-report.sh was not run to the end' in result['warning_text']
 
 
+def test_a_bug_report_directory_below_one_others_can_write_is_refused(capsys, gpuhost, tmp_path):
+    # Another user could swap evidence for a link between the check and the report's writes.
+    gpuhost.fault('reset-refused', gpu=3)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    shared = tmp_path / 'shared'
+    shared.mkdir()
+    os.chmod(str(shared), 0o777)
+    result = reset_run(capsys, gpuhost, tmp_path, bug_report_dir=str(shared / 'evidence'))
+    report = result['escalation']['bug_report']
+    assert report['ok'] is False and report['path'] is None, report
+    assert 'is below %s, which every user can write (mode 0777)' % shared in report['message'], report['message']
+    assert os.listdir(str(shared / 'evidence')) == []
+
+
 def test_a_bug_report_directory_others_can_read_is_refused(capsys, gpuhost, tmp_path):
     gpuhost.fault('reset-refused', gpu=3)
     gpuhost.fault('stuck', gpu=3, mib=4096)
