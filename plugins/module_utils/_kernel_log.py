@@ -62,6 +62,15 @@ SYSLOG_TIME_RE = re.compile(r'^([A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2})\s')
 UPTIME_RE = re.compile(r'\[\s*(\d+\.\d+)\]')
 # dmesg -T / --ctime: [Wed Jul 31 23:14:18 2024]
 CTIME_RE = re.compile(r'\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4})\]')
+# A file may hold lines that are not the kernel's: in a syslog file (/var/log/kern.log, syslog)
+# any local user's `logger -p kern.err 'NVRM: Xid ...'` lands beside the driver's. A driver line
+# read from a file counts only when what comes before "NVRM:" says the kernel wrote it: syslog's
+# time and host, then the tag "kernel:" (the default templates of rsyslog and syslog-ng), or
+# nothing but what dmesg itself prints (its stamp: seconds since boot, -T's time, --time-format
+# iso; -x's facility and level). journalctl -k and dmesg, the default sources, are the kernel's.
+FROM_KERNEL_RE = re.compile(
+    r'^(?:(?:[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}|\d{4}-\d{2}-\d{2}T\S+) \S+ )?kernel:\s*(?:\[\s*\d+\.\d+\]\s*)?$'
+    r'|^\s*(?:[a-z]+\s*:\s*[a-z]+\s*:\s*)?(?:\[[^\]]*\]|\d{4}-\d{2}-\d{2}T[0-9:.,+-]+)?\s*$')
 ISO_PARTS_RE = re.compile(r'^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:[.,]\d+)?(Z|[+-]\d{2}:?\d{2})?$')
 
 # The commands that print the kernel log, tried in order. journalctl -k is this boot only;
@@ -406,7 +415,7 @@ class KernelLog:
             return None
         # Up to the last whole line: a line being written is read next time.
         end = data.rfind(b'\n') + 1 if not data.endswith(b'\n') else len(data)
-        summary.add_text(data[:end].decode('utf-8', 'replace'), self.btime)
+        summary.add_text(from_kernel(data[:end].decode('utf-8', 'replace')), self.btime)
         self._save(source, summary, {'dev': st.st_dev, 'ino': st.st_ino, 'offset': offset + end})
         return summary
 
@@ -431,6 +440,13 @@ class KernelLog:
         summary.add_text(text, self.btime)
         self._save(source, summary, {'cursor': new_cursor or cursor} if '--show-cursor' in argv else None)
         return summary, None
+
+
+def from_kernel(text):
+    """text without the driver lines that something other than the kernel wrote (FROM_KERNEL_RE)."""
+    lines = text.split('\n')
+    kept = [line for line in lines if line.find('NVRM: ') < 0 or FROM_KERNEL_RE.match(line[:line.find('NVRM: ')])]
+    return '\n'.join(kept) if len(kept) != len(lines) else text
 
 
 def _split_cursor(text):

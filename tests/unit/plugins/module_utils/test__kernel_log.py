@@ -62,6 +62,21 @@ def test_the_summary_counts_what_parse_xid_events_finds(tmp_path):
     assert [e['kind'] for e in events] == ['xid', 'fallen_off_bus', 'xid', 'fallen_off_bus', 'init_failed']
 
 
+def test_a_line_a_user_wrote_into_a_syslog_file_is_not_the_drivers(tmp_path):
+    # What rsyslog writes to /var/log/kern.log for `logger -p kern.err 'NVRM: Xid ...'`, run by
+    # user alice (tag: her name), and for one that tries to look like the kernel inside the message.
+    log = tmp_path / 'kern.log'
+    log.write_text('\n'.join([
+        'Dec  1 10:00:00 node07 kernel: [ 812.123456] NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python3, Ch 00000008',
+        "Dec  1 10:00:01 node07 alice: NVRM: Xid (PCI:0000:2a:00): 119, pid='<unknown>', name=<unknown>, Timeout",
+        "Dec  1 10:00:02 node07 alice: kernel: NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.",
+        "Dec  1 10:00:03 node07 alice: [ 812.2] NVRM: Xid (PCI:0000:5d:00): 48, An uncorrectable double bit error",
+        '2026-12-01T10:00:04.000000+00:00 node07 alice: NVRM: GPU 0000:9a:00.0: GPU has fallen off the bus.',
+        '']))
+    events, warnings = read_xid_events(str(log))
+    assert warnings == [] and [(event['bus'], event['code']) for event in events] == [((0, 0x18, 0), 13)]
+
+
 def test_a_file_is_read_on_from_its_offset(tmp_path, state):
     log = tmp_path / 'kern.log'
     log.write_text(storm(100))
