@@ -214,8 +214,8 @@ options:
       - The directory is created with mode 0700 when missing; an existing one must belong to
         the user the module runs as, with mode 0700, and not be a symbolic link (the report holds
         the host's kernel log and process list). No directory above it may be writable by another
-        user (a sticky one, such as C(/tmp), excepted): one could swap it for a link to where the
-        report would then be written. Not set, no report is made.
+        user (a sticky one, such as C(/tmp), excepted), since one could swap it for a link to where
+        the report would then be written. Not set, no report is made.
     type: path
   bug_report_timeout:
     description:

@@ -64,8 +64,8 @@ options:
         RV(ansible_facts.nvidia_gpus[].health.xid_events) is null and the module warns.
       - A file is read on from the offset where the last read ended (a rotated or truncated
         file from its start).
-      - In a file, a driver line counts only when the log says the kernel wrote it: syslog's time
-        and host then the tag C(kernel:) (the default templates of rsyslog and syslog-ng), or only
+      - In a file, a driver line counts only when the log says the kernel wrote it, by syslog's time
+        and host then the tag C(kernel) (the default templates of rsyslog and syslog-ng), or by only
         what C(dmesg) prints before it (its stamp, C(-T), C(--time-format iso), C(-x)). A line a user
         wrote with C(logger) carries their tag and is ignored. A user who tags a line C(kernel)
         themselves cannot be told from the kernel in a text file; the default, C(journalctl -k),
