@@ -26,7 +26,7 @@ import os
 import re
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import bus_key
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
 
@@ -364,7 +364,7 @@ class KernelLog:
         """The Summary, or None when no kernel log could be read (self.warnings says why)."""
         if self.kernel_log:
             return self._read_file(self.kernel_log)
-        if timeout is not None and timeout <= 0:
+        if timeout is not None and timeout < CALL_FLOOR_S:
             self.warnings.append('no time was left within the timeout to read the kernel log; xid_events are unknown')
             return None
         problems = []
