@@ -95,6 +95,9 @@ def test_zombie_counts_as_dead(gpuhost):
     h = gpuhost.hold(gpus=[0], mib=300)
     os.kill(h["monitor_pid"], signal.SIGSTOP)   # the monitor cannot reap: the holder stays a zombie
     try:
+        # Stopped, not only sent the signal: a monitor not yet scheduled would find the zombie in
+        # its waitpid and reap it before it stops.
+        poll(lambda: proc_stat(h["monitor_pid"])[0] == "T")
         os.kill(h["pid"], signal.SIGKILL)
         poll(lambda: proc_stat(h["pid"])[0] == "Z")
         assert used(gpuhost, 0) == {0: 0}
