@@ -7,42 +7,85 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import math
+import os
+import shlex
+
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
+from ansible.utils.unsafe_proxy import wrap_var
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _sequence
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import HostError, finish, run_drain
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import FINISH_SPEC, PREFIX, SEQUENCE_SPEC, unknown_variables
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import DRAIN_COMMAND, PREFIX, SETTINGS_SPEC, unknown_variables
 
 ROLE = 'gpu_reset'
 # What a module's result holds for Ansible rather than for the sequence.
 PASSED_ON = ('warnings', 'deprecations')
+# Exit status of coreutils timeout for a command it stopped.
+TIMED_OUT = 124
+# The most text one write on the host carries: the whole command is one argument of the shell
+# on the host (with become, of sudo's), which Linux caps at 128 KiB (MAX_ARG_STRLEN).
+WRITE_AT_MOST = 96 * 1024
+
+
+class ConnectionHost:
+    """The finishing steps' seam (_finish.py) over the task's connection, with its become: what
+    ansible.builtin.raw runs, so no Python is needed on the host (a host whose Python cannot run
+    the modules is drained all the same)."""
+
+    def __init__(self, execute):
+        self._execute = execute
+
+    def command(self, argv, seconds):
+        """(rc, stderr) of argv, every word quoted, stopped after seconds (coreutils timeout)."""
+        seconds = int(math.ceil(seconds))
+        result = self._execute('timeout -k 5 %d %s' % (seconds, ' '.join(shlex.quote(word) for word in argv)))
+        if result.get('rc') == TIMED_OUT:
+            raise HostError('it did not finish within %d s and was stopped' % seconds)
+        return result.get('rc'), result.get('stderr') or ''
+
+    def write(self, path, text):
+        """Replace path with text (mode 0644) in one step: a temporary file beside it, renamed."""
+        if len(text.encode('utf-8')) > WRITE_AT_MOST:
+            raise HostError('%d bytes are more than one write on the host carries (%d)' % (len(text.encode('utf-8')), WRITE_AT_MOST))
+        template = shlex.quote(os.path.join(os.path.dirname(path), '.gpuops-XXXXXX'))
+        script = ('umask 022 && tmp=$(mktemp %s) && { printf %%s %s > "$tmp" && chmod 0644 "$tmp" && mv -f "$tmp" %s '
+                  '|| { rm -f "$tmp"; exit 1; }; }' % (template, shlex.quote(text), shlex.quote(path)))
+        result = self._execute(script)
+        if result.get('rc') != 0:
+            raise HostError(' '.join((result.get('stderr') or result.get('stdout') or 'rc %s' % result.get('rc')).split()))
 
 
 class ActionModule(ActionBase):
     """gpuops.nvidia.gpu_reset: the per-host sequence (plugin_utils/_sequence.py), its modules run
-    on the host with _execute_module; documented in plugins/modules/gpu_reset.py."""
+    on the host with _execute_module, its finishing commands with _low_level_execute_command;
+    documented in plugins/modules/gpu_reset.py."""
 
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(SEQUENCE_SPEC)
+    _VALID_ARGS = frozenset(SETTINGS_SPEC)
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super(ActionModule, self).run(tmp, task_vars)
         self._passed_on = {}
-        settings = dict(self._task.args)
-        settings.update(self._finishing_settings(task_vars))
+        settings = self._variables(task_vars)
+        settings.update(self._task.args)
         run = _sequence.Run(
             host=task_vars.get('inventory_hostname'), settings=settings, run_module=self._module_runner(task_vars),
             check_mode=bool(self._task.check_mode), name=self._setting_name(),
             python=task_vars.get('ansible_python_interpreter'))
         try:
             report = _sequence.run(run)
+            finish(run, ConnectionHost(self._low_level_execute_command),
+                   lambda report, seconds: self._drain(report, seconds, task_vars))
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
         result.update(report)
-        result['changed'] = bool(run.release and run.release.get('changed'))
+        result['changed'] = bool(run.release and run.release.get('changed')) or bool(report.get('drained'))
         if self._task.diff and run.release and run.release.get('diff'):
             result['diff'] = run.release['diff']
         self._passed_on.setdefault('warnings', []).extend(
@@ -67,22 +110,40 @@ class ActionModule(ActionBase):
             return lambda option: PREFIX + option
         return None
 
-    def _finishing_settings(self, task_vars):
-        """The role's finishing settings (gpu_reset_on_failure, ...) that are set, to check them
-        with the others before anything is touched. Only a text that is a template is templated:
-        a list keeps its type whatever its items say (gpu_reset_drain_command names
-        gpu_reset_result, which the run makes)."""
+    def _variables(self, task_vars):
+        """The settings given as gpu_reset_* variables (the role's defaults among them), templated;
+        the task's arguments override them. The drain command is templated when it runs, with
+        gpu_reset_result, the report, among the variables."""
         found = {}
-        for option in FINISH_SPEC:
-            value = task_vars.get(PREFIX + option)
-            if isinstance(value, str) and ('{{' in value or '{%' in value):
+        for option in SETTINGS_SPEC:
+            if PREFIX + option not in task_vars:
+                continue
+            value = task_vars[PREFIX + option]
+            if option != 'drain_command':
                 try:
                     value = self._templar.template(value)
                 except AnsibleError:
                     pass  # left as it is: the check names it
-            if PREFIX + option in task_vars:
-                found[option] = value
+            found[option] = value
         return found
+
+    def _drain(self, report, seconds, task_vars):
+        """The drain command run on the host: the default one built here (as the Slurm hook builds
+        it), one of your own templated with the report as gpu_reset_result."""
+        argv = self._task.args.get('drain_command', task_vars.get(PREFIX + 'drain_command', DRAIN_COMMAND))
+        if argv == DRAIN_COMMAND:
+            argv = drain_command('scontrol', task_vars.get('inventory_hostname_short'), report['reason'])
+        else:
+            templar = self._templar.copy_with_new_env()
+            templar.available_variables = dict(task_vars, gpu_reset_result=wrap_var(report))
+            try:
+                argv = [str(word) for word in templar.template(argv)]
+            except AnsibleError as exc:
+                report['drained'] = False
+                report['reason'] = '%s; the drain command could not be made: %s' % (
+                    report['reason'], ' '.join(str(exc).split()))
+                return
+        run_drain(report, ConnectionHost(self._low_level_execute_command), argv, seconds)
 
     def _module_runner(self, task_vars):
         """The sequence's seam: run a module of the collection on the host."""

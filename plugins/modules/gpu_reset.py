@@ -165,8 +165,8 @@ options:
   assert_clean:
     description:
       - Fail the host when it is not clean, with a message that names each dirty GPU and why.
-      - V(false) returns the report with C(outcome=failed) and leaves the judgment to the caller
-        (the role does so, to drain the host and write its report first).
+      - V(false) returns the report with C(outcome=failed) and leaves the judgment to the caller.
+      - The host is drained, and its metrics and report written, before it fails.
       - Wrong settings fail the task either way, with the report (C(outcome=failed)) and a
         message naming each wrong setting, since nothing was read and there is nothing to judge.
     type: bool
@@ -200,9 +200,55 @@ options:
       - Another live job's processes are never signalled; on a shared GPU only the job's own are,
         the GPU is judged for the job alone while another job uses it, and it is not probed.
     type: dict
+  on_failure:
+    description:
+      - What to do with a host that cannot be made clean. V(fail) fails the host; V(drain) runs
+        O(drain_command) on the host first, then fails it. A host whose settings are wrong is not
+        drained (nothing was read there).
+    type: str
+    choices: [fail, drain]
+    default: fail
+  drain_command:
+    description:
+      - The command run on a host that cannot be made clean when O(on_failure=drain), as a list of
+        arguments, each quoted for the shell, over the task's connection and with its become
+        (as M(ansible.builtin.raw) runs a command, with no Python needed on the host).
+      - Given as the variable C(gpu_reset_drain_command), it is templated when it runs, with the
+        report as C(gpu_reset_result) (C(gpu_reset_result.reason) says why the host is not clean).
+      - The default drains the Slurm node named after C(inventory_hostname_short), with the reason
+        made by the filter P(gpuops.nvidia.gpu_reset_drain_reason#filter) (control characters
+        escaped, cut at 200 characters).
+    type: list
+    elements: str
+    default:
+      - scontrol
+      - update
+      - nodename={{ inventory_hostname_short }}
+      - state=drain
+      - "reason={{ gpu_reset_result.reason | default(none) | gpuops.nvidia.gpu_reset_drain_reason }}"
+  drain_timeout:
+    description:
+      - Seconds the drain command may run; one still running then is stopped (coreutils
+        C(timeout) on the host), and the reason says that the drain failed.
+    type: int
+    default: 60
+  report_dir:
+    description:
+      - A directory on the controller for one JSON report per host, C(<inventory_hostname>.json),
+        created when missing; the host name escaped as the filter
+        P(gpuops.nvidia.gpu_reset_report_path#filter) escapes it. Also in check mode. A report that
+        cannot be written fails the host, saying why.
+    type: path
+  textfile_dir:
+    description:
+      - The node_exporter textfile collector directory on the host, for C(gpu_reset.prom) (the
+        gauges are listed in the collection's README). Not in check mode. Metrics that cannot be
+        written fail the host, saying why.
+    type: path
 notes:
-  - The role's variables are these options with the prefix C(gpu_reset_); in the role, messages
-    name the variables.
+  - The options not given as arguments are taken from the variables of the same names with the
+    prefix C(gpu_reset_) where they are set (the role's defaults among them), so the role's one task
+    is this action with no arguments. In the role, messages name the variables.
 seealso:
   - module: gpuops.nvidia.nvidia_device_release
   - module: gpuops.nvidia.nvidia_gpu_facts

@@ -34,3 +34,9 @@ def drain_reason(reason):
     """'gpu_reset: <reason>', control characters escaped (printable) and capped at REASON_CHARS.
     The verdict's reasons are printable already: their backslashes are not doubled again."""
     return PREFIX + printable(reason or 'GPUs not clean', REASON_CHARS, backslashes=False)
+
+
+def drain_command(scontrol, node, reason):
+    """The default drain command (the role's gpu_reset_drain_command renders the same argv):
+    scontrol update nodename=NODE state=drain reason=..., the reason one argument."""
+    return [scontrol, 'update', 'nodename=%s' % node, 'state=drain', 'reason=' + drain_reason(reason)]

@@ -11,7 +11,7 @@
 
 check the settings -> read first (only with a clean query of your own) -> release (its GPU
 reset included) -> verify (a bounded loop, only when needed) -> judge -> prove by allocation
-(only when asked, and only GPUs judged clean).
+(only when asked, and only GPUs judged clean) -> finish (_finish.py: drain, metrics, report).
 
 Each step is a function over one Run. The modules run through one seam, run_module(name, args):
 in the action it is Ansible's _execute_module on the host; in the hook a subprocess on the node
@@ -25,6 +25,7 @@ __metaclass__ = type
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import MIN_TIMEOUT_S, Budget
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import failed
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import settings_problems
 from ansible.errors import AnsibleFilterError
 
@@ -261,12 +262,6 @@ def prove(run):
     report['probe'] = dict((key, probe.get(key)) for key in ('probed', 'library_missing', 'gpus', 'duration_ms'))
     if probe.get('failed'):
         failed(report, PROVE, probe.get('msg', 'failed'))
-
-
-def failed(report, step, why):
-    """Fail report for step, keeping the reason it has."""
-    report['outcome'] = 'failed'
-    report['reason'] = '%s%s: %s' % (report['reason'] + '; ' if report['reason'] else '', step, why)
 
 
 STEPS = (check_settings, read_first, release, verify)

@@ -62,6 +62,8 @@ import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _sequence
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import HostError, finish, run_drain, write_file
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._sequence import ModuleError
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import DRAIN_COMMAND, PREFIX, defaults
 
@@ -78,7 +80,6 @@ MODULES = 'ansible_collections.gpuops.nvidia.plugins.modules.'
 COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COLLECTIONS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION)))
 # The role's metrics, one template for both.
-METRICS_TEMPLATE = os.path.join(COLLECTION, 'roles', 'gpu_reset', 'templates', 'gpu_reset.prom.j2')
 # Seconds kept for the drain command at the end of the hook's time (at most a tenth of it).
 DRAIN_RESERVE_S = 5
 # The hook's own defaults over the spec's: the probe is on.
@@ -150,29 +151,29 @@ class ModuleRunner:
         return result
 
 
-def drain_command(scontrol, node, reason):
-    """The role's default gpu_reset_drain_command: the reason escaped and capped, one argument."""
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_reason
+class NodeHost:
+    """The finishing steps' seam (_finish.py) on the node itself."""
 
-    return [scontrol, 'update', 'nodename=%s' % node, 'state=drain', 'reason=' + drain_reason(reason)]
+    @staticmethod
+    def command(argv, seconds):
+        from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+        from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
+
+        try:
+            rc, dummy, stderr = Runner(argv[0]).run(argv[1:], timeout=seconds)
+        except GpuopsError as exc:
+            raise HostError(str(exc))
+        return rc, stderr
+
+    @staticmethod
+    def write(path, text):
+        write_file(path, text)
 
 
 def drain(result, scontrol, node, seconds, argv=None):
     """Run the drain command (or argv, a command that drains the node too) and note it in the
     report as the role does."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
-
-    argv = argv or drain_command(scontrol, node, result['reason'])
-    try:
-        rc, dummy, stderr = Runner(argv[0]).run(argv[1:], timeout=max(seconds, 1))
-        ok, why = rc == 0, (stderr.strip() or 'rc %d' % rc)
-    except GpuopsError as exc:
-        ok, why = False, str(exc)
-    result['drained'] = ok
-    if not ok:
-        result['reason'] = '%s; the drain command failed: %s' % (result['reason'], why)
-    return result
+    return run_drain(result, NodeHost, argv or drain_command(scontrol, node, result['reason']), seconds)
 
 
 # -- a reboot when only a reboot helps ---------------------------------------------------------
@@ -253,30 +254,6 @@ def note_reboot(result, stamp):
     return result
 
 
-def write_metrics(directory, result, hook=None):
-    """The role's node_exporter metrics (its template gpu_reset.prom.j2), written atomically;
-    hook: {budget_s, duration_s} of the hook's run, for its own gauges."""
-    import jinja2
-
-    with open(METRICS_TEMPLATE) as handle:
-        template = jinja2.Environment(trim_blocks=True, keep_trailing_newline=True).from_string(handle.read())
-    text = template.render(gpu_reset_result=result, gpu_reset__hook=hook)
-    write_file(os.path.join(directory, 'gpu_reset.prom'), text)
-
-
-def write_file(path, text):
-    handle, tmp = tempfile.mkstemp(prefix='.gpuops-', dir=os.path.dirname(path))
-    try:
-        with os.fdopen(handle, 'w') as out:
-            out.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None, refused=None, budget=None):
     """The sequence on one node, then the finishing section; returns its report (gpu_reset_result).
 
@@ -292,31 +269,24 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
     modules_end = ends - min(DRAIN_RESERVE_S, deadline / 10.0)
     run = _sequence.Run(node, dict((name[len(PREFIX):], value) for name, value in settings.items()),
                         ModuleRunner(modules_end), name=lambda option: PREFIX + option, deadline=modules_end)
-    result = _sequence.run(run) if refused is None else refuse(run, refused)
-    # The settings as the sequence checked and converted them (a wrong one at its default).
-    options = run.options
-    # A misconfigured node is drained too (see above).
-    if result['outcome'] == 'failed' and options['on_failure'] == 'drain':
+    if refused is None:
+        _sequence.run(run)
+    else:
+        refuse(run, refused)
+
+    def drain_node(result, drain_timeout):
         skip = why_not_drain() if why_not_drain else None
-        seconds = min(options['drain_timeout'], max(ends - time.monotonic(), 1))
+        seconds = min(drain_timeout, max(ends - time.monotonic(), 1))
         if skip:
             result['drained'], result['drain_skipped'] = False, skip
         elif reboot_stamp and reboot_cures(result):
             ask_reboot(result, scontrol, node, seconds, reboot_stamp)
         else:
             drain(result, scontrol, node, seconds)
-    if options['textfile_dir']:
-        try:
-            write_metrics(options['textfile_dir'], result,
-                          hook={'budget_s': budget_s, 'duration_s': round(time.monotonic() - started, 3)})
-        except (OSError, ImportError) as exc:
-            _sequence.failed(result, 'write node_exporter metrics', exc)
-    if options['report_dir']:
-        try:
-            write_report(options['report_dir'], node, result)
-        except (OSError, ValueError) as exc:  # ValueError: ReportPathError, a host name that cannot name a file
-            _sequence.failed(result, 'write the report on the controller', exc)
-    return result
+
+    # A misconfigured node is drained too: its next job would run on it.
+    return finish(run, NodeHost, drain_node, drain_misconfigured=True,
+                  hook=lambda: {'budget_s': budget_s, 'duration_s': round(time.monotonic() - started, 3)})
 
 
 def refuse(run, why):
@@ -328,15 +298,6 @@ def refuse(run, why):
     _sequence.judge(run)
     run.report['steps'] = []
     return run.report
-
-
-def write_report(directory, node, result):
-    """The report in directory, named after node as the role names it (escaped, inside directory)."""
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._report import report_path
-
-    path = report_path(directory, node)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    write_file(path, json.dumps(result, indent=2) + '\n')
 
 
 # One part of SLURM_JOB_GPUS: an index or a range of them, ASCII digits only.

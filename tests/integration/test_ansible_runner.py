@@ -102,7 +102,7 @@ class Job:
         """{host: outcome} from the role's results: the report it sets, gpu_reset_result."""
         found = {}
         for kind, host, dummy, res in self.results(ROLE, RESET_TASK):
-            if kind == 'runner_on_ok' and res.get('outcome'):
+            if kind in ('runner_on_ok', 'runner_on_failed') and res.get('outcome'):
                 found[host] = res['outcome']
         return found
 
@@ -194,9 +194,9 @@ def test_runner_status_and_rc_of_a_job_with_a_failing_host(job):
 def test_per_host_outcomes_from_the_job_events(job):
     run = job['job']
     assert run.outcomes == {'clean': 'clean', 'hung': 'released', 'failing': 'failed'}
-    # The host fails after the summary, and only there; the others fail nowhere.
+    # The host fails in the role's one task, and only there; the others fail nowhere.
     failed = [(host, task) for kind, host, task, dummy in run.results() if kind == 'runner_on_failed']
-    assert failed == [('failing', 'Fail the hosts that are not clean')], failed
+    assert failed == [('failing', RESET_TASK)], failed
     released = [res for kind, host, task, res in run.results(ROLE, RESET_TASK) if host == 'hung']
     assert released[0]['changed'] is True
     assert [entry['pid'] for entry in released[0]['signalled']] == [job['holders']['hung']]
@@ -213,7 +213,8 @@ def test_artifacts_hold_every_hosts_report(job):
     assert reports['failing']['orphaned_gpus'] == [1]
     assert reports['hung']['gpus_after'] == [{'index': 0, 'memory_used_mib': 1}, {'index': 1, 'memory_used_mib': 1}]
     # The same reports as the role set on each host (the fact in the job events).
-    facts = dict((host, res) for kind, host, task, res in run.results(ROLE, RESET_TASK) if kind == 'runner_on_ok')
+    facts = dict((host, res) for kind, host, task, res in run.results(ROLE, RESET_TASK)
+                 if kind in ('runner_on_ok', 'runner_on_failed'))
     assert dict((host, report['reason']) for host, report in reports.items()) == \
         dict((host, report['reason']) for host, report in facts.items())
 

@@ -48,8 +48,6 @@ HOST_MODULE_TASKS = (
     'Switch persistence mode off on the GPUs to reset',
     'Reset the GPUs with orphaned memory',
     'Switch persistence mode back on',
-    'Run the drain command',
-    'Write node_exporter metrics',
 )
 
 
@@ -119,7 +117,7 @@ class Run:
 
     def module_calls(self, host):
         """What ran a module on host: the steps of gpuops.nvidia.gpu_reset (its report's steps),
-        then the tasks of the finishing section that run one."""
+        then any other task that runs one."""
         return list(self.reports[host].get('steps') or []) + [
             task for task in self.tasks.get(host, []) if task in HOST_MODULE_TASKS]
 
@@ -282,8 +280,8 @@ def test_clean_host_is_one_module_call_and_no_change(fleet):
 
 def test_hung_job_released_in_one_module_call(fleet):
     run = fleet['runs']['first']
-    assert run.module_calls('hung') == [
-        'Release the GPUs', 'Write node_exporter metrics']
+    # The metrics are written by the same task, over its connection: no module call.
+    assert run.module_calls('hung') == ['Release the GPUs']
     report = run.reports['hung']
     scenario = fleet['info']['hung']
     ranks = set(rank['pid'] for rank in scenario['ranks'])
@@ -324,8 +322,8 @@ def test_orphaned_memory_without_escalation_fails_naming_the_gpu(fleet):
     assert report['reason'].startswith('GPU 3: 8193 MiB held with no process left (orphaned memory')
     assert 'gpu_reset_allow_gpu_reset' in report['reason']
     assert 'GPU 3: 8193 MiB held' in run.line('orphan_off')[0]
-    # The reason is printed once, in the summary.
-    assert run.out.count('GPU 3: 8193 MiB held') == 1, run.out
+    # The host fails in the role's task, with the reason, and the summary says it again.
+    assert run.failures['orphan_off'] == ['orphan_off is not clean: ' + report['reason']]
 
 
 def test_orphaned_memory_with_escalation_resets_and_restores_persistence(fleet):
@@ -392,7 +390,8 @@ def test_drain_runs_the_command_then_fails(fleet):
     written = fleet['drained'].read_text().splitlines()
     assert written[0] == 'nodename=drain'
     assert written[1].startswith('reason=GPU 1 lost or unreadable')
-    assert run.recap['drain']['changed'] == '1'
+    # Drained, then failed in the same task (Ansible's recap counts no change of a failed task).
+    assert run.recap['drain']['failed'] == '1' and len(run.failures['drain']) == 1
 
 
 def test_scoped_release_leaves_other_gpus_alone(fleet):
@@ -410,7 +409,7 @@ def test_second_run_changes_nothing_on_released_hosts(fleet):
         assert run.reports[name]['outcome'] == 'clean', name
         assert run.recap[name]['changed'] == '0', name
         # hung also writes its node_exporter metrics; strict reads first (a query of its own).
-        assert [task for task in run.module_calls(name) if task != 'Write node_exporter metrics'] == [
+        assert run.module_calls(name) == [
             'Read the GPUs and who holds them' if name == 'strict' else 'Release the GPUs'], name
     assert run.reports['lost']['outcome'] == 'failed'
     assert run.summary[0] == '9 of 9 host(s): 8 clean, 0 released, 1 failed'
@@ -756,7 +755,7 @@ def test_bad_clean_query_fails_the_host_naming_the_setting(gpuhost_factory, tmp_
     assert 'gpu_reset_clean_query must give true or false, it gave 2' in run.line('number')[0]
     # The misconfigured host failed at its first task, once; how long that took says nothing.
     assert run.failures['empty'] == [run.reports['empty']['reason']] and ' after ' not in run.line('empty')[0]
-    assert run.failures['number'] == ['not clean, see the summary above']
+    assert run.failures['number'] == ['number is not clean: ' + run.reports['number']['reason']]
     # judged before the release: nothing was signalled
     assert alive(job) and run.reports['number']['signalled'] == []
 
@@ -784,7 +783,7 @@ def test_expected_gpus_and_host_root_reach_the_modules(gpuhost_factory, tmp_path
     assert not alive(mine) and alive(other)
 
 
-def collection_with_finishing_task(tmp_path, task):
+def collection_with_appended_task(tmp_path, task):
     """A copy of the collection whose role has task added at the end of tasks/main.yml; returns
     its collections path."""
     root = tmp_path / 'collections' / 'ansible_collections' / 'gpuops' / 'nvidia'
@@ -799,14 +798,16 @@ def collection_with_finishing_task(tmp_path, task):
             os.symlink(os.path.join(REPO, 'roles', 'gpu_reset', directory, name), str(role / directory / name))
     with open(os.path.join(REPO, 'roles', 'gpu_reset', 'tasks', 'main.yml')) as f:
         tasks = yaml.safe_load(f)
-    # After the finishing section: in the always section that includes it, where it is.
-    (tasks[-1]['always'] if 'always' in tasks[-1] else tasks).append(task)
+    tasks.append(task)
     (role / 'tasks' / 'main.yml').unlink()
     (role / 'tasks' / 'main.yml').write_text(yaml.safe_dump(tasks, sort_keys=False))
     return str(tmp_path / 'collections')
 
 
-def test_every_host_reaches_the_finishing_section(gpuhost_factory, tmp_path):
+def test_a_task_appended_to_the_role_runs_only_where_the_host_is_not_failed(gpuhost_factory, tmp_path):
+    """The role's one task fails a host that is not clean (a breaking change for roles that
+    appended tasks): an appended task runs on the clean and released hosts only; every host still
+    has its report, written by that one task."""
     hosts = dict(clean=gpuhost_factory('clean', gpus=1), held=gpuhost_factory('held', gpus=2),
                  lost=gpuhost_factory('lost', gpus=2), bad=gpuhost_factory('bad', gpus=1))
     hosts['held'].hold(gpus=[1], mib=1024)
@@ -815,7 +816,7 @@ def test_every_host_reaches_the_finishing_section(gpuhost_factory, tmp_path):
     inventory.write_text(json.dumps({'gpu_hosts': {'hosts': dict(
         (name, host_vars(host, tmp_path, name, **({'gpu_reset_signals': []} if name == 'bad' else {})))
         for name, host in hosts.items())}}))
-    collections = collection_with_finishing_task(tmp_path, {
+    collections = collection_with_appended_task(tmp_path, {
         'name': 'Appended to the role',
         'ansible.builtin.debug': {'msg': 'finished {{ inventory_hostname }} {{ gpu_reset_result.outcome }}'}})
     env = ansible_env()
@@ -827,8 +828,10 @@ def test_every_host_reaches_the_finishing_section(gpuhost_factory, tmp_path):
     run = Run(proc, str(tmp_path / 'reports'))
     assert run.rc == 2, run.out
     finished = sorted(re.findall(r'"msg": "finished (\S+ \S+)"', proc.stdout))
-    assert finished == ['bad failed', 'clean clean', 'held released', 'lost failed'], run.out
-    assert run.tasks['bad'].count('Appended to the role') == 1
+    assert finished == ['clean clean', 'held released'], run.out
+    assert sorted(run.reports) == ['bad', 'clean', 'held', 'lost']
+    assert run.reports['bad']['outcome'] == run.reports['lost']['outcome'] == 'failed'
+    assert 'Appended to the role' not in run.tasks['bad'] + run.tasks['lost']
 
 
 def test_unwritable_report_dir_fails_the_host(gpuhost_factory, tmp_path):
@@ -842,7 +845,7 @@ def test_unwritable_report_dir_fails_the_host(gpuhost_factory, tmp_path):
     assert run.rc == 2, run.out
     assert not alive(job)
     line = run.line('node')[0]
-    assert line.startswith('FAILED') and 'create the report directory on the controller' in line, line
+    assert line.startswith('FAILED') and 'write the report on the controller: ' in line, line
 
 
 def test_drain_command_is_bounded_by_the_drain_timeout(gpuhost_factory, tmp_path):

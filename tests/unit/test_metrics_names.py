@@ -17,7 +17,7 @@ import re
 import pytest
 import yaml
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _slurm_hook
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEMPLATE = os.path.join(REPO, 'roles', 'gpu_reset', 'templates', 'gpu_reset.prom.j2')
@@ -85,21 +85,21 @@ def samples(text):
     return found
 
 
+def write_metrics(directory, result, hook=None):
+    """The metrics as the finishing step writes them (_finish.metrics)."""
+    with open(os.path.join(directory, 'gpu_reset.prom'), 'w') as handle:
+        handle.write(metrics(result, hook))
+
+
 def rendered_by_the_hook(tmp_path):
-    _slurm_hook.write_metrics(str(tmp_path), RESULT, hook=HOOK)
+    write_metrics(str(tmp_path), RESULT, hook=HOOK)
     with open(str(tmp_path / 'gpu_reset.prom')) as handle:
         return handle.read()
 
 
 def rendered_by_the_role():
-    """The template as the role's template task renders it (Ansible's templating, no hook)."""
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar, trust_as_template
-
-    with open(TEMPLATE) as handle:
-        text = handle.read()
-    templar = Templar(loader=DataLoader(), variables={'gpu_reset_result': RESULT})
-    return templar.template(trust_as_template(text), escape_backslashes=False)
+    """The metrics as the role's task writes them: no hook."""
+    return metrics(RESULT)
 
 
 def test_every_gauge_is_a_documented_gauge_of_the_gpu_reset_prefix():
@@ -147,7 +147,7 @@ def test_the_role_renders_the_same_gauges_but_the_hooks():
 
 @pytest.mark.parametrize('escalation', [None, {'gpus': []}])
 def test_a_run_without_a_gpu_reset_has_no_reset_samples(tmp_path, escalation):
-    _slurm_hook.write_metrics(str(tmp_path), dict(RESULT, escalation=escalation, drained=False))
+    write_metrics(str(tmp_path), dict(RESULT, escalation=escalation, drained=False))
     with open(str(tmp_path / 'gpu_reset.prom')) as handle:
         rendered = samples(handle.read())
     assert 'gpu_reset_gpu_reset_timestamp_seconds' not in rendered

@@ -120,6 +120,23 @@ def test_the_role_argument_spec_is_the_one_spec():
         assert role.get('default') == option.get('default'), name
 
 
+def test_the_action_documents_the_one_spec():
+    """The action's options are the spec's, with the same types, choices and defaults."""
+    from ansible_collections.gpuops.nvidia.plugins.action.gpu_reset import ActionModule
+    from ansible_collections.gpuops.nvidia.plugins.modules import gpu_reset
+
+    from ansible_collections.gpuops.nvidia.plugins.doc_fragments.gpu import ModuleDocFragment
+
+    options = yaml.safe_load(gpu_reset.DOCUMENTATION)['options']
+    options.update(yaml.safe_load(ModuleDocFragment.MEMORY_THRESHOLD)['options'])
+    assert sorted(options) == sorted(SETTINGS_SPEC) == sorted(ActionModule._VALID_ARGS)
+    for name, option in SETTINGS_SPEC.items():
+        documented = options[name]
+        for key in ('type', 'elements', 'choices'):
+            assert documented.get(key, 'str' if key == 'type' else None) == option.get(key, 'str' if key == 'type' else None), (name, key)
+        assert documented.get('default') == option.get('default'), name
+
+
 def test_the_role_defaults_are_the_spec_s():
     with open(os.path.join(ROLE, 'defaults', 'main.yml')) as handle:
         role = yaml.safe_load(handle)

@@ -333,7 +333,7 @@ def test_the_metrics_template_has_per_gpu_gauges():
 
     import jinja2
 
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook import METRICS_TEMPLATE
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import METRICS_TEMPLATE
     states = [dict(index=0, pci_bus_id='00000000:18:00.0', state='orphaned_memory', driver_recovery_action='none',
                    memory_used_mib=700)]
     report = _verdict.verdict('n1', release=release(False, before=(700,), after=(700,), gpu_states=states))
