@@ -368,3 +368,38 @@ def probe(reader, options, check_mode=False, child=None):
     """Run the allocation probe; returns a ProbeResult. Raises GpuopsError when the GPUs cannot
     be read or an option is wrong."""
     return Prober(reader, options, child).run(check_mode)
+
+
+# The release's option probe: the release proves the GPUs it left clean itself, in the same
+# module call (the sequence's usual path stays one call on the host).
+RELEASE_PROBE_SPEC = dict(
+    mib=dict(type='int', default=DEFAULT_PROBE_MIB),
+    missing_library=dict(type='str', default='skip', choices=list(MISSING_LIBRARY_CHOICES)),
+    cuda_library=dict(type='str', default=_cuda.LIBRARY),
+    timeout=dict(type='float', default=DEFAULT_TIMEOUT_S),
+)
+
+
+def probe_scope(gpus, shared, gpus_after):
+    """The GPUs a release probes: those in its scope (gpus; None: every GPU it read, gpus_after)
+    but the ones Slurm shares with other jobs, which they may be using. None: every GPU."""
+    if not shared:
+        return gpus
+    scope = gpus if gpus is not None else [gpu.get('index') for gpu in gpus_after]
+    return [index for index in scope if index not in set(shared)]
+
+
+def probe_after_release(reader, release_options, params, gpus):
+    """The probe a release runs on the GPUs it left clean: (what the report keeps of it, or None
+    when there is no GPU to probe; its warnings). A probe that cannot run is its failure, never the
+    release's: the GPUs were released."""
+    if gpus == []:
+        return dict(probed=False, library_missing=False, gpus=[], duration_ms=None, failure=None), []
+    try:
+        options = ProbeOptions(gpus, params['mib'], params['timeout'], release_options.memory_threshold_mib,
+                               params['missing_library'], params['cuda_library'], release_options.expected_gpus,
+                               release_options.state_dir, release_options.host_root)
+        result = probe(reader, options)
+    except GpuopsError as exc:
+        return dict(probed=False, library_missing=False, gpus=[], duration_ms=None, failure=str(exc)), []
+    return dict(result.dump(), failure=result.failure), result.warnings

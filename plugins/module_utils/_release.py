@@ -73,6 +73,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     check_release_options,
     seconds,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import RELEASE_PROBE_SPEC, probe_after_release, probe_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, load_cures, record_cure
 from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import (
@@ -173,6 +174,7 @@ def release_argument_spec():
             shared_gpus=dict(type='list', elements='int', default=[]),
             live_jobs=dict(type='dict'),
         )),
+        probe=dict(type='dict', options=RELEASE_PROBE_SPEC),
     )
     spec.update(reader_argument_spec())
     spec.update(holders_argument_spec())
@@ -187,11 +189,12 @@ class ReleaseOptions:
                  facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
                  nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None, kernel_log=None,
                  bug_report_dir=None, bug_report_timeout=DEFAULT_BUG_REPORT_TIMEOUT_S, reset_stop_units=None,
-                 job=None):
+                 job=None, probe=None):
         parsed, gpus = check_release_options(devices, gpus, signals, grace_period, timeout, memory_threshold_mib,
                                              protect, settle_time, expected_gpus)
         check_escalation_options(bug_report_dir, bug_report_timeout, reset_stop_units)
         self.job = check_job(job)
+        self.probe = probe
         # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
         self.devices = device_patterns(devices, host_root)
         self.host_root = host_root
@@ -227,7 +230,7 @@ class ReleaseOptions:
                    params.get('reset_orphaned', False), params.get('nvidia_smi_path') or 'nvidia-smi',
                    params.get('expected_gpus'), params.get('state_dir'), params.get('kernel_log'),
                    params.get('bug_report_dir'), params.get('bug_report_timeout', DEFAULT_BUG_REPORT_TIMEOUT_S),
-                   params.get('reset_stop_units'), params.get('job'))
+                   params.get('reset_stop_units'), params.get('job'), params.get('probe'))
 
 
 class Target:
@@ -368,6 +371,8 @@ class ReleaseResult:
         self.foreign_holders = []
         self.other_jobs = []
         self.unreadable = []
+        # What the probe the release ran found (option probe); None when it ran none.
+        self.probe = None
 
     def dump(self, diff=False):
         out = dict(changed=self.changed, released=self.released, signalled=self.signalled,
@@ -378,6 +383,8 @@ class ReleaseResult:
                    elapsed_s=self.elapsed_s, unreadable=self.unreadable)
         if self.facts_after is not None:
             out['facts_after'] = self.facts_after
+        if self.probe is not None:
+            out['probe'] = self.probe
         if diff:
             out['diff'] = dict(self.diff, before_header='holders before', after_header='holders after')
         return out
@@ -1394,5 +1401,12 @@ class Release:
 
 
 def release(reader, options, check_mode=False, signaller=None, proc='/proc'):
-    """Run one release; returns a ReleaseResult."""
-    return Release(reader, options, check_mode=check_mode, signaller=signaller, proc=proc).run()
+    """Run one release, then (options.probe) the probe of the GPUs it released; returns a
+    ReleaseResult. A failed probe is said in result.probe, not as the release's failure."""
+    result = Release(reader, options, check_mode=check_mode, signaller=signaller, proc=proc).run()
+    if options.probe and result.released and not check_mode:
+        shared = (options.job or {}).get('shared_gpus')
+        result.probe, warnings = probe_after_release(reader, options, options.probe,
+                                                     probe_scope(options.gpus, shared, result.gpus_after))
+        result.warnings.extend(warnings)
+    return result

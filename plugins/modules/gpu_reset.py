@@ -173,9 +173,12 @@ options:
     default: true
   probe:
     description:
-      - Prove the GPUs judged clean by allocation (M(gpuops.nvidia.nvidia_gpu_probe)).
+      - Prove the GPUs judged clean by allocation. The release does it for the GPUs it released, in
+        its own module call (O(gpuops.nvidia.nvidia_device_release#module:probe)); only GPUs judged
+        clean by another read (a clean query of your own) are proven with
+        M(gpuops.nvidia.nvidia_gpu_probe), one more module call.
     type: bool
-    default: false
+    default: true
   probe_mib:
     description:
       - MiB the probe allocates on each GPU.

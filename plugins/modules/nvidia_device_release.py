@@ -287,6 +287,34 @@ options:
           - Not set, which jobs are still on the node is not known, and every job a cgroup names
             counts as live.
         type: dict
+  probe:
+    description:
+      - Prove the GPUs this release left clean by allocation, in the same module call, as
+        M(gpuops.nvidia.nvidia_gpu_probe) does (the action P(gpuops.nvidia.gpu_reset#module) asks
+        for it, so that its usual path stays one module call). Only after a release that ends
+        released, and never in check mode; not the GPUs of O(job.shared_gpus), which other jobs
+        may be using.
+      - The result is RV(probe). A probe that fails does not fail the release (the GPUs were
+        released); RV(probe.failure) says why.
+    type: dict
+    suboptions:
+      mib:
+        description: MiB allocated on each GPU (M(gpuops.nvidia.nvidia_gpu_probe)'s C(probe_mib)).
+        type: int
+        default: 1024
+      missing_library:
+        description: What a host without the CUDA driver library gets, V(skip) (noted in RV(probe)) or V(fail).
+        type: str
+        choices: [fail, skip]
+        default: skip
+      cuda_library:
+        description: The CUDA driver library the probe loads.
+        type: str
+        default: libcuda.so.1
+      timeout:
+        description: Seconds the probe may take, after the release's O(timeout).
+        type: float
+        default: 30
 notes:
   - A pattern in O(devices) that matches no NVIDIA device node, a typo or a host without the
     driver, fails the task before anything is signalled; the module never calls GPUs released
@@ -837,6 +865,36 @@ unreadable:
       user: nobody
       comm: python3
       why: too_many_descriptors
+probe:
+  description: What the probe asked for with O(probe) found; as M(gpuops.nvidia.nvidia_gpu_probe) returns it,
+    with RV(probe.failure).
+  returned: when O(probe) was given and the GPUs were released (not in check mode)
+  type: dict
+  contains:
+    probed:
+      description: Whether the CUDA library was found and the GPUs probed.
+      type: bool
+    library_missing:
+      description: The CUDA driver library was missing and O(probe.missing_library=skip).
+      type: bool
+    gpus:
+      description: One result per GPU probed (see M(gpuops.nvidia.nvidia_gpu_probe)'s C(gpus)).
+      type: list
+      elements: dict
+    duration_ms:
+      description: How long the probe took.
+      type: float
+    failure:
+      description: Why the probe failed (each GPU that failed, the CUDA error), or null.
+      type: str
+  sample:
+    probed: true
+    library_missing: false
+    gpus:
+      - {index: 0, pci_bus_id: "00000000:18:00.0", ok: true, ms: 41.2, mib: 1024, released: true,
+         call: null, error_code: null, error_name: null, error_string: null}
+    duration_ms: 212.5
+    failure: null
 '''
 
 from ansible.module_utils.basic import AnsibleModule

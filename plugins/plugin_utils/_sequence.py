@@ -129,7 +129,25 @@ class Run:
             args['bug_report_timeout'] = max(1, min(float(args['bug_report_timeout']), left - float(args['timeout']) - 1))
         # For a query of your own, and for check mode's reason.
         args['facts_after'] = self.options['clean_query'] is not None or self.check_mode
+        probe = self.release_probe(float(args['timeout']))
+        if probe is not None:
+            args['probe'] = probe
         return args
+
+    def release_probe(self, release_timeout):
+        """The release's option probe: it proves the GPUs it releases itself, in the same module
+        call (None: the prove step calls the probe module, if at all). With a deadline, the probe
+        gets what is left after the release's own timeout, when that is enough for it."""
+        if not self.options['probe'] or self.check_mode:
+            return None
+        probe = dict(mib=self.options['probe_mib'], missing_library=self.options['probe_missing_library'],
+                     cuda_library=self.options['probe_cuda_library'])
+        left = self.left()
+        if left is not None:
+            probe['timeout'] = left - release_timeout - 1
+            if probe['timeout'] < MIN_TIMEOUT_S:
+                return None
+        return probe
 
     def shared_gpus(self):
         """The GPUs Slurm shares with other jobs, of the job the run is for."""
@@ -250,6 +268,13 @@ def prove(run):
         return
     if run.probe_gpus() == []:
         return  # every GPU in scope is shared with other jobs
+    if run.release is not None and 'probe' in run.release:
+        # The release proved the GPUs it released itself, in its own module call.
+        probe = run.release['probe']
+        report['probe'] = dict((key, probe.get(key)) for key in ('probed', 'library_missing', 'gpus', 'duration_ms'))
+        if probe.get('failure'):
+            failed(report, PROVE, probe['failure'])
+        return
     args = run.probe_args()
     if args.get('timeout', MIN_TIMEOUT_S) < MIN_TIMEOUT_S:
         failed(report, PROVE, 'not started: %s, and the probe needs at least %.1f s' % (run.budget.used(), MIN_TIMEOUT_S))

@@ -83,7 +83,6 @@ COLLECTIONS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION)))
 # Seconds kept for the drain command at the end of the hook's time (at most a tenth of it).
 DRAIN_RESERVE_S = 5
 # The hook's own defaults over the spec's: the probe is on.
-HOOK_DEFAULTS = {'probe': True}
 
 
 class NeedsPlaybook(Exception):
@@ -91,10 +90,10 @@ class NeedsPlaybook(Exception):
 
 
 def load_settings(vars_file=None, overrides=None):
-    """The spec's defaults (the hook's over them), the variables file, then overrides: {gpu_reset_name: value}."""
+    """The spec's defaults, the variables file, then overrides: {gpu_reset_name: value}."""
     import yaml
 
-    settings = dict((PREFIX + name, value) for name, value in dict(defaults(), **HOOK_DEFAULTS).items())
+    settings = dict((PREFIX + name, value) for name, value in defaults().items())
     if vars_file:
         with open(vars_file) as handle:
             try:

@@ -40,7 +40,7 @@ SEQUENCE_SPEC = dict(
     bug_report_dir=dict(type='path', default=None),
     bug_report_timeout=dict(type='float', default=120),
     assert_clean=dict(type='bool', default=True),
-    probe=dict(type='bool', default=False),
+    probe=dict(type='bool', default=True),
     probe_mib=dict(type='int', default=1024),
     probe_missing_library=dict(type='str', choices=['skip', 'fail'], default='skip'),
     probe_cuda_library=dict(type='str', default='libcuda.so.1'),

@@ -56,7 +56,7 @@ def action_run(gpuhost, tmp_path, check_mode=False, diff=False, role=None, task_
     """(result, modules run): the action's result for args on gpuhost."""
     args = dict(dict(nvidia_smi_path=gpuhost.smi_path, host_root=gpuhost.root, backend='nvidia-smi',
                      lock_file=str(tmp_path / 'release.lock'), grace_period=0.5,
-                     timeout=10), **args)
+                     timeout=10, probe_cuda_library=gpuhost.install_cuda()), **args)
     task_vars = dict(task_vars or {}, inventory_hostname='node1')
     loader = DataLoader()
     action = ActionModule(Task(args, check_mode, diff, role), Connection(), None, loader,
@@ -77,7 +77,9 @@ def test_a_hung_job_is_released_in_one_module_call(gpuhost, tmp_path):
     assert ran == ['gpuops.nvidia.nvidia_device_release']
     assert result['outcome'] == 'released' and result['changed'] is True and 'failed' not in result
     assert [entry['pid'] for entry in result['signalled']] == [job['pid']] and not alive(job['pid'])
+    # The probe (on by default) ran inside the release: still one module call.
     assert result['steps'] == ['Release the GPUs']
+    assert result['probe']['probed'] is True and [gpu['ok'] for gpu in result['probe']['gpus']] == [True] * 8
 
 
 def test_a_clean_host_changes_nothing(gpuhost, tmp_path):

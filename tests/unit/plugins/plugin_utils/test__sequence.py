@@ -30,11 +30,19 @@ def facts(*used):
                                   nvidia_device_holders=[])}
 
 
-def release(released=True, changed=False, **extra):
+# What a release asked to probe (option probe) returns, on a host without the CUDA library.
+NOT_PROBED = dict(probed=False, library_missing=True, gpus=[], duration_ms=1.5, failure=None)
+
+
+def release(released=True, changed=False, probed=True, **extra):
+    """A release's result; a released one carries its probe (the sequence asks for it by default)
+    unless probed is false (a release that was not asked to probe)."""
     result = dict(released=released, changed=changed, gpus_before=[], gpus_after=[], signalled=[], survivors=[],
                   orphaned_gpus=[], elapsed_s=0.5)
     if not released:
         result.update(failed=True, msg='GPUs not released within 60 s: GPU 0: 900 MiB used')
+    elif probed:
+        result['probe'] = NOT_PROBED
     result.update(extra)
     return result
 
@@ -74,6 +82,9 @@ def test_a_clean_host_is_one_release_and_nothing_else():
     # Options that are not set are left to the module's defaults.
     assert 'gpus' not in args and 'lock_file' not in args and 'expected_gpus' not in args
     assert args['reset_orphaned'] is False and args['facts_after'] is False and args['timeout'] == 60
+    # The release proves what it released itself: no module call of its own for the probe.
+    assert args['probe'] == dict(mib=1024, missing_library='skip', cuda_library='libcuda.so.1')
+    assert report['probe'] == dict((key, NOT_PROBED[key]) for key in ('probed', 'library_missing', 'gpus', 'duration_ms'))
 
 
 def test_a_release_that_signalled_is_released():
@@ -89,9 +100,11 @@ def test_a_release_that_left_the_gpus_dirty_is_read_once_more_and_failed():
 
 
 def test_own_query_that_holds_first_releases_nothing():
-    modules = Modules(nvidia_gpu_facts=[facts(1)])
+    modules = Modules(nvidia_gpu_facts=[facts(1)], nvidia_gpu_probe=[dict(NOT_PROBED, changed=False)])
     report, run = sequence(modules, clean_query=STRICT)
-    assert modules.names == ['nvidia_gpu_facts'] and report['outcome'] == 'clean'
+    # No release to probe what it released: the probe module proves the GPUs the query judged clean.
+    assert modules.names == ['nvidia_gpu_facts', 'nvidia_gpu_probe'] and report['outcome'] == 'clean'
+    assert report['steps'] == ['Read the GPUs and who holds them', 'Prove the GPUs by allocation']
 
 
 def test_own_query_is_read_again_a_bounded_number_of_times():
@@ -184,8 +197,37 @@ def test_the_reads_end_before_the_deadline():
     assert 1 <= modules.calls[1][1]['timeout'] <= 3
 
 
+def test_the_release_s_failed_probe_fails_the_host():
+    failure = 'the allocation probe failed on 1 of 1 GPUs: GPU 0: CUDA_ERROR_ECC_UNCORRECTABLE at cuMemAlloc'
+    modules = Modules(nvidia_device_release=[release(True, probe=dict(NOT_PROBED, probed=True, library_missing=False,
+                                                                      failure=failure))])
+    report, run = sequence(modules, gpus=[0])
+    assert modules.names == ['nvidia_device_release'] and report['steps'] == ['Release the GPUs']
+    assert report['outcome'] == 'failed' and report['reason'] == 'Prove the GPUs by allocation: ' + failure
+
+
+def test_with_the_probe_off_the_release_is_not_asked_to_probe():
+    modules = Modules(nvidia_device_release=[release(True, probed=False)])
+    report, run = sequence(modules, probe=False)
+    assert 'probe' not in modules.calls[0][1] and 'probe' not in report
+
+
+def test_a_deadline_that_leaves_the_probe_too_little_time_after_the_release_calls_the_probe_module():
+    """With a deadline (the hook), the release's probe gets what its timeout leaves; too little,
+    and the release is not asked to probe."""
+    modules = Modules(nvidia_device_release=[release(True)])
+    sequence(modules, deadline=time.monotonic() + 100, timeout=30)
+    assert 60 < modules.calls[0][1]['probe']['timeout'] < 70
+    # Here the release ends at once: the time its timeout would have taken is left for the probe module.
+    modules = Modules(nvidia_device_release=[release(True, probed=False)],
+                      nvidia_gpu_probe=[dict(NOT_PROBED, changed=False)])
+    report, run = sequence(modules, deadline=time.monotonic() + 31.5, timeout=30)
+    assert 'probe' not in modules.calls[0][1] and modules.names == ['nvidia_device_release', 'nvidia_gpu_probe']
+    assert report['outcome'] == 'clean' and report['probe']['library_missing'] is True
+
+
 def test_the_probe_runs_only_on_a_clean_verdict_and_a_failed_probe_fails_the_host():
-    modules = Modules(nvidia_device_release=[release(True)],
+    modules = Modules(nvidia_device_release=[release(True, probed=False)],
                       nvidia_gpu_probe=[{'failed': True, 'msg': 'GPU 0: CUDA_ERROR_ECC_UNCORRECTABLE', 'probed': True}])
     report, run = sequence(modules, probe=True, gpus=[0])
     assert modules.names == ['nvidia_device_release', 'nvidia_gpu_probe'] and modules.calls[1][1]['gpus'] == [0]
