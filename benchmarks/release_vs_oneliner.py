@@ -17,7 +17,11 @@ and whether every GPU ended idle (at most the default threshold). With --compare
 (an earlier version) runs too, and the time this version adds inside the task (elapsed_s:
 the settle window and the safety checks) is printed.
 
+The module runs with its defaults unless --grace-period or --backend is given (the seed's own
+scenario: --grace-period 1 --backend nvidia-smi).
+
 Usage: python3 benchmarks/release_vs_oneliner.py [--reps 3] [--release-delay 1.0] [--compare-with DIR]
+                                                 [--grace-period S] [--backend auto|nvml|nvidia-smi]
 Needs psmisc (fuser) and ansible-core (the repository's .venv is used when present).
 """
 
@@ -65,11 +69,11 @@ def run_oneliner(host):
     return time.monotonic() - started, proc.stdout
 
 
-def run_module(host, ansible, env, workdir):
+def run_module(host, ansible, env, workdir, extra):
     # The threshold is given, not left to the default, so that an earlier version (whose default
     # was 0 MiB) judges the idle reading as this one does.
     args = dict(nvidia_smi_path=host.smi_path, devices=[os.path.join(host.root, 'dev', 'nvidia*')],
-                lock_file=os.path.join(workdir, 'release.lock'), memory_threshold_mib=IDLE_MAX_MIB)
+                lock_file=os.path.join(workdir, 'release.lock'), memory_threshold_mib=IDLE_MAX_MIB, **extra)
     started = time.monotonic()
     proc = subprocess.run([ansible, 'localhost', '-c', 'local', '-i', 'localhost,',
                            '-m', 'gpuops.nvidia.nvidia_device_release', '-a', json.dumps(args)],
@@ -90,7 +94,11 @@ def main():
                         help="the simulated driver's release delay in seconds (default 1.0)")
     parser.add_argument('--compare-with', metavar='DIR',
                         help='a checkout of another version of the collection, whose module runs too')
+    parser.add_argument('--grace-period', type=float, help="the module's grace_period (default: its own)")
+    parser.add_argument('--backend', choices=['auto', 'nvml', 'nvidia-smi'], help="the module's backend (default: its own)")
     opts = parser.parse_args()
+    extra = dict((name, value) for name, value in (('grace_period', opts.grace_period), ('backend', opts.backend))
+                 if value is not None)
     if not shutil.which('fuser'):
         raise SystemExit('fuser (psmisc) is needed for the one-liner')
     ansible = find_ansible()
@@ -114,7 +122,7 @@ def main():
                 if name == 'one-liner':
                     took, dummy = run_oneliner(host)
                 else:
-                    took, result = run_module(host, ansible, envs[name], workdir)
+                    took, result = run_module(host, ansible, envs[name], workdir, extra)
                     inside[name].append(result.get('elapsed_s', float('nan')))
                 used = host.memory_used()
                 # Idle GPUs read 1 MiB (as real H200s): at or below the default threshold is idle.
@@ -129,7 +137,8 @@ def main():
 
     print()
     print('hung-job on a simulated 8-GPU host (8 x 76113 MiB, die on SIGTERM, driver release '
-          'delay %.1f s), %d repetitions' % (opts.release_delay, opts.reps))
+          'delay %.1f s), %d repetitions%s' % (opts.release_delay, opts.reps,
+                                             ''.join(', %s %s' % item for item in sorted(extra.items()))))
     print('%-34s %9s  %-22s %-15s %s' % ('approach', 'median s', 'runs (s)', 'daemon alive', 'all GPUs idle'))
     labels = {'one-liner': 'one-liner (sleep; fuser -k; sleep)',
               'module': 'nvidia_device_release (ansible)',

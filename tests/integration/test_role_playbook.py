@@ -76,9 +76,11 @@ def ansible_env():
 
 def host_vars(host, tmp, name, **variables):
     """A simulated host's inventory variables: the collection finds it by its root (its /dev,
-    /sys and /proc/driver, and its own state directory, ROOT/run/gpuops, not the machine's)."""
+    /sys and /proc/driver, and its own state directory, ROOT/run/gpuops, not the machine's), and
+    the probe (on by default) its simulated libcuda.so.1."""
     values = dict(ansible_connection='local', ansible_python_interpreter=sys.executable,
                   gpu_reset_nvidia_smi_path=host.smi_path, gpu_reset_host_root=host.root,
+                  gpu_reset_probe_cuda_library=host.install_cuda(),
                   gpu_reset_lock_file=str(tmp / ('%s.lock' % name)), gpu_reset_grace_period=0.5,
                   gpu_reset_timeout=3)
     values.update(variables)
@@ -408,18 +410,21 @@ def test_second_run_changes_nothing_on_released_hosts(fleet):
     for name in RELEASED:
         assert run.reports[name]['outcome'] == 'clean', name
         assert run.recap[name]['changed'] == '0', name
-        # hung also writes its node_exporter metrics; strict reads first (a query of its own).
-        assert run.module_calls(name) == [
-            'Read the GPUs and who holds them' if name == 'strict' else 'Release the GPUs'], name
+        # strict reads first (a query of its own), then proves what it judged clean.
+        assert run.module_calls(name) == (
+            ['Read the GPUs and who holds them', 'Prove the GPUs by allocation'] if name == 'strict'
+            else ['Release the GPUs']), name
+        assert run.reports[name]['probe']['probed'] is True, name
     assert run.reports['lost']['outcome'] == 'failed'
     assert run.summary[0] == '9 of 9 host(s): 8 clean, 0 released, 1 failed'
 
 
 def test_own_clean_query_is_judged_before_anything_is_signalled(fleet):
     run = fleet['runs']['first']
-    # The sidecar passes the query, so nothing is released: one module call, the sidecar lives.
+    # The sidecar passes the query, so nothing is released, the sidecar lives, and the GPUs the
+    # query judged clean are proven by the probe module (no release proved them).
     assert run.module_calls('tolerant') == [
-        'Read the GPUs and who holds them']
+        'Read the GPUs and who holds them', 'Prove the GPUs by allocation']
     assert run.reports['tolerant']['signalled'] == [] and alive(fleet['info']['tolerant']['pid'])
     # A dirty host is read, then released; the release's own final read proves it clean.
     assert run.module_calls('strict') == [
@@ -1005,9 +1010,10 @@ def test_a_mistyped_variable_is_named_in_a_warning(gpuhost_factory, tmp_path):
     assert 'gpu_reset_timout is no setting of gpu_reset (a typo?); it is ignored' in ' '.join(run.out.split())
 
 
-def test_the_probe_runs_in_the_role_when_asked_and_a_failed_probe_fails_the_host(gpuhost_factory, tmp_path):
-    """gpu_reset_probe: true proves the GPUs judged clean by allocation (gpusim's libcuda.so.1);
-    a GPU whose allocation fails makes the host failed, the CUDA error in the reason."""
+def test_the_probe_runs_in_the_release_and_a_failed_probe_fails_the_host(gpuhost_factory, tmp_path):
+    """gpu_reset_probe: true (the default) proves the GPUs released by allocation (gpusim's
+    libcuda.so.1) in the release's own module call; a GPU whose allocation fails makes the host
+    failed, the CUDA error in the reason."""
     hosts = dict(good=gpuhost_factory('good', gpus=2), ecc=gpuhost_factory('ecc', gpus=2))
     cuda = dict((name, host.install_cuda()) for name, host in hosts.items())
     hosts['ecc'].fault('cuda', gpu=1, code='ECC_UNCORRECTABLE')
@@ -1019,5 +1025,5 @@ def test_the_probe_runs_in_the_role_when_asked_and_a_failed_probe_fails_the_host
     assert run.rc == 2, run.out
     good, ecc = run.reports['good'], run.reports['ecc']
     assert good['outcome'] == 'clean' and good['probe']['probed'] is True, good
-    assert good['steps'] == ['Release the GPUs', 'Prove the GPUs by allocation']
+    assert good['steps'] == ecc['steps'] == ['Release the GPUs']
     assert ecc['outcome'] == 'failed' and 'CUDA_ERROR_ECC_UNCORRECTABLE' in ecc['reason'], ecc['reason']

@@ -154,3 +154,23 @@ def test_a_malformed_job_is_refused_on_the_controller_naming_the_variable():
     assert found == ["gpu_reset_job.id must be a Slurm job id (digits), got '5; reboot'"]
     assert settings_problems({'job': {'id': '5', 'uid': 0, 'shared_gpus': [0], 'live_jobs': {'6': [1234]}}},
                              role_name)[1] == []
+
+
+@pytest.mark.parametrize('module', ['nvidia_device_release', 'nvidia_gpu_probe'])
+def test_a_setting_passed_to_a_module_is_declared_as_the_module_declares_it(module):
+    """The settings the sequence passes to a module under the same name have the module's type,
+    elements, choices and default: the two declarations cannot drift apart."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _sequence
+
+    specs = {
+        'nvidia_device_release': ('_release', 'release_argument_spec', _sequence.RELEASE_OPTIONS),
+        'nvidia_gpu_probe': ('_probe', 'probe_argument_spec', _sequence.PROBE_OPTIONS),
+    }
+    name, function, passed = specs[module]
+    utils = __import__('ansible_collections.gpuops.nvidia.plugins.module_utils.' + name, fromlist=[function])
+    module_spec = getattr(utils, function)()
+    for option in passed:
+        ours, theirs = SETTINGS_SPEC[option], module_spec[option]
+        for key in ('type', 'elements', 'choices', 'default'):
+            assert ours.get(key, 'str' if key == 'type' else None) == theirs.get(key, 'str' if key == 'type' else None), \
+                (module, option, key)
