@@ -256,14 +256,19 @@ class Prober:
     def left(self):
         return max(0.0, self.deadline - time.monotonic())
 
-    def run(self, check_mode=False):
-        started = time.monotonic()
-        snapshot = self.reader.read(timeout=self.left())
-        self.budget.spend('reading the GPUs', started)
+    def run(self, check_mode=False, snapshot=None):
+        """snapshot: a read of the GPUs just made (the release's last, whose warnings were said
+        already); the GPUs are read when None."""
+        warnings = []
+        if snapshot is None:
+            started = time.monotonic()
+            snapshot = self.reader.read(timeout=self.left())
+            self.budget.spend('reading the GPUs', started)
+            warnings = snapshot.warnings
         check_expected_gpus(snapshot.gpus + snapshot.missing, self.options.expected_gpus)
         scope = select_gpus(snapshot, self.options.gpus)
         result = ProbeResult([blank_result(gpu) for gpu in scope])
-        result.warnings.extend(snapshot.warnings)
+        result.warnings.extend(warnings)
         if not check_mode:
             self._probe(scope, result)
         result.duration_ms = round((time.monotonic() - result.started) * 1000.0, 1)
@@ -364,10 +369,10 @@ class Prober:
                                     '(timeout)' % self.options.timeout)
 
 
-def probe(reader, options, check_mode=False, child=None):
+def probe(reader, options, check_mode=False, child=None, snapshot=None):
     """Run the allocation probe; returns a ProbeResult. Raises GpuopsError when the GPUs cannot
-    be read or an option is wrong."""
-    return Prober(reader, options, child).run(check_mode)
+    be read or an option is wrong. snapshot: a read just made, which the probe starts from."""
+    return Prober(reader, options, child).run(check_mode, snapshot)
 
 
 # The release's option probe: the release proves the GPUs it left clean itself, in the same
@@ -389,9 +394,9 @@ def probe_scope(gpus, shared, gpus_after):
     return [index for index in scope if index not in set(shared)]
 
 
-def probe_after_release(reader, release_options, params, gpus):
-    """The probe a release runs on the GPUs it left clean: (what the report keeps of it, or None
-    when there is no GPU to probe; its warnings). A probe that cannot run is its failure, never the
+def probe_after_release(reader, release_options, params, gpus, snapshot=None):
+    """The probe a release runs on the GPUs it left clean, from its last read (snapshot): (what
+    the report keeps of it; its warnings). A probe that cannot run is its failure, never the
     release's: the GPUs were released."""
     if gpus == []:
         return dict(probed=False, library_missing=False, gpus=[], duration_ms=None, failure=None), []
@@ -399,7 +404,7 @@ def probe_after_release(reader, release_options, params, gpus):
         options = ProbeOptions(gpus, params['mib'], params['timeout'], release_options.memory_threshold_mib,
                                params['missing_library'], params['cuda_library'], release_options.expected_gpus,
                                release_options.state_dir, release_options.host_root)
-        result = probe(reader, options)
+        result = probe(reader, options, snapshot=snapshot)
     except GpuopsError as exc:
         return dict(probed=False, library_missing=False, gpus=[], duration_ms=None, failure=str(exc)), []
     return dict(result.dump(), failure=result.failure), result.warnings

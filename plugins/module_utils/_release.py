@@ -1403,10 +1403,12 @@ class Release:
 def release(reader, options, check_mode=False, signaller=None, proc='/proc'):
     """Run one release, then (options.probe) the probe of the GPUs it released; returns a
     ReleaseResult. A failed probe is said in result.probe, not as the release's failure."""
-    result = Release(reader, options, check_mode=check_mode, signaller=signaller, proc=proc).run()
+    releaser = Release(reader, options, check_mode=check_mode, signaller=signaller, proc=proc)
+    result = releaser.run()
     if options.probe and result.released and not check_mode:
         shared = (options.job or {}).get('shared_gpus')
         result.probe, warnings = probe_after_release(reader, options, options.probe,
-                                                     probe_scope(options.gpus, shared, result.gpus_after))
+                                                     probe_scope(options.gpus, shared, result.gpus_after),
+                                                     releaser.last_snapshot)
         result.warnings.extend(warnings)
     return result

@@ -97,6 +97,33 @@ def test_release_then_nothing_to_do(capsys, gpuhost, tmp_path):
     assert again['changed'] is False and again['released'] is True
 
 
+def test_the_release_proves_what_it_released_in_the_same_call(capsys, gpuhost, tmp_path):
+    """Option probe: after a release that freed the GPUs, the simulated libcuda.so.1 allocates on
+    each GPU in scope, from the release's last read (no read of its own); a GPU whose allocation
+    fails is said in probe.failure, and the release stays released."""
+    cuda = gpuhost.install_cuda()
+    info = gpuhost.hold(gpus=[1], mib=2048)
+    probe = dict(mib=64, cuda_library=cuda, timeout=20)
+    result = run_module(capsys, gpuhost, tmp_path, grace_period=1, gpus=[0, 1], probe=probe)
+    assert result['released'] is True and result['signalled'][0]['pid'] == info['pid']
+    assert result['probe']['probed'] is True and result['probe']['failure'] is None
+    assert [(gpu['index'], gpu['ok'], gpu['released']) for gpu in result['probe']['gpus']] == [(0, True, True), (1, True, True)]
+    gpuhost.fault('cuda', gpu=1, code='ECC_UNCORRECTABLE')
+    result = run_module(capsys, gpuhost, tmp_path, gpus=[0, 1], probe=probe)
+    assert result['released'] is True and 'failed' not in result
+    assert 'GPU 1' in result['probe']['failure'] and 'CUDA_ERROR_ECC_UNCORRECTABLE' in result['probe']['failure']
+
+
+def test_the_release_probes_no_gpu_other_jobs_share_and_nothing_in_check_mode(capsys, gpuhost, tmp_path):
+    probe = dict(mib=64, cuda_library=gpuhost.install_cuda(), timeout=20)
+    result = run_module(capsys, gpuhost, tmp_path, gpus=[0, 1], probe=probe, job=dict(id='7', shared_gpus=[1]))
+    assert [gpu['index'] for gpu in result['probe']['gpus']] == [0]
+    result = run_module(capsys, gpuhost, tmp_path, gpus=[1], probe=probe, job=dict(id='7', shared_gpus=[1]))
+    assert result['probe'] == dict(probed=False, library_missing=False, gpus=[], duration_ms=None, failure=None)
+    result = run_module(capsys, gpuhost, tmp_path, probe=probe, _ansible_check_mode=True)
+    assert 'probe' not in result
+
+
 def test_dirty_gpu_fails_with_every_field(capsys, gpuhost, tmp_path):
     gpuhost.fault('stuck', gpu=7, mib=64)
     result = run_module(capsys, gpuhost, tmp_path, timeout=2, grace_period=0.1)
