@@ -16,6 +16,22 @@ __metaclass__ = type
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
 
 
+def gpu_problem(gpu, reset_required, orphaned_memory, dirty, why=(), reset_remedy='', orphan_remedy=''):
+    """Why one GPU is not clean, or None: the one ladder of the release's message and the
+    verdict's reason. reset_required: the driver's verdict is that it needs a reset;
+    orphaned_memory: its memory is held with no process left; dirty: memory over the threshold,
+    not reported, or processes on it (why: what holds it)."""
+    if gpu.get('error') and reset_required:
+        return needs_reset(gpu, reset_remedy)
+    if gpu.get('error'):
+        return unreadable(gpu)
+    if orphaned_memory:
+        return orphaned(gpu, orphan_remedy)
+    if dirty:
+        return held(gpu, why)
+    return None
+
+
 def gpu_name(gpu):
     """A GPU as the reasons name it: its index, or its PCI bus id when it has none."""
     return gpu.get('pci_bus_id') if gpu.get('index') is None else gpu.get('index')

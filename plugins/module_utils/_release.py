@@ -222,15 +222,19 @@ class ReleaseOptions:
 
     @classmethod
     def from_params(cls, params):
-        return cls(params['devices'], params.get('gpus'), params['signals'], params['grace_period'],
-                   list(params['protect']) + list(params.get('extra_protect') or []),
-                   params['wait'], params['timeout'], params['memory_threshold_mib'],
-                   params.get('lock_file'), params.get('facts_after', False),
-                   params.get('settle_time', DEFAULT_SETTLE_S), params.get('host_root') or '/',
-                   params.get('reset_orphaned', False), params.get('nvidia_smi_path') or 'nvidia-smi',
-                   params.get('expected_gpus'), params.get('state_dir'), params.get('kernel_log'),
-                   params.get('bug_report_dir'), params.get('bug_report_timeout', DEFAULT_BUG_REPORT_TIMEOUT_S),
-                   params.get('reset_stop_units'), params.get('job'), params.get('probe'))
+        return cls(
+            params['devices'], gpus=params.get('gpus'), signals=params['signals'],
+            grace_period=params['grace_period'],
+            protect=list(params['protect']) + list(params.get('extra_protect') or []),
+            wait=params['wait'], timeout=params['timeout'], memory_threshold_mib=params['memory_threshold_mib'],
+            lock_file=params.get('lock_file'), facts_after=params.get('facts_after', False),
+            settle_time=params.get('settle_time', DEFAULT_SETTLE_S), host_root=params.get('host_root') or '/',
+            reset_orphaned=params.get('reset_orphaned', False),
+            nvidia_smi_path=params.get('nvidia_smi_path') or 'nvidia-smi', expected_gpus=params.get('expected_gpus'),
+            state_dir=params.get('state_dir'), kernel_log=params.get('kernel_log'),
+            bug_report_dir=params.get('bug_report_dir'),
+            bug_report_timeout=params.get('bug_report_timeout', DEFAULT_BUG_REPORT_TIMEOUT_S),
+            reset_stop_units=params.get('reset_stop_units'), job=params.get('job'), probe=params.get('probe'))
 
 
 class Target:
@@ -1368,22 +1372,19 @@ class Release:
             reported = [process for process in self._job_processes(gpu)
                         if not any(process.get('pid') == survivor['pid'] for survivor in holders)]
             used = gpu.get('memory_used_mib')
-            if gpu.get('error') and gpu_state(gpu) == 'reset_required':
-                problems.append(_reason.needs_reset(gpu, '; reset_orphaned resets it'))
-            elif gpu.get('error'):
-                problems.append(_reason.unreadable(gpu))
-            elif index in result.orphaned_gpus:
-                problems.append(_reason.orphaned(gpu))
-            elif holders or reported or used is None or used > self.options.memory_threshold_mib:
-                why = [self._why(survivor) for survivor in holders]
-                why += ['protected pid %s (%s), which is never signalled' % (process.get('pid'), printable(process.get('name')))
-                        if process.get('pid') in protected else
-                        'pid %s (%s, reported by the driver)' % (process.get('pid'), printable(process.get('name')))
-                        for process in reported]
-                why += [_foreign_why(holder, self.proc) for holder in self.foreign_seen.values()
-                        if self._blocks(holder, gpu)]
-                why += [_spared_why(holder) for holder in self._spared_on(gpu)]
-                problems.append(_reason.held(gpu, why))
+            why = [self._why(survivor) for survivor in holders]
+            why += ['protected pid %s (%s), which is never signalled' % (process.get('pid'), printable(process.get('name')))
+                    if process.get('pid') in protected else
+                    'pid %s (%s, reported by the driver)' % (process.get('pid'), printable(process.get('name')))
+                    for process in reported]
+            why += [_foreign_why(holder, self.proc) for holder in self.foreign_seen.values() if self._blocks(holder, gpu)]
+            why += [_spared_why(holder) for holder in self._spared_on(gpu)]
+            problem = _reason.gpu_problem(
+                gpu, gpu_state(gpu) == 'reset_required', index in result.orphaned_gpus,
+                bool(holders or reported or used is None or used > self.options.memory_threshold_mib), why,
+                reset_remedy='; reset_orphaned resets it')
+            if problem:
+                problems.append(problem)
         for survivor in result.survivors:
             if survivor['pid'] not in blocking:
                 problems.append(_reason.still_holds(self._why(survivor), survivor['devices']))

@@ -191,16 +191,15 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
         over = used is not None and used > memory_threshold_mib
         if gpu.get('error') or used is None or over or held or reported:
             count += 1
-        if gpu.get('error') and gpu.get('state') == 'reset_required':
-            lines.append(_reason.needs_reset(gpu, _remedy(attempted, reset_ok, output, allow_gpu_reset, ';')))
-        elif gpu.get('error'):
-            lines.append(_reason.unreadable(gpu))
-        elif over and gpu.get('state') == 'orphaned_memory' and not held:
-            lines.append(_reason.orphaned(gpu, _remedy(attempted, reset_ok, output, allow_gpu_reset, ',')))
-        elif used is None or over or held or reported:
-            why = ['pid %s (%s, %s)' % (s.get('pid'), printable(s.get('comm')), s.get('reason')) for s in held]
-            why += [_reason.reported(p) for p in reported]
-            lines.append(_reason.held(gpu, why))
+        why = ['pid %s (%s, %s)' % (s.get('pid'), printable(s.get('comm')), s.get('reason')) for s in held]
+        why += [_reason.reported(p) for p in reported]
+        problem = _reason.gpu_problem(
+            gpu, gpu.get('state') == 'reset_required', over and gpu.get('state') == 'orphaned_memory' and not held,
+            bool(used is None or over or held or reported), why,
+            reset_remedy=_remedy(attempted, reset_ok, output, allow_gpu_reset, ';'),
+            orphan_remedy=_remedy(attempted, reset_ok, output, allow_gpu_reset, ','))
+        if problem:
+            lines.append(problem)
     blocking = set(s.get('pid') for s in survivors if s.get('gpus'))
     for holder in final.get('nvidia_device_holders') or []:
         if not holder.get('protected') and holder.get('pid') not in blocking:
