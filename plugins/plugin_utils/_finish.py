@@ -47,9 +47,11 @@ def finish(run, host, drain, drain_misconfigured=False, hook=None):
     was read there (the hook drains it all the same, since its next job would run on it).
     hook: gives {budget_s, duration_s} of the Slurm hook's run when called, for its own gauges."""
     report, options = run.report, run.options
-    if (report['outcome'] == 'failed' and options['on_failure'] == 'drain' and not run.check_mode
-            and (drain_misconfigured or not run.misconfigured)):
-        drain(report, options['drain_timeout'])
+    if report['outcome'] == 'failed' and options['on_failure'] == 'drain' and (drain_misconfigured or not run.misconfigured):
+        if run.check_mode:
+            report['would_drain'] = True
+        else:
+            drain(report, options['drain_timeout'])
     if options['textfile_dir'] and not run.check_mode:
         try:
             host.write(os.path.join(options['textfile_dir'], METRICS_FILE), metrics(report, hook and hook()))

@@ -116,10 +116,11 @@ def load_settings(vars_file=None, overrides=None):
 
 class ModuleRunner:
     """The sequence's seam on the node: a module of the collection run as a program, within the
-    time left before ends (time.monotonic())."""
+    time left before ends (time.monotonic()); in check mode when check_mode (as Ansible runs it)."""
 
-    def __init__(self, ends):
+    def __init__(self, ends, check_mode=False):
         self.ends = ends
+        self.check_mode = check_mode
 
     def __call__(self, name, args):
         """The module's result (a dict; one that failed too, with failed and msg); ModuleError
@@ -127,6 +128,8 @@ class ModuleRunner:
         from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
         from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
 
+        if self.check_mode:
+            args = dict(args, _ansible_check_mode=True)
         with tempfile.NamedTemporaryFile('w', prefix='gpuops-args-', suffix='.json', delete=False) as handle:
             json.dump({'ANSIBLE_MODULE_ARGS': args}, handle)
         runner = Runner(sys.executable, name='gpuops.nvidia.%s' % name, env={
@@ -253,7 +256,8 @@ def note_reboot(result, stamp):
     return result
 
 
-def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None, refused=None, budget=None):
+def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None, refused=None, budget=None,
+          observe=False):
     """The sequence on one node, then the finishing section; returns its report (gpu_reset_result).
 
     why_not_drain: called before draining a node that is not clean; a reason (text) not to
@@ -261,13 +265,16 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
     for a reboot instead of a drain when only a reboot cures the GPUs (ask_reboot). refused: why
     nothing may be released (the job's GPUs could not be told): the node is failed with it.
     budget: (time.monotonic() when the hook started, its seconds), for the metrics (default:
-    this call's own)."""
+    this call's own). observe: decide and report, change nothing (the sequence in check mode:
+    nothing signalled or reset, the node not drained: the report says would_drain)."""
     started, budget_s = budget or (time.monotonic(), deadline)
     ends = time.monotonic() + deadline
     # The modules end that much before the hook's time does, for the drain command.
     modules_end = ends - min(DRAIN_RESERVE_S, deadline / 10.0)
     run = _sequence.Run(node, dict((name[len(PREFIX):], value) for name, value in settings.items()),
-                        ModuleRunner(modules_end), name=lambda option: PREFIX + option, deadline=modules_end)
+                        ModuleRunner(modules_end, check_mode=observe), check_mode=observe,
+                        name=lambda option: PREFIX + option,
+                        deadline=modules_end)
     if refused is None:
         _sequence.run(run)
     else:
@@ -284,8 +291,11 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
             drain(result, scontrol, node, seconds)
 
     # A misconfigured node is drained too: its next job would run on it.
-    return finish(run, NodeHost, drain_node, drain_misconfigured=True,
-                  hook=lambda: {'budget_s': budget_s, 'duration_s': round(time.monotonic() - started, 3)})
+    result = finish(run, NodeHost, drain_node, drain_misconfigured=True,
+                    hook=lambda: {'budget_s': budget_s, 'duration_s': round(time.monotonic() - started, 3)})
+    if result.get('would_drain') and reboot_stamp and reboot_cures(result):
+        result['would_reboot'] = True
+    return result
 
 
 def refuse(run, why):
@@ -652,7 +662,7 @@ def health_check(args):
     recheck = min(SLURM_CALL_S, RESUME_RESERVE_S / 2.0)
     result = reset(settings, args.node, args.scontrol, ends - time.monotonic() - RESUME_RESERVE_S,
                    why_not_drain=lambda: changed_since(args, read, recheck), reboot_stamp=reboot_stamp(args),
-                   budget=(ends - args.deadline, args.deadline))
+                   budget=(ends - args.deadline, args.deadline), observe=args.observe)
     sys.stdout.write(json.dumps(result) + '\n')
     return health_verdict(args, result, read, max(ends - time.monotonic(), 1))
 
@@ -662,12 +672,19 @@ def health_verdict(args, result, read, seconds):
     if result.get('drain_skipped'):
         say('not clean, left as it is: %s' % result['drain_skipped'])
         return 0
+    if result['outcome'] == 'failed' and args.observe:
+        say('observe mode: %s would stay drained: %s' % (printable(args.node), printable(result['reason'])))
+        return 0
     if result['outcome'] == 'failed':
         say('%s stays drained: %s' % (printable(args.node), printable(result['reason'])))
         return RUNNER_DRAINED if result.get('drained') else RUNNER_NOT_DRAINED
     changed = changed_since(args, read, min(SLURM_CALL_S, seconds / 2.0))
     if changed:
         say('clean, not resumed: %s' % changed)
+        return 0
+    if args.observe:
+        say('observe mode: would resume %s (its GPUs %s)' % (
+            printable(args.node), 'would be released first' if result['outcome'] == 'would_release' else 'are clean'))
         return 0
     return resume(args, seconds / 2.0)
 
@@ -700,6 +717,9 @@ def parse_args(argv):
     parser.add_argument('--health-check', action='store_true',
                         help="Slurm's HealthCheckProgram: return the node to service when this collection "
                              'drained it, it runs no job and its GPUs are clean again')
+    parser.add_argument('--observe', action='store_true',
+                        help='GPU_RESET_MODE=observe: read, decide and report what would be signalled, reset, '
+                             'drained or resumed; change nothing')
     parser.add_argument('--playbook-vars', metavar='FILE',
                         help="only write the hook's variables to FILE as JSON, for ansible-playbook -e @FILE")
     return parser.parse_args(argv)
@@ -726,8 +746,16 @@ def main(argv=None):
     if problem is None:
         settings[PREFIX + 'job'] = job_setting(args, gpus, settings.get(PREFIX + 'host_root'))
     result = reset(settings, args.node, args.scontrol, args.deadline - (time.monotonic() - started),
-                   reboot_stamp=reboot_stamp(args), refused=problem, budget=(started, args.deadline))
+                   reboot_stamp=reboot_stamp(args), refused=problem, budget=(started, args.deadline),
+                   observe=args.observe)
     sys.stdout.write(json.dumps(result) + '\n')
+    if args.observe:
+        # Slurm drains a node whose Prolog fails: observe mode leaves it in service whatever it found.
+        if result['outcome'] in ('failed', 'would_release'):
+            sys.stderr.write('gpu_reset: observe mode, nothing changed: %s %s: %s\n' % (
+                printable(args.node), 'would be drained' if result.get('would_drain') else 'is not clean',
+                printable(result['reason'])))
+        return 0
     if result['outcome'] == 'failed':
         sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))
         return RUNNER_DRAINED if result.get('drained') else RUNNER_NOT_DRAINED

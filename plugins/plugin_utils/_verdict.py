@@ -172,11 +172,9 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
     lines = []
     if error:
         lines.extend(printable(line) for line in str(error).splitlines())
-    if check_mode and not error:
-        text = 'check mode: would signal %d process(es)' % len(signalled)
-        if signalled:
-            text += ': ' + ', '.join('pid %s (%s)' % (p.get('pid'), printable(p.get('comm'))) for p in signalled)
-        lines.append(text)
+    if check_mode and not error and signalled:
+        lines.append('check mode: would signal %d process(es): %s' % (
+            len(signalled), ', '.join('pid %s (%s)' % (p.get('pid'), printable(p.get('comm'))) for p in signalled)))
     attempted, reset_ok, output = _escalation(escalation)
     problems = list((escalation or {}).get('problems') or [])
     lines.extend(problems)
@@ -288,7 +286,10 @@ def _judged(host, release, before, after, escalation, gpus, query, threshold, al
     elif before is not None and is_clean(before, query, None, threshold):
         outcome = 'clean'
     elif check_mode:
-        outcome = 'would_release'
+        # A release cannot make a lost or unreadable GPU clean, nor one the driver says needs a
+        # reset unless it may reset it: the host would fail.
+        outcome = 'failed' if any(gpu.get('error') and not (allow_gpu_reset and gpu.get('state') == 'reset_required')
+                                  for gpu in (final or {}).get('nvidia_gpus') or []) else 'would_release'
     elif final is not None and (after is not None or query is not None) and is_clean(final, query, None, threshold):
         outcome = 'released'
     else:

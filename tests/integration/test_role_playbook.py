@@ -517,6 +517,34 @@ def test_slurm_prolog_drains_a_node_with_a_lost_gpu(gpuhost_factory, tmp_path):
     assert calls[0].startswith('update nodename=node01 state=drain reason=gpu_reset: GPU 2 lost or unreadable')
 
 
+@pytest.mark.parametrize('runner', ['module', 'playbook'])
+def test_observe_mode_signals_nothing_drains_nothing_and_says_what_it_would_do(gpuhost_factory, tmp_path, runner):
+    """GPU_RESET_MODE=observe: a hung job and a lost GPU; the hook reads and decides, signals and
+    drains nothing, and exits 0 (a failed Prolog would have Slurm drain the node)."""
+    host = gpuhost_factory(gpus=2)
+    host.fault('lost', gpu=1)
+    job = host.hold(gpus=[0], mib=30000)['pid']
+    proc, calls, log = run_hook(host, tmp_path, 'prolog', GPU_RESET_SCOPE='node', GPU_RESET_MODE='observe',
+                                GPU_RESET_RUNNER=runner)
+    assert proc.returncode == 0, log
+    assert calls == [] and alive(job) and host.memory_used()[0] == 1 + 30000
+    assert 'GPU 1 lost or unreadable' in log, log
+    if runner == 'module':
+        assert 'observe mode, nothing changed: node01 would be drained: ' in log, log
+        assert '"would_drain": true' in log and '"signals_sent": []' in log, log
+    else:
+        # ansible-playbook --check: the host fails in check mode; the hook leaves the node as it is.
+        assert 'observe mode: the node is left as it is' in log, log
+
+
+def test_a_mode_that_is_neither_enforce_nor_observe_changes_nothing(gpuhost_factory, tmp_path):
+    host = gpuhost_factory(gpus=1)
+    job = host.hold(gpus=[0], mib=1000)['pid']
+    proc, calls, log = run_hook(host, tmp_path, 'epilog', SLURM_JOB_GPUS='0', GPU_RESET_MODE='observ')
+    assert proc.returncode == 0 and calls == [] and alive(job), log
+    assert 'GPU_RESET_MODE is neither enforce nor observe' in log and 'observe mode: the node is left as it is' in log
+
+
 def test_slurm_hook_names_a_python_that_cannot_run_it(gpuhost_factory, tmp_path):
     host = gpuhost_factory(gpus=1)
     proc, calls, log = run_hook(host, tmp_path, 'prolog', SLURM_JOB_GPUS='0', GPU_RESET_PYTHON='/opt/none/bin/python')

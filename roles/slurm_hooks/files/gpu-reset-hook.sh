@@ -38,6 +38,9 @@
 #                           a day, is drained for a person
 #   GPU_RESET_REBOOT_STAMP  the file that notes the last reboot asked for (default
 #                           /var/lib/gpuops/reboot-requested)
+#   GPU_RESET_MODE          enforce (default), or observe: read, decide and log what would be
+#                           signalled, reset, drained or resumed, and change nothing (the hook
+#                           exits 0 whatever it finds), for a staged rollout on a live cluster
 #   GPU_RESET_LOG           where the output goes (default /var/log/gpu-reset-hook.log)
 #   GPU_RESET_SCONTROL      the scontrol command (default scontrol on PATH)
 #   GPU_RESET_PATH          PATH for the hook (default /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
@@ -112,6 +115,16 @@ case ${GPU_RESET_REBOOT:-no} in
   *) conf_broken=1 ;;
 esac
 reboot_stamp=${GPU_RESET_REBOOT_STAMP:-/var/lib/gpuops/reboot-requested}
+# observe: read, decide and report what would be signalled, reset, drained or resumed; change
+# nothing (the hook exits 0, so that Slurm does not drain the node either). A mode that is
+# neither is a broken setting, and changes nothing either: a rollout meant to observe must not
+# drain the cluster for a typo.
+observe=
+case ${GPU_RESET_MODE:-enforce} in
+  enforce) ;;
+  observe) observe=1 ;;
+  *) observe=1 conf_broken=1 ;;
+esac
 vars_file=${GPU_RESET_VARS_FILE:-$here/gpu_reset.yml}
 log=${GPU_RESET_LOG:-/var/log/gpu-reset-hook.log}
 # A log that cannot be written must not stop the checks (a redirection that fails runs nothing).
@@ -161,14 +174,14 @@ run_module() {
   timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
     --node "$node" ${vars_file:+--vars-file "$vars_file"} ${gpus:+--gpus "$gpus"} \
     --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol" \
-    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"}
+    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"} ${observe:+--observe}
 }
 
 run_health() {
   timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
     --health-check --node "$node" ${vars_file:+--vars-file "$vars_file"} \
     --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol" \
-    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"}
+    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"} ${observe:+--observe}
 }
 
 run_playbook() {
@@ -193,6 +206,7 @@ run_playbook() {
   [ -n "$vars_file" ] && set -- "$@" -e "@$vars_file"
   # The hook's own settings come last and win over the variables file.
   set -- "$@" -e "@$hook_vars"
+  [ -n "$observe" ] && set -- "$@" --check
   HOME=${HOME:-$ansible_home} ANSIBLE_HOME=$ansible_home ANSIBLE_LOCAL_TEMP=$ansible_home/tmp \
     ANSIBLE_RETRY_FILES_ENABLED=0 ANSIBLE_NOCOLOR=1 \
     ANSIBLE_GATHERING=explicit ANSIBLE_LOCALHOST_WARNING=0 \
@@ -228,7 +242,7 @@ fi
   [ "$mode" = health ] && runner=module
   echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $what on $node, GPUs $shown_gpus, $runner"
   if [ -n "$conf_broken" ]; then
-    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds, or GPU_RESET_REBOOT is neither no nor asap: the hook cannot read its settings"
+    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds, or GPU_RESET_REBOOT is neither no nor asap, or GPU_RESET_MODE is neither enforce nor observe: the hook cannot read its settings"
     rc=20
   elif [ "$mode" = health ]; then
     # The health check runs the module runner only: settings that need the playbook (3) stop it.
@@ -272,7 +286,10 @@ case $rc in
   124) status=3 why="gave up after ${budget} s" ;;
   *) status=2 why=$(python_problem); why=${why:-could not check the GPUs} ;;
 esac
-if [ "$mode" = health ]; then
+if [ -n "$observe" ] && [ "$status" -ne 0 ]; then
+  echo "observe mode: the node is left as it is (the hook ${why:-found the GPUs not clean}; it would have drained it)" >>"$log"
+  status=0
+elif [ "$mode" = health ]; then
   # The health check drains nothing itself: a node it could not check is either drained already
   # (by this collection, and stays so) or none of its business.
   [ -n "${why:-}" ] && echo "the health check $why: nothing done" >>"$log"

@@ -539,6 +539,30 @@ def test_a_drained_node_whose_gpus_are_clean_is_resumed(slurm, capsys, hook_vars
     assert slurm.calls()[-1] == ['scontrol', 'update', 'nodename=gpu07', 'state=resume']
 
 
+def test_observe_mode_says_it_would_resume_and_changes_nothing(gpuhost, slurm, capsys, hook_vars):
+    """--observe (GPU_RESET_MODE=observe): the drained node's GPUs are read, a holder is named as
+    one that would be signalled, and the node would be resumed; nothing is signalled, no update."""
+    holder = gpuhost.hold(gpus=[0], mib=1024)['pid']
+    slurm.says(scontrol=show_node(), squeue='')
+    rc, out = slurm.check(capsys, '--vars-file', hook_vars(), '--timeout', '5', '--observe')
+    assert rc == 0, out.err
+    report = json.loads(out.out)
+    assert report['outcome'] == 'would_release' and report['check_mode'] is True
+    assert [entry['pid'] for entry in report['signalled']] == [holder] and alive(holder)
+    assert 'observe mode: would resume gpu07 (its GPUs would be released first)' in out.err, out.err
+    assert [call for call in slurm.calls() if call[1:2] == ['update']] == []
+
+
+def test_observe_mode_says_a_node_that_is_not_clean_would_stay_drained(gpuhost, slurm, capsys, hook_vars):
+    gpuhost.fault('lost', gpu=1)
+    slurm.says(scontrol=show_node(), squeue='')
+    rc, out = slurm.check(capsys, '--vars-file', hook_vars(), '--timeout', '5', '--observe')
+    assert rc == 0, out.err
+    assert json.loads(out.out)['would_drain'] is True
+    assert 'observe mode: gpu07 would stay drained: GPU 1 lost or unreadable' in out.err, out.err
+    assert [call for call in slurm.calls() if call[1:2] == ['update']] == []
+
+
 def test_a_drained_node_whose_gpus_are_still_dirty_stays_drained_with_the_new_reason(gpuhost, slurm, capsys, hook_vars):
     gpuhost.fault('stuck', gpu=1, mib=2048)
     slurm.says(scontrol=show_node(), squeue='')
