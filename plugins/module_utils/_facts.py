@@ -15,6 +15,7 @@ __metaclass__ = type
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import fallen_off_bus, health_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
+from ansible_collections.gpuops.nvidia.plugins.module_utils._modules import module_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders, uninspectable_warning
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, mark_fallen
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
@@ -92,5 +93,6 @@ def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_
         'nvidia_driver_version': snapshot.driver_version,
         'nvidia_gpu_backend': reader.backend,
         'nvidia_device_holders': holders,
+        'nvidia_module_holders': module_holders(getattr(reader, 'host_root', '/')),
     }
     return facts, snapshot.warnings + warnings

@@ -67,6 +67,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_e
 from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import JobScope, check_job
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope, no_such_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
+from ansible_collections.gpuops.nvidia.plugins.module_utils._modules import describe as describe_modules, module_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     DEFAULT_SIGNALS,
     check_escalation_options,
@@ -1137,6 +1138,8 @@ class Release:
         started = self.clock()
         escalation = result.escalation = quiesced_reset(self._quiesce(snapshot, todo), reset, sorted(todo))
         self.budget.spend('the GPU reset', started)
+        if escalation['attempted'] and not escalation['ok']:
+            self._name_module_holders(escalation)
         for problem in escalation['quiesced']['problems']:
             self._warn('reset_stop_units: %s' % problem)
         if escalation['ok']:
@@ -1159,6 +1162,13 @@ class Release:
         if result.failure and self.options.bug_report_dir and escalation['attempted']:
             # Evidence of what the driver did; a reset not tried has none.
             escalation['bug_report'] = self._bug_report()
+
+    def _name_module_holders(self, escalation):
+        """A reset that failed names the kernel modules that hold the driver: some keep it from
+        resetting a GPU that no process holds (an idle nvidia_drm)."""
+        holders = escalation['module_holders'] = module_holders(self.options.host_root)
+        if holders:
+            escalation['message'] += '; kernel modules that hold nvidia: %s' % describe_modules(holders)
 
     def _other_jobs_block_reset(self, result, snapshot, todo):
         """True when a process the job's release leaves alone holds a GPU to reset: a reset would

@@ -598,7 +598,8 @@ escalation:
       type: bool
     message:
       description: What happened to each GPU, with nvidia-smi's own words (its refusal, for a
-        GPU that another client still uses).
+        GPU that another client still uses), and, when a reset failed, the kernel modules that
+        hold C(nvidia) (RV(escalation.module_holders)).
       type: str
     persistence_mode_off:
       description: Indexes of the GPUs whose persistence mode was switched off for the reset
@@ -697,6 +698,27 @@ escalation:
       returned: when a reset was attempted
       type: list
       elements: str
+    module_holders:
+      description:
+        - The kernel modules that hold the driver's module C(nvidia), as C(/sys/module) (under
+          O(host_root)) shows them - directly, or through another (C(nvidia_drm) through
+          C(nvidia_modeset)). Some keep the driver from resetting a GPU although no process holds
+          it (an idle C(nvidia_drm) makes C(nvidia-smi --gpu-reset) answer "In use by another
+          client"); unloading one that nothing uses, when a person decides to, can let the reset
+          through.
+      returned: when a reset was attempted and failed
+      type: list
+      elements: dict
+      contains:
+        name:
+          description: The module's name.
+          type: str
+        refcnt:
+          description: Its use count (C(/sys/module/NAME/refcnt)); null when unreadable.
+          type: int
+        via:
+          description: The module it holds C(nvidia) through; null when it holds C(nvidia) itself.
+          type: str
     bug_report:
       description: The C(nvidia-bug-report.sh) run after a failed reset (see O(bug_report_dir)).
       returned: when the reset failed and O(bug_report_dir) is set

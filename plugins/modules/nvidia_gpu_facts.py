@@ -412,6 +412,29 @@ ansible_facts:
           cmdline: /usr/bin/nvidia-persistenced --user nvidia-persistenced
           devices: [/dev/nvidia0, /dev/nvidiactl]
           protected: true
+    nvidia_module_holders:
+      description:
+        - The kernel modules that hold the driver's module C(nvidia), directly or through another
+          (C(nvidia_drm) through C(nvidia_modeset)), as C(/sys/module) under O(host_root) shows
+          them; empty when C(nvidia) is not loaded. Some keep the driver from resetting a GPU that
+          no process holds (an idle C(nvidia_drm)).
+      returned: success
+      type: list
+      elements: dict
+      contains:
+        name:
+          description: The module's name.
+          type: str
+        refcnt:
+          description: Its use count (C(/sys/module/NAME/refcnt)); null when unreadable.
+          type: int
+        via:
+          description: The module it holds C(nvidia) through; null when it holds C(nvidia) itself.
+          type: str
+      sample:
+        - {name: nvidia_modeset, refcnt: 1, via: null}
+        - {name: nvidia_uvm, refcnt: 0, via: null}
+        - {name: nvidia_drm, refcnt: 0, via: nvidia_modeset}
 '''
 
 from ansible.module_utils.basic import AnsibleModule

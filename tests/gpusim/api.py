@@ -10,6 +10,9 @@ from gpusim import hold as _hold
 from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, RECOVERY_ACTIONS, Paths,
                           build_state, cuda_code, empty_faults, is_alive, load_records, load_state, minor_of, write_json)
 
+# (module, the module it holds) as a data-center driver loads them.
+DEFAULT_MODULES = (("nvidia", None), ("nvidia_uvm", "nvidia"), ("nvidia_modeset", "nvidia"))
+
 SMI_SCRIPT = """\
 #!{python} -S
 import sys
@@ -226,6 +229,31 @@ class Host:
                 f.write(M.GPU_INFORMATION.format(model=g["name"], uuid=g["uuid"], bus=bus, minor=g["minor"]))
         with open(os.path.join(os.path.dirname(p.driver_gpus), "version"), "w") as f:
             f.write(M.DRIVER_VERSION_FILE.format(version=state["driver_version"]))
+        # The driver's kernel modules as a data-center node loads them: nvidia, held by
+        # nvidia_uvm and nvidia_modeset.
+        for name, holds in DEFAULT_MODULES:
+            self.load_module(name, holds)
+
+    def load_module(self, name, holds="nvidia", refcnt=0, blocks_reset=False):
+        """A kernel module in ROOT/sys/module: NAME/refcnt, and, when it holds another module
+        (depends on it), HOLDS/holders/NAME, a link to it, as sysfs shows them. blocks_reset: the
+        simulated nvidia-smi refuses a GPU reset while it is loaded ("In use by another client"),
+        as an idle nvidia_drm makes the real one do."""
+        base = os.path.join(self.paths.root, "sys", "module")
+        os.makedirs(os.path.join(base, name, "holders"), exist_ok=True)
+        with open(os.path.join(base, name, "refcnt"), "w") as f:
+            f.write("%d\n" % refcnt)
+        if holds:
+            link = os.path.join(base, holds, "holders", name)
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            if not os.path.lexists(link):
+                os.symlink(os.path.join("..", "..", name), link)
+        if blocks_reset:
+            state = load_state(self.paths)
+            blocking = state.setdefault("faults", {}).setdefault("reset_blocking_modules", [])
+            if name not in blocking:
+                blocking.append(name)
+            write_json(self.paths.state, state)
 
     @staticmethod
     def _fallen_lines(pci_bus_id):

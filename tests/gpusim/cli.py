@@ -123,6 +123,12 @@ def _parser():
     c = cmd("nvml", help="build and install the simulated libnvidia-ml.so.1 (needs gcc)")
     c.add_argument("--flavor", choices=("current", "old", "oldest"), default="current",
                    help="old: no memory _v2, no processes _v3; oldest: no processes _v2 either")
+    c = cmd("module", help="load a kernel module in ROOT/sys/module (the driver's own are loaded at init)")
+    c.add_argument("name")
+    c.add_argument("--holds", default="nvidia", help="the module it depends on (default nvidia)")
+    c.add_argument("--refcnt", type=int, default=0)
+    c.add_argument("--blocks-reset", action="store_true",
+                   help="nvidia-smi refuses a GPU reset while it is loaded, as with an idle nvidia_drm")
     cmd("ps", help="allocation records, with alive")
     cmd("stop", help="SIGKILL everything this root started; wait until gone")
     c = cmd("smi", help="run the fake nvidia-smi in-process (arguments after --)")
@@ -199,6 +205,8 @@ def main(argv=None):
         elif args.cmd == "nvml":
             lib = host.install_nvml(flavor=args.flavor)
             print(json.dumps({"lib": lib, "LD_LIBRARY_PATH": os.path.dirname(lib)}))
+        elif args.cmd == "module":
+            host.load_module(args.name, args.holds, args.refcnt, args.blocks_reset)
         elif args.cmd == "ps":
             print(json.dumps(host.ps(), indent=1))
         elif args.cmd == "stop":

@@ -400,6 +400,8 @@ class Smi:
             dev = self.paths.gpu_dev(g.get("minor", idx))
             in_use = (g["persistence_mode"] == "Enabled"
                       or self.faults.get("reset_refused", {}).get(str(idx))
+                      or any(os.path.isdir(os.path.join(self.paths.root, "sys", "module", name))
+                             for name in self.faults.get("reset_blocking_modules", ()))
                       or any(idx in rec["gpus"] and int(rec.get("mib", 0)) > 0 for rec in live)
                       or holders_of({dev}, exclude=(os.getpid(),)))
             (busy if in_use else ok).append(g)

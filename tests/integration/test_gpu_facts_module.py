@@ -56,6 +56,15 @@ def test_hung_job_facts(gpuhost):
     assert started
 
 
+def test_the_kernel_modules_that_hold_the_driver_are_facts(gpuhost):
+    gpuhost.load_module('nvidia_drm', holds='nvidia_modeset', refcnt=1)
+    result, proc = run_facts(gpuhost, host_root=gpuhost.root, devices=['/dev/nvidia*'])
+    assert proc.returncode == 0, proc.stdout
+    assert result['ansible_facts']['nvidia_module_holders'] == [
+        {'name': 'nvidia_modeset', 'refcnt': 0, 'via': None}, {'name': 'nvidia_uvm', 'refcnt': 0, 'via': None},
+        {'name': 'nvidia_drm', 'refcnt': 1, 'via': 'nvidia_modeset'}]
+
+
 def test_clean_host_is_free(gpuhost):
     result, proc = run_facts(gpuhost)
     assert proc.returncode == 0

@@ -219,6 +219,26 @@ def test_reset_orphaned_refused_is_reported_in_nvidia_smis_words(capsys, gpuhost
     assert escalation['quiesced']['held_by'] == [] and escalation['quiesced']['stopped'] == []
 
 
+def test_a_reset_refused_while_a_kernel_module_holds_the_driver_names_the_modules(capsys, gpuhost, tmp_path):
+    """An idle nvidia_drm (through nvidia_modeset) makes the simulated nvidia-smi refuse the reset,
+    as it makes the real one: no process holds the GPU, and the failure names the modules."""
+    gpuhost.load_module('nvidia_drm', holds='nvidia_modeset', refcnt=0, blocks_reset=True)
+    gpuhost.load_module('nvidia_peermem', refcnt=0)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = run_module(capsys, gpuhost, tmp_path, host_root=gpuhost.root, devices=['/dev/nvidia*'],
+                        reset_orphaned=True, grace_period=0.3, timeout=6)
+    assert result['failed'] is True and result['released'] is False, result
+    escalation = result['escalation']
+    assert escalation['attempted'] is True and escalation['ok'] is False
+    assert escalation['module_holders'] == [
+        {'name': 'nvidia_modeset', 'refcnt': 0, 'via': None}, {'name': 'nvidia_peermem', 'refcnt': 0, 'via': None},
+        {'name': 'nvidia_uvm', 'refcnt': 0, 'via': None}, {'name': 'nvidia_drm', 'refcnt': 0, 'via': 'nvidia_modeset'}]
+    assert escalation['message'].endswith(
+        '; kernel modules that hold nvidia: nvidia_modeset (used by 0), nvidia_peermem (used by 0), '
+        'nvidia_uvm (used by 0), nvidia_drm (through nvidia_modeset, used by 0)'), escalation['message']
+    assert 'nvidia_drm (through nvidia_modeset' in result['msg']
+
+
 def test_reset_orphaned_held_by_a_daemon_in_no_unit_is_not_attempted(capsys, gpuhost, tmp_path):
     # A protected daemon that runs in no systemd service cannot be stopped for the reset: the reset
     # is not tried, and the message names the daemon.
