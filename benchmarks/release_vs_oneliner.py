@@ -136,9 +136,9 @@ def main():
         shutil.rmtree(workdir, ignore_errors=True)
 
     print()
+    settings = ''.join(', %s %s' % item for item in sorted(extra.items()))
     print('hung-job on a simulated 8-GPU host (8 x 76113 MiB, die on SIGTERM, driver release '
-          'delay %.1f s), %d repetitions%s' % (opts.release_delay, opts.reps,
-                                             ''.join(', %s %s' % item for item in sorted(extra.items()))))
+          'delay %.1f s), %d repetitions%s' % (opts.release_delay, opts.reps, settings))
     print('%-34s %9s  %-22s %-15s %s' % ('approach', 'median s', 'runs (s)', 'daemon alive', 'all GPUs idle'))
     labels = {'one-liner': 'one-liner (sleep; fuser -k; sleep)',
               'module': 'nvidia_device_release (ansible)',
