@@ -81,8 +81,10 @@ def main():
     workdir = tempfile.mkdtemp(prefix='gpuops-clean-')
     host = Host(os.path.join(workdir, 'host')).init()
     inventory = os.path.join(workdir, 'inventory.yml')
+    # The host's simulated libcuda.so.1, for the probe (on by default since the probe moved into
+    # the release's own module call).
     host_vars = dict(ansible_connection='local', ansible_python_interpreter=sys.executable,
-                     gpu_reset_host_root=host.root,
+                     gpu_reset_host_root=host.root, gpu_reset_probe_cuda_library=host.install_cuda(),
                      gpu_reset_nvidia_smi_path=host.smi_path, gpu_reset_lock_file=os.path.join(workdir, 'reset.lock'))
     with open(inventory, 'w') as handle:
         yaml.safe_dump({'gpu_hosts': {'hosts': {'simulated': host_vars}}}, handle)

@@ -108,6 +108,9 @@ def main():
                     'gpu_reset_lock_file': os.path.join(directory, 'release.lock')}
         if args.no_probe:
             settings['gpu_reset_probe'] = False
+        else:
+            # The probe proves the 8 GPUs through the simulated libcuda.so.1.
+            settings['gpu_reset_probe_cuda_library'] = host.install_cuda()
         deploy_hooks(hooks, settings,
                      slurm_hooks_budget_s=60, slurm_hooks_prolog_epilog_timeout=120)
         prolog = os.path.join(directory, 'prolog')
