@@ -54,6 +54,7 @@ __metaclass__ = type
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -74,6 +75,8 @@ RUNNER_SETTINGS_UNREADABLE = 2
 RUNNER_NEEDS_PLAYBOOK = 3
 RUNNER_DRAINED = 10
 RUNNER_NOT_DRAINED = 11
+# Not clean, and left in service: the fleet brake held (too many nodes drained by gpu_reset).
+RUNNER_BRAKE_HELD = 12
 
 MODULES = 'ansible_collections.gpuops.nvidia.plugins.modules.'
 # plugins/plugin_utils/_slurm_hook.py -> the collection, and the directory that holds ansible_collections/
@@ -257,7 +260,7 @@ def note_reboot(result, stamp):
 
 
 def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None, refused=None, budget=None,
-          observe=False):
+          observe=False, max_drained=None):
     """The sequence on one node, then the finishing section; returns its report (gpu_reset_result).
 
     why_not_drain: called before draining a node that is not clean; a reason (text) not to
@@ -266,7 +269,8 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
     nothing may be released (the job's GPUs could not be told): the node is failed with it.
     budget: (time.monotonic() when the hook started, its seconds), for the metrics (default:
     this call's own). observe: decide and report, change nothing (the sequence in check mode:
-    nothing signalled or reset, the node not drained: the report says would_drain)."""
+    nothing signalled or reset, the node not drained: the report says would_drain). max_drained:
+    the fleet brake (brake_holds), None for none."""
     started, budget_s = budget or (time.monotonic(), deadline)
     ends = time.monotonic() + deadline
     # The modules end that much before the hook's time does, for the drain command.
@@ -285,6 +289,8 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
         seconds = min(drain_timeout, max(ends - time.monotonic(), 1))
         if skip:
             result['drained'], result['drain_skipped'] = False, skip
+        elif max_drained and brake_holds(result, scontrol, node, max_drained, min(SLURM_CALL_S, seconds / 2.0)):
+            result['drained'] = False
         elif reboot_stamp and reboot_cures(result):
             ask_reboot(result, scontrol, node, seconds, reboot_stamp)
         else:
@@ -296,6 +302,86 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
     if result.get('would_drain') and reboot_stamp and reboot_cures(result):
         result['would_reboot'] = True
     return result
+
+
+# -- the fleet brake ---------------------------------------------------------------------------
+
+# What a node's state reads as when it takes no jobs (sinfo's %t, lower case, '*' for unreachable).
+OUT_OF_SERVICE = ('drain', 'drng', 'down', 'fail')
+MAX_DRAINED_RE = re.compile(r'^([0-9]{1,6})(%?)$')
+
+
+def max_drained_argument(text):
+    """--max-drained: a number of nodes, or a percentage of the cluster's (N%)."""
+    if not MAX_DRAINED_RE.match(text or ''):
+        raise argparse.ArgumentTypeError('%r is neither a number of nodes nor a percentage (N%%)' % (text,))
+    return text
+
+
+def brake_cap(max_drained, nodes):
+    """How many nodes may be out of service for gpu_reset at once: max_drained (N, or N% of
+    nodes, rounded up), at least 1."""
+    number, percent = MAX_DRAINED_RE.match(max_drained).groups()
+    return max(1, int(math.ceil(nodes * int(number) / 100.0)) if percent else int(number))
+
+
+def sinfo_command(scontrol):
+    """sinfo, next to scontrol when that is a path."""
+    return os.path.join(os.path.dirname(scontrol), 'sinfo') if '/' in scontrol else 'sinfo'
+
+
+def drained_nodes(scontrol, seconds):
+    """(the cluster's nodes, those out of service with a gpu_reset reason), from sinfo (a node is
+    listed once per partition); SlurmUnreadable when sinfo cannot tell."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIX as DRAIN_PREFIX
+
+    rc, stdout, stderr = slurm_call([sinfo_command(scontrol), '-h', '-N', '-o', '%N %t %E'], seconds)
+    if rc != 0:
+        raise SlurmUnreadable('sinfo failed (rc %d): %s' % (rc, printable(stderr.strip(), 300)))
+    nodes, drained = set(), set()
+    for line in stdout.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not NODE_NAME_RE.match(parts[0]):
+            continue
+        nodes.add(parts[0])
+        if parts[1].rstrip('*~#!%$@^-').lower() in OUT_OF_SERVICE and parts[2:] and parts[2].startswith(DRAIN_PREFIX):
+            drained.add(parts[0])
+    if not nodes:
+        raise SlurmUnreadable('sinfo listed no node')
+    return nodes, drained
+
+
+def cannot_run_jobs(result):
+    """Whether a job cannot run on the node as it is: a GPU lost or unreadable, or memory still
+    held on one (a process left, or memory no process holds). The brake gives way to these."""
+    return bool(result.get('survivors')) or any(
+        gpu.get('state') in ('lost', 'orphaned_memory', 'busy', 'idle_holding') for gpu in result.get('gpus') or [])
+
+
+def brake_holds(result, scontrol, node, max_drained, seconds):
+    """Whether the fleet brake keeps the node in service although it is not clean: past
+    max_drained nodes already out of service for gpu_reset, a fault that many nodes share (a
+    driver update, a bug of the checks) must not empty the cluster. A node where no job can run
+    is drained all the same, the brake overridden. The report says which (brake)."""
+    try:
+        nodes, drained = drained_nodes(scontrol, seconds)
+    except SlurmUnreadable as exc:
+        result['brake'] = {'held': False, 'why': 'the drained nodes could not be counted: %s' % exc}
+        return False
+    drained.discard(node)
+    cap = brake_cap(max_drained, len(nodes))
+    brake = result['brake'] = {'held': False, 'drained_nodes': len(drained), 'nodes': len(nodes), 'cap': cap}
+    if len(drained) < cap:
+        return False
+    if cannot_run_jobs(result):
+        brake['overridden'] = True
+        result['reason'] = '%s; the brake (%d of %d nodes drained by gpu_reset, at most %d) is overridden: no job can run here' % (
+            result['reason'], len(drained), len(nodes), cap)
+        return False
+    brake['held'] = True
+    result['reason'] = '%s; not drained: the brake holds (%d of %d nodes drained by gpu_reset already, at most %d)' % (
+        result['reason'], len(drained), len(nodes), cap)
+    return True
 
 
 def refuse(run, why):
@@ -717,6 +803,10 @@ def parse_args(argv):
     parser.add_argument('--health-check', action='store_true',
                         help="Slurm's HealthCheckProgram: return the node to service when this collection "
                              'drained it, it runs no job and its GPUs are clean again')
+    parser.add_argument('--max-drained', type=max_drained_argument,
+                        help='the fleet brake (GPU_RESET_MAX_DRAINED): past this many nodes, or this percentage of '
+                             "the cluster's (N%%), out of service for gpu_reset, a node that is not clean but can run "
+                             'jobs is left in service and reported')
     parser.add_argument('--observe', action='store_true',
                         help='GPU_RESET_MODE=observe: read, decide and report what would be signalled, reset, '
                              'drained or resumed; change nothing')
@@ -747,7 +837,7 @@ def main(argv=None):
         settings[PREFIX + 'job'] = job_setting(args, gpus, settings.get(PREFIX + 'host_root'))
     result = reset(settings, args.node, args.scontrol, args.deadline - (time.monotonic() - started),
                    reboot_stamp=reboot_stamp(args), refused=problem, budget=(started, args.deadline),
-                   observe=args.observe)
+                   observe=args.observe, max_drained=args.max_drained)
     sys.stdout.write(json.dumps(result) + '\n')
     if args.observe:
         # Slurm drains a node whose Prolog fails: observe mode leaves it in service whatever it found.
@@ -758,6 +848,8 @@ def main(argv=None):
         return 0
     if result['outcome'] == 'failed':
         sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))
+        if (result.get('brake') or {}).get('held'):
+            return RUNNER_BRAKE_HELD
         return RUNNER_DRAINED if result.get('drained') else RUNNER_NOT_DRAINED
     return 0
 

@@ -38,6 +38,10 @@
 #                           a day, is drained for a person
 #   GPU_RESET_REBOOT_STAMP  the file that notes the last reboot asked for (default
 #                           /var/lib/gpuops/reboot-requested)
+#   GPU_RESET_MAX_DRAINED   the fleet brake: past this many nodes, or this percentage of the
+#                           cluster's (default 10%, at least 1 node), out of service with a
+#                           gpu_reset reason, a node that is not clean but where a job can run
+#                           (no GPU lost, no memory held) is left in service and the reason logged
 #   GPU_RESET_MODE          enforce (default), or observe: read, decide and log what would be
 #                           signalled, reset, drained or resumed, and change nothing (the hook
 #                           exits 0 whatever it finds), for a staged rollout on a live cluster
@@ -51,7 +55,7 @@
 # Exit status of a Prolog or an Epilog (Slurm drains the node on any non-zero status of either,
 # and requeues a batch job whose Prolog failed, held; it does not tell one status from another,
 # so each names a case for slurmd's log and for people, and every non-zero one leaves a reason):
-#   0  the GPUs are clean
+#   0  the GPUs are clean, or the fleet brake held (not clean, but left in service and logged)
 #   1  they are not: the node is drained with the reason (each GPU and why), by the runner, or
 #      by the hook itself pointing to the log when the runner's drain failed
 #   2  the hook could not run its checks (no Python, no collection, settings or SLURM_JOB_GPUS it
@@ -115,6 +119,10 @@ case ${GPU_RESET_REBOOT:-no} in
   *) conf_broken=1 ;;
 esac
 reboot_stamp=${GPU_RESET_REBOOT_STAMP:-/var/lib/gpuops/reboot-requested}
+max_drained=${GPU_RESET_MAX_DRAINED:-10%}
+case $max_drained in
+  '' | *[!0-9%]* | *%?* | %*) max_drained=10% conf_broken=1 ;;
+esac
 # observe: read, decide and report what would be signalled, reset, drained or resumed; change
 # nothing (the hook exits 0, so that Slurm does not drain the node either). A mode that is
 # neither is a broken setting, and changes nothing either: a rollout meant to observe must not
@@ -174,7 +182,7 @@ run_module() {
   timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
     --node "$node" ${vars_file:+--vars-file "$vars_file"} ${gpus:+--gpus "$gpus"} \
     --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol" \
-    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"} ${observe:+--observe}
+    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"} ${observe:+--observe} --max-drained "$max_drained"
 }
 
 run_health() {
@@ -242,7 +250,7 @@ fi
   [ "$mode" = health ] && runner=module
   echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $what on $node, GPUs $shown_gpus, $runner"
   if [ -n "$conf_broken" ]; then
-    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds, or GPU_RESET_REBOOT is neither no nor asap, or GPU_RESET_MODE is neither enforce nor observe: the hook cannot read its settings"
+    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds, or GPU_RESET_REBOOT is neither no nor asap, or GPU_RESET_MODE is neither enforce nor observe, or GPU_RESET_MAX_DRAINED is neither a number nor a percentage: the hook cannot read its settings"
     rc=20
   elif [ "$mode" = health ]; then
     # The health check runs the module runner only: settings that need the playbook (3) stop it.
@@ -263,7 +271,7 @@ fi
   fi
   echo "=== $what: exit $rc after $(($(date +%s) - started)) s"
   case $rc in
-    0 | 10 | 11) exit "$rc" ;;
+    0 | 10 | 11 | 12) exit "$rc" ;;
     124 | 137) exit 124 ;;
     *) exit 20 ;;
   esac
@@ -281,6 +289,7 @@ python_problem() {
 
 case $rc in
   0) status=0 ;;
+  12) status=0; echo "the fleet brake holds: the node is not clean but stays in service (see the reason above)" >>"$log" ;;
   10) status=1 ;;
   11) status=1 why="found the GPUs not clean and could not drain the node with the reason" ;;
   124) status=3 why="gave up after ${budget} s" ;;

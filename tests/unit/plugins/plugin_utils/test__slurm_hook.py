@@ -474,7 +474,7 @@ def slurm(tmp_path):
               'if sys.argv[1:2] == ["update"]:\n    sys.exit(0)\n'
               'sys.stdout.write(open(os.path.join(os.path.dirname(sys.argv[0]), name + ".out")).read())\n'
               % (sys.executable, str(calls)))
-    for name in ('scontrol', 'squeue'):
+    for name in ('scontrol', 'squeue', 'sinfo'):
         (tmp_path / name).write_text(script)
         (tmp_path / name).chmod(0o755)
         (tmp_path / (name + '.out')).write_text('')
@@ -482,11 +482,13 @@ def slurm(tmp_path):
     class Slurm:
         scontrol = str(tmp_path / 'scontrol')
 
-        def says(self, scontrol=None, squeue=None):
+        def says(self, scontrol=None, squeue=None, sinfo=None):
             if scontrol is not None:
                 (tmp_path / 'scontrol.out').write_text(scontrol)
             if squeue is not None:
                 (tmp_path / 'squeue.out').write_text(squeue)
+            if sinfo is not None:
+                (tmp_path / 'sinfo.out').write_text(sinfo)
 
         def calls(self):
             return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
@@ -601,6 +603,84 @@ def hook_vars(gpuhost, tmp_path):
             'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_grace_period': 0.5}))
         return str(path)
     return write
+
+
+# -- the fleet brake -----------------------------------------------------------------------------
+
+def sinfo_lines(nodes, drained=(), other=()):
+    """sinfo -h -N -o '%N %t %E' of nodes gpu01..gpuNN in two partitions: drained, with a gpu_reset
+    reason; other, drained for a reason of someone else's."""
+    lines = []
+    for partition in ('batch', 'debug'):
+        for number in range(1, nodes + 1):
+            name = 'gpu%02d' % number
+            if name in drained:
+                lines.append('%s drain gpu_reset: GPU 1: 900 MiB held with no process left' % name)
+            elif name in other:
+                lines.append('%s drain* bad DIMM' % name)
+            else:
+                lines.append('%s idle none' % name)
+        if partition == 'debug':
+            lines = lines[:nodes + 2]  # the debug partition holds only two of the nodes
+    return '\n'.join(lines) + '\n'
+
+
+def prolog(slurm, capsys, hook_vars, *more):
+    rc = _slurm_hook.main(['--node', 'gpu07', '--scontrol', slurm.scontrol, '--vars-file', hook_vars(),
+                           '--timeout', '5', '--deadline', '30'] + list(more))
+    out = capsys.readouterr()
+    return rc, json.loads(out.out), [call for call in slurm.calls() if call[1:2] == ['update']]
+
+
+def test_past_the_cap_a_node_that_can_run_jobs_stays_in_service(gpuhost, slurm, capsys, hook_vars):
+    """A probe that fails on every node (a driver update, a bug) must not empty the cluster: with
+    one of 20 nodes drained by gpu_reset already and a cap of 1, the node stays in service."""
+    gpuhost.fault('cuda', gpu=2, code='ECC_UNCORRECTABLE')
+    slurm.says(sinfo=sinfo_lines(20, drained=('gpu03',), other=('gpu05',)))
+    rc, report, updates = prolog(slurm, capsys, hook_vars, '--max-drained', '1')
+    assert rc == _slurm_hook.RUNNER_BRAKE_HELD and updates == []
+    assert report['outcome'] == 'failed' and report['drained'] is False
+    assert report['brake'] == {'held': True, 'drained_nodes': 1, 'nodes': 20, 'cap': 1}
+    assert report['reason'].endswith('; not drained: the brake holds (1 of 20 nodes drained by gpu_reset already, '
+                                     'at most 1)'), report['reason']
+
+
+def test_under_the_cap_the_node_is_drained(gpuhost, slurm, capsys, hook_vars):
+    gpuhost.fault('cuda', gpu=2, code='ECC_UNCORRECTABLE')
+    slurm.says(sinfo=sinfo_lines(30, drained=('gpu03', 'gpu07'), other=('gpu05',)))
+    rc, report, updates = prolog(slurm, capsys, hook_vars, '--max-drained', '10%')
+    # 10 % of 30 nodes is 3; one other node is drained by gpu_reset (this one does not count).
+    assert rc == _slurm_hook.RUNNER_DRAINED and len(updates) == 1
+    assert report['brake'] == {'held': False, 'drained_nodes': 1, 'nodes': 30, 'cap': 3}
+
+
+def test_a_node_where_no_job_can_run_is_drained_past_the_cap_saying_so(gpuhost, slurm, capsys, hook_vars):
+    gpuhost.fault('lost', gpu=1)
+    slurm.says(sinfo=sinfo_lines(4, drained=('gpu01', 'gpu02')))
+    rc, report, updates = prolog(slurm, capsys, hook_vars, '--max-drained', '1')
+    assert rc == _slurm_hook.RUNNER_DRAINED and len(updates) == 1
+    assert report['brake'] == {'held': False, 'drained_nodes': 2, 'nodes': 4, 'cap': 1, 'overridden': True}
+    assert 'is overridden: no job can run here' in updates[0][-1]
+
+
+@pytest.mark.parametrize('sinfo', ['', 'garbage; rm -rf /\n'])
+def test_a_cluster_sinfo_cannot_tell_is_drained_as_without_a_brake(gpuhost, slurm, capsys, hook_vars, sinfo):
+    gpuhost.fault('cuda', gpu=2, code='ECC_UNCORRECTABLE')
+    slurm.says(sinfo=sinfo)
+    rc, report, updates = prolog(slurm, capsys, hook_vars, '--max-drained', '1')
+    assert rc == _slurm_hook.RUNNER_DRAINED and len(updates) == 1
+    assert report['brake'] == {'held': False, 'why': 'the drained nodes could not be counted: sinfo listed no node'}
+
+
+@pytest.mark.parametrize('text, nodes, cap', [('10%', 30, 3), ('10%', 5, 1), ('25%', 10, 3), ('4', 100, 4), ('0', 9, 1)])
+def test_the_cap_is_a_number_or_a_share_of_the_cluster_at_least_one(text, nodes, cap):
+    assert _slurm_hook.brake_cap(text, nodes) == cap
+
+
+@pytest.mark.parametrize('text', ['', '10 %', '%', '5%%', '-1', '1e3', 'ten'])
+def test_a_cap_that_is_neither_a_number_nor_a_percentage_is_refused(text):
+    with pytest.raises(SystemExit):
+        _slurm_hook.parse_args(['--node', 'gpu07', '--max-drained', text])
 
 
 # -- a reboot when only a reboot helps ------------------------------------------------------------
