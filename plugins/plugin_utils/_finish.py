@@ -26,7 +26,6 @@ import tempfile
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._report import ReportPathError, report_path
 
-DRAIN = 'drain the host'
 WRITE_METRICS = 'write node_exporter metrics'
 WRITE_REPORT = 'write the report on the controller'
 

@@ -325,17 +325,12 @@ def brake_cap(max_drained, nodes):
     return max(1, int(math.ceil(nodes * int(number) / 100.0)) if percent else int(number))
 
 
-def sinfo_command(scontrol):
-    """sinfo, next to scontrol when that is a path."""
-    return os.path.join(os.path.dirname(scontrol), 'sinfo') if '/' in scontrol else 'sinfo'
-
-
 def drained_nodes(scontrol, seconds):
     """(the cluster's nodes, those out of service with a gpu_reset reason), from sinfo (a node is
     listed once per partition); SlurmUnreadable when sinfo cannot tell."""
     from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIX as DRAIN_PREFIX
 
-    rc, stdout, stderr = slurm_call([sinfo_command(scontrol), '-h', '-N', '-o', '%N %t %E'], seconds)
+    rc, stdout, stderr = slurm_call([slurm_command(scontrol, 'sinfo'), '-h', '-N', '-o', '%N %t %E'], seconds)
     if rc != 0:
         raise SlurmUnreadable('sinfo failed (rc %d): %s' % (rc, printable(stderr.strip(), 300)))
     nodes, drained = set(), set()
@@ -670,14 +665,14 @@ def read_node(scontrol, node, seconds):
     return parse_node(stdout, node)
 
 
-def squeue_command(scontrol):
-    """squeue, next to scontrol when that is a path."""
-    return os.path.join(os.path.dirname(scontrol), 'squeue') if '/' in scontrol else 'squeue'
+def slurm_command(scontrol, name):
+    """Slurm's command name (squeue, sinfo), next to scontrol when that is a path."""
+    return os.path.join(os.path.dirname(scontrol), name) if '/' in scontrol else name
 
 
 def jobs_on(scontrol, node, seconds):
     """The jobs squeue places on node (any state but pending), as printable 'ID STATE' lines."""
-    argv = [squeue_command(scontrol), '-h', '-w', node, '-t', 'all', '-o', '%i %T']
+    argv = [slurm_command(scontrol, 'squeue'), '-h', '-w', node, '-t', 'all', '-o', '%i %T']
     rc, stdout, stderr = slurm_call(argv, seconds)
     if rc != 0:
         raise SlurmUnreadable('squeue -w %s failed (rc %d): %s' % (printable(node), rc, printable(stderr.strip(), 300)))
