@@ -359,8 +359,12 @@ duration_s:
   returned: always
   type: float
 drained:
-  description: Whether the host was drained (always false here; the role's finishing section sets it).
+  description: Whether the host was drained (O(on_failure=drain) on a host that is not clean).
   returned: always
+  type: bool
+would_drain:
+  description: In check mode, true when the host would have been drained (O(on_failure=drain)).
+  returned: in check mode, on a host that would be drained
   type: bool
 probe:
   description: With O(probe), what the probe found (probed, library_missing, gpus, duration_ms).

@@ -11,24 +11,26 @@
 A Prolog runs before every job, so its start-up counts: ansible-playbook alone takes longer to
 start than the release takes on a clean node. This program runs the one sequence
 (plugin_utils/_sequence.py, the action gpuops.nvidia.gpu_reset's) on the node itself, its
-modules run as programs (run_module below), then the role's finishing section:
+modules run as programs (run_module below), then its finishing steps (_finish.py):
 
-1. the settings: the spec's defaults (plugin_utils/_spec.py; the probe on), then the hook's
+1. the settings: the spec's defaults (plugin_utils/_spec.py), then the hook's
    variables file, then what the hook fixes (the job's GPUs, the release's time, drain on
    failure), checked by the sequence as the action checks them;
 2. the sequence: release, read again when the release did not leave the GPUs clean, judge, and
-   prove the GPUs judged clean by allocation (gpu_reset_probe, on by default here;
-   gpu_reset_probe_mib). A host without libcuda.so.1 is probed with a note in the report, not
+   prove the GPUs judged clean by allocation (gpu_reset_probe, on by default, in the release's own
+   module call; gpu_reset_probe_mib). A host without libcuda.so.1 is probed with a note in the report, not
    drained (gpu_reset_probe_missing_library: fail drains it);
 3. on failure, the role's default drain command (scontrol ... state=drain reason="gpu_reset: <why>");
    then the node_exporter metrics and the JSON report, when asked for.
 
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
         --node NODE [--vars-file FILE] [--gpus 0,1 [--gres-conf FILE]] [--timeout S] [--deadline S] [--scontrol PATH]
-        [--reboot [--reboot-stamp FILE]] [--health-check] [--playbook-vars FILE]
+        [--reboot [--reboot-stamp FILE]] [--max-drained N|N%] [--observe] [--health-check]
+        [--playbook-vars FILE]
 
-Exit status: 0 clean or released; 10 failed, the node drained with the reason; 11 failed and
-the drain command failed too (the report says why); the reason on stderr and the report on
+Exit status: 0 clean or released (or anything, with --observe); 10 failed, the node drained with
+the reason; 11 failed and the drain command failed too (the report says why); 12 failed, and left
+in service by the fleet brake (--max-drained); the reason on stderr and the report on
 stdout; 2 the settings or the arguments could not be read (nothing done); 3 the settings need
 the playbook (a clean query of the user's own, a drain command of the user's own, or a templated
 value): the hook then runs ansible-playbook instead. Never 1, which is what Python itself exits
@@ -261,7 +263,7 @@ def note_reboot(result, stamp):
 
 def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None, refused=None, budget=None,
           observe=False, max_drained=None):
-    """The sequence on one node, then the finishing section; returns its report (gpu_reset_result).
+    """The sequence on one node, then its finishing steps; returns its report (gpu_reset_result).
 
     why_not_drain: called before draining a node that is not clean; a reason (text) not to
     drain it after all is noted in the report (drain_skipped) instead. reboot_stamp: ask Slurm
@@ -381,7 +383,7 @@ def brake_holds(result, scontrol, node, max_drained, seconds):
 
 def refuse(run, why):
     """The report of a run that releases nothing, failed with why; its settings checked, for the
-    finishing section."""
+    finishing steps."""
     _sequence.check_settings(run)
     run.error = '; '.join(part for part in (why, run.error) if part)
     run.misconfigured = True

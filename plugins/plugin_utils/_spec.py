@@ -7,8 +7,7 @@
 # changes can occur at any time.
 
 """The gpu_reset settings, the one spec: the options of the action gpuops.nvidia.gpu_reset
-(the per-host sequence), then those of the finishing section (drain, metrics, report) that the
-role and the Slurm hook add. The role's variables are these names with the prefix gpu_reset_
+(the per-host sequence), then those of its finishing steps (drain, metrics, report: _finish.py). The role's variables are these names with the prefix gpu_reset_
 (roles/gpu_reset/meta/argument_specs.yml and defaults/main.yml are tested against this spec);
 the hook's settings start from these defaults."""
 
