@@ -143,7 +143,7 @@ def test_facts_after_has_the_facts_shape(capsys, gpuhost, tmp_path):
     assert 'facts_after' not in run_module(capsys, gpuhost, tmp_path)
     facts = result['facts_after']
     assert set(facts) == set(['nvidia_gpus', 'nvidia_gpu_count', 'nvidia_driver_version',
-                              'nvidia_gpu_backend', 'nvidia_device_holders'])
+                              'nvidia_gpu_backend', 'nvidia_device_holders', 'nvidia_module_holders'])
     # read after the release: the job is gone, its memory free, the daemon still listed
     assert [gpu['memory_used_mib'] for gpu in facts['nvidia_gpus']] == [1] * 8
     assert [gpu['state'] for gpu in facts['nvidia_gpus']] == ['free'] * 8
