@@ -309,7 +309,7 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
 # -- the fleet brake ---------------------------------------------------------------------------
 
 # What a node's state reads as when it takes no jobs (sinfo's %t, lower case, '*' for unreachable).
-OUT_OF_SERVICE = ('drain', 'drng', 'down', 'fail')
+OUT_OF_SERVICE = ('drain', 'drng', 'down', 'fail', 'failg')
 MAX_DRAINED_RE = re.compile(r'^([0-9]{1,6})(%?)$')
 
 

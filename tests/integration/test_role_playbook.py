@@ -537,6 +537,17 @@ def test_observe_mode_signals_nothing_drains_nothing_and_says_what_it_would_do(g
         assert 'observe mode: the node is left as it is' in log, log
 
 
+@pytest.mark.parametrize('value', ['ten', '10%%', '%5', '5%3'])
+def test_a_fleet_brake_that_is_neither_a_number_nor_a_percentage_is_named(gpuhost_factory, tmp_path, value):
+    """A broken setting: the hook does not check the GPUs, and drains the node saying why."""
+    host = gpuhost_factory(gpus=1)
+    job = host.hold(gpus=[0], mib=1000)['pid']
+    proc, calls, log = run_hook(host, tmp_path, 'epilog', SLURM_JOB_GPUS='0', GPU_RESET_MAX_DRAINED=value)
+    assert proc.returncode == 2 and alive(job), log
+    assert 'GPU_RESET_MAX_DRAINED is neither a number nor a percentage' in log, log
+    assert len(calls) == 1 and calls[0].startswith('update nodename=node01 state=drain'), calls
+
+
 def test_a_mode_that_is_neither_enforce_nor_observe_changes_nothing(gpuhost_factory, tmp_path):
     host = gpuhost_factory(gpus=1)
     job = host.hold(gpus=[0], mib=1000)['pid']

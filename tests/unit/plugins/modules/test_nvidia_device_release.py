@@ -114,6 +114,12 @@ def test_the_release_proves_what_it_released_in_the_same_call(capsys, gpuhost, t
     assert 'GPU 1' in result['probe']['failure'] and 'CUDA_ERROR_ECC_UNCORRECTABLE' in result['probe']['failure']
 
 
+def test_a_probe_size_the_probe_refuses_is_its_failure_not_the_release_s(capsys, gpuhost, tmp_path):
+    result = run_module(capsys, gpuhost, tmp_path, probe=dict(mib=0, cuda_library=gpuhost.install_cuda()))
+    assert result['released'] is True and 'failed' not in result
+    assert result['probe']['probed'] is False and 'probe_mib' in result['probe']['failure'], result['probe']
+
+
 def test_the_release_probes_no_gpu_other_jobs_share_and_nothing_in_check_mode(capsys, gpuhost, tmp_path):
     probe = dict(mib=64, cuda_library=gpuhost.install_cuda(), timeout=20)
     result = run_module(capsys, gpuhost, tmp_path, gpus=[0, 1], probe=probe, job=dict(id='7', shared_gpus=[1]))

@@ -672,6 +672,14 @@ def test_a_cluster_sinfo_cannot_tell_is_drained_as_without_a_brake(gpuhost, slur
     assert report['brake'] == {'held': False, 'why': 'the drained nodes could not be counted: sinfo listed no node'}
 
 
+def test_every_state_that_takes_no_jobs_counts_when_gpu_reset_gave_the_reason(slurm):
+    slurm.says(sinfo='gpu01 failg gpu_reset: GPU 1 lost\ngpu02 drng* gpu_reset: GPU 2 lost\ngpu03 down~ gpu_reset: x\n'
+                     'gpu04 idle none\ngpu05 drain bad DIMM\ngpu06 alloc gpu_reset: an old reason\n')
+    nodes, drained = _slurm_hook.drained_nodes(slurm.scontrol, 5)
+    assert sorted(nodes) == ['gpu0%d' % number for number in range(1, 7)]
+    assert sorted(drained) == ['gpu01', 'gpu02', 'gpu03']
+
+
 @pytest.mark.parametrize('text, nodes, cap', [('10%', 30, 3), ('10%', 5, 1), ('25%', 10, 3), ('4', 100, 4), ('0', 9, 1)])
 def test_the_cap_is_a_number_or_a_share_of_the_cluster_at_least_one(text, nodes, cap):
     assert _slurm_hook.brake_cap(text, nodes) == cap
