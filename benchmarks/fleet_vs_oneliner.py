@@ -21,7 +21,9 @@ every run starts with no SSH connection open):
 
 Reports median wall-clock times, their ratio, how each grows with N, the controller's CPU
 seconds per host (user + system of the command's whole reaped process tree, from
-getrusage(RUSAGE_CHILDREN)), and correctness (every GPU at 0 MiB, nvidia-persistenced alive),
+getrusage(RUSAGE_CHILDREN)), the CPU seconds used on the hosts per host (each container's cgroup,
+read before and after the run: what each side runs there, plus the hung job's own ranks, alike
+on both sides), and correctness (every GPU at 0 MiB, nvidia-persistenced alive),
 and writes docs/fleet-benchmark.md and
 docs/fleet-benchmark.png. When Mitogen cannot run with this ansible-core, one line says so
 (its version, ansible-core's, and the error) and the other two sides run without it.
@@ -189,6 +191,31 @@ def versions():
     return 'mitogen %s with ansible-core %s' % (version('mitogen'), version('ansible-core'))
 
 
+def cgroup_cpu(name):
+    """CPU seconds the container name has used (its cgroup: cgroup v2's cpu.stat, v1's cpuacct),
+    None when they cannot be read."""
+    path = podman('inspect', '--format', '{{.State.CgroupPath}}', name, check=False).stdout.strip()
+    if not path:
+        return None
+    try:
+        with open('/sys/fs/cgroup%s/cpu.stat' % path) as handle:
+            stat = dict(line.split() for line in handle if line.strip())
+        return int(stat['usage_usec']) / 1e6
+    except (OSError, KeyError, ValueError):
+        pass
+    try:
+        with open('/sys/fs/cgroup/cpuacct%s/cpuacct.usage' % path) as handle:
+            return int(handle.read()) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+def hosts_cpu(names):
+    """The CPU seconds of every container in names, summed; None when one cannot be read."""
+    used = parallel(cgroup_cpu, names)
+    return None if any(value is None for value in used) else sum(used)
+
+
 def children_cpu():
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -230,28 +257,40 @@ def run_size(count, reps, env, key, earlier_env=None, mitogen_env=None):
         # H200s) as used: its threshold is raised above that, far below a job's 76113 MiB.
         sides['earlier'] = (['ansible-playbook', '-i', inventory, 'gpuops.nvidia.reset_gpus',
                              '-e', 'gpu_reset_memory_threshold_mib=1024'], earlier_env)
-    result = {side: {'times': [], 'cpu': [], 'clean': True, 'daemon': True} for side in sides}
+    result = {side: {'times': [], 'cpu': [], 'host_cpu': [], 'clean': True, 'daemon': True} for side in sides}
     try:
         for rep in range(reps):
             for side, (command, side_env) in sides.items():
                 parallel(hung_job, names)
+                before = hosts_cpu(names)
                 elapsed, cpu = timed(command, side_env, max(count, 5))
+                after = hosts_cpu(names)
+                # The hung job's own ranks count too, alike on both sides: the difference is each side's.
+                host_cpu = None if before is None or after is None else (after - before) / count
                 outcomes = parallel(outcome, names)
                 clean = all(host_clean for host_clean, dummy in outcomes)
                 daemon = all(host_daemon for dummy, host_daemon in outcomes)
                 result[side]['times'].append(elapsed)
                 result[side]['cpu'].append(cpu / count)
+                result[side]['host_cpu'].append(host_cpu)
                 result[side]['clean'] &= clean
                 result[side]['daemon'] &= daemon
-                print('N=%-3d rep %d  %-10s %6.1f s  controller CPU %.2f s per host  all GPUs at 0 MiB: %s  '
-                      'nvidia-persistenced alive: %s' % (count, rep + 1, side, elapsed, cpu / count, clean, daemon), flush=True)
+                print('N=%-3d rep %d  %-10s %6.1f s  controller CPU %.2f s per host  host CPU %s per host  '
+                      'all GPUs at 0 MiB: %s  nvidia-persistenced alive: %s' % (
+                          count, rep + 1, side, elapsed, cpu / count, seconds(host_cpu), clean, daemon), flush=True)
     finally:
         os.unlink(inventory)
         remove_hosts()
     for side in result:
         result[side]['median'] = statistics.median(result[side]['times'])
         result[side]['cpu_median'] = statistics.median(result[side]['cpu'])
+        host_cpu = result[side]['host_cpu']
+        result[side]['host_cpu_median'] = None if None in host_cpu else statistics.median(host_cpu)
     return result
+
+
+def seconds(value):
+    return 'n/a' if value is None else '%.2f s' % value
 
 
 def yes_no(value):
@@ -261,14 +300,16 @@ def yes_no(value):
 def table(results):
     rows = ['| N hosts | collection median (s) | one-liner median (s) | one-liner / collection '
             '| collection: controller CPU s per host | one-liner: controller CPU s per host | CPU collection / one-liner '
+            '| collection: host CPU s per host | one-liner: host CPU s per host '
             '| collection: all GPUs 0 MiB | collection: daemon alive | one-liner: all GPUs 0 MiB '
             '| one-liner: daemon alive |',
-            '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: | :---: | :---: |']
+            '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: | :---: | :---: |']
     for count, result in sorted(results.items()):
         col, one = result['collection'], result['one-liner']
-        rows.append('| %d | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s |' % (
+        rows.append('| %d | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s | %s |' % (
             count, col['median'], one['median'], one['median'] / col['median'],
             col['cpu_median'], one['cpu_median'], col['cpu_median'] / one['cpu_median'],
+            seconds(col.get('host_cpu_median')).replace(' s', ''), seconds(one.get('host_cpu_median')).replace(' s', ''),
             yes_no(col['clean']), yes_no(col['daemon']), yes_no(one['clean']), yes_no(one['daemon'])))
     return '\n'.join(rows)
 
@@ -439,6 +480,11 @@ def main():
         shutil.rmtree(keys, ignore_errors=True)
     print()
     print(table(results))
+    print()
+    for count, result in sorted(results.items()):
+        print('N=%d  CPU on the hosts per host (their containers\' cgroups, the hung job included): collection %s, '
+              'one-liner %s' % (count, seconds(result['collection']['host_cpu_median']),
+                                seconds(result['one-liner']['host_cpu_median'])))
     print()
     print(growth(results))
     print()

@@ -7,14 +7,18 @@
 
 Times, interleaved so that a change in the machine's load hits every variant alike:
 
-  child        the probe's child alone (python -I -S -c <_cuda.py>): cuInit, then context,
-               allocation, write, read back, free and destroy on the 8 GPUs in parallel
+  cuinit       a bare cuInit: a Python child that loads libcuda.so.1 and calls cuInit, once per
+               GPU at once (what any per-GPU probe pays before it does anything)
+  children     the probe's children alone (python -I -S -c <_cuda.py>, one per GPU, all at once,
+               each seeing its own GPU only): cuInit, then context, allocation, write, check,
+               free and destroy
   module       gpuops.nvidia.nvidia_gpu_probe run as a program, as the Slurm hook's runner runs
                it: read the GPUs, the child, wait until the probe's memory reads released
   hook         the Slurm hook's module runner (plugin_utils/_slurm_hook) for one job, probe off
   hook+probe   the same with the probe on (its default)
 
-Prints the median (and min, max) of each, and what the probe adds to the hook. The figures are
+Prints the median (and min, max) of each, the children against the bare cuInit (target: at most
+1.5x), and what the probe adds to the hook. The figures are
 gpusim's: on a real host the child's time is the driver's (context creation dominates), which
 tests/device/check.sh records.
 
@@ -38,7 +42,10 @@ sys.path.insert(0, os.path.join(REPO, 'tests'))
 from gpusim.api import Host  # noqa: E402
 
 COLLECTIONS = os.path.join(REPO, '.build', 'collections')
-VARIANTS = ('child', 'module', 'hook', 'hook+probe')
+VARIANTS = ('cuinit', 'children', 'module', 'hook', 'hook+probe')
+# A child that does no more than load the driver library and initialise it.
+CUINIT = ('import ctypes, sys\n'
+          'sys.exit(ctypes.CDLL("libcuda.so.1").cuInit(0))\n')
 
 
 def reexec_in_venv():
@@ -74,14 +81,29 @@ class Bench:
         self.workdir = workdir
         self.env = dict(host.env(cuda=True), PYTHONPATH=COLLECTIONS, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS)
         self.gpus = [dict(index=g['index'], pci_bus_id=g['pci_bus_id']) for g in host.state['gpus']]
+        self.uuids = [g['uuid'] for g in host.state['gpus']]
 
-    def child(self):
+    def at_once(self, argvs):
+        """Run one child per GPU, all at once (each seeing its own GPU); the time until the last exits."""
+        started = time.monotonic()
+        procs = [subprocess.Popen(argv, env=dict(self.env, CUDA_VISIBLE_DEVICES=uuid), stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True) for argv, uuid in argvs]
+        outputs = [(proc.communicate(timeout=120)[0], proc.returncode) for proc in procs]
+        took = time.monotonic() - started
+        assert all(rc == 0 for dummy, rc in outputs), outputs
+        return took, [out for out, dummy in outputs]
+
+    def cuinit(self):
+        return self.at_once([([sys.executable, '-I', '-S', '-c', CUINIT], uuid) for uuid in self.uuids])[0]
+
+    def children(self):
         with open(os.path.join(REPO, 'plugins', 'module_utils', '_cuda.py')) as handle:
             source = handle.read()
-        request = json.dumps(dict(library='libcuda.so.1', mib=self.mib, gpus=self.gpus))
-        took, proc = timed([sys.executable, '-I', '-S', '-c', source, request], self.env)
-        answer = json.loads(proc.stdout)
-        assert all(gpu['ok'] for gpu in answer['gpus']), proc.stdout
+        argvs = [([sys.executable, '-I', '-S', '-c', source, json.dumps(dict(library='libcuda.so.1', mib=self.mib,
+                                                                             gpus=[gpu]))], uuid)
+                 for gpu, uuid in zip(self.gpus, self.uuids)]
+        took, outputs = self.at_once(argvs)
+        assert all(json.loads(out)['gpus'] and json.loads(out)['gpus'][0]['ok'] for out in outputs), outputs
         return took
 
     def module(self):
@@ -109,8 +131,8 @@ class Bench:
         return took
 
     def run(self, variant):
-        if variant == 'child':
-            return self.child()
+        if variant in ('cuinit', 'children'):
+            return getattr(self, variant)()
         if variant == 'module':
             return self.module()
         return self.hook(variant == 'hook+probe')
@@ -144,6 +166,8 @@ def main():
               % (args.mib, os.cpu_count()))
         for variant in VARIANTS:
             print(line(variant, times[variant]))
+        print('the children take %.2fx a bare cuInit (medians; target at most 1.5x)'
+              % (statistics.median(times['children']) / statistics.median(times['cuinit'])))
         print('the probe adds %.3f s to the hook per job (medians)'
               % (statistics.median(times['hook+probe']) - statistics.median(times['hook'])))
     finally:

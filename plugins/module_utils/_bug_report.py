@@ -14,6 +14,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import errno
 import os
 import stat
 import time
@@ -37,25 +38,37 @@ def program_next_to(nvidia_smi_path):
 
 
 def _private_directory(directory):
-    """Create directory (mode 0700) when missing; GpuopsError unless it is a real directory of
-    this user that nobody else can write to or read, below directories nobody else can replace it
-    in."""
+    """Create directory (mode 0700) when missing, and open it: its fd. GpuopsError unless it is a
+    real directory of this user that nobody else can write to or read (checked on the open
+    directory, opened without following a link), below directories nobody else can replace it in.
+    The report is written through the fd (the program runs in it), never through the path again."""
     try:
         os.makedirs(directory, 0o700)
     except OSError:
         pass
     try:
-        info = os.lstat(directory)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise GpuopsError('bug_report_dir %s is not a directory (a symbolic link is not followed)' % printable(directory))
         raise GpuopsError('bug_report_dir %s cannot be created: %s' % (printable(directory), exc.strerror))
-    if not stat.S_ISDIR(info.st_mode):
-        raise GpuopsError('bug_report_dir %s is not a directory (a symbolic link is not followed)' % printable(directory))
+    try:
+        _check_private(directory, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_private(directory, info):
+    """GpuopsError unless the open directory (stat info) and those above it are private enough."""
     if info.st_uid != os.geteuid() or info.st_mode & 0o077:
         raise GpuopsError('bug_report_dir %s must belong to uid %d with mode 0700 (it is uid %d, mode %04o): the report '
                           'holds the kernel log and the process list' % (
                               printable(directory), os.geteuid(), info.st_uid, stat.S_IMODE(info.st_mode)))
-    # The report is written as root by a program that follows links: a directory above it that
-    # another user can write lets them swap it for a link after this check.
+    # The report is written through the open directory, so a swap after the open changes nothing;
+    # a directory above it that another user can write is refused all the same: they could swap
+    # it before the open (for another private directory of root's).
     for above in directory_chain(os.path.dirname(os.path.abspath(directory))):
         problem = shared_dir_problem(os.stat(above), os.geteuid(), parent=False)
         if problem:
@@ -66,16 +79,31 @@ def _private_directory(directory):
 
 def collect(directory, timeout, program=PROGRAM, now=time.time):
     """Run program into directory within timeout seconds. Returns {path, ok, message}: path the
-    report's file (None when none was written)."""
-    base = os.path.join(directory, 'nvidia-bug-report-%s.log' % time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now())))
+    report's file (None when none was written). The program runs in the directory opened and
+    checked (its cwd is that open directory, /proc/self/fd/N) and writes a name relative to it: a
+    directory swapped for a link after the check is not where the report goes."""
+    name = 'nvidia-bug-report-%s.log' % time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now()))
+    base = os.path.join(directory, name)
+    fd = None
     try:
-        _private_directory(directory)
-        rc, stdout, stderr = Runner(program, name=PROGRAM).run(['--output-file', base], timeout=timeout)
+        fd = _private_directory(directory)
+        rc, stdout, stderr = Runner(program, name=PROGRAM, cwd='/proc/self/fd/%d' % fd, pass_fds=(fd,)).run(
+            ['--output-file', name], timeout=timeout)
+        written = [os.path.join(directory, found) for found in (name + '.gz', name) if _is_file(found, fd)]
     except GpuopsError as exc:
         return {'path': None, 'ok': False, 'message': '%s was not run to the end: %s' % (PROGRAM, exc)}
-    written = [path for path in (base + '.gz', base) if os.path.isfile(path)]
+    finally:
+        if fd is not None:
+            os.close(fd)
     said = printable(' '.join((stdout + ' ' + stderr).split()))[-QUOTE_MAX:]
     if rc != 0 or not written:
         return {'path': written[0] if written else None, 'ok': False,
                 'message': '%s exited %d without a report: %s' % (PROGRAM, rc, said or '(no output)')}
     return {'path': written[0], 'ok': True, 'message': '%s wrote %s' % (PROGRAM, written[0])}
+
+
+def _is_file(name, dir_fd):
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False

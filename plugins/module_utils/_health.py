@@ -143,31 +143,49 @@ def recovery_action(xid_events, remapped_rows_pending=None, remapped_rows_failur
     return max(actions, key=lambda action: _SEVERITY[action])
 
 
+# The recovery actions after which a GPU is not clean, whatever its memory reads: a job that
+# starts there meets the fault (restart_app is the job's own, and the release ended the job).
+NOT_CLEAN_ACTIONS = ('reset_gpu', 'reboot', 'inspect')
+
+
 def reset_causes(gpu, health):
     """Why a GPU reset is what the GPU needs, in words for the result: [] unless a reset is the
     most severe action its health calls for (a GPU that needs a reboot or a person is left to them).
     gpu: the GPU as the reader read it; health: its health_facts."""
     if health.get('recovery_action') != 'reset_gpu':
         return []
+    return action_causes(gpu, health)
+
+
+def action_causes(gpu, health):
+    """Why the GPU's health calls for its recovery_action (the most severe), in words: the driver's
+    word, the memory repair state, the kernel log's messages since the last cure. [] for none.
+    gpu: the GPU as the reader read it; health: its health_facts."""
+    wanted = health.get('recovery_action')
+    if wanted in (None, 'none'):
+        return []
     causes = []
     action = health.get('driver_recovery_action')
-    if gpu.get('error') and gpu.get('reset_required'):
+    if wanted == 'reset_gpu' and gpu.get('error') and gpu.get('reset_required'):
         # The reader's words: [GPU requires reset], NVML's RESET_REQUIRED or the recovery action.
         causes.append(gpu['error'])
-    elif action is not None and DRIVER_ACTIONS.get(action) == 'reset_gpu':
+    elif action is not None and action != 'none' and DRIVER_ACTIONS.get(action, 'inspect') == wanted:
         causes.append("the driver's GPU recovery action is %s" % action)
-    if health.get('remapped_rows_pending'):
-        causes.append('remapped rows pending')
-    if health.get('retired_pages_pending'):
-        causes.append('retired pages pending')
+    if wanted == 'reset_gpu':
+        causes.extend(name for key, name in (('remapped_rows_pending', 'remapped rows pending'),
+                                             ('retired_pages_pending', 'retired pages pending')) if health.get(key))
+    if wanted == 'inspect' and health.get('remapped_rows_failure'):
+        causes.append('row remapping failed')
     events = [event for event in health.get('xid_events') or () if event['since_cure']]
     codes = set(event['code'] for event in events)
-    called = [event for event in events if xid_action(event, codes) == 'reset_gpu']
+    called = [event for event in events if xid_action(event, codes) == wanted]
     xids = sorted(set(event['code'] for event in called if event['code'] is not None))
     if xids:
         causes.append('Xid %s since the last cure' % ', '.join(str(code) for code in xids))
-    if any(event['code'] is None for event in called):
+    if any(event.get('kind') == INIT_FAILED for event in called):
         causes.append('the driver could not initialise it')
+    if any(event.get('kind') == FALLEN for event in called):
+        causes.append('fallen off the bus since the last cure')
     return causes
 
 

@@ -18,6 +18,7 @@ import os
 import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, MIN_TIMEOUT_S, GpuopsError, check_seconds
+from ansible_collections.gpuops.nvidia.plugins.module_utils._cuda import LEVELS
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import parse_signal
 
 DEFAULT_SIGNALS = ['TERM', 'KILL']
@@ -89,6 +90,12 @@ def check_probe_mib(probe_mib):
     """GpuopsError when probe_mib is no size the probe can allocate."""
     if probe_mib is None or probe_mib < 1:
         raise GpuopsError('probe_mib must be 1 or more, got %s' % probe_mib)
+
+
+def check_probe_level(probe_level):
+    """GpuopsError when probe_level is not one of the probe's levels (_cuda.LEVELS)."""
+    if probe_level not in LEVELS:
+        raise GpuopsError('probe_level must be %s, got %r' % (' or '.join(LEVELS), probe_level))
 
 
 def _check_signals(signals):

@@ -14,10 +14,15 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import functools
 import inspect
 import json
+import os
+import re
 import signal
+import socket
 import sys
+import threading
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _cuda
@@ -29,14 +34,15 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     GpuopsError,
     NoTimeLeft,
     check_seconds,
+    check_time_left,
     printable,
     reader_argument_spec,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus
-from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_probe_mib
+from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_probe_level, check_probe_mib
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import no_such_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
-from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure, record_verified
 
 # MiB each GPU's probe allocates and writes. The point is to prove that memory the counters call
 # free can be allocated and written, not to test all of it: a CUDA context alone costs a few
@@ -63,6 +69,7 @@ def probe_argument_spec():
     spec = dict(
         gpus=dict(type='list', elements='int'),
         probe_mib=dict(type='int', default=DEFAULT_PROBE_MIB),
+        probe_level=dict(type='str', default=_cuda.DEFAULT_LEVEL, choices=list(_cuda.LEVELS)),
         timeout=dict(type='float', default=DEFAULT_TIMEOUT_S),
         memory_threshold_mib=dict(type='int', default=DEFAULT_MEMORY_THRESHOLD_MIB),
         missing_library=dict(type='str', default='fail', choices=list(MISSING_LIBRARY_CHOICES)),
@@ -77,7 +84,8 @@ class ProbeOptions:
 
     def __init__(self, gpus=None, probe_mib=DEFAULT_PROBE_MIB, timeout=DEFAULT_TIMEOUT_S,
                  memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, missing_library='fail',
-                 cuda_library=_cuda.LIBRARY, expected_gpus=None, state_dir=None, host_root='/'):
+                 cuda_library=_cuda.LIBRARY, expected_gpus=None, state_dir=None, host_root='/',
+                 probe_level=_cuda.DEFAULT_LEVEL):
         problem = check_seconds('timeout', timeout, positive=True)
         if problem:
             raise GpuopsError(problem)
@@ -85,6 +93,7 @@ class ProbeOptions:
             raise GpuopsError('timeout must be at least %.1f s (a read of the GPUs, the CUDA probe, and %.1f s for the '
                               'reads after it), got %s' % (MIN_TIMEOUT_S, READ_RESERVE_S, timeout))
         check_probe_mib(probe_mib)
+        check_probe_level(probe_level)
         if gpus is not None and not gpus:
             raise GpuopsError('gpus is an empty list: name the GPUs to probe, or leave gpus out to probe every GPU')
         if memory_threshold_mib < 0:
@@ -92,7 +101,7 @@ class ProbeOptions:
         if missing_library not in MISSING_LIBRARY_CHOICES:
             raise GpuopsError('missing_library must be fail or skip, got %r' % (missing_library,))
         check_expected_gpus(None, expected_gpus)
-        self.gpus, self.probe_mib, self.timeout = gpus, probe_mib, timeout
+        self.gpus, self.probe_mib, self.timeout, self.probe_level = gpus, probe_mib, timeout, probe_level
         self.memory_threshold_mib, self.missing_library = memory_threshold_mib, missing_library
         self.cuda_library, self.expected_gpus = cuda_library, expected_gpus
         self.state_dir, self.host_root = state_dir, host_root or '/'
@@ -101,7 +110,7 @@ class ProbeOptions:
     def from_params(cls, params):
         return cls(params.get('gpus'), params['probe_mib'], params['timeout'], params['memory_threshold_mib'],
                    params['missing_library'], params['cuda_library'], params.get('expected_gpus'),
-                   params.get('state_dir'), params.get('host_root'))
+                   params.get('state_dir'), params.get('host_root'), params.get('probe_level') or _cuda.DEFAULT_LEVEL)
 
 
 def gpu_name(gpu):
@@ -111,10 +120,16 @@ def gpu_name(gpu):
     return 'GPU %s (%s)' % (gpu['index'], gpu.get('pci_bus_id'))
 
 
+# Compute modes in which a GPU takes one context at a time: while the probe holds it, a job that
+# starts on the GPU fails with CUDA_ERROR_DEVICE_UNAVAILABLE, and the probe does when a process holds it.
+EXCLUSIVE_MODES = ('Exclusive_Process', 'Exclusive_Thread')
+
+
 def blank_result(gpu):
     """A GPU's result before its probe: nothing proven yet."""
-    return dict(index=gpu.get('index'), pci_bus_id=gpu.get('pci_bus_id'), ok=None, ms=None, mib=0, call=None,
-                error_code=None, error_name=None, error_string=None, released=None)
+    return dict(index=gpu.get('index'), pci_bus_id=gpu.get('pci_bus_id'), compute_mode=gpu.get('compute_mode'),
+                ok=None, ms=None, mib=0, level=None, kernel=False, bytes_checked=0, kernel_ms=None, call=None,
+                error_code=None, error_name=None, error_string=None, released=None, verified_at=None)
 
 
 def describe_failure(result):
@@ -124,7 +139,80 @@ def describe_failure(result):
         text += ' at %s' % result['call']
     if result.get('error_string'):
         text += ' (%s)' % printable(result['error_string'], limit=300)
+    if result.get('error_name') == 'CUDA_ERROR_DEVICE_UNAVAILABLE' and result.get('compute_mode') in EXCLUSIVE_MODES:
+        text += '; the GPU is in %s compute mode and another process holds its one context' % result['compute_mode']
     return '%s: %s' % (gpu_name(result), text)
+
+
+def exclusive_warning(results):
+    """What the probe of GPUs in an exclusive compute mode costs a job, or None."""
+    exclusive = [str(res['index']) for res in results if res.get('compute_mode') in EXCLUSIVE_MODES]
+    if not exclusive:
+        return None
+    return ('%s %s in an exclusive compute mode: while the probe held its context, a job starting there would have '
+            'failed with CUDA_ERROR_DEVICE_UNAVAILABLE (probe before jobs start, as the Slurm Prolog does)' % (
+                'GPU' if len(exclusive) == 1 else 'GPUs', ', '.join(exclusive)))
+
+
+def valid_uuid(uuid):
+    return isinstance(uuid, str) and UUID_PATTERN.match(uuid) is not None
+
+
+def verification(gpu, res, driver_version, result):
+    """What a passed probe proved on a GPU, as its record keeps it."""
+    return dict(index=gpu.get('index'), pci_bus_id=gpu.get('pci_bus_id'), verified_at=res['verified_at'],
+                level=res.get('level'), mib=res.get('mib'), kernel=res.get('kernel') is True,
+                driver_version=driver_version, duration_ms=round((time.monotonic() - result.started) * 1000.0, 1))
+
+
+# Where the probe's one line per run goes: the host's syslog socket (journald or rsyslog listen
+# there), facility daemon, tag gpuops; nothing is sent where there is none.
+SYSLOG_SOCKET = '/dev/log'
+SYSLOG_TAG = 'gpuops'
+SYSLOG_DAEMON = 3
+SYSLOG_INFO, SYSLOG_WARNING = 6, 4
+
+
+def log_value(value):
+    """A value as the line carries it: one word of safe characters (others become ?), - for none."""
+    text = '-' if value is None or value == '' else str(value)
+    return re.sub(r'[^A-Za-z0-9._:,+-]', '?', text)[:200]
+
+
+def log_line(result, driver_version):
+    """The probe's run in one stable key=value line, for monitors that read syslog."""
+    proven = [res for res in result.gpus if res.get('verified_at') is not None]
+    failed = [res for res in result.gpus if res.get('ok') is False]
+    levels = sorted(set(str(res.get('level') or 'allocation') for res in proven))
+    fields = [
+        ('event', 'probe'), ('outcome', 'failed' if failed else 'passed'), ('gpus', len(result.gpus)),
+        ('verified', ','.join(str(res['index']) for res in proven)),
+        ('failed', ','.join('%s:%s' % (res.get('index'), res.get('error_name')) for res in failed)),
+        ('level', ','.join(levels)), ('mib', ','.join(sorted(set(str(res.get('mib')) for res in proven)))),
+        ('kernel', 'yes' if proven and all(res.get('kernel') is True for res in proven) else 'no'),
+        ('driver', driver_version), ('duration_ms', round((time.monotonic() - result.started) * 1000.0)),
+    ]
+    return ' '.join('%s=%s' % (key, log_value(value)) for key, value in fields)
+
+
+def send_syslog(line, host_root='/', failed=False):
+    """Send line to the host's syslog socket (under host_root); False when there is none."""
+    path = os.path.join(host_root or '/', SYSLOG_SOCKET.lstrip('/'))
+    severity = SYSLOG_WARNING if 'outcome=failed' in line else SYSLOG_INFO
+    message = ('<%d>%s: %s' % (SYSLOG_DAEMON * 8 + severity, SYSLOG_TAG, line)).encode('utf-8')
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except OSError:
+        return False
+    try:
+        sock.settimeout(1.0)
+        sock.connect(path)
+        sock.send(message)
+        return True
+    except OSError:  # no syslog listening there: the report and the state directory still have it
+        return False
+    finally:
+        sock.close()
 
 
 class ProbeResult:
@@ -138,6 +226,7 @@ class ProbeResult:
         self.library_error = None
         self.started = time.monotonic()
         self.duration_ms = None
+        self.verified = {}
 
     @property
     def failure(self):
@@ -151,7 +240,7 @@ class ProbeResult:
 
     def dump(self):
         return dict(changed=False, probed=self.probed, library_missing=self.skipped, gpus=self.gpus,
-                    duration_ms=self.duration_ms)
+                    duration_ms=self.duration_ms, verified=self.verified)
 
 
 def select_gpus(snapshot, wanted):
@@ -167,28 +256,59 @@ def select_gpus(snapshot, wanted):
     return [gpu for gpu in known if gpu.get('index') in set(wanted)]
 
 
+# A GPU's UUID as the driver prints it: the only text a child's CUDA_VISIBLE_DEVICES carries.
+UUID_PATTERN = re.compile(r'^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$')
+
+
+@functools.lru_cache(maxsize=1)
 def child_source():
     """The child's program: the source of _cuda, which runs main() as __main__."""
     return inspect.getsource(_cuda)
 
 
+def visible_only(gpu):
+    """The CUDA environment of gpu's child: that GPU alone visible, by its UUID as CUDA reads it,
+    so that its cuInit brings up one GPU and a GPU whose driver hangs stalls no other child;
+    every GPU when the UUID is not one (the child finds its GPU by bus id either way)."""
+    uuid = gpu.get('uuid')
+    return dict(CUDA_VISIBLE_DEVICES=uuid) if valid_uuid(uuid) else {}
+
+
+class ProbeCrashed(GpuopsError):
+    """A GPU's child was killed by a signal: (message, the CUDA call it was in)."""
+
+    def __init__(self, message, call):
+        super(ProbeCrashed, self).__init__(message)
+        self.call = call
+
+
 class ProbeChild:
-    """Runs the child with a deadline and returns its answer; a child that hangs is killed with
-    everything it started, one that dies or prints garbage is said in words (GpuopsError)."""
+    """Runs one GPU's probe in a child of its own, with a deadline, and returns its answer: a child
+    that hangs is killed with everything it started (CommandTimeout), one that crashes is
+    ProbeCrashed, one that exits or prints garbage is said in words (GpuopsError). Children of
+    different GPUs run at once; pids holds every child's pid that answered."""
 
-    def __init__(self, python=None, library=_cuda.LIBRARY):
-        self.runner = Runner(python or sys.executable, name=PROBE_NAME, unset=CUDA_ENVIRONMENT)
+    def __init__(self, python=None, library=_cuda.LIBRARY, level=_cuda.DEFAULT_LEVEL):
+        self.python = python or sys.executable
         self.library = library
-        self.pid = None
+        self.level = level
+        self.pids = set()
+        self._lock = threading.Lock()
 
-    def run(self, gpus, mib, timeout):
-        request = dict(library=self.library, mib=mib,
-                       gpus=[dict(index=gpu.get('index'), pci_bus_id=gpu['pci_bus_id']) for gpu in gpus])
-        rc, stdout, stderr = self.runner.run(['-I', '-S', '-c', child_source(), json.dumps(request)], timeout=timeout)
+    def run(self, gpu, mib, timeout):
+        env = visible_only(gpu)
+        runner = Runner(self.python, name=PROBE_NAME, env=env,
+                        unset=[name for name in CUDA_ENVIRONMENT if name not in env])
+        request = dict(library=self.library, mib=mib, level=self.level,
+                       gpus=[dict(index=gpu.get('index'), pci_bus_id=gpu['pci_bus_id'])])
+        rc, stdout, stderr = runner.run(['-I', '-S', '-c', child_source(), json.dumps(request)], timeout=timeout)
+        if rc < 0:
+            raise ProbeCrashed('%s %s%s' % (PROBE_NAME, exit_words(rc), said(stderr)), last_call(stderr))
         if rc != 0:
             raise GpuopsError('%s %s%s' % (PROBE_NAME, exit_words(rc), said(stderr)))
         answer = parse_answer(stdout, stderr)
-        self.pid = answer.get('pid')
+        with self._lock:
+            self.pids.add(answer.get('pid'))
         return answer
 
 
@@ -201,8 +321,14 @@ def exit_words(rc):
     return 'exited with status %d' % rc
 
 
+def last_call(stderr):
+    """The CUDA call the child said it was making last, or None when it made none."""
+    calls = [line[len(_cuda.CALLING):] for line in stderr.splitlines() if line.startswith(_cuda.CALLING)]
+    return printable(calls[-1], limit=80) if calls else None
+
+
 def said(stderr):
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    lines = [line for line in stderr.strip().splitlines() if line.strip() and not line.startswith(_cuda.CALLING)]
     return ': %s' % printable(lines[-1], limit=300) if lines else ''
 
 
@@ -218,27 +344,44 @@ def parse_answer(stdout, stderr):
     return answer
 
 
-def fail_all(results, **fields):
-    for result in results:
-        result.update(ok=False, mib=0)
-        result.update(fields)
-        result['ok'] = False
+def fail(result, **fields):
+    result.update(mib=0, call=None, error_code=None)
+    result.update(fields)
+    result['ok'] = False
 
 
-def merge(results, answer):
-    """Put the child's answer into the results of the GPUs it probed (same order)."""
+def timed_out(exc):
+    """The fields of a GPU whose child was killed at its deadline: the call it hung in, when it
+    had reached CUDA (the driver is stuck on that GPU), else that it never got there."""
+    call = last_call(exc.stderr)
+    if call:
+        text = 'no answer within %.1f s; the probe of this GPU was killed (the call hung in the driver)' % exc.timeout
+    else:
+        text = ('the probe of this GPU had made no CUDA call when it was killed at %.1f s (its start took the time: '
+                'the host may be overloaded)' % exc.timeout)
+    return dict(error_name='PROBE_TIMEOUT', call=call, error_string=text)
+
+
+# What the parent takes of a child's result for its GPU (kernel: whether the probe's kernels wrote
+# and checked every word it allocated; level: what it set out to prove).
+ANSWER_FIELDS = ('ok', 'ms', 'mib', 'level', 'kernel', 'bytes_checked', 'kernel_ms', 'call', 'error_code',
+                 'error_name', 'error_string')
+
+
+def merge(result, answer):
+    """Put the child's answer for one GPU into its result."""
     if answer.get('init'):
-        fail_all(results, **answer['init'])
+        fail(result, **answer['init'])
         return
-    if len(answer['gpus']) != len(results):
-        fail_all(results, error_name='PROBE_ERROR', error_string='%s answered for %d GPUs, asked for %d' % (
-            PROBE_NAME, len(answer['gpus']), len(results)))
+    found = answer['gpus'][0] if len(answer['gpus']) == 1 else None
+    if not isinstance(found, dict) or found.get('pci_bus_id') != result.get('pci_bus_id'):
+        fail(result, error_name='PROBE_ERROR', error_string='%s answered for %d GPUs other than the one it was asked '
+             'for' % (PROBE_NAME, len(answer['gpus'])))
         return
-    for result, found in zip(results, answer['gpus']):
-        fields = dict((key, found.get(key)) for key in ('ok', 'ms', 'mib', 'call', 'error_code', 'error_name',
-                                                        'error_string'))
-        fields['ok'] = fields['ok'] is True
-        result.update(fields)
+    fields = dict((key, found.get(key)) for key in ANSWER_FIELDS)
+    fields['ok'] = fields['ok'] is True
+    fields['kernel'] = fields['kernel'] is True
+    result.update(fields)
 
 
 class Prober:
@@ -249,7 +392,7 @@ class Prober:
     def __init__(self, reader, options, child=None):
         self.reader = reader
         self.options = options
-        self.child = child or ProbeChild(library=options.cuda_library)
+        self.child = child or ProbeChild(library=options.cuda_library, level=options.probe_level)
         self.budget = Budget('the probe', options.timeout)
         self.deadline = time.monotonic() + options.timeout
 
@@ -269,31 +412,46 @@ class Prober:
         scope = select_gpus(snapshot, self.options.gpus)
         result = ProbeResult([blank_result(gpu) for gpu in scope])
         result.warnings.extend(warnings)
+        self.driver_version = snapshot.driver_version
         if not check_mode:
             self._probe(scope, result)
         result.duration_ms = round((time.monotonic() - result.started) * 1000.0, 1)
+        if result.probed:
+            send_syslog(log_line(result, self.driver_version), self.options.host_root)
         return result
 
     def _probe(self, scope, result):
         readable = [(gpu, res) for gpu, res in zip(scope, result.gpus) if not self._lost(gpu, res)]
         if not readable:
             return
-        answer = self._answer([gpu for gpu, dummy in readable], [res for dummy, res in readable])
-        if answer is not None and answer.get('library_error'):
-            self._missing_library(answer['library_error'], result)
+        library_error = self._answers(readable)
+        if library_error:
+            self._missing_library(library_error, result)
             return
         result.probed = True
+        warning = exclusive_warning([res for dummy, res in readable])
+        if warning:
+            result.warnings.append(warning)
         self._wait_released(readable)
-        self._record_cures(readable, result)
+        self._record(readable, result)
 
-    def _record_cures(self, probed, result):
-        """A GPU proven by allocation is cured as a reset cures it: its older Xid errors no longer
-        count in its health (see the state directory)."""
-        uuids = [gpu.get('uuid') for gpu, res in probed if res.get('ok') and res.get('released')]
-        if not uuids:
-            return
+    def _record(self, probed, result):
+        """Each GPU proven (its probe passed and its memory was released) gets verified_at, and a
+        record by UUID in the state directory (result.verified: every GPU's last). A GPU whose
+        every probed byte the kernel checked is cured as a reset cures it: its older Xid errors no
+        longer count in its health."""
+        now = time.time()
+        proven = [(gpu, res) for gpu, res in probed if res.get('ok') and res.get('released')]
+        for dummy, res in proven:
+            res['verified_at'] = round(now, 3)
         state = StateDir.for_host(self.options.state_dir, self.options.host_root)
-        record_cure(state, uuids, time.time(), 'probe', boot_id())
+        records = dict((gpu['uuid'], verification(gpu, res, self.driver_version, result)) for gpu, res in proven
+                       if valid_uuid(gpu.get('uuid')))
+        result.verified = dict((uuid, record) for uuid, record in record_verified(state, records).items()
+                               if valid_uuid(uuid))
+        cured = [gpu['uuid'] for gpu, res in proven if gpu.get('uuid') in records and res.get('kernel') is True]
+        if cured:
+            record_cure(state, cured, now, 'probe', boot_id())
         result.warnings.extend(state.warnings)
 
     @staticmethod
@@ -303,27 +461,44 @@ class Prober:
         res.update(ok=False, error_name='GPU_LOST', error_string=gpu.get('error') or 'not readable')
         return True
 
-    def _answer(self, gpus, results):
-        """The child's answer merged into results; None when it gave none (results say why)."""
+    def _answers(self, probed):
+        """Each GPU probed by a child of its own, all at once, each answer (or why there is none)
+        put into its GPU's result; the library's error when libcuda cannot be loaded, else None."""
         started = time.monotonic()
+        timeout = self.left() - READ_RESERVE_S
         try:
-            answer = self.child.run(gpus, self.options.probe_mib, self.left() - READ_RESERVE_S)
+            check_time_left('run %s' % PROBE_NAME, timeout)
         except NoTimeLeft:
-            fail_all(results, error_name='PROBE_ERROR', error_string='not probed: no time was left for %s (%s; %.1f s '
+            for dummy, res in probed:
+                fail(res, error_name='PROBE_ERROR', error_string='not probed: no time was left for %s (%s; %.1f s '
                      'are kept for the reads after it)' % (PROBE_NAME, self.budget.used(), READ_RESERVE_S))
             return None
+        answers = [None] * len(probed)
+        threads = [threading.Thread(target=self._answer, args=(gpu, res, timeout, answers, position))
+                   for position, (gpu, res) in enumerate(probed)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.budget.spend('the CUDA probe', started)
+        return next((answer['library_error'] for answer in answers if answer and answer.get('library_error')), None)
+
+    def _answer(self, gpu, res, timeout, answers, position):
+        """One GPU's child: its answer merged into res (and kept in answers), or why it gave none."""
+        try:
+            answer = self.child.run(gpu, self.options.probe_mib, timeout)
         except CommandTimeout as exc:
-            fail_all(results, error_name='PROBE_TIMEOUT', error_string='%s did not answer within %.1f s and was '
-                     'killed (a CUDA call hung in the driver)' % (PROBE_NAME, exc.timeout))
-            return None
+            fail(res, **timed_out(exc))
+        except ProbeCrashed as exc:
+            fail(res, error_name='PROBE_CRASHED', call=exc.call, error_string=str(exc))
         except GpuopsError as exc:
-            fail_all(results, error_name='PROBE_ERROR', error_string=str(exc))
-            return None
-        finally:
-            self.budget.spend('the CUDA probe', started)
-        if not answer.get('library_error'):
-            merge(results, answer)
-        return answer
+            fail(res, error_name='PROBE_ERROR', error_string=str(exc))
+        except Exception as exc:  # a thread's error would be lost: said, as the child's are
+            fail(res, error_name='PROBE_ERROR', error_string='%s: %s' % (type(exc).__name__, exc))
+        else:
+            answers[position] = answer
+            if not answer.get('library_error'):
+                merge(res, answer)
 
     def _missing_library(self, message, result):
         if self.options.missing_library == 'skip':
@@ -356,7 +531,7 @@ class Prober:
 
     def _released(self, gpu, before):
         pids = set(process.get('pid') for process in gpu.get('processes') or [])
-        if self.child.pid is not None and self.child.pid in pids:
+        if pids & self.child.pids:
             return False
         used = gpu.get('memory_used_mib')
         return used is None or used <= max(before or 0, self.options.memory_threshold_mib)
@@ -379,6 +554,7 @@ def probe(reader, options, check_mode=False, child=None, snapshot=None):
 # module call (the sequence's usual path stays one call on the host).
 RELEASE_PROBE_SPEC = dict(
     mib=dict(type='int', default=DEFAULT_PROBE_MIB),
+    level=dict(type='str', default=_cuda.DEFAULT_LEVEL, choices=list(_cuda.LEVELS)),
     missing_library=dict(type='str', default='skip', choices=list(MISSING_LIBRARY_CHOICES)),
     cuda_library=dict(type='str', default=_cuda.LIBRARY),
     timeout=dict(type='float', default=DEFAULT_TIMEOUT_S),
@@ -399,12 +575,13 @@ def probe_after_release(reader, release_options, params, gpus, snapshot=None):
     the report keeps of it; its warnings). A probe that cannot run is its failure, never the
     release's: the GPUs were released."""
     if gpus == []:
-        return dict(probed=False, library_missing=False, gpus=[], duration_ms=None, failure=None), []
+        return dict(probed=False, library_missing=False, gpus=[], duration_ms=None, verified={}, failure=None), []
     try:
         options = ProbeOptions(gpus, params['mib'], params['timeout'], release_options.memory_threshold_mib,
                                params['missing_library'], params['cuda_library'], release_options.expected_gpus,
-                               release_options.state_dir, release_options.host_root)
+                               release_options.state_dir, release_options.host_root,
+                               params.get('level') or _cuda.DEFAULT_LEVEL)
         result = probe(reader, options, snapshot=snapshot)
     except GpuopsError as exc:
-        return dict(probed=False, library_missing=False, gpus=[], duration_ms=None, failure=str(exc)), []
+        return dict(probed=False, library_missing=False, gpus=[], duration_ms=None, verified={}, failure=str(exc)), []
     return dict(result.dump(), failure=result.failure), result.warnings

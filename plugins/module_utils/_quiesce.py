@@ -18,6 +18,11 @@ nvidia-cuda-mps-control``, NVIDIA's MPS guide) when the list names nvidia-cuda-m
 After the reset, whatever it did, the units stopped are started again and checked with
 ``systemctl is-active``. A holder that no entry allows leaves the reset unattempted, and the
 message names it. Nothing that the list does not name is ever stopped.
+
+The restore always finishes: the stops and the reset end early enough to leave its worst case
+(restore_reserve) within the release's deadline, and a reset that cannot leave it is not
+started; a SIGTERM (a hook stopping the release) raises in the release, whose finally runs the
+restore to its end (_run.sigterm_deferred) before the release exits.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -31,10 +36,11 @@ import shutil
 import stat
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import MIN_TIMEOUT_S, GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import is_gone, read_process
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import escalation
-from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner, sigterm_deferred
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import system_log
 
 MPS_CONTROL = 'nvidia-cuda-mps-control'
@@ -69,8 +75,14 @@ COOPERATING = frozenset(['nvidia-persistenced', 'nvidia-fabricmanager', 'nv-fabr
 # (sd_booted(3)).
 SYSTEMD_RUN_DIR = '/run/systemd/system'
 
-# Starting the units again runs even when the release's deadline has passed: this long at least.
+# Starting the units again (one systemctl start of them all) is given this long at least, even
+# when the release's deadline has passed; the release keeps it in reserve (restore_reserve).
 RESTART_MIN_S = 15.0
+# Then one systemctl is-active of them all (systemd answers from memory): this long at least.
+ACTIVE_CHECK_S = 5.0
+# A reset that stops units is started only with this long left before the reserve: the stops,
+# persistence mode off and the reset itself, each a call.
+RESET_FLOOR_S = MIN_TIMEOUT_S
 
 # A systemd unit name (systemd.unit(5): letters, digits, ':', '-', '_', '.', '\\', one optional
 # '@' of a template instance), at most 255 characters; only services are stopped.
@@ -177,6 +189,7 @@ class Quiesce:
         self.active_after = {}
         self.mps_quit = False
         self.problems = []
+        self.time_refused = None  # why the reset was not started: the restore's reserve did not fit
 
     # -- what may be done ----------------------------------------------------------------
     def _judge(self, blocker):
@@ -224,16 +237,40 @@ class Quiesce:
     def _units_text(units):
         return ', '.join(printable(unit) for unit in units)
 
-    # -- acting ---------------------------------------------------------------------------
-    def _left(self, restore=False):
-        left = self.deadline - self.clock()
-        return max(left, RESTART_MIN_S) if restore else left
+    # -- the time the restore needs -----------------------------------------------------
+    def restore_reserve(self):
+        """Seconds the restore may take at worst: one systemctl start of every unit to stop, and
+        one systemctl is-active of them (nothing when no unit is stopped)."""
+        return RESTART_MIN_S + ACTIVE_CHECK_S if self.units else 0.0
 
-    def _systemctl(self, args, restore=False):
-        """(rc, output) of systemctl args within the deadline; GpuopsError when it cannot run,
-        does not answer, or there is no time left."""
+    def work_deadline(self):
+        """When the stops and the reset must end: the deadline less the restore's reserve."""
+        return self.deadline - self.restore_reserve()
+
+    def time_refusal(self):
+        """Why the reset cannot be started with the restore's reserve kept, or None."""
+        left = self.work_deadline() - self.clock()
+        if not self.units or left >= RESET_FLOOR_S:
+            return None
+        self.time_refused = _reason.no_time_to_restore(self._gpus(), self._units_text(self.units), self.restore_reserve(),
+                                          self.deadline - self.clock(), RESET_FLOOR_S)
+        return self.time_refused
+
+    # -- acting ---------------------------------------------------------------------------
+    def _left(self, restore=None):
+        """Seconds left for a call: before the work deadline; restore 'start' or 'check': before
+        the deadline (the start leaving the check its share), and at least their minimum."""
+        if restore == 'start':
+            return max(self.deadline - ACTIVE_CHECK_S - self.clock(), RESTART_MIN_S)
+        if restore == 'check':
+            return max(self.deadline - self.clock(), ACTIVE_CHECK_S)
+        return self.work_deadline() - self.clock()
+
+    def _systemctl(self, args, restore=None, raw=False):
+        """(rc, output) of systemctl args within the deadline (raw: its standard output as it is);
+        GpuopsError when it cannot run, does not answer, or there is no time left."""
         rc, stdout, stderr = Runner(self.systemctl).run(['--no-ask-password'] + list(args), timeout=self._left(restore))
-        return rc, ' '.join((stdout + ' ' + stderr).split())[:300]
+        return rc, stdout if raw else ' '.join((stdout + ' ' + stderr).split())[:300]
 
     def stop(self):
         """Stop what the reset needs stopped; None when all of it stopped, else why not (the
@@ -266,12 +303,17 @@ class Quiesce:
         pipe_dir = _environ(holder.pid, 'CUDA_MPS_PIPE_DIRECTORY', self.proc)
         if pipe_dir:
             env['CUDA_MPS_PIPE_DIRECTORY'] = pipe_dir
-        program = _running_program(holder, self.proc) or MPS_CONTROL
+        fd, why = _open_program(holder, self.proc)
+        if fd is None:
+            return 'echo quit | %s: %s' % (MPS_CONTROL, why)
         try:
-            rc, stdout, stderr = Runner(program, name=MPS_CONTROL, env=env).run(
+            # The file checked is the file run: through its open descriptor, never its path again.
+            rc, stdout, stderr = Runner('/proc/self/fd/%d' % fd, name=MPS_CONTROL, env=env, pass_fds=(fd,)).run(
                 [], timeout=max(self._left(), 0.1), input_text='quit\n')
         except GpuopsError as exc:
             return 'echo quit | %s: %s' % (MPS_CONTROL, exc)
+        finally:
+            os.close(fd)
         if rc != 0:
             return 'echo quit | %s failed (exit %d): %s' % (
                 MPS_CONTROL, rc, printable(' '.join((stdout + ' ' + stderr).split())[:300]))
@@ -283,25 +325,31 @@ class Quiesce:
         return None
 
     def restore(self):
-        """Start again every unit a stop was asked of, whatever happened since; check each."""
+        """Start again every unit a stop was asked of, whatever happened since; check them. A
+        SIGTERM meanwhile waits until this is done (then raises _run.Terminated)."""
         if not self.stopped:
             return
-        self.log('gpuops.nvidia: starting %s again after a GPU reset' % self._units_text(self.stopped))
-        try:
-            rc, said = self._systemctl(['start', '--'] + self.stopped, restore=True)
-            if rc != 0:
-                self.problems.append('systemctl start %s failed (exit %d): %s' % (
-                    self._units_text(self.stopped), rc, printable(said)))
-        except GpuopsError as exc:
-            self.problems.append('systemctl start %s: %s' % (self._units_text(self.stopped), exc))
-        self._check_active()
+        with sigterm_deferred():
+            self.log('gpuops.nvidia: starting %s again after a GPU reset' % self._units_text(self.stopped))
+            try:
+                rc, said = self._systemctl(['start', '--'] + self.stopped, restore='start')
+                if rc != 0:
+                    self.problems.append('systemctl start %s failed (exit %d): %s' % (
+                        self._units_text(self.stopped), rc, printable(said)))
+            except GpuopsError as exc:
+                self.problems.append('systemctl start %s: %s' % (self._units_text(self.stopped), exc))
+            self._check_active()
 
     def _check_active(self):
-        for unit in self.stopped:
-            try:
-                dummy, said = self._systemctl(['is-active', '--', unit], restore=True)
-            except GpuopsError as exc:
-                said = 'unknown (%s)' % exc
+        """One systemctl is-active of every unit started again: it prints one state a line, in order."""
+        try:
+            dummy, out = self._systemctl(['is-active', '--'] + self.stopped, restore='check', raw=True)
+            states = out.split()
+            if len(states) != len(self.stopped):
+                raise GpuopsError('systemctl is-active printed %d states for %d units' % (len(states), len(self.stopped)))
+        except GpuopsError as exc:
+            states = ['unknown (%s)' % exc] * len(self.stopped)
+        for unit, said in zip(self.stopped, states):
             self.active_after[unit] = said or 'unknown'
             if said == 'active':
                 self.started.append(unit)
@@ -315,7 +363,7 @@ class Quiesce:
         """The quiesced entry of the escalation."""
         return {'held_by': [blocker.to_dict() for blocker in self.blockers], 'to_stop': list(self.units),
                 'mps_to_quit': any(blocker.action == 'quit' for blocker in self.blockers),
-                'refusal': self.refusal(), 'stopped': list(self.stopped), 'started': list(self.started),
+                'refusal': self.refusal() or self.time_refused, 'stopped': list(self.stopped), 'started': list(self.started),
                 'active_after': dict(self.active_after), 'mps_quit': self.mps_quit, 'problems': list(self.problems)}
 
 
@@ -325,25 +373,61 @@ def _exited(holder, proc='/proc'):
     return is_gone(info) or info.starttime != holder.starttime
 
 
-def _running_program(holder, proc='/proc'):
-    """The path of the file holder runs, when that path still names that very file and only root
-    can change it (root-owned, in a root-owned directory, neither writable by group or others);
-    else None. Run as root, a path a user could swap would run the user's program."""
+def _running_program(holder):
+    """The absolute path holder runs from, as /proc/PID/exe named it, or None (deleted since)."""
     path = holder.exe
     if not path or not os.path.isabs(path) or path.endswith(' (deleted)'):
         return None
-    try:
-        running = os.stat(os.path.join(proc, str(holder.pid), 'exe'))
-        named = os.stat(path)
-        directory = os.stat(os.path.dirname(path))
-    except OSError:
-        return None
-    if (named.st_dev, named.st_ino) != (running.st_dev, running.st_ino):
-        return None
-    unsafe = stat.S_IWGRP | stat.S_IWOTH
-    if named.st_uid != 0 or directory.st_uid != 0 or named.st_mode & unsafe or directory.st_mode & unsafe:
-        return None
     return path
+
+
+def _open_program(holder, proc='/proc'):
+    """(fd, None): the MPS control program, open, to be run as /proc/self/fd/N; (None, why not).
+
+    The file the daemon runs, when its path names that very file still, else
+    nvidia-cuda-mps-control on PATH: opened without following a link, and the open file is what
+    is checked (_program_problem) and run. Run as root, a path a user could swap (a directory
+    above it they can write) would run the user's program; the descriptor cannot be swapped."""
+    path = _running_program(holder)
+    if path is not None:
+        try:
+            running = os.stat(os.path.join(proc, str(holder.pid), 'exe'))
+        except OSError:
+            running = None
+        fd, why = _open_checked(path, running) if running is not None else (None, None)
+        if fd is not None:
+            return fd, None
+    found = shutil.which(MPS_CONTROL)
+    if found is None:
+        return None, '%s not found on PATH' % MPS_CONTROL
+    return _open_checked(os.path.realpath(found))
+
+
+def _open_checked(path, running=None):
+    """(fd, None) of path opened without following a link, when _program_problem finds nothing
+    wrong with the open file; else (None, why)."""
+    try:
+        fd = os.open(path, getattr(os, 'O_PATH', os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return None, '%s cannot be opened (a link is not followed): %s' % (printable(path), exc.strerror)
+    why = _program_problem(os.fstat(fd), running)
+    if why:
+        os.close(fd)
+        return None, '%s not run: it %s' % (printable(path), why)
+    return fd, None
+
+
+def _program_problem(info, running=None):
+    """Why the open file with stat info must not be run as root, or None."""
+    if not stat.S_ISREG(info.st_mode):
+        return 'is no regular file'
+    if info.st_uid not in (0, os.geteuid()):
+        return 'belongs to uid %d, not root' % info.st_uid
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return 'can be written by others (mode %04o)' % stat.S_IMODE(info.st_mode)
+    if running is not None and (info.st_dev, info.st_ino) != (running.st_dev, running.st_ino):
+        return 'is not the file the MPS control daemon runs (it was replaced since the daemon started)'
+    return None
 
 
 def _environ(pid, name, proc='/proc'):
@@ -363,7 +447,7 @@ def _environ(pid, name, proc='/proc'):
 def quiesced_reset(quiesce, reset, todo):
     """The escalation entry of reset.run(todo) (a GpuReset) with the services that block it stopped
     around it, and started again in any case; the reset is not attempted when they cannot be."""
-    refusal = quiesce.refusal()
+    refusal = quiesce.refusal() or quiesce.time_refusal()
     entry = None
     if refusal is None:
         try:

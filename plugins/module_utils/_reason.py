@@ -14,13 +14,16 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS, action_causes
 
 
-def gpu_problem(gpu, reset_required, orphaned_memory, dirty, why=(), reset_remedy='', orphan_remedy=''):
+def gpu_problem(gpu, reset_required, orphaned_memory, dirty, why=(), reset_remedy='', orphan_remedy='', health=None):
     """Why one GPU is not clean, or None: the one ladder of the release's message and the
     verdict's reason. reset_required: the driver's verdict is that it needs a reset;
     orphaned_memory: its memory is held with no process left; dirty: memory over the threshold,
-    not reported, or processes on it (why: what holds it)."""
+    not reported, or processes on it (why: what holds it); health: its health (_health.health_facts,
+    the facts' health), whose recovery action the facts module decides: a reset, a reboot or a
+    person (NOT_CLEAN_ACTIONS) leaves it not clean."""
     if gpu.get('error') and reset_required:
         return needs_reset(gpu, reset_remedy)
     if gpu.get('error'):
@@ -29,7 +32,20 @@ def gpu_problem(gpu, reset_required, orphaned_memory, dirty, why=(), reset_remed
         return orphaned(gpu, orphan_remedy)
     if dirty:
         return held(gpu, why)
+    if health and health.get('recovery_action') in NOT_CLEAN_ACTIONS:
+        return needs_cure(gpu, health, reset_remedy)
     return None
+
+
+def needs_cure(gpu, health, reset_remedy=''):
+    """A readable GPU whose health calls for a reset, a reboot or a person, and why."""
+    action = health['recovery_action']
+    why = '; '.join(action_causes(gpu, health)) or 'its health calls for %s' % action
+    if action == 'reset_gpu':
+        return needs_reset(gpu, reset_remedy, why=why)
+    if action == 'reboot':
+        return 'GPU %s needs a reboot (%s)' % (gpu_name(gpu), why)
+    return "GPU %s needs a person (%s; NVIDIA's Xid catalogue asks for a look)" % (gpu_name(gpu), why)
 
 
 def gpu_name(gpu):
@@ -79,3 +95,10 @@ def fabric_not_back(entry):
     """A reset GPU whose NVLink fabric registration did not come back (see _fabric)."""
     return 'GPU %s: the NVLink fabric is not back after the GPU reset (state %s, status %s: %s)' % (
         entry.get('index'), entry.get('state'), entry.get('status'), entry.get('note'))
+
+
+def no_time_to_restore(gpus, units, reserve, left, floor):
+    """A reset not started: the units it stops could not be started again within the timeout."""
+    return ('GPU %s not reset: %s would be stopped for it, and starting them again may take %.0f s, which leaves '
+            'less than the %.1f s a reset needs of the %.1f s left of the timeout; nothing was stopped (a longer '
+            'timeout leaves the time)' % (gpus, units, reserve, floor, max(left, 0.0)))

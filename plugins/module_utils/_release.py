@@ -47,7 +47,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._fabric import wait_for_fabric
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import health_facts, reset_causes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS, health_facts, reset_causes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     ancestors,
@@ -432,6 +432,9 @@ class Release:
         self.budget = None
         self.last_snapshot = None
         self.first_snapshot = None
+        # The kernel log's messages (Summary.events()), read once at the first need (False: not
+        # yet; None: it could not be read).
+        self.kernel_events = False
         self.reset_deadline = None
         self.unheld_since = None  # when a read first found the memory held by no process
         self.orphans_waited = False
@@ -978,6 +981,7 @@ class Release:
             # The GPUs as the release read them last (within the timeout), the holders as they are now.
             facts, warnings = gather_facts(self.reader, self.options.devices, self.options.protect,
                                            self.options.memory_threshold_mib, self.deadline - self.clock(),
+                                           kernel_log=self.options.kernel_log,
                                            holder_warnings=False, snapshot=self.last_snapshot,
                                            state=StateDir.for_host(self.options.state_dir, self.options.host_root))
         except GpuopsError as exc:
@@ -1000,10 +1004,13 @@ class Release:
                 raise GpuopsError('gpus: %s' % no_such_gpus(unknown, known))
 
     def _states(self, snapshot):
-        """Each GPU in scope as the release left it: its state and what the driver says of it."""
+        """Each GPU in scope as the release left it: its state, what the driver says of it, and the
+        recovery action its health calls for (as nvidia_gpu_facts decides it)."""
+        health = self._health(snapshot)
         return [{'index': gpu.get('index'), 'pci_bus_id': gpu.get('pci_bus_id'),
                  'state': gpu_state(gpu, self.options.memory_threshold_mib),
                  'driver_recovery_action': gpu.get('driver_recovery_action'),
+                 'recovery_action': health[gpu['index']][1]['recovery_action'] if gpu.get('index') in health else None,
                  'memory_used_mib': gpu.get('memory_used_mib')} for gpu in self._scope(snapshot)]
 
     def _memory(self, snapshot):
@@ -1026,7 +1033,8 @@ class Release:
             result.changed = bool(would)
             result.gpus_after = result.gpus_before
             result.gpu_states = self._states(snapshot)
-            result.released = self._clean(snapshot, holders)
+            result.released = self._clean(snapshot, holders) and not any(
+                self._unhealthy(index, health) for index, (dummy, health) in self._health(snapshot).items())
             result.protected = [_describe(holder) for holder in holders
                                 if holder.protected and not holder.foreign and not holder.spared]
             result.foreign_holders = [self._foreign(holder) for holder in holders if holder.foreign]
@@ -1133,10 +1141,12 @@ class Release:
             return
         runner = self.smi_runner or SmiRunner(self.options.nvidia_smi_path)
         bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
-        # The reset ends when the signalling would: the read after it has the time left.
-        reset = GpuReset(runner, bus_ids, todo, self.signal_deadline, self.clock, reasons=todo)
+        # The reset ends when the signalling would (the read after it has the time left), less the
+        # reserve for starting again the units stopped for it (Quiesce.restore_reserve).
+        quiesce = self._quiesce(snapshot, todo)
+        reset = GpuReset(runner, bus_ids, todo, quiesce.work_deadline(), self.clock, reasons=todo)
         started = self.clock()
-        escalation = result.escalation = quiesced_reset(self._quiesce(snapshot, todo), reset, sorted(todo))
+        escalation = result.escalation = quiesced_reset(quiesce, reset, sorted(todo))
         self.budget.spend('the GPU reset', started)
         if escalation['attempted'] and not escalation['ok']:
             self._name_module_holders(escalation)
@@ -1246,20 +1256,32 @@ class Release:
     def _reset_causes(self, snapshot):
         """{index: [why]} of the GPUs in scope whose health calls for a reset: the driver's word
         and the kernel log's Xids since the GPU's last cure, read as nvidia_gpu_facts reads them."""
-        state = StateDir.for_host(self.options.state_dir, self.options.host_root)
-        boot = boot_id()
-        left = min(KERNEL_LOG_MAX_S, self.signal_deadline - self.clock())
-        events = None
-        if left > 0:
-            started = self.clock()
-            events, warnings = read_xid_events(self.options.kernel_log, left, state=state, boot=boot)
-            self.budget.spend('reading the kernel log', started)
-            for warning in warnings:
-                self._warn(warning)
-        cures = load_cures(state, boot)
-        first = dict((gpu.get('uuid'), gpu) for gpu in self.first_snapshot.gpus) if self.first_snapshot else {}
         causes = {}
-        for gpu in self._scope(snapshot):
+        for index, (known, health) in self._health(snapshot).items():
+            why = reset_causes(known, health)
+            if why:
+                causes[index] = why
+        return causes
+
+    def _health(self, snapshot):
+        """{index: (the GPU, its health_facts)} of the GPUs in scope, as nvidia_gpu_facts judges
+        them: the kernel log (read once per release) since each GPU's last cure (read each time: a
+        reset cures), and what only the first, full read has."""
+        if self.kernel_events is False:
+            self.kernel_events = None
+            left = min(KERNEL_LOG_MAX_S, self.signal_deadline - self.clock())
+            if left > 0:
+                started = self.clock()
+                self.kernel_events, warnings = read_xid_events(
+                    self.options.kernel_log, left, boot=boot_id(),
+                    state=StateDir.for_host(self.options.state_dir, self.options.host_root))
+                self.budget.spend('reading the kernel log', started)
+                for warning in warnings:
+                    self._warn(warning)
+        cures = load_cures(StateDir.for_host(self.options.state_dir, self.options.host_root), boot_id())
+        first = dict((gpu.get('uuid'), gpu) for gpu in self.first_snapshot.gpus) if self.first_snapshot else {}
+        found = {}
+        for gpu in self._scope(snapshot) if snapshot is not None else ():
             if gpu.get('index') is None:
                 continue
             # The light reads of the release leave out what only the first, full read has.
@@ -1267,10 +1289,17 @@ class Release:
             for key in HEALTH_KEYS:
                 if known.get(key) is None:
                     known[key] = (first.get(gpu.get('uuid')) or {}).get(key)
-            why = reset_causes(known, health_facts(known, events, cures.get(gpu.get('uuid'))))
-            if why:
-                causes[gpu['index']] = why
-        return causes
+            found[gpu['index']] = (known, health_facts(known, self.kernel_events, cures.get(gpu.get('uuid'))))
+        return found
+
+    def _unhealthy(self, index, health):
+        """Whether a GPU's health leaves it not clean after this release: a reset, a reboot or a
+        person (_health.NOT_CLEAN_ACTIONS). With reset_orphaned, a reset is the escalation's to do
+        and to judge (on a GPU other jobs do not use)."""
+        action = health.get('recovery_action')
+        if action == 'reset_gpu' and self.options.reset_orphaned and index not in self.job_scoped:
+            return False
+        return action in NOT_CLEAN_ACTIONS
 
     def _orphaned(self, scope, survivors):
         """The indexes of the GPUs of scope with memory used and no process holding them."""
@@ -1340,7 +1369,8 @@ class Release:
             self.last_exit = None
         settle_end = None if self.last_exit is None else self.last_exit + self.options.settle_time
         self.settled = not self.targets or (settle_end is not None and self.clock() >= settle_end)
-        result.released = clean and self.settled
+        healthy = not any(self._unhealthy(index, health) for index, (dummy, health) in self._health(snapshot).items())
+        result.released = clean and self.settled and healthy
         if self.options.wait:
             result.orphaned_gpus = self._orphaned(scope, survivors)
             if not result.released:
@@ -1375,6 +1405,7 @@ class Release:
             problems.append('the descriptors of %s could not all be read' % named_unread(unread))
         protected = dict((holder.pid, holder) for holder in self.protected_seen.values())
         blocking = set()
+        healths = self._health(snapshot)
         for gpu in scope:
             index = gpu.get('index')
             holders = [survivor for survivor in result.survivors if index in survivor['gpus']]
@@ -1389,10 +1420,12 @@ class Release:
                     for process in reported]
             why += [_foreign_why(holder, self.proc) for holder in self.foreign_seen.values() if self._blocks(holder, gpu)]
             why += [_spared_why(holder) for holder in self._spared_on(gpu)]
+            health = healths.get(index, (None, None))[1]
             problem = _reason.gpu_problem(
                 gpu, gpu_state(gpu) == 'reset_required', index in result.orphaned_gpus,
                 bool(holders or reported or used is None or used > self.options.memory_threshold_mib), why,
-                reset_remedy='; reset_orphaned resets it')
+                reset_remedy='; reset_orphaned resets it',
+                health=health if health is not None and self._unhealthy(index, health) else None)
             if problem:
                 problems.append(problem)
         for survivor in result.survivors:

@@ -27,6 +27,7 @@ import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import EXIT_CODES, GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import bus_ids_in, normalize_bus_id
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import sigterm_deferred
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import system_log
 
 # Restoring persistence mode runs even when the deadline has passed: this long at least.
@@ -122,12 +123,13 @@ class GpuReset:
         except GpuopsError as exc:
             outcome = (False, str(exc), [])
         finally:
-            for index in persistent:
-                try:
-                    self._set_persistence(index, True, restore=True)
-                    self.restored[index] = True
-                except GpuopsError as exc:
-                    restore_problems.append('persistence mode of GPU %s not restored: %s' % (index, exc))
+            with sigterm_deferred():  # a SIGTERM waits until persistence mode is back
+                for index in persistent:
+                    try:
+                        self._set_persistence(index, True, restore=True)
+                        self.restored[index] = True
+                    except GpuopsError as exc:
+                        restore_problems.append('persistence mode of GPU %s not restored: %s' % (index, exc))
         if outcome is None and rc == 0:
             outcome = (True, 'GPU %s reset: %s' % (_names(group), _said(stdout, stderr)), [])
         elif outcome is None:

@@ -13,6 +13,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import contextlib
 import errno
 import os
 import selectors
@@ -28,10 +29,12 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import Gpuop
 class CommandTimeout(GpuopsError):
     """The program did not exit in time and was killed, with everything it started."""
 
-    def __init__(self, message, argv, timeout):
+    def __init__(self, message, argv, timeout, stderr=''):
         super(CommandTimeout, self).__init__(message)
         self.argv = argv
         self.timeout = timeout
+        # What it wrote to stderr before it was killed: where it was stuck, when it says so.
+        self.stderr = stderr
 
 
 class Runner:
@@ -47,7 +50,11 @@ class Runner:
 
     path: the program (a name looked up on PATH, or a path); name: how messages call it (the
     base name of path by default); env: variables added to the environment; unset: variables
-    taken out of it.
+    taken out of it; pass_fds: descriptors the program inherits (a verified open file run as
+    /proc/self/fd/N, a directory it runs in); cwd: where it runs; term_grace: when the deadline
+    passes, the program's process group gets SIGTERM first and this many seconds to exit (to
+    undo what it changed, in its finally blocks) before everything left is killed;
+    CommandTimeout all the same, saying so.
     """
 
     POLL_S = 0.05
@@ -55,13 +62,18 @@ class Runner:
     # Added to the message of a timeout: what it may mean.
     TIMEOUT_NOTE = ''
 
-    def __init__(self, path, timeout=10.0, name=None, hint=None, env=None, unset=()):
+    def __init__(self, path, timeout=10.0, name=None, hint=None, env=None, unset=(), pass_fds=(), cwd=None,
+                 term_grace=0.0):
         self.path = path
         self.timeout = timeout
         self.name = name or os.path.basename(path)
         self.hint = hint
         self.env = dict(env or {})
         self.unset = tuple(unset)
+        self.pass_fds = tuple(pass_fds)
+        self.cwd = cwd
+        self.term_grace = term_grace
+        self.stopped = False  # the last run got SIGTERM at its deadline (term_grace)
 
     def _hinted(self, text):
         return '%s: %s' % (text, self.hint) if self.hint else text
@@ -95,7 +107,7 @@ class Runner:
             proc = subprocess.Popen([path] + list(args),
                                     stdin=subprocess.DEVNULL if input_text is None else subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                    close_fds=True, start_new_session=True)
+                                    close_fds=True, pass_fds=self.pass_fds, cwd=self.cwd, start_new_session=True)
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):  # ours, not the program's: no hint about it
                 raise GpuopsError('%s could not be started: out of file descriptors (%s); raise the open '
@@ -104,23 +116,26 @@ class Runner:
         try:
             if input_text is not None:
                 _write_input(proc, input_text)
-            output = self._collect(proc, time.monotonic() + timeout)
+            stdout, stderr, finished = self._collect(proc, time.monotonic() + timeout)
         except BaseException:  # interrupted: leave nothing running behind
             self._abandon(proc)
             raise
         finally:
             proc.stdout.close()
             proc.stderr.close()
-        if output is None:
-            raise CommandTimeout('%s did not answer within %.1f s and was killed%s' % (
-                ' '.join([self.name] + list(args)), timeout, self.TIMEOUT_NOTE), [path] + list(args), timeout)
-        stdout, stderr = (data.decode('utf-8', 'replace') for data in output)
+        stdout, stderr = (data.decode('utf-8', 'replace') for data in (stdout, stderr))
+        if not finished or self.stopped:
+            how = 'was stopped (SIGTERM; it exited within %.1f s)' % self.term_grace if finished else 'was killed'
+            raise CommandTimeout('%s did not answer within %.1f s and %s%s' % (
+                ' '.join([self.name] + list(args)), timeout, how, self.TIMEOUT_NOTE), [path] + list(args), timeout, stderr)
         return proc.returncode, stdout, stderr
 
     def _collect(self, proc, deadline):
-        """(stdout, stderr) bytes once the program has exited and is reaped; None after killing
-        it when deadline passes first."""
+        """(stdout, stderr, True): its output in bytes, once the program has exited and is reaped;
+        (what it wrote so far, False) after killing it when deadline passes first. With
+        term_grace, SIGTERM comes first (self.stopped), and the kill that much later."""
         chunks = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
+        self.stopped = False
         selector = selectors.DefaultSelector()
         try:
             for pipe in (proc.stdout, proc.stderr):
@@ -134,9 +149,13 @@ class Runner:
                 if exited and (not selector.get_map() or time.monotonic() > drain_until):
                     break
                 left = deadline - time.monotonic()
+                if not exited and left <= 0 and self.term_grace > 0 and not self.stopped:
+                    # Asked first: a program that restores what it changed does so in its finally.
+                    _signal_group(proc.pid, signal.SIGTERM)
+                    self.stopped, deadline, left = True, deadline + self.term_grace, self.term_grace
                 if not exited and left <= 0:
                     self._abandon(proc)
-                    return None
+                    return b''.join(chunks[proc.stdout.fileno()]), b''.join(chunks[proc.stderr.fileno()]), False
                 if selector.get_map():
                     # Once it has exited, all it wrote is in the pipes: take what is there and
                     # stop; a process it left behind may keep the pipes open (and busy) for ever.
@@ -159,7 +178,7 @@ class Runner:
         if not reaped:  # unreaped, its pid still names its group: kill what it left there
             _kill_group(proc.pid)
         proc.wait()
-        return b''.join(chunks[proc.stdout.fileno()]), b''.join(chunks[proc.stderr.fileno()])
+        return b''.join(chunks[proc.stdout.fileno()]), b''.join(chunks[proc.stderr.fileno()]), True
 
     def _abandon(self, proc):
         # Its descendants are found first (one may have left the group with setsid), then the
@@ -229,8 +248,12 @@ def _exited(pid):
 
 
 def _kill_group(pgid):
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def _signal_group(pgid, number):
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, number)
     except OSError:  # the group is empty, or gone
         pass
 
@@ -317,3 +340,49 @@ def _kill_same(pid, starttime):
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+# -- SIGTERM, turned into a clean exit ----------------------------------------------------------
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a hook stopping the module at its deadline): raised once in the main
+    thread, so that the finally blocks run (the units stopped for a reset are started again)
+    before the program exits; Python's default for SIGTERM ends the process with no finally run.
+    A BaseException, as KeyboardInterrupt is: no ``except Exception`` takes it for a failed call."""
+
+
+_TERM = {'deferred': 0, 'pending': False, 'raised': False}
+
+
+def _on_sigterm(signum, frame):
+    if _TERM['raised']:
+        return  # once only: the restore it set off is not cut short by a second one
+    if _TERM['deferred']:
+        _TERM['pending'] = True
+        return
+    _TERM['raised'] = True
+    raise Terminated('stopped by SIGTERM')
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Within it, SIGTERM raises Terminated (once); the handler before it is put back after."""
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    _TERM.update(pending=False, raised=False)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def sigterm_deferred():
+    """Within it, SIGTERM waits: a restore runs to its end, and Terminated is raised after it."""
+    _TERM['deferred'] += 1
+    try:
+        yield
+    finally:
+        _TERM['deferred'] -= 1
+        if not _TERM['deferred'] and _TERM['pending'] and not _TERM['raised']:
+            _TERM.update(pending=False, raised=True)
+            raise Terminated('stopped by SIGTERM')

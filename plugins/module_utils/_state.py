@@ -32,6 +32,10 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import _privat
 STATE_DIR = '/run/gpuops'
 BOOT_ID = '/proc/sys/kernel/random/boot_id'
 CURES = 'cures.json'
+VERIFIED = 'verified.json'
+# The most GPUs a verification record keeps (the newest): a host has at most a few dozen; what
+# is beyond is not ours, or GPUs long gone.
+MAX_VERIFIED = 256
 # The largest state file read back: a summary is a few KiB; anything far larger is not ours.
 MAX_BYTES = 4 * 1024 * 1024
 READ_FLAGS = os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NONBLOCK', 0)
@@ -176,3 +180,23 @@ def record_cure(state, uuids, when, how='reset', boot=None):
     for uuid in uuids:
         gpus[uuid] = {'boot_id': boot, 'time': float(when), 'how': how}
     return state.save(CURES, {'gpus': gpus})
+
+
+# -- verifications ---------------------------------------------------------------------------
+
+def record_verified(state, records):
+    """Add records ({uuid: what a passed probe proved, with verified_at}) to the GPUs' last
+    verifications; return them all ({uuid: record}, newest MAX_VERIFIED), what was there when
+    the directory cannot be written, or records alone when it cannot be used."""
+    if not state.usable:
+        return dict(records)
+    data = state.load(VERIFIED) or {}
+    gpus = data.get('gpus') if isinstance(data.get('gpus'), dict) else {}
+    gpus = dict((uuid, record) for uuid, record in gpus.items()
+                if isinstance(record, dict) and isinstance(record.get('verified_at'), (int, float)))
+    gpus.update(records)
+    newest = sorted(gpus.items(), key=lambda item: item[1]['verified_at'], reverse=True)[:MAX_VERIFIED]
+    gpus = dict(newest)
+    if records:
+        state.save(VERIFIED, {'gpus': gpus})
+    return gpus

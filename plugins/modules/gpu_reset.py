@@ -149,8 +149,11 @@ options:
     default: [nvidia-dcgm.service, nvidia-dcgm-exporter.service, dcgm-exporter.service, nvsm*.service, nvidia-cuda-mps-control]
   kernel_log:
     description:
-      - A file to read the kernel's Xid messages from for the reasons to reset, instead of
+      - A file to read the kernel's Xid messages from for the GPUs' health (a GPU whose health
+        calls for a reset, a reboot or a person is not clean) and the reasons to reset, instead of
         C(journalctl -k) or C(dmesg) (O(gpuops.nvidia.nvidia_device_release#module:kernel_log)).
+        The default, C(journalctl -k), holds only the kernel's own lines; in a file a local user
+        can write a line tagged C(kernel) with C(logger).
     type: path
   bug_report_dir:
     description:
@@ -184,6 +187,15 @@ options:
       - MiB the probe allocates on each GPU.
     type: int
     default: 1024
+  probe_level:
+    description:
+      - What the probe writes and checks on each GPU
+        (O(gpuops.nvidia.nvidia_gpu_probe#module:probe_level)) - V(allocation), O(probe_mib) MiB,
+        or V(memory), all the GPU's free memory (at memory bandwidth; a job starting at the same
+        moment finds almost none free).
+    type: str
+    choices: [allocation, memory]
+    default: allocation
   probe_missing_library:
     description:
       - What a probe does on a host without C(libcuda.so.1)

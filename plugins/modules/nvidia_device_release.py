@@ -202,8 +202,11 @@ options:
     default: false
   kernel_log:
     description:
-      - With O(reset_orphaned), a file to read the kernel's Xid messages from instead of
-        C(journalctl -k), then C(dmesg), as in M(gpuops.nvidia.nvidia_gpu_facts).
+      - A file to read the kernel's Xid messages from for the GPUs' health (RV(released),
+        RV(gpu_states[].recovery_action)) and the reasons to reset, instead of C(journalctl -k), then
+        C(dmesg), as in M(gpuops.nvidia.nvidia_gpu_facts). The default, C(journalctl -k), holds only
+        the kernel's own messages; in a file, a line counts only when syslog says the kernel sent it
+        (its C(kernel) tag), which a user who tags a C(logger) line C(kernel) can imitate.
     type: path
   bug_report_dir:
     description:
@@ -213,9 +216,11 @@ options:
         its path is RV(escalation.bug_report.path).
       - The directory is created with mode 0700 when missing; an existing one must belong to
         the user the module runs as, with mode 0700, and not be a symbolic link (the report holds
-        the host's kernel log and process list). No directory above it may be writable by another
-        user (a sticky one, such as C(/tmp), excepted), since one could swap it for a link to where
-        the report would then be written. Not set, no report is made.
+        the host's kernel log and process list). It is opened without following a link, checked on
+        the open directory, and C(nvidia-bug-report.sh) runs in that open directory (its working
+        directory), so a swap for a link after the check does not redirect the report. No
+        directory above it may be writable by another user (a sticky one, such as C(/tmp),
+        excepted) either. Not set, no report is made.
     type: path
   bug_report_timeout:
     description:
@@ -234,13 +239,18 @@ options:
         those are started again and checked with C(systemctl is-active).
       - The entry C(nvidia-cuda-mps-control) allows the MPS control daemon, when it runs outside
         any service, to be asked to quit (C(echo quit | nvidia-cuda-mps-control), in its own
-        C(CUDA_MPS_PIPE_DIRECTORY)); it is not started again.
+        C(CUDA_MPS_PIPE_DIRECTORY)); it is not started again. That program (the daemon's own
+        file, else the one on C(PATH)) is opened without following a link, checked on the open
+        file (a regular file of root's that no other user can write) and run from it.
       - A protected holder that no entry allows (its unit is not listed, it runs in no service,
         or the release itself runs in its unit) leaves the reset unattempted, and the message
         names it (pid, name, unit). So does a host where systemd does not run or C(systemctl) is
         missing. V([]) allows nothing to be stopped.
-      - Every C(systemctl) call fits in O(timeout); starting the units again is allowed some
-        seconds past it.
+      - Every C(systemctl) call fits in O(timeout). Starting the units again (one C(systemctl start),
+        given 15 s, and one C(systemctl is-active), 5 s) is kept in reserve, so the stops and the
+        reset end 20 s before the end of O(timeout); a reset that cannot leave that reserve is not
+        started, and the message says so. Should the reset run late, starting the units again is
+        still given its seconds, past O(timeout). A SIGTERM ends the release through the restore.
       - "The default: C(nvidia-dcgm.service) (nv-hostengine), C(nvidia-dcgm-exporter.service)
         and C(dcgm-exporter.service), C(nvsm*.service) and C(nvidia-cuda-mps-control). NVIDIA's
         Kubernetes device plugin runs in a pod, not in a unit of its own: it is named, never stopped."
@@ -302,6 +312,13 @@ options:
         description: MiB allocated on each GPU (M(gpuops.nvidia.nvidia_gpu_probe)'s C(probe_mib)).
         type: int
         default: 1024
+      level:
+        description:
+          - What the probe writes and checks on each GPU (M(gpuops.nvidia.nvidia_gpu_probe)'s
+            C(probe_level)), V(allocation) (O(probe.mib) MiB) or V(memory) (all free memory).
+        type: str
+        choices: [allocation, memory]
+        default: allocation
       missing_library:
         description: What a host without the CUDA driver library gets, V(skip) (noted in RV(probe)) or V(fail).
         type: str
@@ -375,7 +392,10 @@ released:
   description: True when at the end no unprotected holder is left, every GPU in scope
     reports memory used at or below O(memory_threshold_mib) with no process in the driver's
     list, and the GPUs stayed so for O(settle_time) after the last holder exited (false, with
-    C(not_settled) in the message, when that window did not fit before O(timeout)).
+    C(not_settled) in the message, when that window did not fit before O(timeout)). A GPU whose
+    health (RV(gpu_states[].recovery_action)) calls for a reboot or a person, or for a reset that
+    O(reset_orphaned) does not carry out, is not released, and the message says why (for example
+    C(GPU 1 needs a reboot (Xid 79 since the last cure))); nothing is probed then.
   returned: always
   type: bool
   sample: true
@@ -811,6 +831,14 @@ gpu_states:
         - The driver's GPU Recovery Action, as
           RV(gpuops.nvidia.nvidia_gpu_facts#module:ansible_facts.nvidia_gpus[].health.driver_recovery_action).
       type: str
+    recovery_action:
+      description:
+        - What the GPU's health calls for since its last cure (the driver's word, the memory
+          repair state, the kernel log read as O(kernel_log) says), decided as
+          RV(gpuops.nvidia.nvidia_gpu_facts#module:ansible_facts.nvidia_gpus[].health.recovery_action)
+          is. Null for a GPU with no index.
+      type: str
+      choices: [none, restart_app, reset_gpu, reboot, inspect]
     memory_used_mib:
       description: Memory used in MiB, or null when not reported.
       type: int
@@ -819,6 +847,7 @@ gpu_states:
       pci_bus_id: "00000000:18:00.0"
       state: free
       driver_recovery_action: none
+      recovery_action: none
       memory_used_mib: 1
 facts_after:
   description:
@@ -906,6 +935,9 @@ probe:
     duration_ms:
       description: How long the probe took.
       type: float
+    verified:
+      description: The last pass of the probe on each GPU of the host, by UUID (see M(gpuops.nvidia.nvidia_gpu_probe)'s C(verified)).
+      type: dict
     failure:
       description: Why the probe failed (each GPU that failed, the CUDA error), or null.
       type: str
@@ -927,13 +959,21 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._release import (
     release,
     release_argument_spec,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Terminated, sigterm_raises
 
 
 def main():
     module = AnsibleModule(argument_spec=release_argument_spec(), supports_check_mode=True)
-    result, warnings = run_with_reader(
-        module, lambda reader, options: release(reader, options, check_mode=module.check_mode),
-        ReleaseOptions.from_params)
+    # A SIGTERM (the Slurm hook stopping it at its deadline) ends the release through its finally
+    # blocks: the units stopped for a reset are started again, the lock is let go.
+    try:
+        with sigterm_raises():
+            result, warnings = run_with_reader(
+                module, lambda reader, options: release(reader, options, check_mode=module.check_mode),
+                ReleaseOptions.from_params)
+    except Terminated:
+        module.fail_json(msg='the release was stopped by SIGTERM before its end; the units it had stopped for a GPU reset, '
+                             'if any, were asked to start again before it exited')
     for warning in warnings + result.warnings:
         module.warn(warning)
     values = result.dump(diff=module._diff)

@@ -69,7 +69,11 @@ options:
         what C(dmesg) prints before it (its stamp, C(-T), C(--time-format iso), C(-x)). A line a user
         wrote with C(logger) carries their tag and is ignored. A user who tags a line C(kernel)
         themselves cannot be told from the kernel in a text file; the default, C(journalctl -k),
-        holds only the kernel's lines.
+        holds only the kernel's lines (the kernel's own transport). Where a file must be used,
+        prefer one the syslog daemon fills only from the C(kern) facility (Debian's
+        C(/var/log/kern.log)) over C(/var/log/syslog) or C(/var/log/messages); systemd-journald
+        gives a user's message asking for the C(kern) facility the C(user) facility instead,
+        though a daemon that reads C(/dev/log) itself may not.
     type: path
 seealso:
   - module: gpuops.nvidia.nvidia_device_release
@@ -93,6 +97,9 @@ EXAMPLES = r'''
       - /dev/nvidia[0-9]*
     timeout: 5
 
+# journalctl -k, the default, holds only what the kernel wrote (_TRANSPORT=kernel). Name a file
+# only on a host without the journal: there a line counts only when syslog tags it kernel, and a
+# local user can write one (logger -t kernel). kern.log filled from kern.* alone is the better file.
 - name: Read Xid errors from a log file, through NVML
   gpuops.nvidia.nvidia_gpu_facts:
     backend: nvml

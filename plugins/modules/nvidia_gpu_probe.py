@@ -18,13 +18,30 @@ description:
     parallel.
   - For each GPU in scope it opens the CUDA driver API (C(libcuda.so.1), installed with every
     NVIDIA driver; no CUDA toolkit and no PyTorch needed) through Python's C(ctypes), addresses
-    the GPU by its PCI bus id (C(cuDeviceGetByPCIBusId)), creates a context, allocates
-    O(probe_mib) MiB, writes a pattern over all of it, reads both ends back and compares, frees
-    the memory and destroys the context.
-  - The CUDA calls run in a child process with a deadline. A hung C(cuInit) cannot be
-    interrupted; the child is then killed with everything it started, which frees its contexts.
-    E(CUDA_VISIBLE_DEVICES) and E(CUDA_DEVICE_ORDER) are removed from the child's environment,
-    so they never hide or renumber a GPU.
+    the GPU by its PCI bus id (C(cuDeviceGetByPCIBusId)), creates a context, loads a small PTX
+    module of the collection's own (C(cuModuleLoadDataEx); the driver compiles it), allocates
+    O(probe_mib) MiB (or, with O(probe_level=memory), all the free memory), and launches two
+    kernels on the GPU (C(cuLaunchKernel)) - one writes a pattern that depends on each word's
+    address and a seed new at each run over every byte, the other reads every byte back and counts
+    the words that differ. Only the counts are copied back, with the number of words each kernel
+    covered, which proves that the kernels ran (a launch that silently did nothing fails). Then
+    it frees the memory, unloads the module and destroys the context.
+  - What a passed probe proves, per level - V(allocation) (the default), that a context can be
+    made, the driver's JIT compiles and the GPU runs kernels, and O(probe_mib) MiB can be
+    allocated, written and read back unchanged by the GPU itself; V(memory), the same of every
+    MiB the driver calls free but 256 MiB. What it does not prove - that memory it did not cover
+    is sound (at the V(allocation) level, the rest of the GPU), that the memory holds a value
+    over time (it is read back within milliseconds), that NVLink, peer-to-peer access or NCCL
+    work, or that the GPU stays sound under load (no stress test). DCGM's diagnostics test those,
+    in minutes.
+  - Each GPU is probed by a child process of its own, all at once, each with the same deadline.
+    A hung CUDA call cannot be interrupted; a child that has not answered by then is killed with
+    everything it started, which frees its contexts, and its GPU fails with the call it hung in.
+    A child that crashes fails its GPU alone. The other GPUs keep their results.
+  - Each child sees only its own GPU, by UUID (E(CUDA_VISIBLE_DEVICES) set to the UUID the
+    driver reports), so its C(cuInit) brings up no other GPU; the caller's
+    E(CUDA_VISIBLE_DEVICES) and E(CUDA_DEVICE_ORDER) never reach it, so they never hide or
+    renumber a GPU.
   - After the child has exited, the module reads the GPUs until none shows the probe's memory
     (its process listed, or memory used above what it read before and above
     O(memory_threshold_mib)), so that the probe is never what the next job finds.
@@ -71,13 +88,27 @@ options:
         at the same moment loses 1 GiB for well under a second.
       - When the GPU has less free memory than this, the probe fails with
         C(CUDA_ERROR_OUT_OF_MEMORY).
+      - Not used with O(probe_level=memory).
     type: int
     default: 1024
+  probe_level:
+    description:
+      - How much of each GPU the kernels write and check.
+      - V(allocation) - O(probe_mib) MiB. At HBM bandwidth the kernels take about a millisecond
+        per GiB; the probe's time is the driver's context creation and JIT.
+      - V(memory) - all the memory the driver calls free, but 256 MiB left for the driver, in
+        allocations of 4 GiB. It runs at memory bandwidth, written once and read once (about 0.1 s
+        for 140 GiB at 4.8 TB/s on an H200, plus the allocations); a job that starts at the same
+        moment finds almost no memory free, so run it where no job can start (a drained node, the
+        Slurm prolog).
+    type: str
+    choices: [allocation, memory]
+    default: allocation
   timeout:
     description:
       - Seconds the whole probe may take, the reads of the GPUs and the wait for the probe's
-        memory to be released included. A child that has not answered by then is killed, and
-        each GPU it probed fails with RV(gpus[].error_name=PROBE_TIMEOUT).
+        memory to be released included. A GPU's child that has not answered by then is killed,
+        and that GPU fails with RV(gpus[].error_name=PROBE_TIMEOUT).
       - One second of it is kept from the child for the reads after it, and no call is started with
         less than half a second left for it. At least 2.
     type: float
@@ -121,6 +152,11 @@ EXAMPLES = r'''
     backend: nvidia-smi
     timeout: 10
 
+- name: On a drained node, write and check all of each GPU's free memory
+  gpuops.nvidia.nvidia_gpu_probe:
+    probe_level: memory
+    timeout: 120
+
 - name: On hosts that may lack the driver's libraries, go on without the probe
   gpuops.nvidia.nvidia_gpu_probe:
     missing_library: skip
@@ -148,6 +184,26 @@ duration_ms:
   returned: always
   type: float
   sample: 412.7
+verified:
+  description:
+    - The last pass of the probe on each GPU of the host, by GPU UUID, as kept in O(state_dir)
+      (C(verified.json), the newest 256 GPUs), this run's passes included; only this run's when the
+      directory cannot be used. Also said in one line per run to the host's syslog (tag C(gpuops)).
+    - Each has C(index), C(pci_bus_id), C(verified_at) (Unix time), C(level), C(mib), C(kernel)
+      (whether the probe's kernel checked every byte it allocated), C(driver_version) and
+      C(duration_ms).
+  returned: always
+  type: dict
+  sample:
+    GPU-8932f937-d72c-4106-c12f-20bd9faed9f6:
+      index: 0
+      pci_bus_id: "00000000:18:00.0"
+      verified_at: 1796198400.125
+      level: allocation
+      mib: 1024
+      kernel: true
+      driver_version: "550.127.05"
+      duration_ms: 412.7
 gpus:
   description: One result per GPU in scope, in the reader's order (lost GPUs last).
   returned: always
@@ -162,11 +218,22 @@ gpus:
       description: The PCI bus id the probe addressed the GPU by, in nvidia-smi's form.
       type: str
       sample: "00000000:18:00.0"
+    verified_at:
+      description: When this GPU's probe passed and its memory read released (Unix time); null when it did not.
+      type: float
+      sample: 1796198400.125
+    compute_mode:
+      description:
+        - The GPU's compute mode as read before the probe (C(Default), C(Exclusive_Process), C(Prohibited)); null when unknown.
+        - In an exclusive mode the GPU takes one context at a time, so a job starting while the probe holds it fails
+          with C(CUDA_ERROR_DEVICE_UNAVAILABLE), and a warning says so; the Slurm Prolog probes before the job starts.
+      type: str
+      sample: Default
     ok:
       description:
-        - True when the context, the allocation, the write, the read back, the free and the
-          context's destruction all succeeded, the pattern read back was the one written, and the
-          probe's memory was released.
+        - True when the context, the module, the allocation, both kernels, the copy of their counts,
+          the free and the context's destruction all succeeded, the kernels covered every word and
+          every word read back as written, and the probe's memory was released.
         - Null when nothing was probed (check mode, O(missing_library=skip)).
       type: bool
       sample: true
@@ -178,6 +245,24 @@ gpus:
       description: MiB the probe allocated on the GPU (0 when the allocation did not happen).
       type: int
       sample: 1024
+    level:
+      description: What the probe set out to prove on the GPU, O(probe_level); null when it was not probed.
+      type: str
+      sample: allocation
+    kernel:
+      description:
+        - Whether the probe's fill and check kernels covered every word it allocated (each counted on the GPU).
+          Only such a probe records a cure of the GPU.
+      type: bool
+      sample: true
+    bytes_checked:
+      description: Bytes the check kernel read back and compared on the GPU.
+      type: int
+      sample: 1073741824
+    kernel_ms:
+      description: Milliseconds from the first launch to the end of the check kernel; null when no kernel ran.
+      type: float
+      sample: 0.9
     released:
       description:
         - Whether the reader showed the probe's memory released before the module returned.
@@ -196,9 +281,19 @@ gpus:
       description:
         - The CUDA error's name (C(cuGetErrorName)), such as C(CUDA_ERROR_DEVICE_UNAVAILABLE),
           C(CUDA_ERROR_OUT_OF_MEMORY), C(CUDA_ERROR_ECC_UNCORRECTABLE) or C(CUDA_ERROR_NO_DEVICE).
-        - The probe's own names where CUDA gave none - V(PATTERN_MISMATCH) (the read back differs),
-          V(PROBE_TIMEOUT) (the child was killed at O(timeout)), V(PROBE_ERROR) (the child died or
-          printed no answer), V(PROBE_MEMORY_HELD) (the probe's memory still read as used at
+        - A JIT failure is C(CUDA_ERROR_INVALID_PTX) or C(CUDA_ERROR_UNSUPPORTED_PTX_VERSION) at
+          C(cuModuleLoadDataEx), its RV(gpus[].error_string) naming the PTX's ISA version and target,
+          the driver's CUDA version and the JIT's log; a kernel that faulted is met at
+          C(cuCtxSynchronize) (such as C(CUDA_ERROR_LAUNCH_FAILED), C(CUDA_ERROR_ILLEGAL_ADDRESS)).
+        - The probe's own names where CUDA gave none - V(PROBE_MISMATCH) (words read back differ
+          from what the fill kernel wrote; RV(gpus[].error_string) says how many and the byte
+          offset of the first), V(PROBE_KERNEL_NOT_RUN) (the launches succeeded but a kernel did
+          not cover its memory), V(PROBE_NO_FREE_MEMORY) (O(probe_level=memory) found nothing free
+          beyond its margin),
+          V(PROBE_TIMEOUT) (the GPU's child was killed at O(timeout); RV(gpus[].call) is the CUDA
+          call it hung in, null when it had made none), V(PROBE_CRASHED) (the child was killed by a
+          signal, such as a crash in the driver library, in RV(gpus[].call)), V(PROBE_ERROR) (the
+          child exited with an error or printed no answer), V(PROBE_MEMORY_HELD) (the probe's memory still read as used at
           O(timeout)), V(GPU_LOST) (the GPU cannot be read, and was not probed).
         - Null when the probe succeeded.
       type: str

@@ -23,6 +23,11 @@ __metaclass__ = type
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
 
 PREFIX = 'gpu_reset: '
+# The reason of a node drained for a person (a fault that what the hook tried did not cure): the
+# health check never resumes it; only an operator does (scontrol update nodename=NODE
+# state=resume). The fleet brake counts it as it counts PREFIX.
+HOLD_PREFIX = 'gpu_reset(hold): '
+PREFIXES = (PREFIX, HOLD_PREFIX)
 # Characters of the reason kept, once escaped (then "...(N more characters)"). scontrol takes a
 # reason of any length, but its argument must fit execve's MAX_ARG_STRLEN (128 KiB) or the drain
 # command cannot start at all; sinfo -R shows a reason on one line, and 200 characters name the
@@ -30,13 +35,14 @@ PREFIX = 'gpu_reset: '
 REASON_CHARS = 200
 
 
-def drain_reason(reason):
-    """'gpu_reset: <reason>', control characters escaped (printable) and capped at REASON_CHARS.
-    The verdict's reasons are printable already: their backslashes are not doubled again."""
-    return PREFIX + printable(reason or 'GPUs not clean', REASON_CHARS, backslashes=False)
+def drain_reason(reason, hold=False):
+    """'gpu_reset: <reason>' ('gpu_reset(hold): <reason>' for a person), control characters
+    escaped (printable) and capped at REASON_CHARS. The verdict's reasons are printable already:
+    their backslashes are not doubled again."""
+    return (HOLD_PREFIX if hold else PREFIX) + printable(reason or 'GPUs not clean', REASON_CHARS, backslashes=False)
 
 
-def drain_command(scontrol, node, reason):
+def drain_command(scontrol, node, reason, hold=False):
     """The default drain command (the role's gpu_reset_drain_command renders the same argv):
     scontrol update nodename=NODE state=drain reason=..., the reason one argument."""
-    return [scontrol, 'update', 'nodename=%s' % node, 'state=drain', 'reason=' + drain_reason(reason)]
+    return [scontrol, 'update', 'nodename=%s' % node, 'state=drain', 'reason=' + drain_reason(reason, hold)]

@@ -44,8 +44,9 @@ VERIFY_DELAY_S = 1.0
 RELEASE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'gpus', 'signals',
                    'grace_period', 'timeout', 'memory_threshold_mib', 'extra_protect', 'lock_file', 'kernel_log',
                    'bug_report_dir', 'bug_report_timeout', 'job')
+# kernel_log: the facts judge the GPUs' health from the same kernel log as the release.
 FACTS_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'extra_protect',
-                 'memory_threshold_mib', 'timeout')
+                 'memory_threshold_mib', 'timeout', 'kernel_log')
 PROBE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'gpus', 'memory_threshold_mib')
 
 
@@ -141,7 +142,7 @@ class Run:
         if not self.options['probe'] or self.check_mode:
             return None
         probe = dict(mib=self.options['probe_mib'], missing_library=self.options['probe_missing_library'],
-                     cuda_library=self.options['probe_cuda_library'])
+                     cuda_library=self.options['probe_cuda_library'], level=self.options['probe_level'])
         left = self.left()
         if left is not None:
             probe['timeout'] = left - release_timeout - 1
@@ -170,7 +171,7 @@ class Run:
         if args['gpus'] is None:
             del args['gpus']
         args.update(probe_mib=self.options['probe_mib'], missing_library=self.options['probe_missing_library'],
-                    cuda_library=self.options['probe_cuda_library'])
+                    cuda_library=self.options['probe_cuda_library'], probe_level=self.options['probe_level'])
         left = self.left()
         if left is not None:
             args['timeout'] = left - 1
@@ -260,6 +261,10 @@ def judge(run):
                          started=run.started)
 
 
+# What the report keeps of a probe (verified: every GPU's last verification on the host, by UUID).
+PROBE_REPORT = ('probed', 'library_missing', 'gpus', 'duration_ms', 'verified')
+
+
 def prove(run):
     """After a clean verdict, the proof by allocation: a failed probe fails the host, naming the
     GPU and the CUDA error; a probe that found no library is noted in the report."""
@@ -271,7 +276,7 @@ def prove(run):
     if run.release is not None and 'probe' in run.release:
         # The release proved the GPUs it released itself, in its own module call.
         probe = run.release['probe']
-        report['probe'] = dict((key, probe.get(key)) for key in ('probed', 'library_missing', 'gpus', 'duration_ms'))
+        report['probe'] = dict((key, probe.get(key)) for key in PROBE_REPORT)
         if probe.get('failure'):
             failed(report, PROVE, probe['failure'])
         return
@@ -284,7 +289,7 @@ def prove(run):
     except ModuleError as exc:
         failed(report, PROVE, exc)
         return
-    report['probe'] = dict((key, probe.get(key)) for key in ('probed', 'library_missing', 'gpus', 'duration_ms'))
+    report['probe'] = dict((key, probe.get(key)) for key in PROBE_REPORT)
     if probe.get('failed'):
         failed(report, PROVE, probe.get('msg', 'failed'))
 

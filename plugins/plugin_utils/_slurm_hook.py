@@ -87,6 +87,12 @@ COLLECTIONS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION)))
 # The role's metrics, one template for both.
 # Seconds kept for the drain command at the end of the hook's time (at most a tenth of it).
 DRAIN_RESERVE_S = 5
+# A module still running at its deadline gets SIGTERM, then this long before SIGKILL (at most a
+# tenth of the hook's time): the release turns SIGTERM into an exit through its finally blocks,
+# which start again the units it stopped for a GPU reset. Asking systemd to start them takes a
+# fraction of a second, and systemd finishes a start job even when the systemctl that asked is
+# killed. The modules' own timeouts end this much before their deadline.
+TERM_GRACE_S = 5
 # The hook's own defaults over the spec's: the probe is on.
 
 
@@ -121,11 +127,13 @@ def load_settings(vars_file=None, overrides=None):
 
 class ModuleRunner:
     """The sequence's seam on the node: a module of the collection run as a program, within the
-    time left before ends (time.monotonic()); in check mode when check_mode (as Ansible runs it)."""
+    time left before ends (time.monotonic()); in check mode when check_mode (as Ansible runs it).
+    A module still running grace seconds before ends gets SIGTERM, and SIGKILL at ends."""
 
-    def __init__(self, ends, check_mode=False):
+    def __init__(self, ends, check_mode=False, grace=0.0):
         self.ends = ends
         self.check_mode = check_mode
+        self.grace = grace
 
     def __call__(self, name, args):
         """The module's result (a dict; one that failed too, with failed and msg); ModuleError
@@ -137,13 +145,14 @@ class ModuleRunner:
             args = dict(args, _ansible_check_mode=True)
         with tempfile.NamedTemporaryFile('w', prefix='gpuops-args-', suffix='.json', delete=False) as handle:
             json.dump({'ANSIBLE_MODULE_ARGS': args}, handle)
-        runner = Runner(sys.executable, name='gpuops.nvidia.%s' % name, env={
+        runner = Runner(sys.executable, name='gpuops.nvidia.%s' % name, term_grace=self.grace, env={
             'PYTHONPATH': COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else '')})
         try:
             rc, stdout, stderr = runner.run(['-m', MODULES + name, handle.name],
-                                            timeout=max(self.ends - time.monotonic(), 1))
+                                            timeout=max(self.ends - self.grace - time.monotonic(), 1))
         except CommandTimeout as exc:
-            raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped' % (name, exc.timeout))
+            raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped%s' % (
+                name, exc.timeout, ' (SIGTERM, then SIGKILL after %.1f s)' % self.grace if self.grace else ''))
         except GpuopsError as exc:
             raise ModuleError(str(exc))
         finally:
@@ -177,10 +186,13 @@ class NodeHost:
         write_file(path, text)
 
 
-def drain(result, scontrol, node, seconds, argv=None):
+def drain(result, scontrol, node, seconds, argv=None, hold=False):
     """Run the drain command (or argv, a command that drains the node too) and note it in the
-    report as the role does."""
-    return run_drain(result, NodeHost, argv or drain_command(scontrol, node, result['reason']), seconds)
+    report as the role does. hold: drained for a person (_drain.HOLD_PREFIX), which the health
+    check never resumes; the report says so (held_for_person)."""
+    if hold:
+        result['held_for_person'] = True
+    return run_drain(result, NodeHost, argv or drain_command(scontrol, node, result['reason'], hold), seconds)
 
 
 # -- a reboot when only a reboot helps ---------------------------------------------------------
@@ -189,8 +201,9 @@ def drain(result, scontrol, node, seconds, argv=None):
 # for is drained for a person: a GPU that a reboot does not cure would otherwise reboot the node
 # after every job.
 REBOOT_AT_MOST_EVERY_S = 24 * 3600
-# How the reason of a node drained for a person starts (after the drain prefix): a reboot was not
-# asked for, or did not cure it. The health check leaves such a node drained.
+# How the reason of a node drained for a person starts (after the hold prefix, _drain.HOLD_PREFIX):
+# a reboot was not asked for, or did not cure it. The health check leaves such a node drained, and
+# one drained so by an older version (after the drain prefix) too.
 NOT_REBOOTED = 'not rebooted ('
 
 
@@ -238,8 +251,8 @@ def why_not_reboot(node, stamp, boot=None, now=None):
 
 
 def ask_reboot(result, scontrol, node, seconds, stamp):
-    """Ask Slurm to reboot the node (reboot_command), noting it in stamp; drain it instead when
-    why_not_reboot says so or the reboot command fails."""
+    """Ask Slurm to reboot the node (reboot_command), noting it in stamp; drain it for a person
+    instead (a hold) when why_not_reboot says so or the reboot command fails."""
     why = why_not_reboot(node, stamp)
     if why is None:
         drain(result, scontrol, node, seconds / 2.0, argv=reboot_command(scontrol, node, result['reason']))
@@ -249,7 +262,7 @@ def ask_reboot(result, scontrol, node, seconds, stamp):
         why = 'the reboot command failed'
     # First, where a reason cut to its length for sinfo -R keeps it.
     result['reason'] = '%s%s): %s' % (NOT_REBOOTED, why, result['reason'])
-    return drain(result, scontrol, node, seconds / 2.0)
+    return drain(result, scontrol, node, seconds / 2.0, hold=True)
 
 
 def note_reboot(result, stamp):
@@ -277,10 +290,12 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
     ends = time.monotonic() + deadline
     # The modules end that much before the hook's time does, for the drain command.
     modules_end = ends - min(DRAIN_RESERVE_S, deadline / 10.0)
+    # A module still running grace seconds before that gets SIGTERM first (TERM_GRACE_S).
+    grace = min(TERM_GRACE_S, deadline / 10.0)
     run = _sequence.Run(node, dict((name[len(PREFIX):], value) for name, value in settings.items()),
-                        ModuleRunner(modules_end, check_mode=observe), check_mode=observe,
+                        ModuleRunner(modules_end, check_mode=observe, grace=grace), check_mode=observe,
                         name=lambda option: PREFIX + option,
-                        deadline=modules_end)
+                        deadline=modules_end - grace)
     if refused is None:
         _sequence.run(run)
     else:
@@ -328,9 +343,9 @@ def brake_cap(max_drained, nodes):
 
 
 def drained_nodes(scontrol, seconds):
-    """(the cluster's nodes, those out of service with a gpu_reset reason), from sinfo (a node is
-    listed once per partition); SlurmUnreadable when sinfo cannot tell."""
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIX as DRAIN_PREFIX
+    """(the cluster's nodes, those out of service with a gpu_reset reason, held for a person
+    or not), from sinfo (a node is listed once per partition); SlurmUnreadable when sinfo cannot tell."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIXES as DRAIN_PREFIXES
 
     rc, stdout, stderr = slurm_call([slurm_command(scontrol, 'sinfo'), '-h', '-N', '-o', '%N %t %E'], seconds)
     if rc != 0:
@@ -341,7 +356,7 @@ def drained_nodes(scontrol, seconds):
         if len(parts) < 2 or not NODE_NAME_RE.match(parts[0]):
             continue
         nodes.add(parts[0])
-        if parts[1].rstrip('*~#!%$@^-').lower() in OUT_OF_SERVICE and parts[2:] and parts[2].startswith(DRAIN_PREFIX):
+        if parts[1].rstrip('*~#!%$@^-').lower() in OUT_OF_SERVICE and parts[2:] and parts[2].startswith(DRAIN_PREFIXES):
             drained.add(parts[0])
     if not nodes:
         raise SlurmUnreadable('sinfo listed no node')
@@ -626,19 +641,23 @@ def parse_node(text, node):
 
 def why_not_heal(node, state, reason):
     """None when the health check may put the node's GPUs back: drained, idle, with a reason of
-    this collection (the drain prefix) that is not for a person; otherwise why not, as the log
-    says it."""
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIX as DRAIN_PREFIX
+    this collection (the drain prefix) that is not for a person (the hold prefix); otherwise why
+    not, as the log says it."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import HOLD_PREFIX, PREFIX as DRAIN_PREFIX
 
     if 'DRAIN' not in state.split('+'):
         return '%s is not drained (State=%s): nothing to do' % (printable(node), printable(state, 100))
+    if reason.startswith(HOLD_PREFIX):
+        # Held for a person (a fault that what the hook tried did not cure): clean GPUs now (an
+        # intermittent GPU that fell off the bus) prove nothing. scontrol update ... state=resume.
+        return ('%s is held by gpu_reset for a person (%s): left drained until an operator resumes it'
+                % (printable(node), printable(reason, 200)))
     if not reason.startswith(DRAIN_PREFIX):
         return ("%s is drained for a reason that is not this collection's (%s): left to whoever drained it"
                 % (printable(node), printable(reason or 'none', 200)))
     if reason.startswith(DRAIN_PREFIX + NOT_REBOOTED):
-        # A fault that a reboot did not cure: clean GPUs now (an intermittent GPU that fell off the
-        # bus) prove nothing, and a person decides.
-        return ('%s is drained by gpu_reset for a person (%s): left drained'
+        # Drained for a person by an older version, before the hold prefix: the same.
+        return ('%s is held by gpu_reset for a person (%s): left drained until an operator resumes it'
                 % (printable(node), printable(reason, 200)))
     if state != RESUMABLE_STATE:
         return ('%s is drained by gpu_reset but State=%s, not %s (a job still runs or ends there, or Slurm '

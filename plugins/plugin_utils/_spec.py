@@ -41,6 +41,7 @@ SEQUENCE_SPEC = dict(
     assert_clean=dict(type='bool', default=True),
     probe=dict(type='bool', default=True),
     probe_mib=dict(type='int', default=1024),
+    probe_level=dict(type='str', choices=['allocation', 'memory'], default='allocation'),
     probe_missing_library=dict(type='str', choices=['skip', 'fail'], default='skip'),
     probe_cuda_library=dict(type='str', default='libcuda.so.1'),
     job=dict(type='dict', default=None),

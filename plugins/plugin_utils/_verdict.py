@@ -26,6 +26,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpu_node_number, gpus_in_scope, no_such_gpus
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
 
@@ -65,9 +66,11 @@ def gpu_scope(facts, gpus=None):
 
 
 # The release module's own test of clean: every GPU in scope readable and at or below the
-# threshold, no holder that is not protected.
-CLEAN_QUERY = ('length(nvidia_gpus[?error != null || memory_used_mib == null || memory_used_mib > `%d`]) == `0`'
-               ' && length(nvidia_device_holders[?!protected]) == `0`')
+# threshold, its health calling for no reset, reboot or person (_health.NOT_CLEAN_ACTIONS), no
+# holder that is not protected.
+CLEAN_QUERY = ('length(nvidia_gpus[?error != null || memory_used_mib == null || memory_used_mib > `%%d`'
+               ' || contains(`%s`, health.recovery_action)]) == `0`'
+               ' && length(nvidia_device_holders[?!protected]) == `0`') % json.dumps(list(NOT_CLEAN_ACTIONS))
 
 
 def clean_query(query=None, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB):
@@ -187,7 +190,8 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
         held_pids = [s.get('pid') for s in held]
         reported = [p for p in gpu.get('processes') or [] if p.get('pid') not in held_pids]
         over = used is not None and used > memory_threshold_mib
-        if gpu.get('error') or used is None or over or held or reported:
+        health = gpu.get('health') if (gpu.get('health') or {}).get('recovery_action') in NOT_CLEAN_ACTIONS else None
+        if gpu.get('error') or used is None or over or held or reported or health:
             count += 1
         why = ['pid %s (%s, %s)' % (s.get('pid'), printable(s.get('comm')), s.get('reason')) for s in held]
         why += [_reason.reported(p) for p in reported]
@@ -195,7 +199,7 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
             gpu, gpu.get('state') == 'reset_required', over and gpu.get('state') == 'orphaned_memory' and not held,
             bool(used is None or over or held or reported), why,
             reset_remedy=_remedy(attempted, reset_ok, output, allow_gpu_reset, ';'),
-            orphan_remedy=_remedy(attempted, reset_ok, output, allow_gpu_reset, ','))
+            orphan_remedy=_remedy(attempted, reset_ok, output, allow_gpu_reset, ','), health=health)
         if problem:
             lines.append(problem)
     blocking = set(s.get('pid') for s in survivors if s.get('gpus'))
@@ -288,7 +292,7 @@ def _judged(host, release, before, after, escalation, gpus, query, threshold, al
     elif check_mode:
         # A release cannot make a lost or unreadable GPU clean, nor one the driver says needs a
         # reset unless it may reset it: the host would fail.
-        outcome = 'failed' if any(gpu.get('error') and not (allow_gpu_reset and gpu.get('state') == 'reset_required')
+        outcome = 'failed' if any(beyond_release(gpu, allow_gpu_reset)
                                   for gpu in (final or {}).get('nvidia_gpus') or []) else 'would_release'
     elif final is not None and (after is not None or query is not None) and is_clean(final, query, None, threshold):
         outcome = 'released'
@@ -299,6 +303,15 @@ def _judged(host, release, before, after, escalation, gpus, query, threshold, al
         outcome = 'failed'
     return _report(host, outcome, release, before, after, escalation, threshold, None, allow_gpu_reset,
                    check_mode, started, now, final=final)
+
+
+def beyond_release(gpu, allow_gpu_reset=False):
+    """Whether a release cannot make a GPU (of the facts) clean: lost or unreadable, or its health
+    calls for a reboot or a person; one that needs a reset, unless a reset is allowed."""
+    action = (gpu.get('health') or {}).get('recovery_action')
+    if allow_gpu_reset and (gpu.get('state') == 'reset_required' or (not gpu.get('error') and action == 'reset_gpu')):
+        return False
+    return bool(gpu.get('error')) or action in NOT_CLEAN_ACTIONS
 
 
 def _report(host, outcome, release, before, after, escalation, threshold, error, allow_gpu_reset, check_mode,
@@ -362,6 +375,10 @@ def _release_rows(release):
 
     rows = []
     for gpu in release.get('gpu_states') or []:
+        if 'recovery_action' in gpu:
+            # What its health calls for, as nvidia_gpu_facts decides it (the release reads the kernel log).
+            rows.append(dict(gpu))
+            continue
         action = gpu.get('driver_recovery_action')
         rows.append(dict(gpu, recovery_action=None if action is None else DRIVER_ACTIONS.get(action, 'inspect')))
     return rows

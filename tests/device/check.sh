@@ -6,8 +6,8 @@
 # The collection on a host with a real NVIDIA GPU: record what the driver says (idle, then with a
 # real CUDA holder on GPU 0), then run nvidia_gpu_facts and nvidia_device_release through the
 # ansible CLI with each backend and check that the holder is stopped and GPU 0 reads free; then
-# the allocation probe (nvidia_gpu_probe): on the free GPUs (result and latency), and with a
-# holder that fills GPU 0 (its answer). Nothing changes a GPU setting: no compute mode, no reset.
+# the allocation probe (nvidia_gpu_probe): on the free GPUs at each level (allocation, memory: result
+# and time), and with a holder that fills GPU 0 (its answer). Nothing changes a GPU setting: no compute mode, no reset.
 #
 # Usage: tests/device/check.sh [WHEELS_DIR]
 #
@@ -251,6 +251,28 @@ dir="$OUT/probe"
 mkdir -p "$dir"
 probe_args="{\"backend\": \"nvidia-smi\", \"host_root\": \"$HOST_ROOT\", \"timeout\": 60}"
 run_module "$dir" free nvidia_gpu_probe "$probe_args"
+# The probe at each level, with its time: the default level (allocation) above, then all the free
+# memory (probe_level memory), each GPU's MiB, milliseconds and the GB/s written and read back.
+run_module "$dir" memory nvidia_gpu_probe \
+    "{\"backend\": \"nvidia-smi\", \"host_root\": \"$HOST_ROOT\", \"timeout\": 300, \"probe_level\": \"memory\"}"
+for level in free memory; do
+    "$PYTHON" - "$dir/$level.json" "$level" >"$dir/$level.checks.txt" <<'PY' || verdict FAIL "probe ($level): no result to read"
+import json, sys
+result, level = json.load(open(sys.argv[1])), sys.argv[2]
+name = 'allocation' if level == 'free' else level
+for gpu in result.get('gpus') or []:
+    ms = gpu.get('kernel_ms') or gpu.get('ms') or 0
+    rate = 2.0 * (gpu.get('mib') or 0) * 1048576 / ms / 1e6 if ms else 0
+    print('%s probe %s: GPU %s %s MiB in %s ms (%.1f GB/s written and read back), module %s ms%s' % (
+        'PASS' if gpu.get('ok') else 'FAIL', name, gpu.get('index'), gpu.get('mib'), gpu.get('ms'), rate,
+        result.get('duration_ms'), '' if gpu.get('ok') else ': %s %s' % (gpu.get('error_name'), gpu.get('error_string'))))
+if not result.get('gpus'):
+    print('FAIL probe %s: no GPU result (%s)' % (name, result.get('msg')))
+PY
+    while IFS= read -r line; do
+        verdict "${line%% *}" "${line#* }"
+    done <"$dir/$level.checks.txt"
+done
 FREE0=$("$SMI" --query-gpu=memory.free -i 0 --format=csv,noheader,nounits 2>/dev/null | head -n 1 | tr -d ' ') || true
 if [[ -n $SIM ]]; then
     # What the probe's 1024 MiB cannot fit in: all but 512 MiB of GPU 0's free memory.

@@ -222,8 +222,14 @@ def test_check_sh_passes_on_a_gpusim_host(gpuhost_factory, tmp_path):
     holder_pid = json.loads((out / 'ansible' / 'nvidia-smi' / 'holder.log').read_text())['pid']
     assert (out / 'holder' / 'smi' / 'query_compute_apps.stdout').read_text().startswith('%d, ' % holder_pid)
     assert (out / 'idle' / 'smi' / 'query_compute_apps.stdout').read_text() == ''
+    # The probe at each level on the free GPUs, with its time.
+    levels = [line for line in lines if line.startswith(('PASS probe allocation: ', 'PASS probe memory: '))]
+    assert [line.split(' MiB in ')[0] for line in levels] == [
+        'PASS probe allocation: GPU 0 1024', 'PASS probe allocation: GPU 1 1024',
+        'PASS probe memory: GPU 0 %d' % (143771 - 515 - 1 - 1 - 256), 'PASS probe memory: GPU 1 %d' % (143771 - 515 - 1 - 1 - 256)]
     # The probe: proven on the free GPUs, and GPU 0's answer once a holder leaves it 512 MiB.
-    assert [line.split(' (')[0] for line in lines if 'probe' in line and line.startswith(('PASS', 'FAIL'))] == [
+    assert [line.split(' (')[0] for line in lines if 'probe' in line and line.startswith(('PASS', 'FAIL'))
+            and line not in levels] == [
         'PASS probe, free GPUs: every GPU proven and its probe memory released',
         'PASS probe, GPU 0 nearly full: fails with a CUDA error',
         'PASS probe, GPU 0 nearly full: the other GPUs still proven']

@@ -3,6 +3,7 @@
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -49,7 +50,8 @@ exec {smi} "$@"
 
 FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
                "remap", "retired", "xid", "fallen", "reset-required", "reset-refused", "recovery", "fabric",
-               "bug-report-hang", "cuda-init", "cuda-hang", "cuda", "compute-mode")
+               "bug-report-hang", "cuda-init", "cuda-hang", "cuda-crash", "cuda", "compute-mode",
+               "cuda-jit", "cuda-launch", "cuda-idle", "cuda-flip")
 
 COMPUTE_MODE_NAMES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
 
@@ -59,6 +61,25 @@ HUNG_JOB_RANK_MIB = 76113
 def _sysfs_bus(pci_bus_id):
     """00000000:18:00.0 -> 0000:18:00.0, the kernel's spelling (sysfs, /proc/driver/nvidia)."""
     return pci_bus_id[4:].lower()
+
+
+def _per_gpu(faults, name, gpu, value):
+    """A per-GPU fault of the fake libcuda; a false value clears it."""
+    table = faults.setdefault(name, {})
+    table[str(int(gpu))] = value
+    faults[name] = {k: v for k, v in table.items() if v}
+
+
+def signal_number(value):
+    """A signal by name (SEGV, SIGSEGV) or number; 0, off or False clear."""
+    if value in (None, True):
+        return int(signal.SIGSEGV)
+    if value in (False, 0, "0", "off"):
+        return 0
+    text = str(value).upper()
+    if text.isdigit():
+        return int(text)
+    return int(getattr(signal, text if text.startswith("SIG") else "SIG" + text))
 
 
 def _onoff(value):
@@ -327,7 +348,7 @@ class Host:
     def fault(self, kind, value=True, gpu=None, message="unknown", seconds=None,
               field=None, mib=None, pending=None, failure=None, correctable=None,
               uncorrectable=None, code=None, text=None, when=None, in_place=False,
-              gpu_instance=None, form="probe", count=1):
+              gpu_instance=None, form="probe", count=1, offset=None, bit=0):
         """Inject a fault. kind: lost (gpu, message; in_place=True: the old variant, where the
         error line stands in the GPU's place and the others are listed, for every lost GPU),
         hang (seconds), na (field, gpu, value),
@@ -344,11 +365,20 @@ class Host:
         another client, one this host's /proc does not show: another PID namespace), recovery (gpu, value: the driver's GPU Recovery Action, none | reset |
         reboot | drain-p2p | drain-and-reset, on drivers from 565),
         cuda-init (code: the CUresult cuInit returns, by cuda.h name or number; 0 clears),
-        cuda-hang (seconds cuInit sleeps first; 0 clears),
+        cuda-hang (seconds cuInit sleeps first; with gpu, seconds that GPU's context creation sleeps
+        first; 0 clears), cuda-crash (gpu, value: the signal, by name or number, that kills the
+        process creating a context on that GPU; default SEGV; 0 clears),
         cuda (gpu, code: the CUresult the fake libcuda gives on that GPU: CUDA_ERROR_ECC_UNCORRECTABLE
         when the probe reads back, any other when it creates its context; 0 clears),
         compute-mode (gpu, value: Default, Exclusive_Process, Prohibited; a context on an
         Exclusive_Process GPU that another live process holds is CUDA_ERROR_DEVICE_UNAVAILABLE),
+        cuda-jit (gpu, code: the CUresult loading a PTX module on that GPU returns; 0 clears),
+        cuda-launch (gpu, code: the CUresult a kernel launch there meets: 1, 400, 701 from
+        cuLaunchKernel, any other from the next cuCtxSynchronize, and every call after it; 0 clears),
+        cuda-idle (gpu, value on/off: launches there return success and run nothing),
+        cuda-flip (gpu, offset: a byte of the memory the probe's fill kernel writes on that GPU,
+        counted over its fills in order, whose bit `bit` reads back flipped; each call adds one, up
+        to 8; offset None or negative clears them),
         fabric (an NVSwitch system: value on/off, seconds a reset GPU takes to register with the
         fabric manager again (default 1); with gpu, value stuck: that GPU never registers again
         after a reset; or value a status, e.g. "Insufficient Resources", its registration's),
@@ -408,11 +438,27 @@ class Host:
             return
         elif kind == "cuda-init":
             faults["cuda_init"] = cuda_code(code if code is not None else "CUDA_ERROR_UNKNOWN")
+        elif kind == "cuda-hang" and gpu is not None:
+            _per_gpu(faults, "cuda_gpu_hang", gpu, float(seconds if seconds is not None else value))
         elif kind == "cuda-hang":
             faults["cuda_hang_s"] = float(seconds if seconds is not None else value)
+        elif kind == "cuda-crash":
+            _per_gpu(faults, "cuda_gpu_crash", gpu, signal_number(value))
         elif kind == "cuda":
             faults.setdefault("cuda_gpu", {})[str(int(gpu))] = cuda_code(code)
             faults["cuda_gpu"] = {k: v for k, v in faults["cuda_gpu"].items() if v}
+        elif kind in ("cuda-jit", "cuda-launch", "cuda-idle"):
+            kernel = faults.setdefault("cuda_gpu_kernel", {}).setdefault(str(int(gpu)), {})
+            kernel[kind[5:]] = _onoff(value) if kind == "cuda-idle" else cuda_code(code)
+            faults["cuda_gpu_kernel"] = {k: v for k, v in faults["cuda_gpu_kernel"].items() if any(v.values())}
+        elif kind == "cuda-flip":
+            flips = faults.setdefault("cuda_gpu_flip", {})
+            if offset is None or int(offset) < 0:
+                flips.pop(str(int(gpu)), None)
+            elif len(flips.get(str(int(gpu)), [])) >= 8:
+                raise ValueError("at most 8 flipped bits per GPU")
+            else:
+                flips.setdefault(str(int(gpu)), []).append([int(offset), int(bit) % 8])
         elif kind == "compute-mode":
             if value not in COMPUTE_MODE_NAMES:
                 raise ValueError("compute mode must be one of %s" % ", ".join(COMPUTE_MODE_NAMES))

@@ -106,8 +106,25 @@ def _parser():
     f.add_argument("--form", choices=("probe", "line"), default="probe")
     f = fs.add_parser("cuda-init", help="the CUresult cuInit of the fake libcuda returns")
     f.add_argument("--code", default="CUDA_ERROR_UNKNOWN", help="cuda.h name or number; 0 clears")
-    f = fs.add_parser("cuda-hang", help="cuInit of the fake libcuda sleeps first")
+    f = fs.add_parser("cuda-hang", help="cuInit (with --gpu: that GPU's context creation) of the fake libcuda sleeps first")
     f.add_argument("--seconds", type=float, required=True)
+    f.add_argument("--gpu", type=int, default=None)
+    f = fs.add_parser("cuda-crash", help="the fake libcuda's context creation on a GPU kills its process with a signal")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("--signal", default="SEGV", help="name or number; 0 clears")
+    f = fs.add_parser("cuda-jit", help="the CUresult loading a PTX module on a GPU returns (fake libcuda)")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("--code", default="CUDA_ERROR_INVALID_PTX", help="cuda.h name or number; 0 clears")
+    f = fs.add_parser("cuda-launch", help="the CUresult a kernel launch on a GPU meets (fake libcuda)")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("--code", default="CUDA_ERROR_LAUNCH_FAILED", help="cuda.h name or number; 0 clears")
+    f = fs.add_parser("cuda-idle", help="kernel launches on a GPU return success and run nothing (fake libcuda)")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("value", nargs="?", default="on", choices=("on", "off"))
+    f = fs.add_parser("cuda-flip", help="a bit of the memory the probe's kernels write on a GPU reads back flipped")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("--offset", type=int, required=True, help="byte, counted over what the fill kernels wrote; -1 clears")
+    f.add_argument("--bit", type=int, default=0)
     f = fs.add_parser("cuda", help="the CUresult the fake libcuda gives on a GPU")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("--code", required=True, help="cuda.h name or number; 0 clears")
@@ -190,9 +207,17 @@ def main(argv=None):
             elif k == "cuda-init":
                 host.fault(k, code=args.code)
             elif k == "cuda-hang":
-                host.fault(k, seconds=args.seconds)
+                host.fault(k, gpu=args.gpu, seconds=args.seconds)
+            elif k == "cuda-crash":
+                host.fault(k, gpu=args.gpu, value=args.signal)
             elif k == "cuda":
                 host.fault(k, gpu=args.gpu, code=args.code)
+            elif k in ("cuda-jit", "cuda-launch"):
+                host.fault(k, gpu=args.gpu, code=args.code)
+            elif k == "cuda-idle":
+                host.fault(k, gpu=args.gpu, value=args.value)
+            elif k == "cuda-flip":
+                host.fault(k, gpu=args.gpu, offset=args.offset, bit=args.bit)
             elif k == "compute-mode":
                 host.fault(k, gpu=args.gpu, value=args.value)
             else:

@@ -469,10 +469,18 @@ CUDA_ERRORS = {
     "CUDA_ERROR_DEVICE_UNAVAILABLE": 46,
     "CUDA_ERROR_NO_DEVICE": 100,
     "CUDA_ERROR_INVALID_DEVICE": 101,
+    "CUDA_ERROR_NO_BINARY_FOR_GPU": 209,
     "CUDA_ERROR_ECC_UNCORRECTABLE": 214,
+    "CUDA_ERROR_INVALID_PTX": 218,
+    "CUDA_ERROR_UNSUPPORTED_PTX_VERSION": 222,
     "CUDA_ERROR_OPERATING_SYSTEM": 304,
+    "CUDA_ERROR_INVALID_HANDLE": 400,
+    "CUDA_ERROR_NOT_FOUND": 500,
     "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701,
+    "CUDA_ERROR_LAUNCH_TIMEOUT": 702,
     "CUDA_ERROR_LAUNCH_FAILED": 719,
+    "CUDA_ERROR_NOT_SUPPORTED": 801,
     "CUDA_ERROR_SYSTEM_NOT_READY": 802,
     "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": 803,
     "CUDA_ERROR_UNKNOWN": 999,
@@ -535,6 +543,16 @@ def _flat_state(state):
     # After the gpu lines: the C library applies each to a GPU it has read.
     for key, code in sorted((faults.get("cuda_gpu") or {}).items()):
         lines.append("cuda_gpu %d %d" % (int(key), int(code)))
+    for key, seconds in sorted((faults.get("cuda_gpu_hang") or {}).items()):
+        lines.append("cuda_gpu_hang %d %r" % (int(key), float(seconds)))
+    for key, number in sorted((faults.get("cuda_gpu_crash") or {}).items()):
+        lines.append("cuda_gpu_crash %d %d" % (int(key), int(number)))
+    for key, kernel in sorted((faults.get("cuda_gpu_kernel") or {}).items()):
+        lines.append("cuda_gpu_kernel %d %d %d %d" % (int(key), int(kernel.get("jit") or 0),
+                                                       int(kernel.get("launch") or 0), int(bool(kernel.get("idle")))))
+    for key, flips in sorted((faults.get("cuda_gpu_flip") or {}).items()):
+        for offset, bit in flips:
+            lines.append("cuda_gpu_flip %d %d %d" % (int(key), int(offset), int(bit)))
     for na in faults.get("na", []):
         field = NA_ALIASES.get(na["field"], na["field"])
         gpu = -1 if na.get("gpu") is None else int(na["gpu"])

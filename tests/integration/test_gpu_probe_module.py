@@ -46,10 +46,10 @@ def test_clean_host_every_gpu_proven_and_released(cudahost):
     for gpu in result['gpus']:
         assert (gpu['ok'], gpu['mib'], gpu['released'], gpu['error_name']) == (True, 1024, True, None)
         assert gpu['pci_bus_id'] == cudahost.state['gpus'][gpu['index']]['pci_bus_id']
-    # The probe's allocation was a compute app on every GPU, and was freed there.
+    # Each GPU's probe was a process of its own, a compute app on that GPU alone, and was freed there.
     probe = [rec for rec in records(cudahost) if rec.get('cuda')]
-    assert len(probe) == 1 and sorted(probe[0]['gpus']) == list(range(8))
-    assert sorted(probe[0]['freed']) == [str(index) for index in range(8)]
+    assert sorted(rec['gpus'] for rec in probe) == [[index] for index in range(8)]
+    assert all(list(rec['freed']) == [str(rec['gpus'][0])] for rec in probe)
 
 
 def test_waits_until_the_probe_memory_is_released(gpuhost_factory):
@@ -145,11 +145,26 @@ def test_hung_cuinit_is_killed_at_the_deadline(cudahost):
     cudahost.fault('cuda-hang', seconds=300)
     result, proc = run_probe(cudahost, timeout=4)
     assert result['failed'], proc.stdout
-    assert set(gpu['error_name'] for gpu in result['gpus']) == set(['PROBE_TIMEOUT'])
-    assert 'did not answer within' in result['msg']
+    assert set((gpu['error_name'], gpu['call']) for gpu in result['gpus']) == set([('PROBE_TIMEOUT', 'cuInit')])
+    assert 'PROBE_TIMEOUT at cuInit (no answer within' in result['msg']
     # Nothing of the child is left: no process runs the probe's program.
     left = [pid for pid in os.listdir('/proc') if pid.isdigit() and _runs_probe(pid)]
     assert left == []
+
+
+@pytest.mark.parametrize('fault, name, words', [
+    (dict(kind='cuda-hang', seconds=300), 'PROBE_TIMEOUT', 'no answer within'),
+    (dict(kind='cuda-crash', value='SEGV'), 'PROBE_CRASHED', 'was killed by SIGSEGV'),
+])
+def test_one_sick_gpu_of_eight_fails_alone(cudahost, fault, name, words):
+    cudahost.fault(fault.pop('kind'), gpu=3, **fault)
+    result, proc = run_probe(cudahost, timeout=10)
+    assert result['failed'], proc.stdout
+    gpus = by_index(result)
+    assert (gpus[3]['ok'], gpus[3]['error_name'], gpus[3]['call']) == (False, name, 'cuCtxCreate_v2')
+    assert words in gpus[3]['error_string']
+    assert all(gpus[index]['ok'] and gpus[index]['released'] for index in range(8) if index != 3)
+    assert result['msg'].startswith('the allocation probe failed on 1 of 8 GPUs: GPU 3 (')
 
 
 def _runs_probe(pid):

@@ -35,6 +35,7 @@ RESULT = {
     'started': 1767225600.5, 'duration_s': 3.25, 'drained': True,
     'signalled': [{'pid': 4242, 'signal': 'TERM'}],
     'escalation': {'gpus': [1], 'reset_ok': False},
+    'probe': {'verified': {'GPU-11111111-2222-3333-4444-555555555555': {'index': 0, 'pci_bus_id': '00000000:18:00.0', 'verified_at': 1767225601.25}}},
     'gpus': [
         {'index': 0, 'pci_bus_id': '00000000:18:00.0', 'state': 'free', 'recovery_action': 'none',
          'orphaned_mib': 0, 'seconds_until_free': 1.5},

@@ -14,8 +14,9 @@
  * - cuDeviceGetByPCIBusId: any spelling of the bus id (0000:18:00.0, 00000000:18:00.0);
  *   CUDA_ERROR_INVALID_DEVICE for a bus id the driver does not list, a lost GPU, or a GPU that
  *   CUDA_VISIBLE_DEVICES (indexes or UUIDs, as the real library reads it) hides.
- * - cuCtxCreate_v2: the code of `gpusim fault cuda --gpu N` (but ECC, which the read back
- *   meets); CUDA_ERROR_DEVICE_UNAVAILABLE on a Prohibited GPU, and on an Exclusive_Process GPU
+ * - cuCtxCreate_v2: first a sleep of `gpusim fault cuda-hang --gpu N` seconds, or the signal of
+ *   `gpusim fault cuda-crash --gpu N` (the process dies); the code of `gpusim fault cuda --gpu N`
+ *   (but ECC, which the read back meets); CUDA_ERROR_DEVICE_UNAVAILABLE on a Prohibited GPU, and on an Exclusive_Process GPU
  *   where another live process is a compute app. It opens the GPU's /dev/nvidiaN, as the real
  *   library does, and keeps it open until cuCtxDestroy_v2.
  * - cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY when the GPU's free memory (total less reserved
@@ -26,13 +27,27 @@
  * - cuMemcpyDtoH_v2: CUDA_ERROR_ECC_UNCORRECTABLE with `gpusim fault cuda --code ECC_UNCORRECTABLE`.
  * - cuMemFree_v2 and cuCtxDestroy_v2 record when the allocation was freed ("freed" in the
  *   record): the memory is then released like a dead holder's, after the release delay.
+ * - Kernels: cuModuleLoadData(Ex) checks the PTX's .version against this driver's ISA (8.4, CUDA
+ *   12.4: CUDA_ERROR_UNSUPPORTED_PTX_VERSION above it, CUDA_ERROR_INVALID_PTX without .version,
+ *   .target or an .entry), writing the JIT's error log as the real one does, and keeps the entry
+ *   names; the code of `gpusim fault cuda-jit --gpu N` first. cuLaunchKernel runs the probe's own
+ *   kernels by name (gpuops_fill, gpuops_check; _cuda.py's PTX) on the simulated memory: no
+ *   memory backs a large allocation, so the fill records the run's seed, and the bits of `gpusim
+ *   fault cuda-flip` that fall in what it wrote; the check counts those (or every word, when the
+ *   fill did not run with that seed) into the result words, which a small allocation (up to
+ *   HOST_BACKED bytes) keeps in host memory for cuMemcpyHtoD_v2/DtoH_v2. `gpusim fault
+ *   cuda-launch` makes a launch fail (1, 400, 701 at cuLaunchKernel; any other at the next
+ *   cuCtxSynchronize, then at every call on the context but its destruction, as a kernel fault's
+ *   sticky error does), `gpusim fault cuda-idle` makes launches succeed and run nothing.
  *
  * Build: gcc -shared -fPIC -o libcuda.so.1 cuda.c -lpthread (gpusim/nvml_build.py does it).
  */
 #include "../libsim/sim.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <pthread.h>
+#include <stdint.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -48,12 +63,25 @@ typedef struct sim_ctx *CUcontext;
 #define CUDA_ERROR_INVALID_DEVICE 101
 #define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_ECC_UNCORRECTABLE 214
+#define CUDA_ERROR_INVALID_PTX 218
+#define CUDA_ERROR_UNSUPPORTED_PTX_VERSION 222
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_ILLEGAL_ADDRESS 700
+#define CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES 701
+#define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_SYSTEM_DRIVER_MISMATCH 803
 #define CUDA_ERROR_UNKNOWN 999
 
 #define COMPUTE_MODE_PROHIBITED 2
 #define COMPUTE_MODE_EXCLUSIVE_PROCESS 3
-#define MAX_ALLOCS 16
+#define MAX_ALLOCS 80
+#define MAX_ENTRIES 16
+#define HOST_BACKED 65536
+/* The driver this library stands for: CUDA 12.4 (cuDriverGetVersion), which JITs PTX ISA 8.4. */
+#define DRIVER_CUDA 12040
+#define DRIVER_PTX_MAJOR 8
+#define DRIVER_PTX_MINOR 4
 
 static const struct { int code; const char *name, *text; } ERRORS[] = {
     {0, "CUDA_SUCCESS", "no error"},
@@ -64,23 +92,48 @@ static const struct { int code; const char *name, *text; } ERRORS[] = {
     {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {209, "CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"},
     {214, "CUDA_ERROR_ECC_UNCORRECTABLE", "uncorrectable ECC error encountered"},
+    {218, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
+    {222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "the provided PTX was compiled with an unsupported toolchain."},
     {304, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"},
+    {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
+    {702, "CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out and was terminated"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {802, "CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"},
     {803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
      "system has unsupported display driver / cuda driver combination"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
-struct sim_alloc { int used; unsigned pattern; };
+struct sim_alloc {
+    int used;
+    unsigned pattern;         /* cuMemsetD32_v2's value, what cuMemcpyDtoH_v2 gives back */
+    size_t size;
+    unsigned char *host;      /* the bytes, for an allocation of up to HOST_BACKED */
+    int filled;               /* the fill kernel ran over it ... */
+    unsigned seed;            /* ... with this seed */
+    int nflips;               /* flipped bits that fell in what the fill wrote: their byte offsets */
+    long long flips[MAX_FLIPS];
+};
 
 struct sim_ctx {
     int index;                /* the GPU's index */
     int fd;                   /* its /dev/nvidiaN */
+    CUresult pending;         /* a launched kernel's fault, met by the next synchronisation ... */
+    CUresult sticky;          /* ... and from then on by every call on the context */
+    long long filled;         /* bytes the fill kernels wrote so far, in order (cuda-flip's offsets) */
     struct sim_alloc allocs[MAX_ALLOCS];
 };
+
+struct sim_module { int nentries; char entries[MAX_ENTRIES][64]; };
+typedef struct sim_module *CUmodule;
+typedef const char *CUfunction;   /* the entry's name, inside its module */
+typedef void *CUstream;
 
 static int initialized;
 static __thread CUcontext current;
@@ -143,7 +196,7 @@ CUresult cuInit(unsigned flags)
 CUresult cuDriverGetVersion(int *version)
 {
     if (!version) return CUDA_ERROR_INVALID_VALUE;
-    *version = 12040;
+    *version = DRIVER_CUDA;
     return CUDA_SUCCESS;
 }
 
@@ -222,6 +275,20 @@ static CUresult gpu_of(sim_state *st, int index, sim_gpu **g)
     return CUDA_ERROR_INVALID_DEVICE;
 }
 
+/* A GPU whose driver hangs or crashes the process in context creation (`gpusim fault cuda-hang
+ * --gpu N`, `gpusim fault cuda-crash --gpu N`): only this GPU's probe child meets it. */
+static void stall(const sim_gpu *g)
+{
+    if (g->cuda_hang > 0) {
+        struct timespec ts = {(time_t)g->cuda_hang, (long)((g->cuda_hang - (time_t)g->cuda_hang) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    }
+    if (g->cuda_crash > 0) {
+        signal(g->cuda_crash, SIG_DFL);
+        raise(g->cuda_crash);
+    }
+}
+
 CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned flags, CUdevice device)
 {
     sim_state *st = malloc(sizeof(sim_state));
@@ -232,7 +299,10 @@ CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned flags, CUdevice device)
     if (!st) return CUDA_ERROR_UNKNOWN;
     if (!initialized) rc = CUDA_ERROR_NOT_INITIALIZED;
     else if (!ctx) rc = CUDA_ERROR_INVALID_VALUE;
-    else if ((rc = gpu_of(st, device, &g)) == CUDA_SUCCESS) rc = context_error(g);
+    else if ((rc = gpu_of(st, device, &g)) == CUDA_SUCCESS) {
+        stall(g);
+        rc = context_error(g);
+    }
     if (rc == CUDA_SUCCESS && !(*ctx = calloc(1, sizeof(struct sim_ctx)))) rc = CUDA_ERROR_OUT_OF_MEMORY;
     if (rc == CUDA_SUCCESS) {
         snprintf(node, sizeof node, "%s/dev/nvidia%d", root_dir, g->has_minor ? g->minor : g->index);
@@ -250,9 +320,16 @@ CUresult cuCtxSetCurrent(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
+/* Waits for what was launched: a kernel's fault becomes the context's sticky error. */
+static CUresult synchronize(void)
+{
+    if (current->pending) current->sticky = current->pending;
+    return current->sticky;
+}
+
 CUresult cuCtxSynchronize(void)
 {
-    return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    return current ? synchronize() : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 /* ------------------------------------------------------------------ this process's record */
@@ -383,12 +460,59 @@ static int live_allocs(CUcontext ctx)
     return n;
 }
 
-/* A device pointer names its context's slot: slot + 1 in the high bits, so 0 is never valid. */
-static struct sim_alloc *alloc_of(CUdeviceptr ptr)
+/* MiB the context holds: what the process's record says it uses on the GPU. */
+static long long live_mib(CUcontext ctx)
+{
+    unsigned long long bytes = 0;
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        if (ctx->allocs[i].used) bytes += ctx->allocs[i].size;
+    return (long long)((bytes + MIB - 1) / MIB);
+}
+
+/* A device pointer names its context's slot (slot + 1 in the high bits, so 0 is never valid) and
+ * an offset into it (the low 40 bits): the allocation, with *offset set, or NULL when the bytes
+ * [ptr, ptr + bytes) are not all inside one. */
+static struct sim_alloc *alloc_at(CUdeviceptr ptr, size_t bytes, size_t *offset)
 {
     unsigned slot = (unsigned)(ptr >> 40);
+    size_t off = (size_t)(ptr & ((1ULL << 40) - 1));
+    struct sim_alloc *a;
     if (!current || slot < 1 || slot > MAX_ALLOCS || !current->allocs[slot - 1].used) return NULL;
-    return &current->allocs[slot - 1];
+    a = &current->allocs[slot - 1];
+    if (off > a->size || bytes > a->size - off) return NULL;
+    if (offset) *offset = off;
+    return a;
+}
+
+static struct sim_alloc *alloc_of(CUdeviceptr ptr)
+{
+    size_t offset;
+    struct sim_alloc *a = alloc_at(ptr, 0, &offset);
+    return a && offset == 0 ? a : NULL;
+}
+
+/* The GPU of the current context, loaded into st: NULL when it is gone. */
+static sim_gpu *current_gpu(sim_state *st)
+{
+    sim_gpu *g = NULL;
+    return gpu_of(st, current->index, &g) == CUDA_SUCCESS ? g : NULL;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    sim_state *st;
+    sim_gpu *g;
+    long long used;
+    int util;
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (!(st = malloc(sizeof(sim_state)))) return CUDA_ERROR_UNKNOWN;
+    if (!(g = current_gpu(st))) { free(st); return CUDA_ERROR_INVALID_DEVICE; }
+    usage(st, g, &used, &util);
+    *total_bytes = (size_t)g->total_mib * MIB;
+    *free_bytes = g->total_mib - g->reserved_mib - used > 0 ? (size_t)(g->total_mib - g->reserved_mib - used) * MIB : 0;
+    free(st);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t bytes)
@@ -410,46 +534,69 @@ CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t bytes)
     }
     free(st);
     if (rc != CUDA_SUCCESS) return rc;
+    memset(&current->allocs[slot], 0, sizeof current->allocs[slot]);
+    if (bytes <= HOST_BACKED && !(current->allocs[slot].host = calloc(1, bytes))) return CUDA_ERROR_OUT_OF_MEMORY;
     current->allocs[slot].used = 1;
-    current->allocs[slot].pattern = 0;
+    current->allocs[slot].size = bytes;
     *ptr = ((CUdeviceptr)(slot + 1)) << 40;
-    record_alloc(current->index, mib);
+    record_alloc(current->index, live_mib(current));
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemsetD32_v2(CUdeviceptr ptr, unsigned value, size_t count)
 {
     struct sim_alloc *a = alloc_of(ptr);
-    (void)count;
     if (!current) return CUDA_ERROR_INVALID_CONTEXT;
     if (!a) return CUDA_ERROR_INVALID_VALUE;
     a->pattern = value;
+    for (size_t i = 0; a->host && i < count && i * 4 + 4 <= a->size; i++) memcpy(a->host + i * 4, &value, 4);
+    return current->sticky;
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes)
+{
+    size_t offset = 0;
+    struct sim_alloc *a = alloc_at(dst, bytes, &offset);
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (synchronize()) return current->sticky;
+    if (!a || !src) return CUDA_ERROR_INVALID_VALUE;
+    if (a->host) memcpy(a->host + offset, src, bytes);
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes)
 {
-    struct sim_alloc *a = alloc_of(src);
+    size_t offset = 0;
+    struct sim_alloc *a = alloc_at(src, bytes, &offset);
     sim_state *st;
     sim_gpu *g = NULL;
     CUresult rc;
     if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (synchronize()) return current->sticky;
     if (!a || !dst) return CUDA_ERROR_INVALID_VALUE;
     if (!(st = malloc(sizeof(sim_state)))) return CUDA_ERROR_UNKNOWN;
     rc = gpu_of(st, current->index, &g);
     if (rc == CUDA_SUCCESS && g->cuda_error == CUDA_ERROR_ECC_UNCORRECTABLE) rc = CUDA_ERROR_ECC_UNCORRECTABLE;
     free(st);
     if (rc != CUDA_SUCCESS) return rc;
-    for (size_t i = 0; i + 4 <= bytes; i += 4) memcpy((char *)dst + i, &a->pattern, 4);
+    if (a->host) memcpy(dst, a->host + offset, bytes);
+    else for (size_t i = 0; i + 4 <= bytes; i += 4) memcpy((char *)dst + i, &a->pattern, 4);
     return CUDA_SUCCESS;
+}
+
+static void release(struct sim_alloc *a)
+{
+    free(a->host);
+    memset(a, 0, sizeof *a);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr ptr)
 {
     struct sim_alloc *a = alloc_of(ptr);
     if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (current->sticky) return current->sticky;
     if (!a) return CUDA_ERROR_INVALID_VALUE;
-    a->used = 0;
+    release(a);
     if (live_allocs(current) == 0) record_free(current->index);
     return CUDA_SUCCESS;
 }
@@ -458,8 +605,178 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
     if (live_allocs(ctx)) record_free(ctx->index);
+    for (int i = 0; i < MAX_ALLOCS; i++) release(&ctx->allocs[i]);
     if (ctx->fd >= 0) close(ctx->fd);
     if (current == ctx) current = NULL;
     free(ctx);
     return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ modules and kernels */
+
+/* The JIT's error log, as the real one writes it, into the caller's buffer (options 5 and 6). */
+static void jit_log(unsigned n, const int *options, void **values, const char *text)
+{
+    char *buffer = NULL;
+    size_t size = 0;
+    for (unsigned i = 0; options && values && i < n; i++) {
+        if (options[i] == 5) buffer = values[i];
+        if (options[i] == 6) size = (size_t)(uintptr_t)values[i];
+    }
+    if (buffer && size) snprintf(buffer, size, "%s", text);
+}
+
+/* CUDA_SUCCESS and the module's entries, or the JIT's error and its log line. */
+static CUresult compile(const char *ptx, struct sim_module *m, char *log, size_t size)
+{
+    const char *p = strstr(ptx, ".version");
+    int major, minor;
+    if (!p || sscanf(p, ".version %d.%d", &major, &minor) != 2) {
+        snprintf(log, size, "ptxas application ptx input, line 1; fatal   : Missing .version directive at start of file");
+        return CUDA_ERROR_INVALID_PTX;
+    }
+    if (major > DRIVER_PTX_MAJOR || (major == DRIVER_PTX_MAJOR && minor > DRIVER_PTX_MINOR)) {
+        snprintf(log, size, "ptxas application ptx input, line 1; fatal   : Unsupported .version %d.%d; current "
+                 "version is '%d.%d'", major, minor, DRIVER_PTX_MAJOR, DRIVER_PTX_MINOR);
+        return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+    }
+    for (p = strstr(ptx, ".entry "); p && m->nentries < MAX_ENTRIES; p = strstr(p + 1, ".entry ")) {
+        if (sscanf(p, ".entry %63[A-Za-z0-9_$]", m->entries[m->nentries]) == 1) m->nentries++;
+    }
+    if (!strstr(ptx, ".target") || m->nentries == 0) {
+        snprintf(log, size, "ptxas application ptx input, line 1; error   : no .target directive or no .entry");
+        return CUDA_ERROR_INVALID_PTX;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned n, int *options, void **values)
+{
+    sim_state *st;
+    sim_gpu *g;
+    char log[512] = "";
+    CUresult rc = CUDA_SUCCESS;
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    if (!(*module = calloc(1, sizeof(struct sim_module)))) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!(st = malloc(sizeof(sim_state)))) rc = CUDA_ERROR_UNKNOWN;
+    else if ((g = current_gpu(st)) && g->cuda_jit) {
+        rc = g->cuda_jit;
+        snprintf(log, sizeof log, "ptxas application ptx input: gpusim fault cuda-jit --gpu %d", g->index);
+    }
+    free(st);
+    if (rc == CUDA_SUCCESS) rc = compile(image, *module, log, sizeof log);
+    if (rc != CUDA_SUCCESS) {
+        jit_log(n, options, values, log);
+        free(*module);
+        *module = NULL;
+    }
+    return rc;
+}
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    return cuModuleLoadDataEx(module, image, 0, NULL, NULL);
+}
+
+CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name)
+{
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!function || !module || !name) return CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < module->nentries; i++)
+        if (strcmp(module->entries[i], name) == 0) { *function = module->entries[i]; return CUDA_SUCCESS; }
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuModuleUnload(CUmodule module)
+{
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!module) return CUDA_ERROR_INVALID_HANDLE;
+    free(module);
+    return current->sticky;
+}
+
+/* The probe's kernels' arguments: (data, words, seed, result), as _cuda.py's PTX declares them. */
+struct probe_args { CUdeviceptr data; unsigned long long words; unsigned seed; CUdeviceptr result; };
+
+/* gpuops_fill: the allocation keeps the seed, and the flipped bits that fall in what it writes. */
+static void fill(const sim_gpu *g, struct sim_alloc *a, size_t offset, const struct probe_args *k)
+{
+    long long start = current->filled, bytes = (long long)k->words * 4;
+    a->filled = 1;
+    a->seed = k->seed;
+    a->nflips = 0;
+    for (int i = 0; i < g->nflips; i++)
+        if (g->flip_offset[i] >= start && g->flip_offset[i] < start + bytes && a->nflips < MAX_FLIPS)
+            a->flips[a->nflips++] = (long long)offset + g->flip_offset[i] - start;
+    current->filled += bytes;
+}
+
+/* gpuops_check: the words of the range that read back different (each flip a word of its own; all
+ * of them when this run's fill did not write it), and the lowest of their indexes. */
+static unsigned long long check(const struct sim_alloc *a, size_t offset, const struct probe_args *k,
+                                unsigned long long *first)
+{
+    unsigned long long bad = 0;
+    long long end = (long long)offset + (long long)k->words * 4;
+    if (!a->filled || a->seed != k->seed) { *first = 0; return k->words; }
+    for (int i = 0; i < a->nflips; i++)
+        if (a->flips[i] >= (long long)offset && a->flips[i] < end) {
+            unsigned long long index = (unsigned long long)(a->flips[i] - (long long)offset) / 4;
+            if (index < *first) *first = index;
+            bad++;
+        }
+    return bad;
+}
+
+/* Runs a probe kernel on the simulated memory; a kernel that strays is the GPU's illegal address. */
+static CUresult run_kernel(const sim_gpu *g, const char *name, const struct probe_args *k)
+{
+    size_t offset = 0, at = 0;
+    struct sim_alloc *a = alloc_at(k->data, (size_t)k->words * 4, &offset);
+    struct sim_alloc *r = alloc_at(k->result, 32, &at);
+    unsigned long long counts[4], first = ~0ULL;
+    if (!a || !r || !r->host) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    memcpy(counts, r->host + at, sizeof counts);
+    if (strcmp(name, "gpuops_fill") == 0) {
+        fill(g, a, offset, k);
+        counts[2] += k->words;
+    } else {
+        unsigned long long bad = check(a, offset, k, &first);
+        counts[0] += bad;
+        if (bad && first < counts[1]) counts[1] = first;
+        counts[3] += k->words;
+    }
+    memcpy(r->host + at, counts, sizeof counts);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, CUstream stream, void **params, void **extra)
+{
+    sim_state *st;
+    sim_gpu *g;
+    struct probe_args k;
+    CUresult rc = CUDA_SUCCESS;
+    (void)shared; (void)stream; (void)extra;
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (current->sticky) return current->sticky;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (!params || (unsigned long long)gx * gy * gz == 0 || bx * by * bz == 0 || bx * by * bz > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (strcmp(f, "gpuops_fill") != 0 && strcmp(f, "gpuops_check") != 0) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!(st = malloc(sizeof(sim_state)))) return CUDA_ERROR_UNKNOWN;
+    if (!(g = current_gpu(st))) rc = CUDA_ERROR_INVALID_DEVICE;
+    else if (g->cuda_launch == CUDA_ERROR_INVALID_VALUE || g->cuda_launch == CUDA_ERROR_INVALID_HANDLE ||
+             g->cuda_launch == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES) rc = g->cuda_launch;
+    else if (g->cuda_launch && !current->pending) current->pending = g->cuda_launch;
+    else if (!g->cuda_idle && !current->pending) {
+        k.data = *(CUdeviceptr *)params[0];
+        k.words = *(unsigned long long *)params[1];
+        k.seed = *(unsigned *)params[2];
+        k.result = *(CUdeviceptr *)params[3];
+        current->pending = run_kernel(g, f, &k);
+    }
+    free(st);
+    return rc;
 }

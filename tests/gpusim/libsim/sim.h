@@ -24,6 +24,7 @@
 #define MAX_GPUS 64
 #define MAX_NA 256
 #define MAX_RECS 1024
+#define MAX_FLIPS 8
 #define MIB (1024ULL * 1024ULL)
 #define NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL
 #define NOT_AVAILABLE_UINT 0xFFFFFFFFU
@@ -40,6 +41,14 @@ typedef struct {
     long long reserved_mib;   /* reserved by driver and firmware: in v1 used, not in v2 used */
     int lost;                 /* 0, or the NVML code every query but PCI info returns */
     int cuda_error;           /* 0, or the CUresult the fake libcuda gives on this GPU */
+    double cuda_hang;         /* seconds cuCtxCreate_v2 sleeps on this GPU (fake libcuda) */
+    int cuda_crash;           /* 0, or the signal cuCtxCreate_v2 raises on this GPU (fake libcuda) */
+    int cuda_jit;             /* 0, or the CUresult cuModuleLoadData(Ex) returns on this GPU */
+    int cuda_launch;          /* 0, or the CUresult a kernel launch on this GPU meets */
+    int cuda_idle;            /* kernel launches on this GPU return success and do nothing */
+    int nflips;               /* bits flipped in the memory the probe's fill kernel writes: */
+    long long flip_offset[MAX_FLIPS];  /* ... the byte, counted over what the fills wrote, in order */
+    int flip_bit[MAX_FLIPS];  /* ... and the bit of that byte */
     unsigned remap_corr, remap_unc, remap_pending, remap_failure;
     int retired_pending;      /* -1: not supported */
     int recovery;             /* the driver's GPU Recovery Action; -1: no such field (before 565) */
@@ -167,6 +176,35 @@ __attribute__((unused)) static int load_state(sim_state *st)
             if (sscanf(line, "cuda_gpu %d %d", &index, &code) == 2)
                 for (int i = 0; i < st->ngpus; i++)
                     if (st->gpus[i].index == index) st->gpus[i].cuda_error = code;
+        } else if (strncmp(line, "cuda_gpu_hang ", 14) == 0) {
+            int index;
+            double seconds;
+            if (sscanf(line, "cuda_gpu_hang %d %lf", &index, &seconds) == 2)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index) st->gpus[i].cuda_hang = seconds;
+        } else if (strncmp(line, "cuda_gpu_crash ", 15) == 0) {
+            int index, sig;
+            if (sscanf(line, "cuda_gpu_crash %d %d", &index, &sig) == 2)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index) st->gpus[i].cuda_crash = sig;
+        } else if (strncmp(line, "cuda_gpu_kernel ", 16) == 0) {
+            int index, jit, launch, idle;
+            if (sscanf(line, "cuda_gpu_kernel %d %d %d %d", &index, &jit, &launch, &idle) == 4)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index) {
+                        st->gpus[i].cuda_jit = jit;
+                        st->gpus[i].cuda_launch = launch;
+                        st->gpus[i].cuda_idle = idle;
+                    }
+        } else if (strncmp(line, "cuda_gpu_flip ", 14) == 0) {
+            int index, bit;
+            long long offset;
+            if (sscanf(line, "cuda_gpu_flip %d %lld %d", &index, &offset, &bit) == 3)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index && st->gpus[i].nflips < MAX_FLIPS) {
+                        st->gpus[i].flip_offset[st->gpus[i].nflips] = offset;
+                        st->gpus[i].flip_bit[st->gpus[i].nflips++] = bit;
+                    }
         } else if (strncmp(line, "gpu ", 4) == 0 && st->ngpus < MAX_GPUS) {
             sim_gpu *g = &st->gpus[st->ngpus];
             if (sscanf(line, "gpu %d %lld %d %d %d %lld %d %u %u %u %u %d %31s %95s",

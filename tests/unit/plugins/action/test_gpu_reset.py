@@ -153,6 +153,29 @@ def test_a_gpu_whose_xid_calls_for_a_reset_is_reset_and_the_report_says_why(gpuh
     assert result['escalation']['reset_ok'] is True and result['escalation']['problems'] == []
 
 
+@pytest.mark.parametrize('check_mode', [False, True])
+def test_an_xid_that_calls_for_a_reboot_fails_the_host_as_the_facts_judge_it(gpuhost, tmp_path, check_mode):
+    # Before: an Xid 79 in the kernel's own words left the host clean, the GPU's recovery_action
+    # null, where nvidia_gpu_facts on the same host said reboot.
+    gpuhost.fault('xid', gpu=1, code=79)
+    result, ran = action_run(gpuhost, tmp_path, check_mode=check_mode, allow_gpu_reset=True, kernel_log=gpuhost.kernel_log)
+    assert result['outcome'] == 'failed' and result['escalation'] is None, result
+    # The facts read after the release call a GPU the kernel log says fell off the bus lost.
+    assert 'GPU 1 lost or unreadable (the kernel log says this GPU has fallen off the bus)' in result['reason']
+    assert [(gpu['index'], gpu['recovery_action']) for gpu in result['gpus'] if gpu['index'] in (0, 1)] == [
+        (0, 'none'), (1, 'reboot')]
+    assert 'probe' not in result
+
+
+def test_an_xid_that_calls_for_a_reset_fails_the_host_where_resets_are_not_allowed(gpuhost, tmp_path):
+    gpuhost.fault('xid', gpu=6, code=119)
+    result, ran = action_run(gpuhost, tmp_path, kernel_log=gpuhost.kernel_log)
+    assert result['outcome'] == 'failed' and result['escalation'] is None, result
+    assert 'GPU 6 needs a GPU reset (Xid 119 since the last cure; set gpu_reset_allow_gpu_reset to allow it)' \
+        in result['reason']
+    assert [gpu['recovery_action'] for gpu in result['gpus'] if gpu['index'] == 6] == ['reset_gpu']
+
+
 def test_a_fabric_that_does_not_come_back_fails_the_host(gpuhost, tmp_path):
     gpuhost.fault('fabric', value='on', seconds=0.2)
     gpuhost.fault('fabric', gpu=3, value='stuck')

@@ -8,14 +8,18 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import re
+import socket
 import stat
+import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _probe
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _probe, _state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import ProbeChild, ProbeOptions, probe
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import Snapshot
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, record_verified
 
 BUS = ['00000000:18:00.0', '00000000:2A:00.0', '00000000:3A:00.0']
 
@@ -44,20 +48,26 @@ class Reader:
 
 
 class Child:
-    """Answers as the child would, and remembers what it was asked."""
+    """Answers as each GPU's child would (its result from answer, found by bus id), and remembers
+    which GPUs it was asked for."""
 
     def __init__(self, answer=None, error=None):
         self.answer = answer
         self.error = error
-        self.asked = None
-        self.pid = None
+        self.asked = []
+        self.mib = None
+        self.pids = set()
 
-    def run(self, gpus, mib, timeout):
-        self.asked = (gpus, mib)
+    def run(self, gpu, mib, timeout):
+        self.asked.append(gpu)
+        self.mib = mib
         if self.error:
             raise self.error
-        self.pid = self.answer.get('pid')
-        return self.answer
+        self.pids.add(self.answer.get('pid'))
+        if self.answer.get('init') or self.answer.get('library_error'):
+            return self.answer
+        mine = [found for found in self.answer['gpus'] if found['pci_bus_id'] == gpu['pci_bus_id']]
+        return dict(self.answer, gpus=mine or self.answer['gpus'])
 
 
 def passed(index, mib=1024):
@@ -82,7 +92,7 @@ def probe_options(tmp_path):
 def test_every_gpu_is_probed_by_bus_id_and_released(probe_options):
     child = Child(answer(passed(0), passed(1)))
     result = probe(Reader([gpu(0), gpu(1)]), probe_options(), child=child)
-    assert [g['pci_bus_id'] for g in child.asked[0]] == BUS[:2] and child.asked[1] == 1024
+    assert sorted(g['pci_bus_id'] for g in child.asked) == BUS[:2] and child.mib == 1024
     assert [(g['ok'], g['released'], g['mib']) for g in result.gpus] == [(True, True, 1024)] * 2
     assert result.failure is None and result.probed
 
@@ -103,6 +113,18 @@ def test_memory_still_held_at_the_deadline_fails_the_gpu(probe_options):
                                      'PROBE_MEMORY_HELD (')
 
 
+def test_an_exclusive_gpu_is_said_to_block_a_job_and_its_busy_context_is_explained(probe_options):
+    busy = failed(1, 'cuCtxCreate_v2', 46, 'CUDA_ERROR_DEVICE_UNAVAILABLE', 'CUDA-capable device(s) is/are busy or unavailable')
+    result = probe(Reader([dict(gpu(0), compute_mode='Exclusive_Process'), dict(gpu(1), compute_mode='Exclusive_Process'),
+                           dict(gpu(2), compute_mode='Default')]), probe_options(), child=Child(answer(passed(0), busy, passed(2))))
+    assert result.warnings == ['GPUs 0, 1 in an exclusive compute mode: while the probe held its context, a job starting '
+                               'there would have failed with CUDA_ERROR_DEVICE_UNAVAILABLE (probe before jobs start, as the '
+                               'Slurm Prolog does)']
+    assert result.failure.endswith('(CUDA-capable device(s) is/are busy or unavailable); the GPU is in Exclusive_Process '
+                                   'compute mode and another process holds its one context')
+    assert [g['compute_mode'] for g in result.gpus] == ['Exclusive_Process', 'Exclusive_Process', 'Default']
+
+
 def test_a_failed_gpu_is_named_with_the_cuda_error_and_call(probe_options):
     child = Child(answer(passed(0), failed(1, 'cuMemAlloc_v2', 2, 'CUDA_ERROR_OUT_OF_MEMORY', 'out of memory')))
     result = probe(Reader([gpu(0), gpu(1)]), probe_options(), child=child)
@@ -121,7 +143,7 @@ def test_cuinit_failure_fails_every_gpu_it_was_asked_for(probe_options):
 def test_a_lost_gpu_is_not_probed_and_not_clean(probe_options):
     child = Child(answer(passed(0)))
     result = probe(Reader([gpu(0), gpu(1, None, error='GPU is lost')]), probe_options(), child=child)
-    assert [g['index'] for g in child.asked[0]] == [0]
+    assert [g['index'] for g in child.asked] == [0]
     assert (result.gpus[1]['ok'], result.gpus[1]['error_name'], result.gpus[1]['error_string']) == (
         False, 'GPU_LOST', 'GPU is lost')
     assert 'GPU 1 (00000000:2A:00.0): GPU_LOST (GPU is lost)' in result.failure
@@ -138,7 +160,7 @@ def test_gpus_picks_the_scope_and_an_unknown_index_is_an_error(probe_options):
 def test_check_mode_asks_nothing_of_cuda(probe_options):
     child = Child(answer(passed(0)))
     result = probe(Reader([gpu(0)]), probe_options(), check_mode=True, child=child)
-    assert child.asked is None and result.probed is False
+    assert child.asked == [] and result.probed is False
     assert result.gpus[0]['ok'] is None and result.failure is None
 
 
@@ -160,9 +182,9 @@ def test_a_child_that_fails_fails_each_gpu_in_words(probe_options):
         'PROBE_ERROR', 'the CUDA probe was killed by SIGSEGV')
 
 
-def test_an_answer_for_other_gpus_is_not_believed(probe_options):
+def test_an_answer_for_another_gpu_is_not_believed(probe_options):
     result = probe(Reader([gpu(0), gpu(1)]), probe_options(), child=Child(answer(passed(0))))
-    assert set(g['error_name'] for g in result.gpus) == set(['PROBE_ERROR'])
+    assert [(g['ok'], g['error_name']) for g in result.gpus] == [(True, None), (False, 'PROBE_ERROR')]
 
 
 @pytest.mark.parametrize('options, message', [
@@ -186,26 +208,34 @@ def fake_python(tmp_path, body):
     return str(path)
 
 
-def test_the_child_never_sees_cuda_visible_devices(tmp_path, monkeypatch):
+UUID = 'GPU-8932f937-d72c-4106-c12f-20bd9faed9f6'
+
+
+@pytest.mark.parametrize('uuid, seen', [
+    (UUID, UUID + 'unset'),  # that GPU alone: its cuInit brings up no other
+    (None, 'unsetunset'),
+    ('GPU-8932f937,0', 'unsetunset'),  # not a UUID the driver prints: never passed on
+    ('0', 'unsetunset'),
+])
+def test_the_child_sees_its_own_gpu_only_and_nothing_of_the_callers(tmp_path, monkeypatch, uuid, seen):
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
     monkeypatch.setenv('CUDA_DEVICE_ORDER', 'FASTEST_FIRST')
     python = fake_python(tmp_path, 'echo "{\\"pid\\": $$, \\"gpus\\": [], \\"seen\\": \\"${CUDA_VISIBLE_DEVICES-unset}'
                                    '${CUDA_DEVICE_ORDER-unset}\\"}"')
-    found = ProbeChild(python).run([], 1024, 5)
-    assert found['seen'] == 'unsetunset' and ProbeChild(python).runner.unset == _probe.CUDA_ENVIRONMENT
+    found = ProbeChild(python).run(dict(gpu(0), uuid=uuid), 1024, 5)
+    assert found['seen'] == seen
 
 
 def test_the_child_gets_the_request_and_the_source_of_the_probe(tmp_path):
     python = fake_python(tmp_path, 'printf "%s" "$5" > "$0.request"; printf "%s" "$4" > "$0.source"; '
                                    'echo "{\\"pid\\": 7, \\"gpus\\": []}"')
-    ProbeChild(python).run([gpu(1)], 64, 5)
+    ProbeChild(python).run(gpu(1), 64, 5)
     assert json.loads((tmp_path / 'python.request').read_text()) == dict(
-        library='libcuda.so.1', mib=64, gpus=[dict(index=1, pci_bus_id=BUS[1])])
+        library='libcuda.so.1', mib=64, level='allocation', gpus=[dict(index=1, pci_bus_id=BUS[1])])
     assert 'class GpuProbe' in (tmp_path / 'python.source').read_text()
 
 
 @pytest.mark.parametrize('body, message', [
-    ('kill -SEGV $$', 'the CUDA probe was killed by SIGSEGV'),
     ('echo "Fatal Python error" >&2; exit 3', 'the CUDA probe exited with status 3: Fatal Python error'),
     ('echo "not json"', "the CUDA probe gave no answer that can be read (it printed 'not json')"),
     ('echo "[1, 2]"', "the CUDA probe gave no answer that can be read (it printed '[1, 2]')"),
@@ -213,12 +243,95 @@ def test_the_child_gets_the_request_and_the_source_of_the_probe(tmp_path):
 ])
 def test_a_child_that_dies_or_prints_garbage_is_said_in_words(tmp_path, body, message):
     with pytest.raises(GpuopsError) as info:
-        ProbeChild(fake_python(tmp_path, body)).run([gpu(0)], 64, 5)
+        ProbeChild(fake_python(tmp_path, body)).run(gpu(0), 64, 5)
     assert str(info.value) == message
 
 
-def test_a_hung_child_is_killed_at_its_deadline(tmp_path, probe_options):
-    child = ProbeChild(fake_python(tmp_path, 'exec sleep 60'))
-    result = probe(Reader([gpu(0)]), probe_options(timeout=2), child=child)
-    assert result.gpus[0]['error_name'] == 'PROBE_TIMEOUT'
-    assert result.gpus[0]['error_string'].startswith('the CUDA probe did not answer within 1.0 s')
+def test_a_crashed_child_names_its_signal_and_the_call_it_was_in(tmp_path):
+    with pytest.raises(_probe.ProbeCrashed) as info:
+        ProbeChild(fake_python(tmp_path, 'echo "calling cuInit" >&2; echo "calling cuCtxCreate_v2" >&2; '
+                                         'kill -SEGV $$')).run(gpu(0), 64, 5)
+    assert (str(info.value), info.value.call) == ('the CUDA probe was killed by SIGSEGV', 'cuCtxCreate_v2')
+
+
+# A child that hangs: after its CUDA calls so far (stderr), it sleeps until killed.
+HANG = 'echo "calling cuInit" >&2; echo "calling cuCtxCreate_v2" >&2; exec sleep 60'
+
+
+def test_a_hung_child_is_killed_at_its_deadline_naming_the_call(tmp_path, probe_options):
+    result = probe(Reader([gpu(0)]), probe_options(timeout=2), child=ProbeChild(fake_python(tmp_path, HANG)))
+    assert (result.gpus[0]['error_name'], result.gpus[0]['call']) == ('PROBE_TIMEOUT', 'cuCtxCreate_v2')
+    assert result.gpus[0]['error_string'] == ('no answer within 1.0 s; the probe of this GPU was killed (the call hung '
+                                              'in the driver)')
+
+
+def test_a_child_that_never_reached_cuda_is_not_blamed_on_the_driver(tmp_path, probe_options):
+    result = probe(Reader([gpu(0)]), probe_options(timeout=2), child=ProbeChild(fake_python(tmp_path, 'exec sleep 60')))
+    assert (result.gpus[0]['error_name'], result.gpus[0]['call']) == ('PROBE_TIMEOUT', None)
+    assert 'had made no CUDA call when it was killed at 1.0 s' in result.gpus[0]['error_string']
+    assert 'hung in the driver' not in result.gpus[0]['error_string']
+
+
+def test_one_child_per_gpu_a_hang_or_a_crash_is_that_gpus_result_alone(tmp_path, probe_options):
+    # Three GPUs at once: the child of GPU 1 hangs, that of GPU 2 crashes; GPU 0's passes.
+    body = ('case "$5" in *2A:00.0*) %s;; *3A:00.0*) echo "calling cuCtxCreate_v2" >&2; kill -SEGV $$;; esac; '
+            'echo "{\\"pid\\": $$, \\"gpus\\": [{\\"index\\": 0, \\"pci_bus_id\\": \\"%s\\", \\"ok\\": true, '
+            '\\"mib\\": 64}]}"' % (HANG, BUS[0]))
+    result = probe(Reader([gpu(0), gpu(1), gpu(2)]), probe_options(timeout=3),
+                   child=ProbeChild(fake_python(tmp_path, body)))
+    assert [(g['index'], g['ok'], g['error_name'], g['call']) for g in result.gpus] == [
+        (0, True, None, None), (1, False, 'PROBE_TIMEOUT', 'cuCtxCreate_v2'),
+        (2, False, 'PROBE_CRASHED', 'cuCtxCreate_v2')]
+    assert result.failure.startswith('the allocation probe failed on 2 of 3 GPUs: GPU 1 (00000000:2A:00.0): '
+                                     'PROBE_TIMEOUT at cuCtxCreate_v2')
+    assert 'GPU 0' not in result.failure
+
+
+# ------------------------------------------------------------------ the record others can read
+
+def test_a_passed_probe_is_recorded_by_uuid_and_said_in_one_syslog_line(tmp_path):
+    host_root = tmp_path / 'host'
+    (host_root / 'dev').mkdir(parents=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(host_root / 'dev' / 'log'))
+    listener.settimeout(5)
+    uuids = ['GPU-%08x-0000-0000-0000-000000000000' % index for index in range(3)]
+    busy = failed(2, 'cuCtxCreate_v2', 46, 'CUDA_ERROR_DEVICE_UNAVAILABLE', 'busy')
+    kernel = dict(passed(0), level='allocation', kernel=True)
+    options = ProbeOptions(state_dir=str(tmp_path / 'state'), host_root=str(host_root))
+    try:
+        before = time.time()
+        result = probe(Reader([dict(gpu(index), uuid=uuid) for index, uuid in enumerate(uuids)]), options,
+                       child=Child(answer(kernel, passed(1), busy)))
+        line = listener.recv(4096).decode()
+    finally:
+        listener.close()
+    assert sorted(result.verified) == uuids[:2]
+    assert result.verified[uuids[0]]['verified_at'] >= before - 0.001 and result.verified[uuids[0]]['kernel'] is True
+    assert result.verified[uuids[1]]['kernel'] is False and result.verified[uuids[1]]['driver_version'] == '550.127.05'
+    assert json.loads((tmp_path / 'state' / 'verified.json').read_text())['gpus'] == result.verified
+    assert [g.get('verified_at') is not None for g in result.gpus] == [True, True, False]
+    # Only the probe that ran the kernel over what it allocated cures its GPU.
+    assert list(json.loads((tmp_path / 'state' / 'cures.json').read_text())['gpus']) == uuids[:1]
+    assert re.match(r'<28>gpuops: event=probe outcome=failed gpus=3 verified=0,1 failed=2:CUDA_ERROR_DEVICE_UNAVAILABLE '
+                    r'level=allocation mib=1024 kernel=no driver=550.127.05 duration_ms=\d+$', line), line
+
+
+def test_verifications_are_kept_across_runs_and_bounded(tmp_path):
+    state = StateDir(str(tmp_path / 'state'))
+    record_verified(state, dict(('GPU-old-%d' % n, dict(verified_at=float(n))) for n in range(_state.MAX_VERIFIED)))
+    kept = record_verified(state, {'GPU-new': dict(verified_at=1e9)})
+    assert len(kept) == _state.MAX_VERIFIED and 'GPU-new' in kept and 'GPU-old-0' not in kept
+    # A record another program wrote in a shape of its own is dropped, not believed.
+    (tmp_path / 'state' / 'verified.json').write_text('{"gpus": {"GPU-x": {"verified_at": "yesterday"}}}')
+    assert record_verified(state, {}) == {}
+
+
+def test_the_syslog_line_carries_no_text_it_did_not_check():
+    result = _probe.ProbeResult([dict(blank_result_of(0), ok=False, error_name='X Y\nforged=1')])
+    line = _probe.log_line(result, '550 <b>\n')
+    assert '\n' not in line and 'forged=1' not in line.replace('?forged=1', '') and 'driver=550??b??' in line
+
+
+def blank_result_of(index):
+    return _probe.blank_result(gpu(index))

@@ -12,17 +12,25 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
+import pathlib
+import pwd
 import re
+import signal
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import Holder, read_process
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _quiesce
 from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import (
+    ACTIVE_CHECK_S,
     DEFAULT_STOP_UNITS,
+    RESTART_MIN_S,
     MPS_CONTROL,
     Quiesce,
     quiesced_reset,
@@ -262,8 +270,7 @@ def test_the_units_are_stopped_for_the_reset_and_started_again(host):
         '--no-ask-password stop -- nvidia-dcgm.service',
         '--no-ask-password stop -- nvidia-dcgm-exporter.service',
         '--no-ask-password start -- nvidia-dcgm.service nvidia-dcgm-exporter.service',
-        '--no-ask-password is-active -- nvidia-dcgm.service',
-        '--no-ask-password is-active -- nvidia-dcgm-exporter.service',
+        '--no-ask-password is-active -- nvidia-dcgm.service nvidia-dcgm-exporter.service',
     ]
     quiesced = entry['quiesced']
     assert quiesced['stopped'] == quiesced['started'] == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service']
@@ -289,7 +296,7 @@ def test_the_units_are_started_again_when_the_reset_raises(host):
     with pytest.raises(RuntimeError):
         quiesced_reset(quiesce, Reset(host, raises=RuntimeError('interrupted')), [6])
     assert quiesce.started == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service']
-    assert host.calls()[-3].startswith('--no-ask-password start -- ')
+    assert host.calls()[-2].startswith('--no-ask-password start -- ')
 
 
 def test_a_stop_that_fails_leaves_the_reset_unattempted_and_starts_again_what_was_stopped(tmp_path):
@@ -319,7 +326,8 @@ def test_a_start_that_fails_is_reported_with_the_state_after(tmp_path):
 def test_a_hung_stop_is_bounded_by_the_deadline(tmp_path):
     host = Host(tmp_path, hang='stop')
     started = time.monotonic()
-    entry = quiesced_reset(host.quiesce(dcgm(host), deadline=started + 2), Reset(host), [6])
+    reserve = RESTART_MIN_S + ACTIVE_CHECK_S  # the restore's, kept out of the stops' time
+    entry = quiesced_reset(host.quiesce(dcgm(host), deadline=started + reserve + 3), Reset(host), [6])
     assert time.monotonic() - started < 10  # the start after it answers at once
     assert entry['attempted'] is False and re.search(r'did not answer within [0-9.]+ s and was killed', entry['message'])
     assert entry['quiesced']['started'] == ['nvidia-dcgm.service']
@@ -330,6 +338,112 @@ def test_the_units_are_started_again_past_the_deadline(host):
     clock = FakeClock()
     entry = quiesced_reset(host.quiesce(dcgm(host), deadline=clock() + 30, clock=clock), SlowReset(host, clock, 31), [6])
     assert entry['quiesced']['started'] == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service']
+
+
+def test_a_reset_that_cannot_leave_the_restores_reserve_is_not_started(host):
+    # 10 s left, and starting two units again may take 20: nothing is stopped, and the reason says so.
+    clock = FakeClock()
+    quiesce = host.quiesce(dcgm(host), deadline=clock() + 10, clock=clock)
+    assert quiesce.restore_reserve() == RESTART_MIN_S + ACTIVE_CHECK_S
+    reset = Reset(host)
+    entry = quiesced_reset(quiesce, reset, [6])
+    assert reset.active_during is None and entry['attempted'] is False and host.calls() == []
+    assert entry['message'] == (
+        'GPU 6 not reset: nvidia-dcgm.service, nvidia-dcgm-exporter.service would be stopped for it, and starting '
+        'them again may take 20 s, which leaves less than the 2.0 s a reset needs of the 10.0 s left of the '
+        'timeout; nothing was stopped (a longer timeout leaves the time)')
+    assert entry['quiesced']['refusal'] == entry['message'] and entry['quiesced']['stopped'] == []
+
+
+def test_nothing_is_reserved_when_no_unit_is_stopped(tmp_path, mps_daemon):
+    daemon, log, proc = mps_holder(tmp_path, mps_daemon)
+    quiesce = Quiesce([(daemon, [0])], DEFAULT_STOP_UNITS, time.monotonic() + 1, proc=proc, log=lambda message: None)
+    assert quiesce.restore_reserve() == 0 and quiesce.time_refusal() is None
+
+
+class DeadlineReset(Reset):
+    """GpuReset's contract: its calls end by the deadline it was given, a slow one right at it."""
+
+    def __init__(self, host, deadline):
+        super(DeadlineReset, self).__init__(host)
+        self.deadline = deadline
+
+    def run(self, todo):
+        entry = super(DeadlineReset, self).run(todo)
+        time.sleep(max(self.deadline - time.monotonic(), 0))
+        return entry
+
+
+def test_a_unit_restore_outlives_a_slow_reset_within_the_deadline(tmp_path, monkeypatch):
+    # The reset takes all the time it is given; starting the units again takes 4 s. The reset is
+    # given the deadline less the restore's reserve, so the units are active by the deadline (the
+    # reset given the whole deadline would leave them starting 4 s past it).
+    monkeypatch.setattr(_quiesce, 'RESTART_MIN_S', 6.0)
+    monkeypatch.setattr(_quiesce, 'ACTIVE_CHECK_S', 2.0)
+    host = Host(tmp_path)
+    text = open(host.systemctl).read().replace('verb=$1; shift;', 'verb=$1; shift; [ "$verb" = start ] && sleep 4;')
+    write_script(tmp_path / 'systemctl', text)
+    quiesce = host.quiesce(dcgm(host), deadline=time.monotonic() + 8 + 3)
+    assert quiesce.work_deadline() == quiesce.deadline - 8
+    entry = quiesced_reset(quiesce, DeadlineReset(host, quiesce.work_deadline()), [6])
+    finished = time.monotonic()
+    assert entry['quiesced']['started'] == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service'], entry
+    assert finished <= quiesce.deadline + 1, finished - quiesce.deadline
+
+
+# The release as a program: quiesced_reset under sigterm_raises, a reset that hangs; what it printed.
+TERMINATED = r'''
+import sys, time
+sys.path[:0] = %(path)r
+from test__quiesce import Host, dcgm, Reset
+from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import quiesced_reset
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Terminated, sigterm_raises
+import pathlib
+host = Host.__new__(Host)
+host.proc, host.log, host.state = pathlib.Path(%(proc)r), pathlib.Path(%(log)s), pathlib.Path(%(state)r)
+host.systemctl, host.systemd_dir = %(systemctl)r, pathlib.Path(%(systemd)r)
+
+class Hang(Reset):
+    def run(self, todo):
+        super(Hang, self).run(todo)
+        print('resetting', flush=True)
+        time.sleep(120)
+
+try:
+    with sigterm_raises():
+        quiesced_reset(host.quiesce(dcgm(host), deadline=time.monotonic() + 300), Hang(host), [6])
+except Terminated as exc:
+    print('exited: %%s' %% exc, flush=True)
+'''
+
+
+def test_sigterm_during_a_reset_starts_the_units_again_before_the_exit(tmp_path):
+    # SIGTERM, as the hook sends it at its deadline, raises in the release: its finally starts the
+    # units again (a start that takes 2 s, and a second SIGTERM meanwhile, do not cut it short).
+    host = Host(tmp_path)
+    text = open(host.systemctl).read().replace('verb=$1; shift;', 'verb=$1; shift; [ "$verb" = start ] && sleep 2;')
+    write_script(tmp_path / 'systemctl', text)
+    dcgm(host)
+    script = TERMINATED % dict(path=[p for p in sys.path if p], proc=str(host.proc), log=repr(str(host.log)),
+                               state=str(host.state), systemctl=host.systemctl, systemd=str(host.systemd_dir))
+    proc = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(__file__))
+    try:
+        assert proc.stdout.readline() == 'resetting\n'
+        assert (host.state / 'nvidia-dcgm.service').read_text().strip() == 'inactive'
+        proc.send_signal(signal.SIGTERM)
+        for dummy in range(100):  # the start has begun: a second SIGTERM must not cut it short
+            if any(call.startswith('--no-ask-password start') for call in host.calls()):
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, dummy = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert out == 'exited: stopped by SIGTERM\n' and proc.returncode == 0
+    assert [(host.state / unit).read_text().strip() for unit in ('nvidia-dcgm.service', 'nvidia-dcgm-exporter.service')] \
+        == ['active', 'active']
+    assert host.calls()[-1] == '--no-ask-password is-active -- nvidia-dcgm.service nvidia-dcgm-exporter.service'
 
 
 class FakeClock:
@@ -438,4 +552,67 @@ def test_a_daemon_whose_path_names_another_file_now_is_not_run_from_that_path(tm
     quiesce = Quiesce([(daemon, [0])], DEFAULT_STOP_UNITS, time.monotonic() + 10, proc=proc, log=lambda message: None)
     entry = quiesced_reset(quiesce, _NoUnits(), [0])
     assert entry['attempted'] is False and 'nvidia-cuda-mps-control not found' in entry['message'], entry
+    assert not log.exists() and mps_daemon.poll() is None
+
+
+def test_the_mps_program_checked_is_the_one_run_though_a_user_swaps_its_directory(mps_daemon, monkeypatch):
+    # The program sits below a directory that nobody (another user) can write: between the check
+    # and the exec (the hook below), nobody swaps its directory for one with a program of theirs.
+    # The file checked, held open, is the one that runs.
+    try:
+        nobody = pwd.getpwnam('nobody')
+    except KeyError:
+        pytest.skip('no user nobody')
+    if os.geteuid() != 0:
+        pytest.skip('needs root: the program must belong to root and another user swap its directory')
+    top = tempfile.mkdtemp(prefix='gpuops-mps-')
+    try:
+        os.chmod(top, 0o711)  # private, but nobody can pass through
+        high = os.path.join(top, 'high')
+        os.mkdir(high)
+        os.chown(high, nobody.pw_uid, nobody.pw_gid)
+        os.mkdir(os.path.join(high, 'bin'), 0o755)
+        log = os.path.join(top, 'mps.log')
+        exe = os.path.join(high, 'bin', MPS_CONTROL)
+        with open(exe, 'w') as handle:
+            handle.write(MPS % dict(log=log, pid=mps_daemon.pid))
+        os.chmod(exe, 0o755)
+        daemon, dummy, proc = mps_holder(pathlib.Path(top), mps_daemon)
+        os.unlink(os.path.join(proc, str(daemon.pid), 'exe'))
+        os.symlink(exe, os.path.join(proc, str(daemon.pid), 'exe'))
+        daemon.exe = exe
+        swap = ('mv {high}/bin {high}/old && mkdir {high}/bin && printf "#!/bin/sh\\ntouch {high}/swapped-ran\\n" > '
+                '{high}/bin/{name} && chmod 755 {high}/bin/{name}').format(high=high, name=MPS_CONTROL)
+
+        class SwappingRunner(_quiesce.Runner):
+            def run(self, *args, **kwargs):
+                subprocess.run(['/bin/sh', '-c', swap], user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
+                               check=True)
+                return super(SwappingRunner, self).run(*args, **kwargs)
+
+        monkeypatch.setattr(_quiesce, 'Runner', SwappingRunner)
+        quiesce = Quiesce([(daemon, [0])], DEFAULT_STOP_UNITS, time.monotonic() + 10, proc=proc, log=lambda message: None)
+        entry = quiesced_reset(quiesce, _NoUnits(), [0])
+        assert os.stat(os.path.join(high, 'bin', MPS_CONTROL)).st_uid == nobody.pw_uid  # swapped indeed
+        assert not os.path.exists(os.path.join(high, 'swapped-ran'))
+        assert open(log).read().startswith('quit ')  # the program checked ran
+        assert entry['ok'] is True and entry['quiesced']['mps_quit'] is True, entry
+    finally:
+        shutil.rmtree(top)
+
+
+def test_an_mps_program_others_can_write_is_not_run(tmp_path, mps_daemon, monkeypatch):
+    daemon, log, proc = mps_holder(tmp_path, mps_daemon)
+    os.chmod(daemon.exe, 0o777)
+    monkeypatch.setenv('PATH', str(tmp_path / 'empty'))
+    entry = quiesced_reset(Quiesce([(daemon, [0])], DEFAULT_STOP_UNITS, time.monotonic() + 10, proc=proc,
+                                   log=lambda message: None), _NoUnits(), [0])
+    assert entry['attempted'] is False and 'nvidia-cuda-mps-control not found on PATH' in entry['message'], entry
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    os.symlink(daemon.exe, str(bin_dir / MPS_CONTROL))
+    monkeypatch.setenv('PATH', str(bin_dir))
+    entry = quiesced_reset(Quiesce([(daemon, [0])], DEFAULT_STOP_UNITS, time.monotonic() + 10, proc=proc,
+                                   log=lambda message: None), _NoUnits(), [0])
+    assert 'not run: it can be written by others (mode 0777)' in entry['message'], entry
     assert not log.exists() and mps_daemon.poll() is None

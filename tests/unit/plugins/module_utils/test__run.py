@@ -95,3 +95,22 @@ def test_what_the_program_leaves_running_in_a_session_of_its_own_is_killed(tmp_p
         assert gone(read_pid(pidfile))
     finally:
         kill_left(pidfile)
+
+
+def test_with_term_grace_the_program_gets_sigterm_first_and_may_finish_its_finally(tmp_path):
+    # The hook's ModuleRunner: SIGTERM at the deadline, and the grace to exit through a trap.
+    marker = tmp_path / 'restored'
+    path = program(tmp_path, 'restores', 'trap \'echo done > "%s"; exit 143\' TERM\nsleep 60 &\nwait\n' % marker)
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout, match=r'did not answer within 1\.0 s and was stopped \(SIGTERM; it exited within 20\.0 s\)'):
+        Runner(path, term_grace=20).run([], timeout=1)
+    assert marker.read_text() == 'done\n' and time.monotonic() - started < 15
+
+
+def test_a_program_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    path = program(tmp_path, 'stubborn', "trap '' TERM\necho $$ > %s/pid\nwhile :; do sleep 0.1; done\n" % tmp_path)
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout, match=r'and was killed'):
+        Runner(path, term_grace=1).run([], timeout=1)
+    assert time.monotonic() - started >= 2
+    assert gone(read_pid(str(tmp_path / 'pid')))

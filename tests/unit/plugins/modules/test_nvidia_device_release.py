@@ -17,7 +17,7 @@ from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import start_time
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader, SmiRunner
-from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
 from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_device_release
 from gpusim.state import is_alive as alive
 
@@ -125,7 +125,8 @@ def test_the_release_probes_no_gpu_other_jobs_share_and_nothing_in_check_mode(ca
     result = run_module(capsys, gpuhost, tmp_path, gpus=[0, 1], probe=probe, job=dict(id='7', shared_gpus=[1]))
     assert [gpu['index'] for gpu in result['probe']['gpus']] == [0]
     result = run_module(capsys, gpuhost, tmp_path, gpus=[1], probe=probe, job=dict(id='7', shared_gpus=[1]))
-    assert result['probe'] == dict(probed=False, library_missing=False, gpus=[], duration_ms=None, failure=None)
+    assert result['probe'] == dict(probed=False, library_missing=False, gpus=[], duration_ms=None, verified={},
+                                   failure=None)
     result = run_module(capsys, gpuhost, tmp_path, probe=probe, _ansible_check_mode=True)
     assert 'probe' not in result
 
@@ -404,10 +405,55 @@ def test_an_xid_that_a_reset_does_not_cure_is_left_to_a_person(capsys, gpuhost, 
     assert result['escalation'] is None, result
 
 
-def test_an_xid_alone_is_no_reason_without_reset_orphaned(capsys, gpuhost, tmp_path):
+def test_an_xid_that_calls_for_a_reset_leaves_the_gpu_not_released_without_reset_orphaned(capsys, gpuhost, tmp_path):
+    # Before: released true, while nvidia_gpu_facts on the same host said reset_gpu.
     gpuhost.fault('xid', gpu=2, code=95)
     result = reset_run(capsys, gpuhost, tmp_path, reset_orphaned=False)
-    assert result['released'] is True and result['escalation'] is None and result['changed'] is False
+    assert result['released'] is False and result['escalation'] is None and result['changed'] is False
+    assert 'GPU 2 needs a GPU reset (Xid 95 since the last cure; reset_orphaned resets it)' in result['msg']
+    assert [(gpu['index'], gpu['recovery_action']) for gpu in result['gpu_states'] if gpu['index'] in (1, 2)] == [
+        (1, 'none'), (2, 'reset_gpu')]
+    assert 'probe' not in result
+
+
+@pytest.mark.parametrize('code, words', [
+    (79, 'GPU 1 needs a reboot (Xid 79 since the last cure)'),
+    (48, "GPU 1 needs a person (Xid 48 since the last cure; NVIDIA's Xid catalogue asks for a look)"),
+])
+def test_an_xid_that_calls_for_a_reboot_or_a_person_leaves_the_gpu_not_released(capsys, gpuhost, tmp_path, code, words):
+    # Before: an Xid 79 in the kernel's own words left the GPU released, its recovery action unknown.
+    gpuhost.fault('xid', gpu=1, code=code)
+    result = reset_run(capsys, gpuhost, tmp_path)
+    assert result['released'] is False and result['escalation'] is None, result
+    assert words in result['msg']
+    assert [gpu['recovery_action'] for gpu in result['gpu_states'] if gpu['index'] == 1] == [
+        'reboot' if code == 79 else 'inspect']
+
+
+def test_an_xid_older_than_the_last_cure_is_no_reason(capsys, gpuhost, tmp_path):
+    gpuhost.fault('xid', gpu=1, code=79, when=time.time() - 60)
+    record_cure(StateDir(str(tmp_path / 'state')), [gpuhost.state['gpus'][1]['uuid']], time.time() - 30, 'probe', boot_id())
+    result = reset_run(capsys, gpuhost, tmp_path)
+    assert result['released'] is True and result.get('failed') is not True, result
+    assert [gpu['recovery_action'] for gpu in result['gpu_states'] if gpu['index'] == 1] == ['none']
+
+
+def test_a_users_logger_line_in_a_syslog_file_is_not_the_drivers(capsys, gpuhost, tmp_path):
+    # What rsyslog's default file template writes for `logger -p kern.err 'NVRM: Xid ...'` run by a
+    # user (tag: the user's name, or name[pid] with logger -i): an Xid 119 that would reset GPU 1,
+    # an Xid 79 that would ask for a reboot. Only the kernel's own line (GPU 2, Xid 119) counts.
+    bus = dict((gpu['index'], gpu['pci_bus_id'][4:].lower()) for gpu in gpuhost.state['gpus'])
+    log = tmp_path / 'kern.log'
+    log.write_text('\n'.join([
+        "Dec  2 08:00:01 node01 alice: NVRM: Xid (PCI:%s): 119, pid='<unknown>', name=<unknown>, Timeout" % bus[1][:-2],
+        "Dec  2 08:00:02 node01 alice[4242]: NVRM: Xid (PCI:%s): 79, GPU has fallen off the bus." % bus[3][:-2],
+        "2026-12-02T08:00:03.123456+00:00 node01 root: NVRM: Xid (PCI:%s): 79, GPU has fallen off the bus." % bus[4][:-2],
+        "Dec  2 08:00:04 node01 kernel: [  123.456789] NVRM: Xid (PCI:%s): 119, pid='<unknown>', name=<unknown>, "
+        "Timeout after 6s of waiting for RPC response from GPU2 GSP!" % bus[2][:-2], '']))
+    result = reset_run(capsys, gpuhost, tmp_path, kernel_log=str(log))
+    assert result['released'] is True and result['escalation']['gpus'] == [2], result
+    assert result['escalation']['reasons'] == [{'index': 2, 'reasons': ['Xid 119 since the last cure']}]
+    assert [gpu['recovery_action'] for gpu in result['gpu_states']] == ['none'] * len(result['gpu_states'])
 
 
 def test_check_mode_says_why_each_gpu_would_be_reset(capsys, gpuhost, tmp_path):

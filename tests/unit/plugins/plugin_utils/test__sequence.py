@@ -31,7 +31,7 @@ def facts(*used):
 
 
 # What a release asked to probe (option probe) returns, on a host without the CUDA library.
-NOT_PROBED = dict(probed=False, library_missing=True, gpus=[], duration_ms=1.5, failure=None)
+NOT_PROBED = dict(probed=False, library_missing=True, gpus=[], duration_ms=1.5, verified={}, failure=None)
 
 
 def release(released=True, changed=False, probed=True, **extra):
@@ -83,8 +83,9 @@ def test_a_clean_host_is_one_release_and_nothing_else():
     assert 'gpus' not in args and 'lock_file' not in args and 'expected_gpus' not in args
     assert args['reset_orphaned'] is False and args['facts_after'] is False and args['timeout'] == 60
     # The release proves what it released itself: no module call of its own for the probe.
-    assert args['probe'] == dict(mib=1024, missing_library='skip', cuda_library='libcuda.so.1')
-    assert report['probe'] == dict((key, NOT_PROBED[key]) for key in ('probed', 'library_missing', 'gpus', 'duration_ms'))
+    assert args['probe'] == dict(mib=1024, missing_library='skip', cuda_library='libcuda.so.1', level='allocation')
+    assert report['probe'] == dict((key, NOT_PROBED[key]) for key in ('probed', 'library_missing', 'gpus', 'duration_ms',
+                                                                       'verified'))
 
 
 def test_a_release_that_signalled_is_released():

@@ -124,6 +124,18 @@ def test_a_hung_probe_drains_naming_the_timeout(gpuhost, hook):
     assert 'GPU 0 (00000000:18:00.0): PROBE_TIMEOUT' in report['reason'] and drained
 
 
+def test_one_hung_gpu_of_eight_is_named_alone_and_the_others_are_proven(gpuhost, hook):
+    gpuhost.fault('cuda-hang', gpu=3, seconds=300)
+    rc, report, drained = hook('--timeout', '10', '--deadline', '20')
+    assert rc == _slurm_hook.RUNNER_DRAINED and report['outcome'] == 'failed'
+    probed = dict((gpu['index'], gpu) for gpu in report['probe']['gpus'])
+    assert (probed[3]['ok'], probed[3]['error_name'], probed[3]['call']) == (False, 'PROBE_TIMEOUT', 'cuCtxCreate_v2')
+    assert all(probed[index]['ok'] and probed[index]['released'] for index in range(8) if index != 3)
+    assert 'GPU 3 (' in report['reason'] and 'failed on 1 of 8 GPUs' in report['reason']
+    assert not any('GPU %d (' % index in report['reason'] for index in range(8) if index != 3)
+    assert drained == ['update', 'nodename=gpu07', 'state=drain', 'reason=' + drain_reason(report['reason'])]
+
+
 def test_the_probe_can_be_turned_off(gpuhost, hook):
     gpuhost.fault('cuda', gpu=0, code='ECC_UNCORRECTABLE')
     rc, report, drained = hook('--timeout', '5', gpu_reset_probe=False)
@@ -455,9 +467,14 @@ def test_an_unreadable_node_name_is_escaped_in_the_message():
     ('IDLE+COMPLETING+DRAIN', 'gpu_reset: GPU 3', 'a job still runs or ends there'),
     ('IDLE+DRAIN+REBOOT_REQUESTED', 'gpu_reset: GPU 3', 'State=IDLE+DRAIN+REBOOT_REQUESTED'),
     ('DOWN+DRAIN', 'gpu_reset: GPU 3', 'State=DOWN+DRAIN'),
-    # Drained for a person: a reboot asked for within a day did not cure it.
+    # Held for a person: a reboot asked for within a day did not cure it; also as an older version
+    # drained such a node, before the hold prefix.
+    ('IDLE+DRAIN', 'gpu_reset(hold): not rebooted (a reboot asked for at 2026-12-01T10:00:00Z did not cure it): '
+                   'GPU 1 needs a reboot (Xid 79 since the last cure)', 'for a person'),
+    ('IDLE+DRAIN', 'gpu_reset(hold): GPU 3 Xid 95 came back after 2 cures', 'until an operator resumes it'),
     ('IDLE+DRAIN', 'gpu_reset: not rebooted (a reboot asked for at 2026-12-01T10:00:00Z did not cure it): GPU 1 '
                    'fell off the bus', 'for a person'),
+    ('IDLE+DRAIN', 'gpu_reset(hold)x: not ours', "not this collection's"),
 ])
 def test_only_a_node_this_collection_drained_and_idle_is_healed(state, reason, expected):
     why = _slurm_hook.why_not_heal('gpu07', state, reason)
@@ -674,10 +691,13 @@ def test_a_cluster_sinfo_cannot_tell_is_drained_as_without_a_brake(gpuhost, slur
 
 def test_every_state_that_takes_no_jobs_counts_when_gpu_reset_gave_the_reason(slurm):
     slurm.says(sinfo='gpu01 failg gpu_reset: GPU 1 lost\ngpu02 drng* gpu_reset: GPU 2 lost\ngpu03 down~ gpu_reset: x\n'
-                     'gpu04 idle none\ngpu05 drain bad DIMM\ngpu06 alloc gpu_reset: an old reason\n')
+                     'gpu04 idle none\ngpu05 drain bad DIMM\ngpu06 alloc gpu_reset: an old reason\n'
+                     'gpu07 drain gpu_reset(hold): not rebooted (a reboot asked for at 2026-12-01T10:00:00Z did not '
+                     'cure it): GPU 1 needs a reboot\ngpu08 drain gpu_reset(holdout): not ours\n')
     nodes, drained = _slurm_hook.drained_nodes(slurm.scontrol, 5)
-    assert sorted(nodes) == ['gpu0%d' % number for number in range(1, 7)]
-    assert sorted(drained) == ['gpu01', 'gpu02', 'gpu03']
+    assert sorted(nodes) == ['gpu0%d' % number for number in range(1, 9)]
+    # A node held for a person is out of service for gpu_reset as much as a drained one.
+    assert sorted(drained) == ['gpu01', 'gpu02', 'gpu03', 'gpu07']
 
 
 @pytest.mark.parametrize('text, nodes, cap', [('10%', 30, 3), ('10%', 5, 1), ('25%', 10, 3), ('4', 100, 4), ('0', 9, 1)])
@@ -719,9 +739,60 @@ def test_a_fault_a_reboot_did_not_cure_is_drained_for_a_person(gpuhost, hook, tm
         gpuhost.fault('lost', gpu=2, message='lost')
         rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
         assert command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
-        assert re.match(r'reason=gpu_reset: not rebooted \(a reboot asked for at \S+Z did not cure it\): GPU 2 lost',
-                        command[3]), command
-        assert 'reboot_requested' not in report
+        assert re.match(r'reason=gpu_reset\(hold\): not rebooted \(a reboot asked for at \S+Z did not cure it\): '
+                        r'GPU 2 lost', command[3]), command
+        assert 'reboot_requested' not in report and report['held_for_person'] is True
+        # The health check that finds the GPUs clean later leaves the node drained.
+        assert 'for a person' in _slurm_hook.why_not_heal('gpu07', 'IDLE+DRAIN', command[3][len('reason='):])
+
+
+def test_an_xid_79_in_the_kernels_words_asks_for_a_reboot(gpuhost, hook, tmp_path):
+    # Before: the GPU read clean, recovery_action null, no reboot asked for, even with resets allowed.
+    gpuhost.fault('xid', gpu=1, code=79)
+    stamp = tmp_path / 'state' / 'reboot-requested'
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp),
+                               gpu_reset_kernel_log=gpuhost.kernel_log, gpu_reset_allow_gpu_reset=True)
+    assert rc == _slurm_hook.RUNNER_DRAINED, report['reason']
+    assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and command[-1] == 'gpu07', command
+    assert [gpu['recovery_action'] for gpu in report['gpus'] if gpu['index'] == 1] == ['reboot']
+    assert report['reboot_requested'] is True and report['escalation'] is None and stamp.exists()
+
+
+def test_an_xid_that_calls_for_a_reset_gets_one_through_the_hook_where_allowed(gpuhost, hook):
+    gpuhost.fault('xid', gpu=2, code=119)
+    rc, report, command = hook('--timeout', '8', gpu_reset_kernel_log=gpuhost.kernel_log, gpu_reset_allow_gpu_reset=True)
+    assert rc == 0 and command is None, report['reason']
+    assert report['escalation']['reasons'] == [{'index': 2, 'reasons': ['Xid 119 since the last cure']}]
+    assert [gpu['recovery_action'] for gpu in report['gpus'] if gpu['index'] == 2] == ['none']
+    # Not allowed: the node is drained, saying how to allow it. (The run's probe cured every GPU it
+    # proved; the kernel log's times are whole seconds: the next Xid comes a second later.)
+    time.sleep(1.1)
+    gpuhost.fault('xid', gpu=3, code=119)
+    rc, report, command = hook('--timeout', '8', gpu_reset_kernel_log=gpuhost.kernel_log)
+    assert rc == _slurm_hook.RUNNER_DRAINED and command[:3] == ['update', 'nodename=gpu07', 'state=drain'], report
+    assert 'GPU 3 needs a GPU reset (Xid 119 since the last cure; set gpu_reset_allow_gpu_reset to allow it)' in command[3]
+
+
+def test_a_hold_is_drained_with_its_own_prefix_and_never_healed(slurm, tmp_path, monkeypatch):
+    # The host booted a minute after the reboot was asked for, and the GPU is lost again: whatever
+    # the machine's own uptime, ask_reboot drains the node for a person.
+    stamp = tmp_path / 'reboot-requested'
+    stamp.write_text('')
+    os.utime(str(stamp), (time.time() - 90, time.time() - 90))
+    monkeypatch.setattr(_slurm_hook, 'boot_time', lambda: time.time() - 30)
+    result = {'reason': 'GPU 2 needs a reboot (Xid 79 since the last cure)', 'gpus': [{'index': 2, 'recovery_action': 'reboot'}]}
+    _slurm_hook.ask_reboot(result, slurm.scontrol, 'gpu07', 10, str(stamp))
+    updates = [call for call in slurm.calls() if call[1:2] == ['update']]
+    assert result['drained'] is True and result['held_for_person'] is True and 'reboot_requested' not in result
+    assert updates == [['scontrol', 'update', 'nodename=gpu07', 'state=drain',
+                        'reason=gpu_reset(hold): not rebooted (a reboot asked for at %s did not cure it): GPU 2 needs a '
+                        'reboot (Xid 79 since the last cure)' % time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(
+                            os.stat(str(stamp)).st_mtime))]]
+    reason = updates[0][-1][len('reason='):]
+    assert 'until an operator resumes it' in _slurm_hook.why_not_heal('gpu07', 'IDLE+DRAIN', reason)
+    # The brake counts it among the nodes out of service for gpu_reset.
+    slurm.says(sinfo='gpu07 drain %s\ngpu08 idle none\n' % reason)
+    assert _slurm_hook.drained_nodes(slurm.scontrol, 5) == (set(['gpu07', 'gpu08']), set(['gpu07']))
 
 
 @pytest.mark.parametrize('reboot', [False, True])
