@@ -3,7 +3,7 @@
 # machine as README says: git status as before, /dev as before (no device node left by NVIDIA's
 # library), no file in /etc/containers that no Debian package owns, nothing new in the home
 # directory itself, ~/.ansible or ~/.cache, nothing new or changed in the machine's own state
-# directory /run/gpuops (simulated hosts keep theirs under their root), and nothing new in the
+# directories /run/gpuops and /var/lib/gpuops (simulated hosts keep theirs under their root), and nothing new in the
 # temporary directory ${TMPDIR:-/tmp}. Prints what changed and exits 1 when anything did.
 # Usage: tests/leftovers.sh [COMMAND [ARGS...]]
 #   e.g. tests/leftovers.sh .venv/bin/python -m pytest -q tests/integration/test_release_module.py
@@ -40,13 +40,12 @@ home_state() {
   { find "$HOME" -mindepth 1 -maxdepth 1 -print; find "$HOME/.ansible" "$HOME/.cache" -mindepth 1 -print || true; } 2>/dev/null | sort
 }
 
-# The machine's own state directory of the collection (/run/gpuops, root's default state_dir and
-# lock directory), files with their content: a cure or a kernel-log cursor a test wrote there
-# hides the next run's Xid errors.
+# The machine's own state directories of the collection (/run/gpuops, root's default state_dir
+# and lock directory; /var/lib/gpuops, the GPUs' history), files with their content: a cure, a
+# kernel-log cursor or a GPU's history a test wrote there hides or changes the next run's verdict.
 run_state() {
   local path
-  [ -d /run/gpuops ] || return 0
-  { find /run/gpuops -print 2>/dev/null || true; } | sort | while read -r path; do
+  { find /run/gpuops /var/lib/gpuops -print 2>/dev/null || true; } | sort | while read -r path; do
     if [ -f "$path" ]; then echo "$path $(sha256sum <"$path" | cut -c1-16)"; else echo "$path"; fi
   done
 }
@@ -91,4 +90,4 @@ for part in git-status dev etc-containers home run-gpuops tmp; do
 done
 [ "$status" -eq 0 ] || { echo "the command failed (exit $status)" >&2; exit "$status"; }
 [ "$left" -eq 0 ] || exit 1
-echo "nothing left behind in git status, /dev, /etc/containers, ~/.ansible, ~/.cache, /run/gpuops or $TMP_DIR"
+echo "nothing left behind in git status, /dev, /etc/containers, ~/.ansible, ~/.cache, /run/gpuops, /var/lib/gpuops or $TMP_DIR"

@@ -63,6 +63,9 @@ options:
         (the kernel log is read in full each time, and health counts every message of this boot).
       - Not set, it is C(/run/gpuops) under O(host_root) (for a user other than root, a directory
         of its own, as for the release lock).
+      - Each GPU's history (resets, reboots asked for, cures, probe results), which must survive a
+        reboot, is kept in C(/var/lib/gpuops) under O(host_root) when this is not set, and in its
+        C(history) subdirectory when it is.
     type: path
 requirements:
   - nvidia-smi (from the NVIDIA driver) for O(backend=nvidia-smi)

@@ -110,6 +110,21 @@ class PermanentReadError(GpuopsError):
     nvidia-smi that runs): a caller stops retrying at once."""
 
 
+# The verdict on a call that hangs in the driver past its deadline (a process in D state in
+# nvidia's code, or the kernel log's full-chip reset): its words begin so (see _reason).
+DRIVER_HUNG = 'driver_hung'
+
+
+class DriverHung(PermanentReadError):
+    """A call hung in the NVIDIA driver past its deadline: nothing but a reboot frees it, so no
+    retry is made and nothing else is signalled. gpus: the indexes it is known to concern (none
+    when the caller cannot tell which GPU: the host)."""
+
+    def __init__(self, message, gpus=()):
+        super(DriverHung, self).__init__(message)
+        self.gpus = list(gpus)
+
+
 # The least time a call to nvidia-smi, NVML, the CUDA driver or any other program is started
 # with. A real nvidia-smi call with persistence mode on takes 50 to 150 ms; 0.5 s is over three
 # times the slowest, room for a loaded host. A call given less would be killed before a healthy

@@ -19,6 +19,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._modules import modu
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders, uninspectable_warning
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, mark_fallen
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
+from ansible_collections.gpuops.nvidia.plugins.module_utils._history import History
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, load_cures
 
 GPU_KEYS = ('index', 'uuid', 'name', 'pci_bus_id', 'minor_number', 'memory_total_mib', 'memory_used_mib',
@@ -65,14 +66,16 @@ def holder_facts(device_patterns, protect):
 
 
 def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, timeout=None,
-                 kernel_log=None, holder_warnings=True, expected_gpus=None, snapshot=None, state=None):
+                 kernel_log=None, holder_warnings=True, expected_gpus=None, snapshot=None, state=None,
+                 history=None):
     """Return (ansible_facts, warnings). kernel_log: a file to read Xid errors from instead of
     journalctl -k or dmesg. holder_warnings: False leaves out the warnings about unmatched
     globs and uninspectable processes, for callers that give their own. expected_gpus: raise
     GpuopsError when fewer GPUs can be read. snapshot: the GPUs as the reader read them just
     before, instead of reading them again. A GPU the kernel log says has fallen off the bus is lost.
     state: the host's _state.StateDir (None: /run/gpuops), where the kernel log's last read and
-    the GPUs' cures are kept."""
+    the GPUs' cures are kept. history: the host's _history.History (None: beside state, else
+    /var/lib/gpuops), each GPU's history (nvidia_gpus[].history)."""
     if snapshot is None:
         snapshot = reader.read(timeout=timeout)
     state = state if state is not None else StateDir.for_host()
@@ -95,4 +98,8 @@ def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_
         'nvidia_device_holders': holders,
         'nvidia_module_holders': module_holders(getattr(reader, 'host_root', '/')),
     }
-    return facts, snapshot.warnings + warnings
+    if history is None:  # beside the state the caller gave, else the host's own
+        history = History.for_host(state_dir=state.path) if state is not None else History.for_host()
+    for gpu in facts['nvidia_gpus']:
+        gpu['history'] = history.summary(gpu['uuid']) if gpu.get('uuid') else None
+    return facts, snapshot.warnings + warnings + [warning for warning in history.warnings if warning not in warnings]

@@ -21,6 +21,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import (
     INIT_FAILED,
     parse_xid_events,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DRIVER_HUNG
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import bus_key
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import DRIVER_ACTIONS
 
@@ -136,9 +137,9 @@ def recovery_action(xid_events, remapped_rows_pending=None, remapped_rows_failur
         actions.append(DRIVER_ACTIONS.get(driver_action, 'inspect'))
     if error and driver_action in (None, 'none'):
         # nvidia-smi's own advice for a lost GPU is to reboot, as NVIDIA's for one that has fallen
-        # off the bus (Xid 79); a GPU the driver says requires a reset needs one; any other
+        # off the bus (Xid 79), and a reboot is all that frees a driver hung on it (driver_hung); a GPU the driver says requires a reset needs one; any other
         # unreadable GPU needs a look.
-        actions.append('reboot' if 'GPU is lost' in error or FALLEN_TEXT in error else
+        actions.append('reboot' if 'GPU is lost' in error or FALLEN_TEXT in error or error.startswith(DRIVER_HUNG) else
                        'reset_gpu' if reset_required else 'inspect')
     return max(actions, key=lambda action: _SEVERITY[action])
 

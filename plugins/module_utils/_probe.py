@@ -42,6 +42,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_e
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_probe_level, check_probe_mib
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import no_such_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._history import History
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure, record_verified
 
 # MiB each GPU's probe allocates and writes. The point is to prove that memory the counters call
@@ -453,6 +454,21 @@ class Prober:
         if cured:
             record_cure(state, cured, now, 'probe', boot_id())
         result.warnings.extend(state.warnings)
+        self._record_history(probed, proven, cured, now, result)
+
+    def _record_history(self, probed, proven, cured, now, result):
+        """Each probe's result in its GPU's history (a pass repeated is counted on the last
+        one), and the cures it made."""
+        history = History.for_host(self.options.host_root, self.options.state_dir)
+        passed = [gpu.get('uuid') for gpu, dummy in proven]
+        history.record([(gpu.get('uuid'), gpu.get('index'), 'probe passed') for gpu, dummy in proven], 'probe', now,
+                       result='pass')
+        history.record([(gpu.get('uuid'), gpu.get('index'), '%s: %s' % (res.get('error_name') or 'failed',
+                                                                         res.get('error_string') or ''))
+                        for gpu, res in probed if gpu.get('uuid') not in passed], 'probe', now, result='fail')
+        history.record([(uuid, dict((gpu.get('uuid'), gpu.get('index')) for gpu, dummy in proven).get(uuid),
+                         'every probed byte checked by the kernel') for uuid in cured], 'cure', now, how='probe')
+        result.warnings.extend(warning for warning in history.warnings if warning not in result.warnings)
 
     @staticmethod
     def _lost(gpu, res):

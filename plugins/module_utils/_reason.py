@@ -13,7 +13,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DRIVER_HUNG, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS, action_causes
 
 
@@ -35,6 +35,26 @@ def gpu_problem(gpu, reset_required, orphaned_memory, dirty, why=(), reset_remed
     if health and health.get('recovery_action') in NOT_CLEAN_ACTIONS:
         return needs_cure(gpu, health, reset_remedy)
     return None
+
+
+# A GPU reset the platform refused (FLR blocked by the hypervisor or the firmware, as on AWS bare
+# metal and EKS): no second try helps, the driver's modules reloaded or a reboot does.
+RESET_REFUSED = 'reset_refused: the platform refused the GPU reset (FLR); a driver reload or a reboot is needed'
+
+
+def reset_refused(gpu):
+    """A GPU whose reset the platform refused: its recovery action is a reboot."""
+    return 'GPU %s needs a reboot (%s)' % (gpu_name(gpu), RESET_REFUSED)
+
+
+def driver_hung(what, how):
+    """A call that hung in the driver past its deadline (what: the call; how: what shows it)."""
+    return '%s: %s hung in the NVIDIA driver past its deadline (%s); only a reboot frees it' % (DRIVER_HUNG, what, how)
+
+
+def is_driver_hung(text):
+    """Whether a reason or an error names a hung driver (driver_hung)."""
+    return (DRIVER_HUNG + ':') in str(text or '')
 
 
 def needs_cure(gpu, health, reset_remedy=''):

@@ -77,6 +77,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import RELEASE_PROBE_SPEC, probe_after_release, probe_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, load_cures, record_cure
+from ansible_collections.gpuops.nvidia.plugins.module_utils._history import (
+    HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, History, check_hold_options)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import (
     DEFAULT_STOP_UNITS,
     Quiesce,
@@ -165,6 +167,8 @@ def release_argument_spec():
         lock_file=dict(type='path'),
         facts_after=dict(type='bool', default=False),
         reset_orphaned=dict(type='bool', default=False),
+        hold_after_cures=dict(type='int', default=HOLD_AFTER_CURES),
+        hold_window_days=dict(type='float', default=HOLD_WINDOW_DAYS),
         kernel_log=dict(type='path'),
         bug_report_dir=dict(type='path'),
         bug_report_timeout=dict(type='float', default=DEFAULT_BUG_REPORT_TIMEOUT_S),
@@ -190,7 +194,9 @@ class ReleaseOptions:
                  facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
                  nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None, kernel_log=None,
                  bug_report_dir=None, bug_report_timeout=DEFAULT_BUG_REPORT_TIMEOUT_S, reset_stop_units=None,
-                 job=None, probe=None):
+                 job=None, probe=None, hold_after_cures=HOLD_AFTER_CURES, hold_window_days=HOLD_WINDOW_DAYS):
+        check_hold_options(hold_after_cures, hold_window_days)
+        self.hold_after_cures, self.hold_window_days = hold_after_cures, hold_window_days
         parsed, gpus = check_release_options(devices, gpus, signals, grace_period, timeout, memory_threshold_mib,
                                              protect, settle_time, expected_gpus)
         check_escalation_options(bug_report_dir, bug_report_timeout, reset_stop_units)
@@ -235,7 +241,9 @@ class ReleaseOptions:
             state_dir=params.get('state_dir'), kernel_log=params.get('kernel_log'),
             bug_report_dir=params.get('bug_report_dir'),
             bug_report_timeout=params.get('bug_report_timeout', DEFAULT_BUG_REPORT_TIMEOUT_S),
-            reset_stop_units=params.get('reset_stop_units'), job=params.get('job'), probe=params.get('probe'))
+            reset_stop_units=params.get('reset_stop_units'), job=params.get('job'), probe=params.get('probe'),
+            hold_after_cures=params.get('hold_after_cures', HOLD_AFTER_CURES),
+            hold_window_days=params.get('hold_window_days', HOLD_WINDOW_DAYS))
 
 
 class Target:
@@ -378,6 +386,10 @@ class ReleaseResult:
         self.unreadable = []
         # What the probe the release ran found (option probe); None when it ran none.
         self.probe = None
+        # The GPUs held for a person (_history.History.hold_reason): {index, uuid, reason}.
+        self.held = []
+        # {uuid: _history.summarize} of the GPUs in scope; None when not read.
+        self.history = None
 
     def dump(self, diff=False):
         out = dict(changed=self.changed, released=self.released, signalled=self.signalled,
@@ -390,6 +402,9 @@ class ReleaseResult:
             out['facts_after'] = self.facts_after
         if self.probe is not None:
             out['probe'] = self.probe
+        out['held'] = self.held
+        if self.history is not None:
+            out['history'] = self.history
         if diff:
             out['diff'] = dict(self.diff, before_header='holders before', after_header='holders after')
         return out
@@ -429,6 +444,8 @@ class Release:
         self.read_error = None
         self.read_error_permanent = False
         self.read_skipped = False  # the last read was not made: too little time was left for it
+        # The GPUs only a reboot (or a driver reload) cures now: their reset the platform refused.
+        self.reboot_only = set()
         self.budget = None
         self.last_snapshot = None
         self.first_snapshot = None
@@ -983,7 +1000,8 @@ class Release:
                                            self.options.memory_threshold_mib, self.deadline - self.clock(),
                                            kernel_log=self.options.kernel_log,
                                            holder_warnings=False, snapshot=self.last_snapshot,
-                                           state=StateDir.for_host(self.options.state_dir, self.options.host_root))
+                                           state=StateDir.for_host(self.options.state_dir, self.options.host_root),
+                                           history=History.for_host(self.options.host_root, self.options.state_dir))
         except GpuopsError as exc:
             self._warn('facts_after: the GPUs could not be read at the end: %s' % exc)
             return
@@ -1007,10 +1025,11 @@ class Release:
         """Each GPU in scope as the release left it: its state, what the driver says of it, and the
         recovery action its health calls for (as nvidia_gpu_facts decides it)."""
         health = self._health(snapshot)
-        return [{'index': gpu.get('index'), 'pci_bus_id': gpu.get('pci_bus_id'),
+        return [{'index': gpu.get('index'), 'pci_bus_id': gpu.get('pci_bus_id'), 'uuid': gpu.get('uuid'),
                  'state': gpu_state(gpu, self.options.memory_threshold_mib),
                  'driver_recovery_action': gpu.get('driver_recovery_action'),
-                 'recovery_action': health[gpu['index']][1]['recovery_action'] if gpu.get('index') in health else None,
+                 'recovery_action': 'reboot' if gpu.get('index') in self.reboot_only else
+                 health[gpu['index']][1]['recovery_action'] if gpu.get('index') in health else None,
                  'memory_used_mib': gpu.get('memory_used_mib')} for gpu in self._scope(snapshot)]
 
     def _memory(self, snapshot):
@@ -1148,6 +1167,7 @@ class Release:
         started = self.clock()
         escalation = result.escalation = quiesced_reset(quiesce, reset, sorted(todo))
         self.budget.spend('the GPU reset', started)
+        self.reboot_only.update(escalation.get('flr_refused') or ())
         if escalation['attempted'] and not escalation['ok']:
             self._name_module_holders(escalation)
         for problem in escalation['quiesced']['problems']:
@@ -1158,6 +1178,7 @@ class Release:
                                                    self.sleep)
             self.budget.spend('waiting for the NVLink fabric', started)
         self._record_cures(escalation, snapshot)
+        self._record_history(escalation, snapshot, todo)
         snapshot, holders = self._observe(force_read=True, final=True, full=True)
         result.failure = None
         self._report(result, snapshot, holders)
@@ -1204,13 +1225,16 @@ class Release:
 
     def _after_reset(self, escalation, snapshot, todo):
         """What is still wrong after the reset that the GPUs' readings do not show: a fabric not
-        back, and a reset that failed on a GPU its health (not its memory) said needs one."""
+        back, a reset the platform refused (a reboot is needed), and a reset that failed on a GPU its
+        health (not its memory) said needs one."""
         problems = [_reason.fabric_not_back(entry) for entry in escalation.get('fabric') or () if not entry['ok']]
+        refused = escalation.get('flr_refused') or ()
+        problems.extend(_reason.reset_refused({'index': index}) for index in refused)
         if not escalation['ok']:
             readable = dict((gpu.get('index'), gpu) for gpu in self._scope(snapshot) if not gpu.get('error'))
             problems.extend(_reason.needs_reset(readable[index], why='; '.join(why))
                             for index, why in sorted(todo.items())
-                            if index in readable and ORPHANED not in why)
+                            if index in readable and ORPHANED not in why and index not in refused)
         return problems
 
     def _bug_report(self):
@@ -1251,7 +1275,47 @@ class Release:
             if index not in causes or gpu.get('processes') or index in self.job_scoped:
                 continue
             todo[index] = todo.get(index, []) + causes[index]
+        return self._hold(result, snapshot, todo)
+
+    def _hold(self, result, snapshot, todo):
+        """todo without the GPUs whose fault came back after hold_after_cures cures within
+        hold_window_days (their history): those are held for a person (result.held), not reset."""
+        history = History.for_host(self.options.host_root, self.options.state_dir)
+        uuids = dict((gpu.get('index'), gpu.get('uuid')) for gpu in snapshot.gpus)
+        result.held = []
+        for index in sorted(todo):
+            why = history.hold_reason(uuids.get(index), index, 'needs a reset (%s)' % ', '.join(todo[index]),
+                                      self.options.hold_after_cures, self.options.hold_window_days)
+            if why:
+                result.held.append({'index': index, 'uuid': uuids.get(index), 'reason': why})
+                del todo[index]
+        if result.held and not self.check_mode:
+            history.record([(held['uuid'], held['index'], held['reason']) for held in result.held], 'cure_failed')
+        for warning in history.warnings:
+            self._warn(warning)
         return todo
+
+    def _record_history(self, escalation, snapshot, todo):
+        """Each GPU reset in its history: reset (and a cure) when the reset worked, reset_failed
+        when it did not, with why it was reset."""
+        if not escalation.get('attempted'):
+            return
+        history = History.for_host(self.options.host_root, self.options.state_dir)
+        gpus = [(gpu.get('uuid'), gpu.get('index'), '; '.join(todo.get(gpu.get('index')) or []), gpu.get('pci_bus_id'))
+                for gpu in snapshot.gpus if gpu.get('index') in escalation['gpus']]
+        if escalation.get('ok'):
+            history.record(gpus, 'reset')
+            history.record(gpus, 'cure', how='reset')
+        else:
+            history.record(gpus, 'reset_failed', error=printable(escalation.get('message') or '', 200))
+        for warning in history.warnings:
+            self._warn(warning)
+
+    def _history(self, snapshot):
+        """{uuid: the newest events and counts per window} of the GPUs in scope."""
+        history = History.for_host(self.options.host_root, self.options.state_dir)
+        return dict((gpu['uuid'], history.summary(gpu['uuid'])) for gpu in self._scope(snapshot)
+                    if gpu.get('uuid') and history.events(gpu['uuid']))
 
     def _reset_causes(self, snapshot):
         """{index: [why]} of the GPUs in scope whose health calls for a reset: the driver's word
@@ -1449,6 +1513,11 @@ def release(reader, options, check_mode=False, signaller=None, proc='/proc'):
     ReleaseResult. A failed probe is said in result.probe, not as the release's failure."""
     releaser = Release(reader, options, check_mode=check_mode, signaller=signaller, proc=proc)
     result = releaser.run()
+    if result.held:
+        result.released = False
+        result.failure = '; '.join([held['reason'] for held in result.held] + ([result.failure] if result.failure else []))
+    if releaser.last_snapshot is not None:
+        result.history = releaser._history(releaser.last_snapshot)
     if options.probe and result.released and not check_mode:
         shared = (options.job or {}).get('shared_gpus')
         result.probe, warnings = probe_after_release(reader, options, options.probe,

@@ -15,7 +15,9 @@ and persistence mode back on in a ``finally``, whatever the reset did. When nvid
 the reset and names other GPUs with it (the NVLink peers some systems require to be reset in the
 same command, nvidia-smi(1) on --gpu-reset), the reset is tried once more with those peers,
 provided they are themselves GPUs in scope that need a reset; otherwise the refusal is
-reported in nvidia-smi's own words. Every call fits in the release's deadline; restoring
+reported in nvidia-smi's own words. A refusal that says the platform does not allow the reset (a
+function-level reset blocked by the hypervisor: FLR_REFUSED) names the GPU in flr_refused: a
+driver reload or a reboot is its cure. Every call fits in the release's deadline; restoring
 persistence mode is given a little time even past it.
 """
 
@@ -23,6 +25,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import re
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import EXIT_CODES, GpuopsError
@@ -36,6 +39,15 @@ RESTORE_MIN_S = 5.0
 QUOTE_MAX = 600
 # Why a GPU is reset unless said otherwise.
 ORPHANED = 'orphaned memory'
+# What nvidia-smi says of a GPU whose reset the platform refused: "The following GPUs could not
+# be reset:" and a line "  GPU 00000000:1A:00.0: <NVML's words>" (the form of
+# real-samples/smi_errors/E10). "Unknown Error" is what AWS bare metal and EKS give on every GPU,
+# FLR being blocked at the hypervisor (NVIDIA/ai-cloud-validation#603); "Not Supported" and
+# "Insufficient Permissions" are NVML's words for a reset the device or the VM does not allow
+# (nvmlErrorString of NVML_ERROR_NOT_SUPPORTED and NVML_ERROR_NO_PERMISSION). "In use by another
+# client" is not among them: that one a release can cure.
+FLR_REFUSED = ('unknown error', 'not supported', 'insufficient permissions')
+REFUSED_LINE_RE = re.compile(r'^\s*GPU\s+([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*:\s*(.+?)\s*$')
 
 
 def _said(stdout, stderr):
@@ -44,19 +56,32 @@ def _said(stdout, stderr):
     return text[:QUOTE_MAX] or '(no output)'
 
 
+def flr_refused(text):
+    """The PCI bus ids (normalised) of the GPUs whose reset nvidia-smi's text says the platform
+    refused (FLR_REFUSED); an empty list when it refused for another reason or not at all."""
+    found = []
+    for line in text.splitlines():
+        match = REFUSED_LINE_RE.match(line)
+        if match and match.group(2).lower() in FLR_REFUSED:
+            found.append(normalize_bus_id(match.group(1)))
+    return found
+
+
 def _names(indexes):
     return ', '.join(str(index) for index in indexes)
 
 
 def escalation(gpus, ok, message, attempted=True, persistence_mode_off=(), persistence_mode_restored=None,
-               reasons=None):
+               reasons=None, refused=()):
     """The escalation entry of a release result.
 
     persistence_mode_off: the indexes whose persistence mode was switched off for the reset;
     persistence_mode_restored: whether it was switched back on on all of them (None when none was
-    switched off); reasons: {index: [why it is reset]}."""
+    switched off); reasons: {index: [why it is reset]}; refused: the indexes whose reset the
+    platform refused (flr_refused: a reboot or a driver reload is their cure)."""
     reasons = reasons or {}
     return {'attempted': attempted, 'gpus': list(gpus), 'ok': ok, 'message': message,
+            'flr_refused': sorted(set(refused)),
             'reasons': [{'index': index, 'reasons': list(reasons.get(index) or [ORPHANED])} for index in gpus],
             'persistence_mode_off': sorted(set(persistence_mode_off)),
             'persistence_mode_restored': persistence_mode_restored if persistence_mode_off else None}
@@ -81,6 +106,8 @@ class GpuReset:
         self.reasons = dict(reasons or {})
         # {index: restored} of every GPU whose persistence mode was switched off, the last try counting.
         self.restored = {}
+        # The indexes whose reset the platform refused (flr_refused).
+        self.refused = set()
 
     def _left(self):
         return self.deadline - self.clock()
@@ -134,6 +161,8 @@ class GpuReset:
             outcome = (True, 'GPU %s reset: %s' % (_names(group), _said(stdout, stderr)), [])
         elif outcome is None:
             named = [self.index_of.get(bus) for bus in bus_ids_in(stdout + '\n' + stderr)]
+            refused = [self.index_of.get(bus) for bus in flr_refused(stdout + '\n' + stderr)]
+            self.refused.update(index for index in refused if index in group)
             outcome = (False, 'nvidia-smi --gpu-reset -i %s refused (exit %d, %s): %s' % (
                 ','.join(str(index) for index in group), rc, EXIT_CODES.get(rc, 'unexpected exit code'),
                 _said(stdout, stderr)), [index for index in named if index not in group])
@@ -163,7 +192,8 @@ class GpuReset:
             messages.append(text)
         restored = all(self.restored.values())
         return escalation(sorted(done + failed), not failed, '; '.join(messages),
-                          persistence_mode_off=self.restored, persistence_mode_restored=restored, reasons=self.reasons)
+                          persistence_mode_off=self.restored, persistence_mode_restored=restored, reasons=self.reasons,
+                          refused=self.refused.difference(done))
 
 
 def would_reset(reasons):

@@ -16,6 +16,7 @@ __metaclass__ = type
 import contextlib
 import errno
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -26,15 +27,55 @@ import time
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError, check_time_left
 
 
-class CommandTimeout(GpuopsError):
-    """The program did not exit in time and was killed, with everything it started."""
+# A kernel symbol of NVIDIA's modules: a line of /proc/PID/stack tagged with one of them
+# ("uvm_gpu_retain_by_uuid+0x1e/0x40 [nvidia_uvm]", as hung-task reports print it), or a wchan
+# named as the driver's functions are (os_acquire_mutex, _nv012345rm, nvidia_ioctl, uvm_ioctl).
+NVIDIA_SYMBOL_RE = re.compile(r'\[nvidia[a-z_-]*\]|^(?:nvidia_|nv_|_nv[0-9]|os_|rm_|uvm_)', re.MULTILINE)
 
-    def __init__(self, message, argv, timeout, stderr=''):
+
+class CommandTimeout(GpuopsError):
+    """The program did not exit in time and was killed, with everything it started.
+
+    stuck: how the program was when its deadline passed, when it was in uninterruptible sleep
+    (D state) then, or still alive after the kill (process_state's dict, with survived_kill);
+    None otherwise."""
+
+    def __init__(self, message, argv, timeout, stderr='', stuck=None):
         super(CommandTimeout, self).__init__(message)
         self.argv = argv
         self.timeout = timeout
         # What it wrote to stderr before it was killed: where it was stuck, when it says so.
         self.stderr = stderr
+        self.stuck = stuck
+
+    @property
+    def in_driver(self):
+        """Whether the program hung in the NVIDIA driver: in D state past its deadline, in the
+        driver's code where the kernel says so, or not dying when killed."""
+        stuck = self.stuck or {}
+        return stuck.get('state') == 'D' and bool(stuck.get('nvidia') or stuck.get('survived_kill'))
+
+
+def process_state(pid, proc='/proc'):
+    """{'pid', 'state', 'wchan', 'nvidia'} of pid from proc (its /proc/PID/stat state letter, its
+    wchan, and whether wchan or its kernel stack names NVIDIA's code; unreadable parts are
+    empty), or None when it cannot be read."""
+    try:
+        with open('%s/%d/stat' % (proc, pid), 'rb') as handle:
+            state = handle.read().rsplit(b')', 1)[1].split()[0].decode('ascii', 'replace')
+    except (IOError, OSError, IndexError):
+        return None
+    found = {'pid': pid, 'state': state, 'wchan': '', 'nvidia': False}
+    for name in ('wchan', 'stack'):  # the stack is root's only, and not on every kernel
+        try:
+            with open('%s/%d/%s' % (proc, pid, name), 'rb') as handle:
+                text = handle.read(65536).decode('utf-8', 'replace').strip()
+        except (IOError, OSError):
+            continue
+        found['wchan'] = found['wchan'] or (text if name == 'wchan' and text != '0' else '')
+        found['nvidia'] = found['nvidia'] or bool(NVIDIA_SYMBOL_RE.search(
+            '\n'.join(line.split('] ', 1)[-1] for line in text.splitlines())))
+    return found
 
 
 class Runner:
@@ -59,6 +100,8 @@ class Runner:
 
     POLL_S = 0.05
     KILL_WAIT_S = 1.0
+    # Where the state of a program that does not exit in time is read (process_state).
+    proc = '/proc'
     # Added to the message of a timeout: what it may mean.
     TIMEOUT_NOTE = ''
 
@@ -74,6 +117,7 @@ class Runner:
         self.cwd = cwd
         self.term_grace = term_grace
         self.stopped = False  # the last run got SIGTERM at its deadline (term_grace)
+        self.stuck = None  # the last run's program past its deadline, in D state (CommandTimeout.stuck)
 
     def _hinted(self, text):
         return '%s: %s' % (text, self.hint) if self.hint else text
@@ -127,7 +171,8 @@ class Runner:
         if not finished or self.stopped:
             how = 'was stopped (SIGTERM; it exited within %.1f s)' % self.term_grace if finished else 'was killed'
             raise CommandTimeout('%s did not answer within %.1f s and %s%s' % (
-                ' '.join([self.name] + list(args)), timeout, how, self.TIMEOUT_NOTE), [path] + list(args), timeout, stderr)
+                ' '.join([self.name] + list(args)), timeout, how, self.TIMEOUT_NOTE), [path] + list(args), timeout, stderr,
+                stuck=self.stuck)
         return proc.returncode, stdout, stderr
 
     def _collect(self, proc, deadline):
@@ -135,7 +180,7 @@ class Runner:
         (what it wrote so far, False) after killing it when deadline passes first. With
         term_grace, SIGTERM comes first (self.stopped), and the kill that much later."""
         chunks = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
-        self.stopped = False
+        self.stopped, self.stuck = False, None
         selector = selectors.DefaultSelector()
         try:
             for pipe in (proc.stdout, proc.stderr):
@@ -186,13 +231,19 @@ class Runner:
         # the driver lets it go: give it a moment, and never wait on it longer than that.
         if proc.returncode is not None or _exited(proc.pid) is None:
             return  # reaped: its pid may be another process's by now
+        state = process_state(proc.pid, self.proc)
         descendants = _descendants(proc.pid)
         _kill_group(proc.pid)
         _kill_all(descendants)
         try:
             proc.wait(timeout=self.KILL_WAIT_S)
         except subprocess.TimeoutExpired:
-            pass
+            # Alive after SIGKILL and a moment: stuck in the kernel; how it is now says where.
+            state = process_state(proc.pid, self.proc) or state
+            if state is not None:
+                state['survived_kill'] = True
+        if state is not None and (state['state'] == 'D' or state.get('survived_kill')):
+            self.stuck = state
 
 
 def _write_input(proc, text):

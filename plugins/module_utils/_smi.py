@@ -17,10 +17,12 @@ import re
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     EXIT_CODES,
     UNREPORTED_PROCESS_NAMES,
+    DriverHung,
     GpuopsError,
     PermanentReadError,
     printable,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import driver_hung
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import PCI_BUS_ID_RE, normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import (
     RECOVERY_ACTION_BRANCH,
@@ -33,7 +35,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import (
     parse_recovery_action,
     recovery_verdict,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
 
 
 # nvidia-smi field name -> fact name, in the order they are queried.
@@ -280,10 +282,20 @@ class SmiRunner(Runner):
     def run(self, args, timeout=None):
         """Run nvidia-smi with args; return (rc, stdout, stderr).
 
-        Raise PermanentReadError when it cannot run or exits with a permanent code, and
-        CommandTimeout (a GpuopsError) when it does not exit within timeout seconds.
+        Raise PermanentReadError when it cannot run or exits with a permanent code,
+        CommandTimeout (a GpuopsError) when it does not exit within timeout seconds, and
+        DriverHung when it hung in the driver then (CommandTimeout.in_driver): a reboot's case,
+        not a slow answer's.
         """
-        rc, stdout, stderr = super(SmiRunner, self).run(args, timeout)
+        try:
+            rc, stdout, stderr = super(SmiRunner, self).run(args, timeout)
+        except CommandTimeout as exc:
+            if not exc.in_driver:
+                raise
+            stuck = exc.stuck
+            how = 'pid %d in D state%s%s' % (stuck['pid'], ', in %s' % printable(stuck['wchan'], 80) if stuck['wchan'] else '',
+                                             ', alive after SIGKILL' if stuck.get('survived_kill') else '')
+            raise DriverHung(driver_hung(' '.join(['nvidia-smi'] + list(args)), how))
         if rc in self.PERMANENT_EXIT_CODES:
             raise PermanentReadError(describe_failure(rc, stdout, stderr))
         return rc, stdout, stderr

@@ -137,6 +137,22 @@ options:
         (O(gpuops.nvidia.nvidia_device_release#module:reset_orphaned)).
     type: bool
     default: false
+  hold_after_cures:
+    description:
+      - A GPU whose fault comes back after this many cures tried (GPU resets that worked, reboots
+        the Slurm hook asked for) within O(hold_window_days), as its history on the host says, is
+        not reset or rebooted again - the host fails, naming the GPU, the fault and the cures
+        tried, and the Slurm hook drains the node for a person (C(gpu_reset(hold)) reason, never
+        resumed by the health check). Once held, a GPU stays held until its history is cleared
+        (see the collection's README). Between 1 and 100
+        (O(gpuops.nvidia.nvidia_device_release#module:hold_after_cures)).
+    type: int
+    default: 2
+  hold_window_days:
+    description:
+      - The window, in days, in which O(hold_after_cures) cures are counted. More than 0, at most 365.
+    type: float
+    default: 7.0
   stop_units:
     description:
       - The systemd services whose processes may be stopped for that reset when they hold the

@@ -188,6 +188,11 @@ options:
         driver requires to be reset in the same command), the reset is tried once more with
         them, provided they are GPUs in scope that need a reset themselves. A refusal
         is reported in nvidia-smi's own words and fails the task.
+      - A refusal that says the platform does not allow the reset (C(Unknown Error),
+        C(Not Supported) or C(Insufficient Permissions) for the GPU, as on AWS bare metal and EKS,
+        where the hypervisor blocks the function-level reset) names the GPU in
+        RV(escalation.flr_refused), its recovery action in RV(gpu_states) becomes V(reboot), and the
+        failure says C(reset_refused) - a driver reload or a reboot is needed.
       - The reset always runs through nvidia-smi (O(nvidia_smi_path)), whatever O(backend)
         reads the GPUs, and needs root. It fits in O(timeout); waiting for the driver to free
         memory that no process holds (see O(wait)) ends, at the latest, a third of O(timeout) (at
@@ -200,6 +205,21 @@ options:
         are stopped for it through their systemd units, as O(reset_stop_units) allows.
     type: bool
     default: false
+  hold_after_cures:
+    description:
+      - With O(reset_orphaned), a GPU whose fault comes back after this many cures tried (GPU
+        resets that worked, reboots the Slurm hook asked for) within O(hold_window_days), as its
+        history on the host says (C(/var/lib/gpuops), under O(host_root) on a simulated host), is
+        not reset again - it is not released, RV(held) and the message name the GPU, the fault
+        and the cures tried, for a person. A GPU held once stays held until its history is cleared.
+      - Between 1 and 100.
+    type: int
+    default: 2
+  hold_window_days:
+    description:
+      - The window, in days, in which O(hold_after_cures) cures are counted. More than 0, at most 365.
+    type: float
+    default: 7.0
   kernel_log:
     description:
       - A file to read the kernel's Xid messages from for the GPUs' health (RV(released),
@@ -626,6 +646,12 @@ escalation:
         (those where it was on); empty in check mode.
       type: list
       elements: int
+    flr_refused:
+      description: Indexes of the GPUs whose reset the platform refused (nvidia-smi said
+        C(Unknown Error), C(Not Supported) or C(Insufficient Permissions) for them); a driver
+        reload or a reboot is their cure, and their recovery action is V(reboot).
+      type: list
+      elements: int
     persistence_mode_restored:
       description: Whether persistence mode was switched back on on every GPU of
         RV(escalation.persistence_mode_off), whatever the reset did; null when it was switched
@@ -837,6 +863,7 @@ gpu_states:
           repair state, the kernel log read as O(kernel_log) says), decided as
           RV(gpuops.nvidia.nvidia_gpu_facts#module:ansible_facts.nvidia_gpus[].health.recovery_action)
           is. Null for a GPU with no index.
+        - V(reboot) for a GPU whose reset the platform refused (RV(escalation.flr_refused)).
       type: str
       choices: [none, restart_app, reset_gpu, reboot, inspect]
     memory_used_mib:
@@ -883,6 +910,35 @@ facts_after:
     nvidia_gpu_backend: nvml
     nvidia_gpus: []
     nvidia_device_holders: []
+held:
+  description:
+    - The GPUs held for a person - their fault came back after O(hold_after_cures) cures within
+      O(hold_window_days), or they were held before and their history was not cleared - and
+      therefore not reset. The message starts with their reasons.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    index:
+      description: The GPU's index.
+      type: int
+    uuid:
+      description: The GPU's UUID.
+      type: str
+    reason:
+      description: The GPU, the fault and the cures tried, with their times in UTC.
+      type: str
+history:
+  description:
+    - The history of each GPU in scope that has one, by GPU UUID (C(/var/lib/gpuops), kept
+      across reboots), as it was before the probe of this call.
+    - C(events) the newest 10 events, each with C(time) (epoch seconds), C(kind) (C(reset),
+      C(reset_failed), C(reboot_asked), C(cure) with C(how) reset or probe, C(cure_failed) the
+      fault back after its cures, C(probe) with C(result) pass or fail), C(index), C(reason),
+      and C(count) when the same event repeated; C(counts) the events of each kind in the last
+      C(1d), C(7d) and C(30d).
+  returned: when the GPUs were read
+  type: dict
 elapsed_s:
   description: Seconds the release took, lock wait included.
   returned: always

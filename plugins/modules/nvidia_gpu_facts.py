@@ -211,6 +211,14 @@ ansible_facts:
             used_memory_mib:
               description: Memory the process uses on this GPU, in MiB.
               type: int
+        history:
+          description:
+            - The GPU's history, by its UUID, kept across reboots in C(/var/lib/gpuops) (under
+              O(host_root) on a simulated host) - C(events) the newest 10 (C(time), C(kind) one of
+              C(reset), C(reset_failed), C(reboot_asked), C(cure), C(cure_failed), C(probe), C(index),
+              C(reason), C(how) or C(result), C(count) when repeated), C(counts) the events of each
+              kind in the last C(1d), C(7d) and C(30d). Null when the UUID is not known.
+          type: dict
         health:
           description: Errors the driver logged for this GPU and its memory repair state.
           type: dict
@@ -455,6 +463,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import device_patterns
 from ansible_collections.gpuops.nvidia.plugins.module_utils._module import run_with_reader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._history import History
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir
 
 
@@ -478,7 +487,7 @@ def main():
         reader, device_patterns(params['devices'], params['host_root']),
         params['protect'] + params['extra_protect'], params['memory_threshold_mib'],
         params['timeout'], params['kernel_log'], expected_gpus=params['expected_gpus'],
-        state=StateDir.for_host(params['state_dir'], params['host_root'])))
+        state=StateDir.for_host(params['state_dir'], params['host_root']), history=History.for_host(params['host_root'], params['state_dir'])))
     for warning in warnings + read_warnings:
         module.warn(warning)
     module.exit_json(changed=False, ansible_facts=facts)

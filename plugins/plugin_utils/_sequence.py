@@ -43,7 +43,7 @@ VERIFY_DELAY_S = 1.0
 
 RELEASE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'gpus', 'signals',
                    'grace_period', 'timeout', 'memory_threshold_mib', 'extra_protect', 'lock_file', 'kernel_log',
-                   'bug_report_dir', 'bug_report_timeout', 'job')
+                   'bug_report_dir', 'bug_report_timeout', 'job', 'hold_after_cures', 'hold_window_days')
 # kernel_log: the facts judge the GPUs' health from the same kernel log as the release.
 FACTS_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'extra_protect',
                  'memory_threshold_mib', 'timeout', 'kernel_log')

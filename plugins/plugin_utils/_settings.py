@@ -25,6 +25,7 @@ import shlex
 from ansible.module_utils.common.parameters import DEFAULT_TYPE_VALIDATORS
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._history import check_hold_options
 from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import check_job
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     check_escalation_options,
@@ -41,7 +42,7 @@ ELEMENTS = {'int': 'whole numbers', 'str': 'strings', 'float': 'numbers'}
 # The option a module's message starts with ("timeout must be ...", "signals: ..."), and the
 # setting it is.
 MODULE_OPTION_RE = re.compile(r'^(devices|gpus|signals|grace_period|timeout|memory_threshold_mib|bug_report_dir|'
-                              r'bug_report_timeout|reset_stop_units|probe_mib)\b')
+                              r'bug_report_timeout|reset_stop_units|probe_mib|hold_after_cures|hold_window_days)\b')
 SETTING_OF_OPTION = {'reset_stop_units': 'stop_units'}
 # The settings that are options of the release module, checked by the module's own rules.
 RELEASE_SETTINGS = ('devices', 'gpus', 'signals', 'grace_period', 'timeout', 'memory_threshold_mib')
@@ -129,6 +130,7 @@ def settings_problems(settings, name=None):
         lambda: check_escalation_options(options['bug_report_dir'], options['bug_report_timeout'],
                                          options['stop_units']),
         lambda: check_probe_mib(options['probe_mib']),
+        lambda: check_hold_options(options['hold_after_cures'], options['hold_window_days']),
     )
     for check in checks:
         try:

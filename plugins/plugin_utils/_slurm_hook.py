@@ -27,6 +27,8 @@ modules run as programs (run_module below), then its finishing steps (_finish.py
         --node NODE [--vars-file FILE] [--gpus 0,1 [--gres-conf FILE]] [--timeout S] [--deadline S] [--scontrol PATH]
         [--reboot [--reboot-stamp FILE]] [--max-drained N|N%] [--observe] [--health-check]
         [--playbook-vars FILE]
+    python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
+        --clear-history GPU-UUID|all [--vars-file FILE]
 
 Exit status: 0 clean or released (or anything, with --observe); 10 failed, the node drained with
 the reason; 11 failed and the drain command failed too (the report says why); 12 failed, and left
@@ -42,6 +44,12 @@ fallen off the bus, the driver's word) is not drained but rebooted by Slurm once
 file); a fault that comes back sooner is drained for a person.
 
 With --health-check it is Slurm's HealthCheckProgram (health_check below).
+
+A GPU whose fault comes back after gpu_reset_hold_after_cures cures (resets, reboots asked for)
+within gpu_reset_hold_window_days (its history, module_utils/_history.py) is not reset or rebooted
+again: the node is drained for a person (gpu_reset(hold): ...), which the health check never
+resumes. An operator returns it with --clear-history GPU-UUID (or all), then scontrol update
+nodename=NODE state=resume.
 
 With --playbook-vars FILE it only writes the variables the hook fixes (on_failure, timeout, the
 job's GPUs, parsed here as for the module runner) to FILE as JSON, for ansible-playbook -e @FILE.
@@ -64,6 +72,7 @@ import tempfile
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import is_driver_hung
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _sequence
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import HostError, finish, run_drain, write_file
@@ -209,8 +218,10 @@ NOT_REBOOTED = 'not rebooted ('
 
 def reboot_cures(result):
     """Whether a GPU of the report needs a reboot (its recovery action: fallen off the bus, lost,
-    the driver's own word); a reboot cures what a GPU reset would cure, too."""
-    return any(gpu.get('recovery_action') == 'reboot' for gpu in result.get('gpus') or [])
+    the driver's own word, a reset the platform refused), or the host does (a driver hung where
+    no GPU could be named: driver_hung); a reboot cures what a GPU reset would cure, too."""
+    return any(gpu.get('recovery_action') == 'reboot' for gpu in result.get('gpus') or []) \
+        or is_driver_hung(result.get('reason'))
 
 
 def reboot_command(scontrol, node, reason):
@@ -250,19 +261,69 @@ def why_not_reboot(node, stamp, boot=None, now=None):
     return None
 
 
-def ask_reboot(result, scontrol, node, seconds, stamp):
-    """Ask Slurm to reboot the node (reboot_command), noting it in stamp; drain it for a person
-    instead (a hold) when why_not_reboot says so or the reboot command fails."""
+def ask_reboot(result, scontrol, node, seconds, stamp, history=None):
+    """Ask Slurm to reboot the node (reboot_command), noting it in stamp and in the GPUs'
+    history; drain it for a person instead (a hold) when a GPU's fault is back after its cures
+    (reboot_held), when why_not_reboot says so or the reboot command fails."""
+    history, settings = history or (None, {})
+    held = reboot_held(result, history, settings)
+    if held:
+        result['held'] = held
+        result['reason'] = '; '.join([entry['reason'] for entry in held] + [result['reason']])
+        history.record([(entry['uuid'], entry['index'], entry['reason']) for entry in held], 'cure_failed')
+        return drain(result, scontrol, node, seconds, hold=True)
     why = why_not_reboot(node, stamp)
     if why is None:
         drain(result, scontrol, node, seconds / 2.0, argv=reboot_command(scontrol, node, result['reason']))
         if result['drained']:
             result['reboot_requested'] = True
+            if history is not None:
+                history.record([(uuid, gpu.get('index'), result['reason'], gpu.get('pci_bus_id'))
+                                for gpu, uuid in reboot_gpus(result, history)], 'reboot_asked')
             return note_reboot(result, stamp)
         why = 'the reboot command failed'
     # First, where a reason cut to its length for sinfo -R keeps it.
     result['reason'] = '%s%s): %s' % (NOT_REBOOTED, why, result['reason'])
     return drain(result, scontrol, node, seconds / 2.0, hold=True)
+
+
+def hook_history(options):
+    """(the node's GPU history, under host_root; {hold_after_cures, hold_window_days}) of the
+    run's options (checked and converted by the sequence)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._history import History
+
+    root = options.get('host_root')
+    return History.for_host(root if isinstance(root, str) and root else '/'), dict(
+        (name, options.get(name)) for name in ('hold_after_cures', 'hold_window_days'))
+
+
+def reboot_gpus(result, history):
+    """[(GPU row of the report, its UUID)] of the GPUs only a reboot cures whose UUID is known (a
+    lost GPU's, from its PCI bus id in its history)."""
+    found = []
+    for gpu in result.get('gpus') or []:
+        if gpu.get('recovery_action') == 'reboot':
+            uuid = gpu.get('uuid') or history.uuid_at(gpu.get('pci_bus_id'))
+            if uuid:
+                found.append((gpu, uuid))
+    return found
+
+
+def reboot_held(result, history, settings):
+    """The GPUs only a reboot cures whose fault is back after their cures (_history.hold_reason):
+    [{index, uuid, reason}], not rebooted again."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._history import HOLD_AFTER_CURES, HOLD_WINDOW_DAYS
+
+    if history is None:
+        return []
+    held = []
+    for gpu, uuid in reboot_gpus(result, history):
+        why = history.hold_reason(uuid, gpu.get('index'), 'needs a reboot (%s)' % (gpu.get('state') or 'its health'),
+                                  settings.get('hold_after_cures') or HOLD_AFTER_CURES,
+                                  settings.get('hold_window_days') or HOLD_WINDOW_DAYS)
+        if why:
+            held.append({'index': gpu.get('index'), 'uuid': uuid, 'reason': why})
+    return held
 
 
 def note_reboot(result, stamp):
@@ -308,8 +369,11 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
             result['drained'], result['drain_skipped'] = False, skip
         elif max_drained and brake_holds(result, scontrol, node, max_drained, min(SLURM_CALL_S, seconds / 2.0)):
             result['drained'] = False
+        elif result.get('held'):
+            # A fault back after its cures (the release did not reset it): for a person.
+            drain(result, scontrol, node, seconds, hold=True)
         elif reboot_stamp and reboot_cures(result):
-            ask_reboot(result, scontrol, node, seconds, reboot_stamp)
+            ask_reboot(result, scontrol, node, seconds, reboot_stamp, hook_history(run.options or {}))
         else:
             drain(result, scontrol, node, seconds)
 
@@ -801,7 +865,7 @@ def reboot_stamp(args):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog='gpu-reset-hook', description=__doc__.split('\n', maxsplit=1)[0])
-    parser.add_argument('--node', required=True, help='the Slurm node name (SLURMD_NODENAME)')
+    parser.add_argument('--node', help='the Slurm node name (SLURMD_NODENAME); required but with --clear-history')
     parser.add_argument('--vars-file', help='YAML file of gpu_reset_* variables')
     parser.add_argument('--gpus', type=gpus_argument,
                         help="the job's GPUs as Slurm numbers them (SLURM_JOB_GPUS: their places in gres.conf), "
@@ -828,12 +892,38 @@ def parse_args(argv):
                              'drained or resumed; change nothing')
     parser.add_argument('--playbook-vars', metavar='FILE',
                         help="only write the hook's variables to FILE as JSON, for ansible-playbook -e @FILE")
-    return parser.parse_args(argv)
+    parser.add_argument('--clear-history', metavar='UUID|all',
+                        help="forget a GPU's history (all: every GPU's), under the variables file's gpu_reset_host_root: "
+                             'with scontrol update nodename=NODE state=resume, what returns a GPU held for a person to service')
+    args = parser.parse_args(argv)
+    if not args.node and not args.clear_history:
+        parser.error('the following arguments are required: --node')
+    return args
+
+
+def clear_history(args):
+    """--clear-history UUID|all: forget the GPU's history (each GPU's); 0, or 2 saying why not."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._history import History
+
+    history = History.for_host(host_root_of(args.vars_file))
+    try:
+        if not history.state.usable:
+            raise GpuopsError(history.warnings[0])
+        gone = history.clear(args.clear_history)
+    except GpuopsError as exc:
+        sys.stderr.write('gpu_reset: the history was not cleared: %s\n' % printable(str(exc), 300))
+        return RUNNER_SETTINGS_UNREADABLE
+    sys.stderr.write('gpu_reset: history cleared in %s: %s\n' % (
+        history.state.path, ', '.join(gone) if gone else 'no history of %s was kept' % printable(args.clear_history, 100)))
+    return 0
 
 
 def main(argv=None):
     started = time.monotonic()
     args = parse_args(argv)
+    if args.clear_history:
+        return clear_history(args)
     if args.playbook_vars:
         return playbook_vars(args)
     try:

@@ -34,6 +34,8 @@ SEQUENCE_SPEC = dict(
     lock_file=dict(type='path', default=None),
     clean_query=dict(type='str', default=None),
     allow_gpu_reset=dict(type='bool', default=False),
+    hold_after_cures=dict(type='int', default=2),
+    hold_window_days=dict(type='float', default=7.0),
     stop_units=dict(type='list', elements='str', default=list(DEFAULT_STOP_UNITS)),
     kernel_log=dict(type='path', default=None),
     bug_report_dir=dict(type='path', default=None),

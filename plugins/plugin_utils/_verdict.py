@@ -117,8 +117,8 @@ def _memory(facts):
 def report_escalation(escalation, allow_gpu_reset=False):
     """The report's escalation made from the release module's: gpus, reasons (why each was
     reset), persistence_mode_off, reset_ok, output (what nvidia-smi said, as the module quotes
-    it), persistence_mode_restored, fabric, problems (what the readings do not show) and
-    bug_report; None when no reset was allowed or attempted (check mode). A reset that the
+    it), persistence_mode_restored, fabric, problems (what the readings do not show),
+    flr_refused (the GPUs whose reset the platform refused) and bug_report; None when no reset was allowed or attempted (check mode). A reset that the
     release could not attempt (a daemon it may not stop holds the GPU) is reported as failed, its
     output saying why."""
     if not allow_gpu_reset or not isinstance(escalation, Mapping):
@@ -134,6 +134,8 @@ def report_escalation(escalation, allow_gpu_reset=False):
         'persistence_mode_restored': escalation.get('persistence_mode_restored'),
         'problems': list(escalation.get('problems') or []),
     }
+    if escalation.get('flr_refused'):
+        report['flr_refused'] = list(escalation['flr_refused'])
     for key in ('fabric', 'bug_report', 'quiesced'):
         if escalation.get(key) is not None:
             report[key] = escalation[key]
@@ -339,6 +341,10 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
     if outcome in ('failed', 'would_release'):
         text = reason(final, survivors, threshold, error=error, check_mode=check_mode, signalled=signalled,
                       escalation=escalation, allow_gpu_reset=allow_gpu_reset)
+    held = [entry for entry in release.get('held') or [] if isinstance(entry, Mapping)]
+    if held and outcome == 'failed':
+        # First: a drain reason cut to its length for sinfo -R keeps it.
+        text = '; '.join([printable(str(entry.get('reason'))) for entry in held] + ([text] if text else []))
     now = time.time() if now is None else float(now)
     return {
         'host': str(host),
@@ -354,7 +360,11 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
         'other_jobs': release.get('other_jobs') or [],
         'orphaned_gpus': orphaned_gpus(release, escalation, final),
         'escalation': escalation or None,
-        'gpus': gpu_metrics(release, final, gpus_before, threshold),
+        # GPUs held for a person: a fault back after its cures (nvidia_device_release's held).
+        'held': held,
+        # {GPU UUID: the newest events, counts per window} (nvidia_device_release's history).
+        'history': release.get('history') or {},
+        'gpus': gpu_metrics(release, final, gpus_before, threshold, reboot_only=(escalation or {}).get('flr_refused')),
         'release_s': release.get('elapsed_s'),
         'started': round(float(started), 3) if started is not None else None,
         'duration_s': round(now - float(started), 3) if started is not None else None,
@@ -364,7 +374,7 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
 
 def _fact_rows(facts):
     """The per-GPU rows of gpu_metrics from nvidia_gpu_facts."""
-    return [{'index': gpu.get('index'), 'pci_bus_id': gpu.get('pci_bus_id'), 'state': gpu.get('state'),
+    return [{'index': gpu.get('index'), 'pci_bus_id': gpu.get('pci_bus_id'), 'uuid': gpu.get('uuid'), 'state': gpu.get('state'),
              'recovery_action': (gpu.get('health') or {}).get('recovery_action'),
              'memory_used_mib': gpu.get('memory_used_mib')} for gpu in (facts or {}).get('nvidia_gpus') or []]
 
@@ -384,10 +394,13 @@ def _release_rows(release):
     return rows
 
 
-def gpu_metrics(release, final, gpus_before, threshold):
+def gpu_metrics(release, final, gpus_before, threshold, reboot_only=None):
     """Per GPU, for the metrics: index, pci_bus_id, state, recovery_action, orphaned_mib (memory
     held with no process) and seconds_until_free (0 when it was free before the run, the
-    release's time when the run freed it, None when it is not free)."""
+    release's time when the run freed it, None when it is not free). reboot_only: the indexes
+    whose reset the platform refused (flr_refused): their recovery action is reboot, whatever
+    a read says."""
+    reboot_only = set(reboot_only or ())
     rows = _fact_rows(final) or _release_rows(release)
     before = dict((gpu.get('index'), gpu.get('memory_used_mib')) for gpu in gpus_before or [])
     out = []
@@ -396,8 +409,8 @@ def gpu_metrics(release, final, gpus_before, threshold):
         was = before.get(row['index'])
         free = row.get('state') == 'free'
         out.append({
-            'index': row['index'], 'pci_bus_id': row.get('pci_bus_id'), 'state': row.get('state'),
-            'recovery_action': row.get('recovery_action'),
+            'index': row['index'], 'pci_bus_id': row.get('pci_bus_id'), 'uuid': row.get('uuid'), 'state': row.get('state'),
+            'recovery_action': 'reboot' if row['index'] in reboot_only else row.get('recovery_action'),
             'orphaned_mib': used if row.get('state') == 'orphaned_memory' and used is not None else 0,
             'seconds_until_free': None if not free else 0 if was is not None and was <= threshold
             else release.get('elapsed_s'),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from gpusim import hold as _hold
+from gpusim import messages
 from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, RECOVERY_ACTIONS, Paths,
                           build_state, cuda_code, empty_faults, is_alive, load_records, load_state, minor_of, write_json)
 
@@ -48,8 +49,9 @@ COUNTING_SMI = """\
 exec {smi} "$@"
 """
 
-FAULT_KINDS = ("lost", "hang", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
-               "remap", "retired", "xid", "fallen", "reset-required", "reset-refused", "recovery", "fabric",
+FAULT_KINDS = ("lost", "hang", "hang-d", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
+               "remap", "retired", "xid", "fallen", "reset-required", "reset-refused", "reset-flr-refused",
+               "recovery", "fabric",
                "bug-report-hang", "cuda-init", "cuda-hang", "cuda-crash", "cuda", "compute-mode",
                "cuda-jit", "cuda-launch", "cuda-idle", "cuda-flip")
 
@@ -351,7 +353,8 @@ class Host:
               gpu_instance=None, form="probe", count=1, offset=None, bit=0):
         """Inject a fault. kind: lost (gpu, message; in_place=True: the old variant, where the
         error line stands in the GPU's place and the others are listed, for every lost GPU),
-        hang (seconds), na (field, gpu, value),
+        hang (seconds), hang-d (seconds: nvidia-smi hangs as one in D state in the driver does, as
+        far as ROOT/proc/PID shows it: see smi.hang_in_driver; 0 clears), na (field, gpu, value),
         stuck (gpu, mib), driver-not-loaded|no-devices|mismatch (value on/off), clear,
         remap (gpu, pending, failure, correctable, uncorrectable: row-remapper state),
         retired (gpu, value: retired pages pending, on GPUs that retire pages),
@@ -362,7 +365,10 @@ class Host:
         form "probe" is its three-line form, "line" its one-line form),
         reset-required (gpu, value on/off: the driver says the GPU needs a reset; cleared by
         nvidia-smi -r), reset-refused (gpu, value on/off: nvidia-smi -r refuses the GPU as in use by
-        another client, one this host's /proc does not show: another PID namespace), recovery (gpu, value: the driver's GPU Recovery Action, none | reset |
+        another client, one this host's /proc does not show: another PID namespace), reset-flr-refused
+        (gpu, value on/off or nvidia-smi's words: nvidia-smi -r answers as when the platform refuses
+        the function-level reset, "Unknown Error" by default, "Not Supported", "Insufficient
+        Permissions"; a GPU in use is refused as in use first), recovery (gpu, value: the driver's GPU Recovery Action, none | reset |
         reboot | drain-p2p | drain-and-reset, on drivers from 565),
         cuda-init (code: the CUresult cuInit returns, by cuda.h name or number; 0 clears),
         cuda-hang (seconds cuInit sleeps first; with gpu, seconds that GPU's context creation sleeps
@@ -399,6 +405,8 @@ class Host:
                 faults["lost_style"] = "in-place"
         elif kind == "hang":
             faults["hang_s"] = float(seconds if seconds is not None else value)
+        elif kind == "hang-d":
+            faults["hang_d_s"] = float(seconds if seconds is not None else value)
         elif kind == "na":
             v = "[N/A]" if value is True else value
             faults["na"] = [n for n in faults["na"]
@@ -429,6 +437,13 @@ class Host:
                 faults.setdefault("reset_refused", {})[str(int(gpu))] = True
             else:
                 faults.setdefault("reset_refused", {}).pop(str(int(gpu)), None)
+        elif kind == "reset-flr-refused":
+            # value: on (nvidia-smi says "Unknown Error"), off, or the words it says for the GPU.
+            words = value if value in messages.FLR_REFUSED_WORDS else messages.FLR_REFUSED_WORDS[0]
+            if value not in messages.FLR_REFUSED_WORDS and not _onoff(value):
+                faults.setdefault("reset_flr_refused", {}).pop(str(int(gpu)), None)
+            else:
+                faults.setdefault("reset_flr_refused", {})[str(int(gpu))] = words
         elif kind == "recovery":
             if value not in RECOVERY_ACTIONS:
                 raise ValueError("recovery action must be one of %s" % ", ".join(RECOVERY_ACTIONS))

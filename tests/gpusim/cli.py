@@ -62,6 +62,8 @@ def _parser():
                    help="old variant: the error line in the GPU's place, the other GPUs listed")
     f = fs.add_parser("hang")
     f.add_argument("--seconds", type=float, required=True)
+    f = fs.add_parser("hang-d", help="nvidia-smi hangs as in D state in the driver (ROOT/proc/PID says so; 0 clears)")
+    f.add_argument("--seconds", type=float, required=True)
     f = fs.add_parser("na")
     f.add_argument("--field", required=True)
     f.add_argument("--gpu", type=int, default=None)
@@ -88,6 +90,11 @@ def _parser():
     f = fs.add_parser("reset-refused", help="nvidia-smi refuses to reset the GPU: in use by a client no /proc scan sees")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("value", choices=("on", "off"), nargs="?", default="on")
+    f = fs.add_parser("reset-flr-refused", help="nvidia-smi -r answers as when the platform refuses the FLR "
+                      "(AWS bare metal, EKS)")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("value", choices=("on", "off", "Unknown Error", "Not Supported", "Insufficient Permissions"),
+                   nargs="?", default="on")
     f = fs.add_parser("recovery", help="the driver's GPU Recovery Action (drivers from 565)")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("value", choices=("none", "reset", "reboot", "drain-p2p", "drain-and-reset"))
@@ -184,7 +191,7 @@ def main(argv=None):
             k = args.kind
             if k == "lost":
                 host.fault(k, gpu=args.gpu, message=args.message, in_place=args.in_place)
-            elif k == "hang":
+            elif k in ("hang", "hang-d"):
                 host.fault(k, seconds=args.seconds)
             elif k == "na":
                 host.fault(k, field=args.field, gpu=args.gpu, value=args.value)
@@ -195,7 +202,7 @@ def main(argv=None):
             elif k == "remap":
                 host.fault(k, gpu=args.gpu, pending=args.pending, failure=args.failure,
                            correctable=args.correctable, uncorrectable=args.uncorrectable)
-            elif k in ("retired", "reset-required", "reset-refused", "recovery"):
+            elif k in ("retired", "reset-required", "reset-refused", "reset-flr-refused", "recovery"):
                 host.fault(k, gpu=args.gpu, value=args.value)
             elif k == "xid":
                 host.fault(k, gpu=args.gpu, code=args.code, text=args.text, gpu_instance=args.gpu_instance,

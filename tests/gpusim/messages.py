@@ -44,6 +44,12 @@ ALL_DONE = "All done."
 RESET_OK = "GPU {bus} was successfully reset."
 RESET_FAILED_HEADER = "The following GPUs could not be reset:"
 RESET_FAILED_GPU = "  GPU {bus}: In use by another client"
+# The same refusal, when the platform refuses the function-level reset itself: NVML's words for the
+# GPU in place of "In use by another client" ("Unknown Error" on AWS bare metal and EKS, where the
+# hypervisor blocks FLR: NVIDIA/ai-cloud-validation#603; "Not Supported", "Insufficient
+# Permissions": nvmlErrorString of NOT_SUPPORTED and NO_PERMISSION). No footer follows it.
+RESET_REFUSED_GPU = "  GPU {bus}: {words}"
+FLR_REFUSED_WORDS = ("Unknown Error", "Not Supported", "Insufficient Permissions")
 RESET_FAILED_FOOTER = (
     "{n} device{s} {verb} currently being used by one or more other processes "
     "(e.g., Fabric Manager, CUDA application, graphics application such as an X server, "

@@ -391,7 +391,7 @@ class Smi:
 
     def gpu_reset(self, gpus):
         _unused, _unused2, live = self.usage()
-        busy, ok = [], []
+        busy, refused, ok = [], [], []
         for g in gpus:
             if self.lost_kind(g):
                 self.w(self.lost_line(g))
@@ -404,15 +404,20 @@ class Smi:
                              for name in self.faults.get("reset_blocking_modules", ()))
                       or any(idx in rec["gpus"] and int(rec.get("mib", 0)) > 0 for rec in live)
                       or holders_of({dev}, exclude=(os.getpid(),)))
-            (busy if in_use else ok).append(g)
-        if busy:
+            flr = self.faults.get("reset_flr_refused", {}).get(str(idx))
+            (busy if in_use else refused if flr else ok).append(g)
+        if busy or refused:
             self.w(M.RESET_FAILED_HEADER)
             for g in busy:
                 self.w(M.RESET_FAILED_GPU.format(bus=g["pci_bus_id"]))
-            self.w("")
-            n = len(busy)
-            self.w(M.RESET_FAILED_FOOTER.format(n=n, s="" if n == 1 else "s",
-                                                verb="is" if n == 1 else "are"))
+            for g in refused:
+                words = self.faults["reset_flr_refused"][str(g["index"])]
+                self.w(M.RESET_REFUSED_GPU.format(bus=g["pci_bus_id"], words=words))
+            if busy:
+                self.w("")
+                n = len(busy)
+                self.w(M.RESET_FAILED_FOOTER.format(n=n, s="" if n == 1 else "s",
+                                                    verb="is" if n == 1 else "are"))
             self.rc = M.EXIT_OTHER
             return
         reset = {g["index"] for g in ok}
@@ -548,6 +553,29 @@ def _held_gpu_devs(pid, paths):
     return out
 
 
+# The kernel stack of a task hung in NVIDIA's driver, as a hung-task report prints it (an NVML
+# client blocked in nvidia_uvm: NVIDIA/k8s-device-plugin#77), in /proc/PID/stack's form.
+HUNG_STACK = ("[<0>] __mutex_lock_slowpath+0xb4/0x130\n[<0>] mutex_lock+0x1f/0x2f\n"
+              "[<0>] uvm_gpu_retain_by_uuid+0x1e/0x40 [nvidia_uvm]\n[<0>] SyS_ioctl+0x79/0x90\n")
+
+
+def hang_in_driver(paths, seconds):
+    """The fault hang-d: nvidia-smi hangs as one stuck in the driver. A real D state needs a
+    kernel that blocks the task (no test can make one: SIGKILL ends any process of ours), so
+    what a reader of /proc sees of it is written under ROOT/proc/PID (stat with state D, wchan,
+    stack) for a runner pointed there (Runner.proc); the process itself sleeps, and dies when killed."""
+    where = os.path.join(paths.root, "proc", str(os.getpid()))
+    os.makedirs(where, exist_ok=True)
+    with open("/proc/self/stat") as handle:
+        head, tail = handle.read().rsplit(")", 1)
+    fields = tail.split()
+    fields[0] = "D"
+    for name, text in (("stat", "%s) %s\n" % (head, " ".join(fields))), ("wchan", "mutex_lock"), ("stack", HUNG_STACK)):
+        with open(os.path.join(where, name), "w") as handle:
+            handle.write(text)
+    hang(seconds)
+
+
 def hang(seconds):
     import signal
 
@@ -604,6 +632,8 @@ def run(root, argv, out):
         return e.code
 
     f = smi.faults
+    if f.get("hang_d_s"):
+        hang_in_driver(smi.paths, float(f["hang_d_s"]))
     if f.get("hang_s"):
         hang(float(f["hang_s"]))
     if f.get("driver_not_loaded"):

@@ -70,7 +70,7 @@ def test_a_kernel_fault_is_named_on_its_gpu(cudahost, fault, call, name):
     result, proc = run_probe(cudahost, gpus=[1, 6], probe_mib=64)
     assert result['failed'], proc.stdout
     gpu = only_failed(result, 6)
-    assert (gpu['call'], gpu['error_name']) == (call, name), gpu
+    assert (gpu["call"], gpu["error_name"]) == (call, name), gpu["error_string"]
     if call == 'cuModuleLoadDataEx':
         assert "the probe's PTX is ISA 7.0 for sm_50" in gpu['error_string'] and 'CUDA 12.4' in gpu['error_string']
 

@@ -167,3 +167,12 @@ def test_gpusim_kernel_log_mig_and_fallen_lines(gpuhost):
         (0, 0x3a, 0): 'GPU 0000:3a:00.0: GPU has fallen off the bus.'}
     assert [health_facts({'pci_bus_id': bus}, events)['recovery_action']
             for bus in ('00000000:18:00.0', '00000000:2A:00.0', '00000000:3A:00.0')] == ['restart_app', 'reboot', 'reboot']
+
+
+def test_a_gpu_whose_read_hung_in_the_driver_needs_a_reboot():
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._health import recovery_action
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import driver_hung
+
+    hung = driver_hung('nvidia-smi -i 3 --query-gpu=index', 'pid 77 in D state, in mutex_lock')
+    assert recovery_action([], error=hung) == 'reboot'
+    assert recovery_action([], error='nvidia-smi -i 3 did not answer within 2.0 s and was killed') == 'inspect'

@@ -10,12 +10,14 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
 import stat
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, flr_refused, would_reset
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiRunner
 
+SAMPLES = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', '..', 'shared', 'real-samples')
 BUS = {0: '00000000:18:00.0', 1: '00000000:2A:00.0', 2: '00000000:3A:00.0'}
 
 # Persistence mode Enabled everywhere; a reset of GPU 0 alone is refused naming GPU 1 with it,
@@ -126,3 +128,32 @@ def test_persistence_that_cannot_be_restored_is_reported(tmp_path):
     assert result['ok'] is False and result['gpus'] == [2]
     assert result['persistence_mode_off'] == [2] and result['persistence_mode_restored'] is False
     assert 'persistence mode of GPU 2 not restored' in result['message']
+
+
+def test_the_platforms_refusal_is_told_from_a_client_that_holds_the_gpu():
+    """The refusal's form is that of real-samples/smi_errors/E10 (NVSentinel#1690); the words
+    in place of "In use by another client" are what AWS bare metal gives (Unknown Error) and
+    NVML's strings for a reset the device or the VM does not allow."""
+    text = 'The following GPUs could not be reset:\n  GPU 00000000:18:00.0: %s\n'
+    for words in ('Unknown Error', 'Not Supported', 'Insufficient Permissions'):
+        assert flr_refused(text % words) == ['00000000:18:00.0'], words
+    assert flr_refused(text % 'In use by another client') == []
+    sample = open(os.path.join(SAMPLES, 'smi_errors', 'E10_reset_refused_nvsentinel1690.txt')).read()
+    assert flr_refused(sample) == []
+
+
+def test_a_reset_the_platform_refuses_names_the_gpu_in_flr_refused(tmp_path):
+    runner, log = fake_smi(tmp_path, other='echo "The following GPUs could not be reset:"; '
+                                           'echo "  GPU 00000000:3A:00.0: Unknown Error"; exit 255')
+    result, logged = reset(runner, [2], [2])
+    assert result['ok'] is False and result['gpus'] == [2] and result['flr_refused'] == [2]
+    assert 'GPU 00000000:3A:00.0: Unknown Error' in result['message']
+    # Persistence mode comes back all the same.
+    assert result['persistence_mode_restored'] is True
+
+
+def test_a_refusal_for_a_client_names_no_gpu_in_flr_refused(tmp_path):
+    runner, log = fake_smi(tmp_path, other='echo "The following GPUs could not be reset:"; '
+                                           'echo "  GPU 00000000:3A:00.0: In use by another client"; exit 255')
+    result, logged = reset(runner, [2], [2])
+    assert result['ok'] is False and result['flr_refused'] == []

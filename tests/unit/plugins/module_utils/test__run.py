@@ -15,7 +15,7 @@ import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _kernel_log as _health
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner, process_state
 from processes import gone, kill_left, read_pid
 
 
@@ -114,3 +114,61 @@ def test_a_program_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
         Runner(path, term_grace=1).run([], timeout=1)
     assert time.monotonic() - started >= 2
     assert gone(read_pid(str(tmp_path / 'pid')))
+
+
+# A program that hangs past its deadline, and writes what /proc would show of it under a
+# directory of the test's (argument 1): the runner reads its state there (Runner.proc). A real
+# D state cannot be made here: it takes a kernel that blocks the task, and SIGKILL ends any
+# process a test can start; the state the runner reads is the seam.
+HUNG = r'''
+mkdir -p "$1/$$"
+read -r line < /proc/$$/stat
+echo "$$ (nvidia-smi) D ${line#*) ? }" > "$1/$$/stat"
+printf '%s' "$2" > "$1/$$/wchan"
+printf '%b' "$3" > "$1/$$/stack"
+exec sleep 30
+'''
+
+
+def hung_runner(tmp_path):
+    runner = Runner(program(tmp_path, 'hung', HUNG), timeout=2.0)
+    runner.proc = str(tmp_path / 'proc')
+    return runner
+
+
+def test_a_program_past_its_deadline_in_the_driver_is_said_to_be_stuck_there(tmp_path):
+    runner = hung_runner(tmp_path)
+    stack = r'[<0>] mutex_lock+0x1f/0x2f\n[<0>] uvm_gpu_retain_by_uuid+0x1e/0x40 [nvidia_uvm]\n'
+    with pytest.raises(CommandTimeout) as caught:
+        runner.run([runner.proc, 'mutex_lock', stack])
+    stuck = caught.value.stuck
+    assert stuck['state'] == 'D' and stuck['wchan'] == 'mutex_lock' and stuck['nvidia'] is True
+    assert caught.value.in_driver is True and 'did not answer within 2.0 s' in str(caught.value)
+    assert not stuck.get('survived_kill')  # the simulated one dies when killed
+
+
+def test_a_program_in_d_state_outside_the_driver_that_dies_when_killed_is_a_plain_timeout(tmp_path):
+    runner = hung_runner(tmp_path)
+    with pytest.raises(CommandTimeout) as caught:
+        runner.run([runner.proc, 'io_schedule', r'[<0>] io_schedule+0x12/0x40\n'])
+    assert caught.value.stuck['state'] == 'D' and caught.value.stuck['nvidia'] is False
+    assert caught.value.in_driver is False
+
+
+def test_a_program_that_sleeps_past_its_deadline_is_not_stuck(tmp_path):
+    runner = Runner(program(tmp_path, 'sleeper', 'exec sleep 30\n'), timeout=2.0)
+    with pytest.raises(CommandTimeout) as caught:
+        runner.run([])
+    assert caught.value.stuck is None and caught.value.in_driver is False
+
+
+def test_process_state_reads_the_driver_in_wchan_or_the_stack(tmp_path):
+    where = tmp_path / '42'
+    where.mkdir()
+    (where / 'stat').write_text('42 (nvidia-smi) D 1 42 42 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 99 0 0\n')
+    (where / 'wchan').write_text('os_acquire_mutex')
+    state = process_state(42, str(tmp_path))
+    assert state == {'pid': 42, 'state': 'D', 'wchan': 'os_acquire_mutex', 'nvidia': True}
+    (where / 'wchan').write_text('0')
+    assert process_state(42, str(tmp_path))['nvidia'] is False
+    assert process_state(43, str(tmp_path)) is None

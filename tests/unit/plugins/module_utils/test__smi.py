@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _smi
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DriverHung, GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
     SmiParseError,
     SmiReader,
@@ -585,3 +585,27 @@ def test_a_wrong_driver_branch_falls_back_to_what_the_driver_says(gpuhost_factor
     assert [gpu['driver_recovery_action'] for gpu in snapshot.gpus] == (
         ['none', 'reset_gpu'] + ['none'] * 6 if knows else [None] * 8)
     assert gpu_state(snapshot.gpus[1]) == ('reset_required' if knows else 'free')
+
+
+def test_an_nvidia_smi_hung_in_the_driver_is_driver_hung_not_a_timeout(gpuhost):
+    """gpusim's fault hang-d: the simulated nvidia-smi hangs, and what /proc would show of a real
+    one stuck in the driver (state D, a stack in nvidia_uvm) is under the host's ROOT/proc, where
+    the runner is pointed. A real D state cannot be made without a kernel that blocks the task."""
+    gpuhost.fault('hang-d', seconds=30)
+    runner = SmiRunner(gpuhost.smi_path)
+    runner.proc = os.path.join(gpuhost.root, 'proc')
+    with pytest.raises(DriverHung) as caught:
+        SmiReader(runner).read(timeout=2.0)
+    assert str(caught.value).startswith('driver_hung: nvidia-smi --query-gpu=') and 'in D state, in mutex_lock' in str(caught.value)
+    assert 'only a reboot frees it' in str(caught.value)
+    # Permanent: the release signals nothing after it, and no second read is tried.
+    assert isinstance(caught.value, PermanentReadError)
+
+
+def test_an_nvidia_smi_that_only_sleeps_past_its_deadline_did_not_answer(gpuhost):
+    gpuhost.fault('hang', seconds=30)
+    runner = SmiRunner(gpuhost.smi_path)
+    runner.proc = os.path.join(gpuhost.root, 'proc')
+    with pytest.raises(GpuopsError) as caught:
+        SmiReader(runner).read(timeout=2.0)
+    assert not isinstance(caught.value, DriverHung) and 'did not answer within 2.0 s' in str(caught.value)

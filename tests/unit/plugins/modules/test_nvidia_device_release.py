@@ -226,6 +226,32 @@ def test_reset_orphaned_refused_is_reported_in_nvidia_smis_words(capsys, gpuhost
     assert escalation['quiesced']['held_by'] == [] and escalation['quiesced']['stopped'] == []
 
 
+def test_a_reset_the_platform_refuses_makes_the_gpus_recovery_action_reboot(capsys, gpuhost, tmp_path):
+    """FLR blocked by the hypervisor (AWS bare metal, EKS): gpusim's nvidia-smi -r answers
+    "Unknown Error" for the GPU, as the real one does there; no retry helps, a reboot does."""
+    gpuhost.fault('reset-flr-refused', gpu=3)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, grace_period=0.3, timeout=6)
+    assert result['failed'] is True and result['released'] is False, result
+    escalation = result['escalation']
+    assert escalation['attempted'] is True and escalation['ok'] is False and escalation['flr_refused'] == [3]
+    assert 'GPU 00000000:5D:00.0: Unknown Error' in escalation['message']
+    line = 'GPU 3 needs a reboot (reset_refused: the platform refused the GPU reset (FLR); a driver reload or a reboot is needed)'
+    assert escalation['problems'] == [line] and result['msg'].count('reset_refused') == 1, result['msg']
+    assert [gpu['recovery_action'] for gpu in result['gpu_states'] if gpu['index'] == 3] == ['reboot']
+    assert set(gpu['recovery_action'] for gpu in result['gpu_states'] if gpu['index'] != 3) == {'none'}
+    assert persistence(gpuhost, 3) == 'Enabled'
+
+
+def test_a_gpu_in_use_is_refused_as_in_use_before_the_platform_is_asked(capsys, gpuhost, tmp_path):
+    gpuhost.fault('reset-flr-refused', gpu=3, value='Not Supported')
+    gpuhost.fault('reset-refused', gpu=3)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = run_module(capsys, gpuhost, tmp_path, reset_orphaned=True, grace_period=0.3, timeout=6)
+    assert result['failed'] is True and result['escalation']['flr_refused'] == [], result
+    assert 'In use by another client' in result['escalation']['message'] and 'reset_refused' not in result['msg']
+
+
 def test_a_reset_refused_while_a_kernel_module_holds_the_driver_names_the_modules(capsys, gpuhost, tmp_path):
     """An idle nvidia_drm (through nvidia_modeset) makes the simulated nvidia-smi refuse the reset,
     as it makes the real one: no process holds the GPU, and the failure names the modules."""
@@ -271,7 +297,7 @@ def test_reset_orphaned_in_check_mode_says_what_would_be_reset(capsys, gpuhost, 
     assert result['escalation'] == {'attempted': False, 'gpus': [5], 'ok': None, 'message': result['escalation']['message'],
                                     'reasons': [{'index': 5, 'reasons': ['orphaned memory']}],
                                     'persistence_mode_off': [], 'persistence_mode_restored': None,
-                                    'quiesced': result['escalation']['quiesced']}
+                                    'flr_refused': [], 'quiesced': result['escalation']['quiesced']}
     assert result['escalation']['quiesced']['to_stop'] == [] and result['escalation']['quiesced']['refusal'] is None
     assert 'GPU 5 would be reset' in result['escalation']['message']
     assert gpuhost.memory_used()[5] == 2049 and persistence(gpuhost, 5) == 'Enabled'

@@ -898,3 +898,51 @@ def test_the_jobs_on_the_node_as_slurmd_lists_them(tmp_path, script, jobs):
     scontrol.write_text('#!/bin/sh\n%s\n' % script)
     scontrol.chmod(0o755)
     assert _slurm_hook.live_jobs(str(scontrol), 5) == jobs
+
+
+# -- a fault that returns after its cures goes to a person ----------------------------------------
+
+def test_a_third_recurrence_after_two_cures_is_held_for_a_person_until_cleared(gpuhost, slurm, capsys, hook_vars):
+    variables = hook_vars()
+    with open(variables, 'a') as handle:
+        handle.write('gpu_reset_allow_gpu_reset: true\n')
+
+    def prolog_run():
+        rc = _slurm_hook.main(['--node', 'gpu07', '--scontrol', slurm.scontrol, '--vars-file', variables,
+                               '--timeout', '10', '--deadline', '40'])
+        return rc, json.loads(capsys.readouterr().out), [call for call in slurm.calls() if call[1:2] == ['update']]
+
+    for cure in range(2):
+        gpuhost.fault('stuck', gpu=3, mib=4096)
+        rc, report, updates = prolog_run()
+        assert (rc, report['outcome'], updates) == (0, 'released', []), report['reason']
+        assert report['escalation']['gpus'] == [3]
+    uuid = [gpu['uuid'] for gpu in report['gpus'] if gpu['index'] == 3][0]
+    counts = report['history'][uuid]['counts']['7d']
+    # Two resets, each a cure (a probe whose bytes the kernel checked cures too), and the probes passed.
+    assert counts['reset'] == 2 and counts['cure'] >= 2 and counts['probe'] >= 1, report['history']
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    rc, report, updates = prolog_run()
+    assert rc == _slurm_hook.RUNNER_DRAINED and report['escalation'] is None and report['held_for_person'] is True
+    assert len(updates) == 1 and updates[0][:4] == ['scontrol', 'update', 'nodename=gpu07', 'state=drain']
+    reason = updates[0][4][len('reason='):]
+    assert reason.startswith('gpu_reset(hold): GPU 3 (%s): needs a reset (' % uuid), reason
+    assert 'back after 2 cure(s) within 7 days' in reason and report['held'][0]['index'] == 3
+    assert gpuhost.memory_used()[3] >= 4096  # not reset a third time
+    # The health check leaves it drained, whatever its GPUs read.
+    slurm.says(scontrol=show_node(reason=reason), squeue='')
+    rc, out = slurm.check(capsys, '--vars-file', variables, '--timeout', '5')
+    assert rc == 0 and 'held by gpu_reset for a person' in out.err
+    assert len([call for call in slurm.calls() if call[1:2] == ['update']]) == 1
+    # Until an operator clears the GPU's history: then a reset is tried again.
+    assert _slurm_hook.main(['--clear-history', uuid, '--vars-file', variables]) == 0
+    assert uuid in capsys.readouterr().err
+    rc, report, dummy = prolog_run()
+    assert (rc, report['outcome'], report['escalation']['gpus']) == (0, 'released', [3]), report['reason']
+
+
+def test_the_hold_threshold_is_a_setting_checked_before_anything_is_done(gpuhost, hook):
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    rc, report, drained = hook('--timeout', '10', gpu_reset_allow_gpu_reset=True, gpu_reset_hold_after_cures=0)
+    assert rc == _slurm_hook.RUNNER_DRAINED and 'gpu_reset_hold_after_cures must be between 1 and 100' in report['reason']
+    assert report['escalation'] is None

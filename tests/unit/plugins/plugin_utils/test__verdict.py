@@ -13,7 +13,7 @@ from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _verdict
 
 KEYS = ['host', 'outcome', 'reason', 'check_mode', 'gpus_before', 'gpus_after', 'gpus_free', 'gpus_held', 'signalled', 'survivors',
         'other_jobs',
-        'orphaned_gpus', 'escalation', 'gpus', 'release_s', 'started', 'duration_s', 'drained']
+        'orphaned_gpus', 'escalation', 'held', 'history', 'gpus', 'release_s', 'started', 'duration_s', 'drained']
 
 
 def gpu(index, used=1, state='free', error=None, processes=()):
@@ -126,6 +126,28 @@ def test_a_reset_that_left_the_fabric_behind_fails_the_host_though_the_gpus_read
     report = _verdict.verdict('n1', release=release(True, changed=True, before=(1, 4097), escalation=fine),
                               facts=facts([gpu(0), gpu(1)]), allow_gpu_reset=True)
     assert report['outcome'] == 'released' and report['reason'] is None
+
+
+def test_a_reset_the_platform_refused_asks_for_a_reboot_in_one_line():
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import RESET_REFUSED
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook import reboot_cures
+
+    line = 'GPU 1 needs a reboot (%s)' % RESET_REFUSED
+    output = 'nvidia-smi --gpu-reset -i 1 refused (exit 255): GPU 00000000:11:00.0: Unknown Error'
+    refused = dict(module_escalation(False, output, off=()), flr_refused=[1], problems=[line])
+    read = facts([gpu(0), gpu(1, 513, 'orphaned_memory')])
+    report = _verdict.verdict('n1', release=release(False, changed=True, before=(1, 513), orphaned_gpus=[1],
+                                                    escalation=refused), facts=read, allow_gpu_reset=True)
+    assert report['outcome'] == 'failed' and report['reason'].startswith(line + '; GPU 1: 513 MiB held'), report['reason']
+    assert report['reason'].count('reset_refused') == 1
+    assert report['escalation']['flr_refused'] == [1]
+    assert [row['recovery_action'] for row in report['gpus']] == [None, 'reboot']
+    # The hook asks for a reboot, as for a GPU fallen off the bus.
+    assert reboot_cures(report) is True
+    plain = dict(module_escalation(False, output.replace('Unknown Error', 'In use by another client'), off=()))
+    report = _verdict.verdict('n1', release=release(False, changed=True, before=(1, 513), orphaned_gpus=[1],
+                                                    escalation=plain), facts=read, allow_gpu_reset=True)
+    assert reboot_cures(report) is False and 'reset_refused' not in report['reason']
 
 
 def test_no_escalation_in_the_report_without_an_attempt_or_an_allowed_reset():
@@ -316,6 +338,8 @@ def test_per_gpu_metrics_from_the_release_and_from_the_facts():
               dict(index=2, pci_bus_id='00000000:3A:00.0', state='reset_required', driver_recovery_action='reset_gpu',
                    memory_used_mib=0)]
     report = _verdict.verdict('n1', release=release(False, before=(1, 4000, 0), after=(1, 1, 0), gpu_states=states))
+    # The UUID (for the GPU's history) is the release's; these states give none.
+    assert [row.pop('uuid') for row in report['gpus']] == [None, None, None]
     assert report['gpus'] == [
         {'index': 0, 'pci_bus_id': '00000000:18:00.0', 'state': 'free', 'recovery_action': None, 'orphaned_mib': 0,
          'seconds_until_free': 0},
@@ -376,3 +400,15 @@ def test_a_module_that_failed_or_crashed_keeps_its_own_words():
         'Release the GPUs: nvidia-smi not found')
     crashed = {'msg': 'MODULE FAILURE', 'module_stderr': 'Traceback (most recent call last):\nKeyError: 1'}
     assert _verdict.task_error({'task': 'Release the GPUs', 'result': crashed}) == 'Release the GPUs: MODULE FAILURE: KeyError: 1'
+
+
+def test_a_hung_driver_that_names_no_gpu_asks_the_hook_for_a_reboot():
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import driver_hung
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook import reboot_cures
+
+    error = '%s; nothing was signalled' % driver_hung('nvidia-smi --query-gpu=index', 'pid 77 in D state')
+    report = _verdict.verdict('n1', error=error)
+    assert report['outcome'] == 'failed' and report['reason'].startswith('driver_hung: nvidia-smi')
+    assert reboot_cures(report) is True
+    report = _verdict.verdict('n1', error='nvidia-smi --query-gpu=index did not answer within 2.0 s and was killed')
+    assert reboot_cures(report) is False
