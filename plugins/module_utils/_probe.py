@@ -463,9 +463,9 @@ class Prober:
         passed = [gpu.get('uuid') for gpu, dummy in proven]
         history.record([(gpu.get('uuid'), gpu.get('index'), 'probe passed') for gpu, dummy in proven], 'probe', now,
                        result='pass')
-        history.record([(gpu.get('uuid'), gpu.get('index'), '%s: %s' % (res.get('error_name') or 'failed',
-                                                                         res.get('error_string') or ''))
-                        for gpu, res in probed if gpu.get('uuid') not in passed], 'probe', now, result='fail')
+        failed = [(gpu.get('uuid'), gpu.get('index'), '%s: %s' % (res.get('error_name') or 'failed', res.get('error_string') or ''))
+                  for gpu, res in probed if gpu.get('uuid') not in passed]
+        history.record(failed, 'probe', now, result='fail')
         history.record([(uuid, dict((gpu.get('uuid'), gpu.get('index')) for gpu, dummy in proven).get(uuid),
                          'every probed byte checked by the kernel') for uuid in cured], 'cure', now, how='probe')
         result.warnings.extend(warning for warning in history.warnings if warning not in result.warnings)

@@ -253,7 +253,7 @@ class Quiesce:
         if not self.units or left >= RESET_FLOOR_S:
             return None
         self.time_refused = _reason.no_time_to_restore(self._gpus(), self._units_text(self.units), self.restore_reserve(),
-                                          self.deadline - self.clock(), RESET_FLOOR_S)
+                                                       self.deadline - self.clock(), RESET_FLOOR_S)
         return self.time_refused
 
     # -- acting ---------------------------------------------------------------------------

@@ -548,8 +548,8 @@ def _flat_state(state):
     for key, number in sorted((faults.get("cuda_gpu_crash") or {}).items()):
         lines.append("cuda_gpu_crash %d %d" % (int(key), int(number)))
     for key, kernel in sorted((faults.get("cuda_gpu_kernel") or {}).items()):
-        lines.append("cuda_gpu_kernel %d %d %d %d" % (int(key), int(kernel.get("jit") or 0),
-                                                       int(kernel.get("launch") or 0), int(bool(kernel.get("idle")))))
+        lines.append("cuda_gpu_kernel %d %d %d %d" % (int(key), int(kernel.get("jit") or 0), int(kernel.get("launch") or 0),
+                                                      int(bool(kernel.get("idle")))))
     for key, flips in sorted((faults.get("cuda_gpu_flip") or {}).items()):
         for offset, bit in flips:
             lines.append("cuda_gpu_flip %d %d %d" % (int(key), int(offset), int(bit)))

@@ -148,8 +148,8 @@ def test_a_kernel_that_did_not_run_fails(idle):
 
 
 def test_a_jit_failure_names_the_ptx_the_driver_and_the_log():
-    cuda = FakeCuda(failing={'cuModuleLoadDataEx': 222}, log=b"ptxas application ptx input, line 1; fatal   : "
-                                                              b"Unsupported .version 7.0; current version is '6.4'")
+    log = b"ptxas application ptx input, line 1; fatal   : Unsupported .version 7.0; current version is '6.4'"
+    cuda = FakeCuda(failing={'cuModuleLoadDataEx': 222}, log=log)
     result = GpuProbe(cuda, GPU, 4).run()
     assert (result['call'], result['error_name'], result['error_code']) == (
         'cuModuleLoadDataEx', 'CUDA_ERROR_UNSUPPORTED_PTX_VERSION', 222)

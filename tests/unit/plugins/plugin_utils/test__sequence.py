@@ -84,8 +84,8 @@ def test_a_clean_host_is_one_release_and_nothing_else():
     assert args['reset_orphaned'] is False and args['facts_after'] is False and args['timeout'] == 60
     # The release proves what it released itself: no module call of its own for the probe.
     assert args['probe'] == dict(mib=1024, missing_library='skip', cuda_library='libcuda.so.1', level='allocation')
-    assert report['probe'] == dict((key, NOT_PROBED[key]) for key in ('probed', 'library_missing', 'gpus', 'duration_ms',
-                                                                       'verified'))
+    kept = ('probed', 'library_missing', 'gpus', 'duration_ms', 'verified')
+    assert report['probe'] == dict((key, NOT_PROBED[key]) for key in kept)
 
 
 def test_a_release_that_signalled_is_released():
