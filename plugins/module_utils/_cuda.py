@@ -184,6 +184,12 @@ class LibraryError(Exception):
     """libcuda.so.1 cannot be loaded, or lacks an entry point the probe calls."""
 
 
+def not_loaded(library, exc):
+    """Why the driver library cannot be used, in words (the child's and the parent's)."""
+    return '%s cannot be loaded (%s): no NVIDIA driver installed, or its library is not on the loader path' % (
+        library, exc)
+
+
 class CudaError(Exception):
     """A CUDA call returned an error: the call, its CUresult, and what the probe knows beside it."""
 
@@ -201,8 +207,7 @@ class Cuda:
         try:
             self.lib = ctypes.CDLL(library)
         except OSError as exc:
-            raise LibraryError('%s cannot be loaded (%s): no NVIDIA driver installed, or its library '
-                               'is not on the loader path' % (library, exc))
+            raise LibraryError(not_loaded(library, exc))
         self.functions = {}
         for name, argtypes in SIGNATURES.items():
             try:

@@ -14,7 +14,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import functools
+import ctypes
 import inspect
 import json
 import os
@@ -261,10 +261,24 @@ def select_gpus(snapshot, wanted):
 UUID_PATTERN = re.compile(r'^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$')
 
 
-@functools.lru_cache(maxsize=1)
 def child_source():
-    """The child's program: the source of _cuda, which runs main() as __main__."""
-    return inspect.getsource(_cuda)
+    """The child's program: the source of _cuda, which runs main() as __main__. Read once, before
+    the children start: inspect (linecache) is not safe from several threads at once, and in
+    Ansible's payload (a zip) a second thread's read fails."""
+    try:
+        return inspect.getsource(_cuda)
+    except (OSError, TypeError) as exc:
+        raise GpuopsError("%s cannot start: its program's source cannot be read (%s)" % (PROBE_NAME, exc))
+
+
+def loadable(library):
+    """None when the driver library can be loaded (dlopen only: nothing of CUDA starts), else the
+    child's own words for it: without it no GPU's child is started (each would only find the same)."""
+    try:
+        ctypes.CDLL(library)
+    except OSError as exc:
+        return _cuda.not_loaded(library, exc)
+    return None
 
 
 def visible_only(gpu):
@@ -293,6 +307,7 @@ class ProbeChild:
         self.python = python or sys.executable
         self.library = library
         self.level = level
+        self.source = child_source()
         self.pids = set()
         self._lock = threading.Lock()
 
@@ -302,7 +317,7 @@ class ProbeChild:
                         unset=[name for name in CUDA_ENVIRONMENT if name not in env])
         request = dict(library=self.library, mib=mib, level=self.level,
                        gpus=[dict(index=gpu.get('index'), pci_bus_id=gpu['pci_bus_id'])])
-        rc, stdout, stderr = runner.run(['-I', '-S', '-c', child_source(), json.dumps(request)], timeout=timeout)
+        rc, stdout, stderr = runner.run(['-I', '-S', '-c', self.source, json.dumps(request)], timeout=timeout)
         if rc < 0:
             raise ProbeCrashed('%s %s%s' % (PROBE_NAME, exit_words(rc), said(stderr)), last_call(stderr))
         if rc != 0:
@@ -425,7 +440,7 @@ class Prober:
         readable = [(gpu, res) for gpu, res in zip(scope, result.gpus) if not self._lost(gpu, res)]
         if not readable:
             return
-        library_error = self._answers(readable)
+        library_error = loadable(self.options.cuda_library) or self._answers(readable)
         if library_error:
             self._missing_library(library_error, result)
             return

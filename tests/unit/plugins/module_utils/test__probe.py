@@ -86,7 +86,9 @@ def answer(*results, **extra):
 @pytest.fixture
 def probe_options(tmp_path):
     """ProbeOptions(**options) that keep the probe's state (its cures) in a directory of the test's own."""
-    return lambda **options: ProbeOptions(**dict(dict(state_dir=str(tmp_path / 'state')), **options))
+    # A library every machine can load stands for libcuda.so.1, which the parent only loads to see that it is there.
+    return lambda **options: ProbeOptions(**dict(dict(state_dir=str(tmp_path / 'state'), cuda_library='libc.so.6'),
+                                                 **options))
 
 
 def test_every_gpu_is_probed_by_bus_id_and_released(probe_options):
@@ -298,7 +300,7 @@ def test_a_passed_probe_is_recorded_by_uuid_and_said_in_one_syslog_line(tmp_path
     uuids = ['GPU-%08x-0000-0000-0000-000000000000' % index for index in range(3)]
     busy = failed(2, 'cuCtxCreate_v2', 46, 'CUDA_ERROR_DEVICE_UNAVAILABLE', 'busy')
     kernel = dict(passed(0), level='allocation', kernel=True)
-    options = ProbeOptions(state_dir=str(tmp_path / 'state'), host_root=str(host_root))
+    options = ProbeOptions(state_dir=str(tmp_path / 'state'), host_root=str(host_root), cuda_library='libc.so.6')
     try:
         before = time.time()
         result = probe(Reader([dict(gpu(index), uuid=uuid) for index, uuid in enumerate(uuids)]), options,
@@ -335,3 +337,32 @@ def test_the_syslog_line_carries_no_text_it_did_not_check():
 
 def blank_result_of(index):
     return _probe.blank_result(gpu(index))
+
+
+def test_the_childs_source_is_read_once_before_the_children_start(tmp_path, probe_options, monkeypatch):
+    # inspect.getsource is not safe from several threads at once: in Ansible's payload (a zip) a
+    # second thread's read failed with "could not get source code" and failed its GPU.
+    reads = []
+    real = _probe.inspect.getsource
+    monkeypatch.setattr(_probe.inspect, 'getsource', lambda module: reads.append(module) or real(module))
+    body = 'echo "{\\"pid\\": $$, \\"gpus\\": [{\\"pci_bus_id\\": \\"$(echo "$5" | sed "s/.*pci_bus_id\\": \\"\\([^\\"]*\\).*/\\1/")\\", \\"ok\\": true, \\"mib\\": 64}]}"'
+    result = probe(Reader([gpu(0), gpu(1), gpu(2)]), probe_options(), child=ProbeChild(fake_python(tmp_path, body)))
+    assert [g['ok'] for g in result.gpus] == [True] * 3 and len(reads) == 1
+
+
+def test_a_source_that_cannot_be_read_is_said_in_words(monkeypatch):
+    def fail(module):
+        raise OSError('could not get source code')
+    monkeypatch.setattr(_probe.inspect, 'getsource', fail)
+    with pytest.raises(GpuopsError, match=r"the CUDA probe cannot start: its program's source cannot be read \(could not"):
+        ProbeChild()
+
+
+def test_without_the_driver_library_no_child_is_started(probe_options):
+    child = Child(answer(passed(0)))
+    result = probe(Reader([gpu(0), gpu(1)]), probe_options(missing_library='skip', cuda_library='libcuda-none.so.1'),
+                   child=child)
+    assert child.asked == [] and result.skipped and result.probed is False
+    assert result.warnings == ['libcuda-none.so.1 cannot be loaded (libcuda-none.so.1: cannot open shared object file: '
+                               'No such file or directory): no NVIDIA driver installed, or its library is not on the '
+                               'loader path; nothing was probed (missing_library=skip)']
