@@ -345,7 +345,9 @@ def test_the_childs_source_is_read_once_before_the_children_start(tmp_path, prob
     reads = []
     real = _probe.inspect.getsource
     monkeypatch.setattr(_probe.inspect, 'getsource', lambda module: reads.append(module) or real(module))
-    body = 'echo "{\\"pid\\": $$, \\"gpus\\": [{\\"pci_bus_id\\": \\"$(echo "$5" | sed "s/.*pci_bus_id\\": \\"\\([^\\"]*\\).*/\\1/")\\", \\"ok\\": true, \\"mib\\": 64}]}"'
+    # The child answers for the GPU it was asked for (its bus id, from the request in $5).
+    bus = '$(echo "$5" | sed "s/.*pci_bus_id\\": \\"\\([^\\"]*\\).*/\\1/")'
+    body = 'echo "{\\"pid\\": $$, \\"gpus\\": [{\\"pci_bus_id\\": \\"%s\\", \\"ok\\": true, \\"mib\\": 64}]}"' % bus
     result = probe(Reader([gpu(0), gpu(1), gpu(2)]), probe_options(), child=ProbeChild(fake_python(tmp_path, body)))
     assert [g['ok'] for g in result.gpus] == [True] * 3 and len(reads) == 1
 
