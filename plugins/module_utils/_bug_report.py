@@ -83,7 +83,6 @@ def collect(directory, timeout, program=PROGRAM, now=time.time):
     checked (its cwd is that open directory, /proc/self/fd/N) and writes a name relative to it: a
     directory swapped for a link after the check is not where the report goes."""
     name = 'nvidia-bug-report-%s.log' % time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now()))
-    base = os.path.join(directory, name)
     fd = None
     try:
         fd = _private_directory(directory)

@@ -89,8 +89,11 @@ def default_history_dir(host_root='/', euid=None):
 
 
 def _valid_event(event):
-    return (isinstance(event, dict) and event.get('kind') in KINDS and isinstance(event.get('time'), (int, float))
-            and not isinstance(event.get('time'), bool) and isinstance(event.get('reason'), str))
+    if not isinstance(event, dict):
+        return False
+    when = event.get('time')
+    timed = isinstance(when, (int, float)) and not isinstance(when, bool)
+    return timed and event.get('kind') in KINDS and isinstance(event.get('reason'), str)
 
 
 def _valid_uuid(uuid):
