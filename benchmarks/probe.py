@@ -9,15 +9,17 @@ Times, interleaved so that a change in the machine's load hits every variant ali
 
   cuinit       a bare cuInit: a Python child that loads libcuda.so.1 and calls cuInit, once per
                GPU at once (what any per-GPU probe pays before it does anything)
-  children     the probe's children alone (python -I -S -c <_cuda.py>, one per GPU, all at once,
+  cuinit-fork  the same children forked from one Python process that has loaded the library (as
+               the probe starts its own), timed inside that process
+  children     the probe's children alone (_probe.ProbeChild: one forked per GPU, all at once,
                each seeing its own GPU only): cuInit, then context, allocation, write, check,
-               free and destroy
+               free and destroy, timed inside the process that forks them, as the module does
   module       gpuops.nvidia.nvidia_gpu_probe run as a program, as the Slurm hook's runner runs
                it: read the GPUs, the child, wait until the probe's memory reads released
   hook         the Slurm hook's module runner (plugin_utils/_slurm_hook) for one job, probe off
   hook+probe   the same with the probe on (its default)
 
-Prints the median (and min, max) of each, the children against the bare cuInit (target: at most
+Prints the median (and min, max) of each, the children against each bare cuInit (target: at most
 1.5x), and what the probe adds to the hook. The figures are
 gpusim's: on a real host the child's time is the driver's (context creation dominates), which
 tests/device/check.sh records.
@@ -42,10 +44,33 @@ sys.path.insert(0, os.path.join(REPO, 'tests'))
 from gpusim.api import Host  # noqa: E402
 
 COLLECTIONS = os.path.join(REPO, '.build', 'collections')
-VARIANTS = ('cuinit', 'children', 'module', 'hook', 'hook+probe')
+VARIANTS = ('cuinit', 'cuinit-fork', 'children', 'module', 'hook', 'hook+probe')
 # A child that does no more than load the driver library and initialise it.
 CUINIT = ('import ctypes, sys\n'
           'sys.exit(ctypes.CDLL("libcuda.so.1").cuInit(0))\n')
+# One child per GPU forked from this process (argv: the GPUs as JSON, MiB; each GPU's UUID its
+# CUDA_VISIBLE_DEVICES), all at once; prints the seconds from the first fork to the last answer.
+# children: the probe's own; cuinit-fork: a bare cuInit in each, the library loaded here first.
+FORKED = '''
+import ctypes, json, sys, time
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import ProbeChild
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Forked, Runner
+variant, gpus, mib = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+library = ctypes.CDLL("libcuda.so.1")
+if variant == "children":
+    child = ProbeChild()
+    started = time.monotonic()
+    answers = [child.answer(one, 60) for one in [child.start(gpu, mib) for gpu in gpus]]
+    took = time.monotonic() - started
+    assert all(answer["gpus"][0]["ok"] for answer in answers), answers
+else:
+    started = time.monotonic()
+    running = [Forked(library.cuInit, (0,), env=dict(CUDA_VISIBLE_DEVICES=gpu["uuid"])) for gpu in gpus]
+    codes = [Runner("cuInit").finish(one, 60, ["cuInit"], started=one.started)[0] for one in running]
+    took = time.monotonic() - started
+    assert codes == [0] * len(gpus), codes
+print(took)
+'''
 
 
 def reexec_in_venv():
@@ -80,7 +105,7 @@ class Bench:
         self.mib = mib
         self.workdir = workdir
         self.env = dict(host.env(cuda=True), PYTHONPATH=COLLECTIONS, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS)
-        self.gpus = [dict(index=g['index'], pci_bus_id=g['pci_bus_id']) for g in host.state['gpus']]
+        self.gpus = [dict(index=g['index'], pci_bus_id=g['pci_bus_id'], uuid=g['uuid']) for g in host.state['gpus']]
         self.uuids = [g['uuid'] for g in host.state['gpus']]
 
     def at_once(self, argvs):
@@ -96,15 +121,10 @@ class Bench:
     def cuinit(self):
         return self.at_once([([sys.executable, '-I', '-S', '-c', CUINIT], uuid) for uuid in self.uuids])[0]
 
-    def children(self):
-        with open(os.path.join(REPO, 'plugins', 'module_utils', '_cuda.py')) as handle:
-            source = handle.read()
-        argvs = [([sys.executable, '-I', '-S', '-c', source, json.dumps(dict(library='libcuda.so.1', mib=self.mib,
-                                                                             gpus=[gpu]))], uuid)
-                 for gpu, uuid in zip(self.gpus, self.uuids)]
-        took, outputs = self.at_once(argvs)
-        assert all(json.loads(out)['gpus'] and json.loads(out)['gpus'][0]['ok'] for out in outputs), outputs
-        return took
+    def forked(self, variant):
+        dummy, proc = timed([sys.executable, '-c', FORKED, variant, json.dumps(self.gpus), str(self.mib)], self.env)
+        assert proc.returncode == 0, proc.stderr
+        return float(proc.stdout)
 
     def module(self):
         args = os.path.join(self.workdir, 'args.json')
@@ -131,15 +151,17 @@ class Bench:
         return took
 
     def run(self, variant):
-        if variant in ('cuinit', 'children'):
-            return getattr(self, variant)()
+        if variant == 'cuinit':
+            return self.cuinit()
+        if variant in ('cuinit-fork', 'children'):
+            return self.forked(variant)
         if variant == 'module':
             return self.module()
         return self.hook(variant == 'hook+probe')
 
 
 def line(name, values):
-    return '%-11s median %6.3f s   min %6.3f   max %6.3f   (%d runs)' % (
+    return '%-12s median %6.3f s   min %6.3f   max %6.3f   (%d runs)' % (
         name, statistics.median(values), min(values), max(values), len(values))
 
 
@@ -166,8 +188,9 @@ def main():
               % (args.mib, os.cpu_count()))
         for variant in VARIANTS:
             print(line(variant, times[variant]))
-        print('the children take %.2fx a bare cuInit (medians; target at most 1.5x)'
-              % (statistics.median(times['children']) / statistics.median(times['cuinit'])))
+        for baseline in ('cuinit', 'cuinit-fork'):
+            print('the children take %.2fx a bare cuInit (%s; medians; target at most 1.5x)'
+                  % (statistics.median(times['children']) / statistics.median(times[baseline]), baseline))
         print('the probe adds %.3f s to the hook per job (medians)'
               % (statistics.median(times['hook+probe']) - statistics.median(times['hook'])))
     finally:

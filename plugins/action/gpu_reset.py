@@ -7,16 +7,19 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import fcntl
 import math
 import os
 import shlex
 
+from ansible import constants as C
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.unsafe_proxy import wrap_var
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _sequence
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import SINFO_ENV, BrakeUnreadable, brake_holds, sinfo_argv
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import HostError, finish, run_drain
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain
@@ -30,6 +33,12 @@ TIMED_OUT = 124
 # The most text one write on the host carries: the whole command is one argument of the shell
 # on the host (with become, of sudo's), which Linux caps at 128 KiB (MAX_ARG_STRLEN).
 WRITE_AT_MOST = 96 * 1024
+# The hosts of one playbook run drain in parallel worker processes, forked from ansible-playbook
+# after it made its local temporary directory (one per run, removed when it ends): a lock there
+# makes each host's count and drain one step, so that no two hosts count the same drained nodes.
+BRAKE_LOCK = 'gpu_reset-brake.lock'
+# Seconds sinfo may take for the brake.
+SINFO_S = 10
 
 
 class ConnectionHost:
@@ -81,7 +90,7 @@ class ActionModule(ActionBase):
         try:
             report = _sequence.run(run)
             finish(run, ConnectionHost(self._low_level_execute_command),
-                   lambda report, seconds: self._drain(report, seconds, task_vars))
+                   lambda report, seconds: self._brake_then_drain(report, seconds, task_vars, run.options['max_drained']))
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
         result.update(report)
@@ -126,6 +135,27 @@ class ActionModule(ActionBase):
                     pass  # left as it is: the check names it
             found[option] = value
         return found
+
+    def _brake_then_drain(self, report, seconds, task_vars, max_drained):
+        """The drain, unless the fleet brake (_brake.py) holds: counted from Slurm on the host,
+        the count and the drain one step among the hosts of this run (BRAKE_LOCK)."""
+        node = task_vars.get('inventory_hostname_short')
+        with open(os.path.join(C.DEFAULT_LOCAL_TMP, BRAKE_LOCK), 'a') as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if brake_holds(report, node, self._sinfo_listing, max_drained):
+                report['drained'] = False
+                return
+            self._drain(report, seconds, task_vars)
+
+    def _sinfo_listing(self):
+        """The brake's sinfo listing, read on the host (with the task's become), as the default
+        drain command runs scontrol there."""
+        argv = ['env'] + ['%s=%s' % item for item in SINFO_ENV.items()] + ['timeout', '-k', '5', str(SINFO_S)]
+        result = self._low_level_execute_command(' '.join(shlex.quote(word) for word in argv + sinfo_argv('sinfo')))
+        if result.get('rc') != 0:
+            raise BrakeUnreadable('sinfo on the host failed (rc %s): %s' % (
+                result.get('rc'), printable(' '.join((result.get('stderr') or '').split()), 300)))
+        return result.get('stdout') or ''
 
     def _drain(self, report, seconds, task_vars):
         """The drain command run on the host: the default one built here (as the Slurm hook builds

@@ -9,11 +9,11 @@
 """The allocation probe's child: the CUDA driver API (libcuda.so.1, installed with every NVIDIA
 driver) through ctypes, one thread and one context per GPU.
 
-_probe runs this file's source as a program (python -c) in a process of its own, bounded by a
-deadline: a cuInit or a context creation that hangs in the driver cannot be interrupted from
-Python, and killing the process frees every context it made. Standard library only, so the
-child starts in milliseconds. It reads a JSON request (argv[1]: library, mib, level, gpus) and
-prints one JSON object. The memory is written and checked by two kernels of the probe's own (PTX
+_probe runs answer() in a process of its own for each GPU (forked), bounded by a deadline: a
+cuInit or a context creation that hangs in the driver cannot be interrupted from Python, and
+killing the process frees every context it made. Standard library only, so that it also runs as
+a program of its own (python -c, a JSON request in argv[1]). The request names the library, mib,
+level and gpus; the answer is one JSON object on stdout. The memory is written and checked by two kernels of the probe's own (PTX
 below), on the GPU: only their counts cross the bus.
 
 Signatures and CUresult numbers: cuda.h of CUDA 12.4 (the _v2 entry points are the ones its
@@ -442,10 +442,14 @@ def _store(results, position, probe):
                                  error_string='%s: %s' % (type(exc).__name__, exc))
 
 
-def main(argv=None):
-    argv = sys.argv if argv is None else argv
-    sys.stdout.write(json.dumps(probe_all(json.loads(argv[1]))) + '\n')
+def answer(request):
+    """The probe's child: the request's GPUs probed, the answer one JSON line on stdout."""
+    sys.stdout.write(json.dumps(probe_all(request)) + '\n')
     sys.stdout.flush()
+
+
+def main(argv=None):
+    answer(json.loads((sys.argv if argv is None else argv)[1]))
 
 
 if __name__ == '__main__':

@@ -15,6 +15,7 @@ __metaclass__ = type
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import fallen_off_bus, health_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
+from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import add_device_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._modules import module_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders, uninspectable_warning
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, mark_fallen
@@ -51,6 +52,15 @@ def _gpu_fact(gpu, memory_threshold_mib, xid_events, cures):
     return dict((key, gpu.get(key)) for key in GPU_KEYS)
 
 
+def mig_facts(reader, gpus, timeout=None):
+    """Set each GPU's mig fact (None: no MIG, or not known), device nodes included; the warnings."""
+    migs, warnings = reader.read_mig(gpus, timeout=timeout)
+    for gpu in gpus:
+        gpu['mig'] = migs.get(gpu['index']) if gpu.get('index') is not None else None
+        warnings = warnings + add_device_nodes(gpu, getattr(reader, 'host_root', '/'))
+    return warnings
+
+
 def holder_facts(device_patterns, protect):
     """(nvidia_device_holders, warnings) for the device globs."""
     warnings = []
@@ -67,7 +77,7 @@ def holder_facts(device_patterns, protect):
 
 def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, timeout=None,
                  kernel_log=None, holder_warnings=True, expected_gpus=None, snapshot=None, state=None,
-                 history=None):
+                 history=None, mig=False):
     """Return (ansible_facts, warnings). kernel_log: a file to read Xid errors from instead of
     journalctl -k or dmesg. holder_warnings: False leaves out the warnings about unmatched
     globs and uninspectable processes, for callers that give their own. expected_gpus: raise
@@ -75,7 +85,8 @@ def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_
     before, instead of reading them again. A GPU the kernel log says has fallen off the bus is lost.
     state: the host's _state.StateDir (None: /run/gpuops), where the kernel log's last read and
     the GPUs' cures are kept. history: the host's _history.History (None: beside state, else
-    /var/lib/gpuops), each GPU's history (nvidia_gpus[].history)."""
+    /var/lib/gpuops), each GPU's history (nvidia_gpus[].history). mig: read each GPU's MIG mode and
+    devices too (nvidia_gpus[].mig)."""
     if snapshot is None:
         snapshot = reader.read(timeout=timeout)
     state = state if state is not None else StateDir.for_host()
@@ -102,4 +113,6 @@ def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_
         history = History.for_host(state_dir=state.path) if state is not None else History.for_host()
     for gpu in facts['nvidia_gpus']:
         gpu['history'] = history.summary(gpu['uuid']) if gpu.get('uuid') else None
+    if mig:
+        warnings = warnings + mig_facts(reader, facts['nvidia_gpus'], timeout)
     return facts, snapshot.warnings + warnings + [warning for warning in history.warnings if warning not in warnings]

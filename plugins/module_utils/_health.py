@@ -16,8 +16,10 @@ import re
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import (
+    DRIVER_HUNG as HUNG,
     FALLEN,
     FALLEN_TEXT,
+    HUNG_TEXT,
     INIT_FAILED,
     parse_xid_events,
 )
@@ -98,6 +100,9 @@ def parse_fallen_off_bus(lines):
 def xid_action(event, codes=()):
     """What one message calls for; codes: the Xid codes of every message of that GPU."""
     code = event['code']
+    if event.get('kind') == HUNG:
+        # The driver hung: only a reboot frees it.
+        return 'reboot'
     if event.get('kind') == INIT_FAILED:
         # The driver could not initialise the GPU: the catalogue's Xid 143 (GPU_INIT_ERROR).
         return XID_ACTIONS[143]
@@ -187,7 +192,20 @@ def action_causes(gpu, health):
         causes.append('the driver could not initialise it')
     if any(event.get('kind') == FALLEN for event in called):
         causes.append('fallen off the bus since the last cure')
+    if any(event.get('kind') == HUNG for event in called):
+        causes.append(HUNG_CAUSE)
     return causes
+
+
+def driver_hung(health):
+    """Whether the kernel log says the driver hung since the GPU's last cure: a reset would only
+    hang in it too; a reboot is what frees it. health: the GPU's health_facts."""
+    return any(event.get('kind') == HUNG and event['since_cure'] for event in health.get('xid_events') or ())
+
+
+# The words of _reason.driver_hung, for the kernel log's word (_reason imports this module).
+HUNG_CAUSE = '%s: the kernel log says the NVIDIA driver hung (%s) since the last cure; only a reboot frees it' % (
+    DRIVER_HUNG, HUNG_TEXT)
 
 
 def _fact_event(event, cured_at):
@@ -209,7 +227,9 @@ def health_facts(gpu, xid_events, cured_at=None):
     if xid_events is None:
         events = None
     else:
-        events = [_fact_event(e, cured_at) for e in xid_events if key is not None and e['bus'] == key]
+        # The driver's hang that names no GPU is every GPU's (_kernel_log.HOST_BUS).
+        events = [_fact_event(e, cured_at) for e in xid_events
+                  if (key is not None and e['bus'] == key) or (e['bus'] is None and e.get('kind') == HUNG)]
     counted = [event for event in events or () if event['since_cure']]
     return {
         'xid_events': events,

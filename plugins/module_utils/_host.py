@@ -360,5 +360,8 @@ class HostReader(GpuReader):
             self.view = read_host(self.host_root)
         return apply_host(snapshot, self.view, self.backend)
 
+    def read_mig(self, gpus, timeout=None):
+        return self.reader.read_mig(gpus, timeout=timeout)
+
     def close(self):
         self.reader.close()

@@ -54,8 +54,21 @@ MESSAGE_LINES = 20
 # (0x62:0x65:1792)", then "... rm_init_adapter failed, device minor number 0":
 # NVIDIA/open-gpu-kernel-modules#789, NVIDIA/gpu-operator#1146): nothing can use it.
 INIT_FAILED_RE = re.compile(r'RmInitAdapter failed|rm_init_adapter failed')
+# The driver hung in a full-chip reset, or stuck behind a GPU that no longer answers: its resource
+# server asserts on each call that the status is NV_OK or NV_ERR_GPU_IN_FULLCHIP_RESET and prints
+# each failure, a storm of lines ("NVRM: GPU0 nvAssertFailedNoLog: Assertion failed: (status ==
+# NV_OK) || (status == NV_ERR_GPU_IN_FULLCHIP_RESET) @ rs_client.c:844", some without the "GPU0":
+# NVIDIA/open-gpu-kernel-modules#1045, after Xid 119 and 154; the same after an Xid 79). The
+# driver's calls hang or fail until a reboot (driver_hung). A line that names a PCI bus id ("NVRM:
+# GPU 0000:01:00.0: ...", the driver's per-GPU prefix) is that GPU's; "GPU0" is the driver's own
+# instance number, neither an index nor a minor, so such a line, or one naming no GPU, is the
+# host's (HOST_BUS): it counts for every GPU, as the reboot it calls for does.
+HUNG_TEXT = 'NV_ERR_GPU_IN_FULLCHIP_RESET'
+HUNG_TEXT_RE = re.compile(HUNG_TEXT)
+HUNG_BUS_RE = re.compile(r'NVRM: GPU (?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2})(?:\.[0-7])?:')
+HOST_BUS = 'host'
 # What each message is: an Xid (with its code), or one of the driver's messages without one.
-XID, FALLEN, INIT_FAILED = 'xid', 'fallen_off_bus', 'init_failed'
+XID, FALLEN, INIT_FAILED, DRIVER_HUNG = 'xid', 'fallen_off_bus', 'init_failed', 'driver_hung'
 
 ISO_TIME_RE = re.compile(r'(?:^|\s)(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\s')
 SYSLOG_TIME_RE = re.compile(r'^([A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2})\s')
@@ -158,6 +171,10 @@ def scan(lines):
         position = line.find('NVRM: ')
         if position < 0:
             continue
+        if HUNG_TEXT in line:
+            pending = None
+            yield _hung_message(line, position)
+            continue
         match = XID_RE.search(line, position)
         if match:
             pending = None
@@ -169,9 +186,17 @@ def scan(lines):
             yield message
 
 
+def _hung_message(line, position):
+    """The scan() tuple of a line that says the driver hung: the GPU it names by bus id, else the host's."""
+    match = HUNG_BUS_RE.match(line, position)
+    return (match.group(1) if match else HOST_BUS), DRIVER_HUNG, None, line[:position], line[position + 6:].strip(), None
+
+
 def _gpu_message(line, position, pending):
     """(message tuple or None, pending) for a line that is not an Xid: the start of a message
     about a GPU, or its continuation (the words may come within the next two lines)."""
+    if HUNG_TEXT in line:
+        return None, None  # scan() and _hung_groups() count it
     match = GPU_MESSAGE_RE.search(line, position)
     rest = line[position + 6:].strip()
     if match:
@@ -188,8 +213,8 @@ def _gpu_message(line, position, pending):
 
 
 def parse_xid_events(lines):
-    """The driver's messages in kernel log lines, one dict per message: bus (a bus_key), kind
-    (xid, fallen_off_bus, init_failed), code (the Xid; None for the others), time, text,
+    """The driver's messages in kernel log lines, one dict per message: bus (a bus_key; None for
+    the host's), kind (xid, fallen_off_bus, init_failed, driver_hung), code (the Xid; None for the others), time, text,
     gpu_instance (the MIG GPU instance the driver names, or None)."""
     return [{'bus': bus_key(bus), 'kind': kind, 'code': code, 'time': line_time(prefix), 'text': text,
              'gpu_instance': None if instance is None else int(instance)}
@@ -213,7 +238,7 @@ class Summary:
         for bus, kind, code, prefix, text, dummy in messages:
             name = names.get(bus)
             if name is None:
-                name = names[bus] = '%04x:%02x:%02x' % bus_key(bus)
+                name = names[bus] = bus_name(bus)
             key = (name, kind, code)
             entry = entries.get(key)
             if entry is None:
@@ -240,9 +265,14 @@ class Summary:
             found.append((group[1].start(), key, group))
         for start, message in _gpu_messages(text):
             found.append((start, None, message))
+        for group in _hung_groups(text).values():
+            found.append((group[1][0], DRIVER_HUNG, group))
         for dummy, key, item in sorted(found, key=lambda entry: entry[0]):
             if key is None:
                 self.add([item], btime)
+            elif key == DRIVER_HUNG:
+                count, first, recent = item
+                self._add_counted(first[1], [message for dummy, message in recent], count, btime)
             else:
                 self._add_group(key, item, text, btime)
         return self
@@ -250,13 +280,16 @@ class Summary:
     def _add_group(self, key, group, text, btime):
         count, first, recent = group
         bus, code = key[0], int(key[1])
-        messages = [_xid_message(text, first, bus, code)] + [_xid_message(text, match, bus, code) for match in recent]
-        self.add(messages[:1], btime)
-        name = '%04x:%02x:%02x' % bus_key(bus)
-        entry = self.entries[(name, XID, code)]
+        self._add_counted(_xid_message(text, first, bus, code), [_xid_message(text, match, bus, code) for match in recent],
+                          count, btime)
+
+    def _add_counted(self, first, recent, count, btime):
+        """Add count messages of one GPU, kind and code, given by the first and the last few of them."""
+        self.add([first], btime)
+        entry = self.entries[(bus_name(first[0]), first[1], first[2])]
         entry['count'] += count - 1
         if recent:
-            self.add(messages[1:], btime)
+            self.add(recent, btime)
             entry['count'] -= len(recent)
 
     def dump(self):
@@ -268,6 +301,32 @@ class Summary:
         time and text as time and text."""
         return [dict(entry, bus=bus_key(entry['bus']), time=entry['last_time'],
                      text=entry['texts'][-1] if entry['texts'] else '') for entry in self.entries.values()]
+
+
+def bus_name(bus):
+    """How the summary names a GPU (0000:18:00), or the host (HOST_BUS)."""
+    return HOST_BUS if bus == HOST_BUS else '%04x:%02x:%02x' % bus_key(bus)
+
+
+def _hung_groups(text):
+    """{bus text or HOST_BUS: [count, (position, first scan() tuple), the last few (position, tuple)]}
+    of the driver's lines that say it hung (HUNG_TEXT)."""
+    groups, last = {}, -1
+    for match in HUNG_TEXT_RE.finditer(text):
+        start = text.rfind('\n', 0, match.start()) + 1
+        position = text.find('NVRM: ', start, match.start())
+        if position < 0 or start == last:
+            continue
+        last = start
+        end = text.find('\n', match.end())
+        message = _hung_message(text[start:len(text) if end < 0 else end].rstrip('\r'), position - start)
+        group = groups.get(message[0])
+        if group is None:
+            groups[message[0]] = [1, (start, message), collections.deque((), TEXTS_KEPT)]
+            continue
+        group[0] += 1
+        group[2].append((start, message))
+    return groups
 
 
 def _xid_groups(text):
@@ -478,7 +537,8 @@ def _valid_entries(entries):
     for entry in entries:
         if not isinstance(entry, dict) or any(not isinstance(entry.get(name), kind) for name, kind in ENTRY_TYPES):
             raise ValueError(entry)
-        if bus_key(entry['bus']) is None or entry['kind'] not in (XID, FALLEN, INIT_FAILED):
+        if entry['kind'] not in (XID, FALLEN, INIT_FAILED, DRIVER_HUNG) \
+                or (bus_key(entry['bus']) is None and (entry['bus'], entry['kind']) != (HOST_BUS, DRIVER_HUNG)):
             raise ValueError(entry)
     return entries
 

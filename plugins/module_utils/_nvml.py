@@ -23,6 +23,7 @@ import traceback
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     CALL_FLOOR_S, EXIT_CODES, UNREPORTED_PROCESS_NAMES, GpuopsError, PermanentReadError, check_time_left)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import nvml_read
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import (
     DRIVER_RECOVERY_ACTIONS,
@@ -248,6 +249,24 @@ class NvmlReader(GpuReader):
         self._base = light_base(snapshot) or None
         self._base_driver = snapshot.driver_version
         return snapshot
+
+    def read_mig(self, gpus, timeout=None):
+        if not self._open:
+            return {}, []
+        try:
+            return self._call(lambda: self._read_mig(gpus), timeout, 'reading the MIG devices')
+        except GpuopsError as exc:
+            return {}, ['MIG devices unavailable: %s' % exc]
+
+    def _read_mig(self, gpus):
+        nv = self.nvml
+        migs, warnings = {}, []
+        for index in [gpu['index'] for gpu in gpus if gpu.get('index') is not None and not gpu.get('error')]:
+            try:
+                migs[index] = nvml_read(nv, nv.nvmlDeviceGetHandleByIndex(index), lambda mig: self._read_processes(mig)[0])
+            except nv.NVMLError as exc:
+                warnings.append('GPU %d: MIG devices unavailable: %s' % (index, error_text(exc)))
+        return migs, warnings
 
     def _read_light(self):
         """Memory, utilisation and processes on top of the last full read (see GpuReader.read);

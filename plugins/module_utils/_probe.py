@@ -7,7 +7,7 @@
 # changes can occur at any time.
 
 """Proof by allocation: each GPU in scope is opened through the CUDA driver API by its PCI bus id,
-in a child process bounded by a deadline (_cuda.py is the child), and the GPU counts as proven
+in a child process of its own bounded by a deadline (forked, running _cuda.answer), and the GPU counts as proven
 only once the reader shows the probe's own memory released again."""
 
 from __future__ import absolute_import, division, print_function
@@ -15,13 +15,11 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import ctypes
-import inspect
 import json
 import os
 import re
 import signal
 import socket
-import sys
 import threading
 import time
 
@@ -40,8 +38,9 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_probe_level, check_probe_mib
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import driver_hung
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import no_such_gpus
-from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Forked, Runner
 from ansible_collections.gpuops.nvidia.plugins.module_utils._history import History
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure, record_verified
 
@@ -261,16 +260,6 @@ def select_gpus(snapshot, wanted):
 UUID_PATTERN = re.compile(r'^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$')
 
 
-def child_source():
-    """The child's program: the source of _cuda, which runs main() as __main__. Read once, before
-    the children start: inspect (linecache) is not safe from several threads at once, and in
-    Ansible's payload (a zip) a second thread's read fails."""
-    try:
-        return inspect.getsource(_cuda)
-    except (OSError, TypeError) as exc:
-        raise GpuopsError("%s cannot start: its program's source cannot be read (%s)" % (PROBE_NAME, exc))
-
-
 def loadable(library):
     """None when the driver library can be loaded (dlopen only: nothing of CUDA starts), else the
     child's own words for it: without it no GPU's child is started (each would only find the same)."""
@@ -300,24 +289,37 @@ class ProbeCrashed(GpuopsError):
 class ProbeChild:
     """Runs one GPU's probe in a child of its own, with a deadline, and returns its answer: a child
     that hangs is killed with everything it started (CommandTimeout), one that crashes is
-    ProbeCrashed, one that exits or prints garbage is said in words (GpuopsError). Children of
-    different GPUs run at once; pids holds every child's pid that answered."""
+    ProbeCrashed, one that exits or prints garbage is said in words (GpuopsError). The child is
+    forked, not a new interpreter: it is at work at once, which on a host with fewer cores than
+    GPUs is most of what eight children cost. Children of different GPUs run at once: start forks
+    each from one thread, before any waits; answer waits for one, from any thread. pids holds
+    every child's pid that answered. program: what the child runs with the request (_cuda.answer).
+    A child past its deadline in D state in the driver (read from proc) is driver_hung."""
 
-    def __init__(self, python=None, library=_cuda.LIBRARY, level=_cuda.DEFAULT_LEVEL):
-        self.python = python or sys.executable
+    proc = '/proc'
+
+    def __init__(self, program=None, library=_cuda.LIBRARY, level=_cuda.DEFAULT_LEVEL):
+        self.program = program or _cuda.answer
         self.library = library
         self.level = level
-        self.source = child_source()
         self.pids = set()
         self._lock = threading.Lock()
 
-    def run(self, gpu, mib, timeout):
+    def start(self, gpu, mib):
+        """gpu's child, started; GpuopsError when no child can be started."""
         env = visible_only(gpu)
-        runner = Runner(self.python, name=PROBE_NAME, env=env,
-                        unset=[name for name in CUDA_ENVIRONMENT if name not in env])
         request = dict(library=self.library, mib=mib, level=self.level,
                        gpus=[dict(index=gpu.get('index'), pci_bus_id=gpu['pci_bus_id'])])
-        rc, stdout, stderr = runner.run(['-I', '-S', '-c', self.source, json.dumps(request)], timeout=timeout)
+        try:
+            return Forked(self.program, (request,), env=env, unset=[name for name in CUDA_ENVIRONMENT if name not in env])
+        except OSError as exc:
+            raise GpuopsError('%s could not be started: %s' % (PROBE_NAME, exc.strerror or exc))
+
+    def answer(self, child, timeout):
+        """The answer of a started child, within timeout seconds of its start."""
+        runner = Runner(PROBE_NAME, name=PROBE_NAME)
+        runner.proc = self.proc
+        rc, stdout, stderr = runner.finish(child, timeout, [PROBE_NAME], started=child.started)
         if rc < 0:
             raise ProbeCrashed('%s %s%s' % (PROBE_NAME, exit_words(rc), said(stderr)), last_call(stderr))
         if rc != 0:
@@ -326,6 +328,9 @@ class ProbeChild:
         with self._lock:
             self.pids.add(answer.get('pid'))
         return answer
+
+    def run(self, gpu, mib, timeout):
+        return self.answer(self.start(gpu, mib), timeout)
 
 
 def exit_words(rc):
@@ -370,6 +375,9 @@ def timed_out(exc):
     """The fields of a GPU whose child was killed at its deadline: the call it hung in, when it
     had reached CUDA (the driver is stuck on that GPU), else that it never got there."""
     call = last_call(exc.stderr)
+    if exc.in_driver:
+        return dict(error_name='PROBE_TIMEOUT', call=call, error_string=driver_hung(
+            'the probe of this GPU%s' % (' (%s)' % call if call else ''), exc.how_stuck()))
     if call:
         text = 'no answer within %.1f s; the probe of this GPU was killed (the call hung in the driver)' % exc.timeout
     else:
@@ -505,8 +513,10 @@ class Prober:
                      'are kept for the reads after it)' % (PROBE_NAME, self.budget.used(), READ_RESERVE_S))
             return None
         answers = [None] * len(probed)
-        threads = [threading.Thread(target=self._answer, args=(gpu, res, timeout, answers, position))
-                   for position, (gpu, res) in enumerate(probed)]
+        # Every child forked first, from this thread alone; then one thread waits for each.
+        children = [self._start(gpu, res) for gpu, res in probed]
+        threads = [threading.Thread(target=self._answer, args=(child, res, timeout, answers, position))
+                   for position, (child, (dummy, res)) in enumerate(zip(children, probed)) if child is not None]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -514,10 +524,17 @@ class Prober:
         self.budget.spend('the CUDA probe', started)
         return next((answer['library_error'] for answer in answers if answer and answer.get('library_error')), None)
 
-    def _answer(self, gpu, res, timeout, answers, position):
+    def _start(self, gpu, res):
+        try:
+            return self.child.start(gpu, self.options.probe_mib)
+        except GpuopsError as exc:
+            fail(res, error_name='PROBE_ERROR', error_string=str(exc))
+            return None
+
+    def _answer(self, child, res, timeout, answers, position):
         """One GPU's child: its answer merged into res (and kept in answers), or why it gave none."""
         try:
-            answer = self.child.run(gpu, self.options.probe_mib, timeout)
+            answer = self.child.answer(child, timeout)
         except CommandTimeout as exc:
             fail(res, **timed_out(exc))
         except ProbeCrashed as exc:

@@ -16,7 +16,9 @@ the operator allows (reset_stop_units, shell globs) are stopped with systemctl, 
 control daemon that runs outside any service is asked to quit (``echo quit |
 nvidia-cuda-mps-control``, NVIDIA's MPS guide) when the list names nvidia-cuda-mps-control.
 After the reset, whatever it did, the units stopped are started again and checked with
-``systemctl is-active``. A holder that no entry allows leaves the reset unattempted, and the
+``systemctl is-active``. DCGM's host engine, once active again, must answer ``dcgmi discovery
+-l`` within a deadline, else its unit is restarted once and asked again; the report names it
+either way (host_engines). A holder that no entry allows leaves the reset unattempted, and the
 message names it. Nothing that the list does not name is ever stopped.
 
 The restore always finishes: the stops and the reset end early enough to leave its worst case
@@ -37,7 +39,7 @@ import stat
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import MIN_TIMEOUT_S, GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, MIN_TIMEOUT_S, GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import is_gone, read_process
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import escalation
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner, sigterm_deferred
@@ -92,6 +94,19 @@ UNIT_RE = re.compile(r'\.(service|scope)$')
 
 # How often the MPS control daemon is looked at while it quits.
 MPS_POLL_S = 0.05
+
+# DCGM's host engine (nv-hostengine) in the units NVIDIA's packages name it: nvidia-dcgm.service
+# (above) and dcgm.service, the older packages' name. Once its unit is active again, `dcgmi
+# discovery -l` (which connects to the host engine on localhost) must answer within
+# HOST_ENGINE_ANSWER_S (asked again every HOST_ENGINE_POLL_S: a host engine that has just started
+# needs a moment before it listens); one that does not is restarted once, given
+# HOST_ENGINE_RESTART_S, and asked again. The restore's reserve holds the worst of it.
+HOST_ENGINE = 'nv-hostengine'
+HOST_ENGINE_UNITS = frozenset(['nvidia-dcgm.service', 'dcgm.service'])
+DCGMI = 'dcgmi'
+HOST_ENGINE_ANSWER_S = 5.0
+HOST_ENGINE_POLL_S = 0.5
+HOST_ENGINE_RESTART_S = 10.0
 
 
 def systemd_cgroup(pid, proc='/proc'):
@@ -167,7 +182,7 @@ class Quiesce:
     its ancestors (their units are never stopped)."""
 
     def __init__(self, blocking, patterns, deadline, clock=time.monotonic, proc='/proc', own=(),
-                 systemctl='systemctl', systemd_dir=SYSTEMD_RUN_DIR, log=system_log, sleep=time.sleep):
+                 systemctl='systemctl', systemd_dir=SYSTEMD_RUN_DIR, log=system_log, sleep=time.sleep, dcgmi=DCGMI):
         self.patterns = list(patterns)
         self.deadline = deadline
         self.clock = clock
@@ -177,6 +192,7 @@ class Quiesce:
         self.systemd_dir = systemd_dir
         self.log = log
         self.sleep = sleep
+        self.dcgmi = dcgmi
         self.own_units = set(systemd_unit(pid, proc) for pid in self.own) - set([None])
         self.blockers = [self._judge(Blocker(holder, gpus, systemd_unit(holder.pid, proc)))
                          for holder, gpus in blocking if holder.exe_name not in COOPERATING]
@@ -187,6 +203,7 @@ class Quiesce:
         self.stopped = []     # the units a stop was asked of
         self.started = []     # the units started again without an error
         self.active_after = {}
+        self.host_engines = []  # after the restore: whether each DCGM host engine answers (host_engine_check)
         self.mps_quit = False
         self.problems = []
         self.time_refused = None  # why the reset was not started: the restore's reserve did not fit
@@ -239,9 +256,18 @@ class Quiesce:
 
     # -- the time the restore needs -----------------------------------------------------
     def restore_reserve(self):
-        """Seconds the restore may take at worst: one systemctl start of every unit to stop, and
-        one systemctl is-active of them (nothing when no unit is stopped)."""
-        return RESTART_MIN_S + ACTIVE_CHECK_S if self.units else 0.0
+        """Seconds the restore may take at worst: one systemctl start of every unit to stop, one
+        systemctl is-active of them, and the host engine's check (nothing when no unit is stopped)."""
+        return RESTART_MIN_S + ACTIVE_CHECK_S + self._host_engine_reserve() if self.units else 0.0
+
+    def _host_engine_reserve(self):
+        """Seconds the check of the DCGM host engines to stop may take: asked, restarted, asked again."""
+        return 2 * HOST_ENGINE_ANSWER_S + HOST_ENGINE_RESTART_S if self._host_engine_units(self.units) else 0.0
+
+    def _host_engine_units(self, units):
+        """The units of units that run DCGM's host engine: by their name, or by the holder found in them."""
+        engines = set(blocker.unit for blocker in self.blockers if blocker.holder.exe_name == HOST_ENGINE)
+        return [unit for unit in units if unit in HOST_ENGINE_UNITS or unit in engines]
 
     def work_deadline(self):
         """When the stops and the reset must end: the deadline less the restore's reserve."""
@@ -261,9 +287,11 @@ class Quiesce:
         """Seconds left for a call: before the work deadline; restore 'start' or 'check': before
         the deadline (the start leaving the check its share), and at least their minimum."""
         if restore == 'start':
-            return max(self.deadline - ACTIVE_CHECK_S - self.clock(), RESTART_MIN_S)
+            return max(self.deadline - ACTIVE_CHECK_S - self._host_engine_reserve() - self.clock(), RESTART_MIN_S)
         if restore == 'check':
-            return max(self.deadline - self.clock(), ACTIVE_CHECK_S)
+            return max(self.deadline - self._host_engine_reserve() - self.clock(), ACTIVE_CHECK_S)
+        if restore == 'host_engine':
+            return HOST_ENGINE_RESTART_S
         return self.work_deadline() - self.clock()
 
     def _systemctl(self, args, restore=None, raw=False):
@@ -339,6 +367,7 @@ class Quiesce:
             except GpuopsError as exc:
                 self.problems.append('systemctl start %s: %s' % (self._units_text(self.stopped), exc))
             self._check_active()
+            self._check_host_engines()
 
     def _check_active(self):
         """One systemctl is-active of every unit started again: it prints one state a line, in order."""
@@ -358,13 +387,75 @@ class Quiesce:
         if self.problems:
             self.log('gpuops.nvidia: ' + '; '.join(self.problems))
 
+    # -- DCGM's host engine, after the restore --------------------------------------------
+    def _check_host_engines(self):
+        """Ask each DCGM host engine started again whether it answers; restart once one that does not."""
+        units = self._host_engine_units(self.started)
+        if not units:
+            return
+        program = self.dcgmi if os.sep in self.dcgmi else shutil.which(self.dcgmi)
+        if not program:
+            self.host_engines = [host_engine_entry(unit, None, False, 'not checked: %s is not on PATH' % self.dcgmi)
+                                 for unit in units]
+            return
+        self.host_engines = [self._host_engine(unit, program) for unit in units]
+
+    def _host_engine(self, unit, program):
+        """The host_engines entry of unit: asked, and when it does not answer, restarted once and asked again."""
+        said = self._dcgmi_problem(program)
+        if said is None:
+            return host_engine_entry(unit, True, False, None)
+        self.log('gpuops.nvidia: the DCGM host engine of %s does not answer after the GPU reset (%s); restarting it'
+                 % (printable(unit), printable(said)))
+        restart = self._restart(unit)
+        said = restart or self._dcgmi_problem(program)
+        if said is not None:
+            self.problems.append('the DCGM host engine of %s does not answer dcgmi discovery -l after the GPU reset, '
+                                 'and restarted once still does not (%s)' % (printable(unit), printable(said)))
+        return host_engine_entry(unit, said is None, True, said)
+
+    def _restart(self, unit):
+        """None once systemctl restart unit succeeded, else why not."""
+        try:
+            rc, said = self._systemctl(['restart', '--', unit], restore='host_engine')
+        except GpuopsError as exc:
+            return 'systemctl restart: %s' % exc
+        return None if rc == 0 else 'systemctl restart failed (exit %d): %s' % (rc, said)
+
+    def _dcgmi_problem(self, program):
+        """None once dcgmi discovery -l answers (exits 0) within HOST_ENGINE_ANSWER_S, else what it
+        said last. Asked again every HOST_ENGINE_POLL_S, a bounded number of times."""
+        end = self.clock() + HOST_ENGINE_ANSWER_S
+        for dummy in range(int(HOST_ENGINE_ANSWER_S / HOST_ENGINE_POLL_S) + 1):
+            said = self._dcgmi_once(program, max(end - self.clock(), CALL_FLOOR_S))
+            if said is None or end - self.clock() < HOST_ENGINE_POLL_S:
+                return said
+            self.sleep(HOST_ENGINE_POLL_S)
+        return said
+
+    def _dcgmi_once(self, program, timeout):
+        try:
+            rc, stdout, stderr = Runner(program, name=DCGMI).run(['discovery', '-l'], timeout=timeout)
+        except GpuopsError as exc:
+            return str(exc)
+        if rc == 0:
+            return None
+        return 'dcgmi discovery -l exited with %d: %s' % (rc, ' '.join((stderr + ' ' + stdout).split())[:300])
+
     # -- reporting ------------------------------------------------------------------------
     def report(self):
         """The quiesced entry of the escalation."""
         return {'held_by': [blocker.to_dict() for blocker in self.blockers], 'to_stop': list(self.units),
                 'mps_to_quit': any(blocker.action == 'quit' for blocker in self.blockers),
                 'refusal': self.refusal() or self.time_refused, 'stopped': list(self.stopped), 'started': list(self.started),
-                'active_after': dict(self.active_after), 'mps_quit': self.mps_quit, 'problems': list(self.problems)}
+                'active_after': dict(self.active_after), 'host_engines': list(self.host_engines), 'mps_quit': self.mps_quit,
+                'problems': list(self.problems)}
+
+
+def host_engine_entry(unit, answers, restarted, said):
+    """What the check of a DCGM host engine found: whether it answers (None: not checked), whether it
+    was restarted for it, and what dcgmi (or systemctl) said last when it did not answer."""
+    return {'unit': unit, 'answers': answers, 'restarted': restarted, 'said': said}
 
 
 def _exited(holder, proc='/proc'):

@@ -71,6 +71,11 @@ class GpuReader:
         GPUs, a GPU it cannot read, a new verdict of the driver)."""
         raise NotImplementedError
 
+    def read_mig(self, gpus, timeout=None):
+        """({index: mig fact or None}, warnings): the MIG mode and MIG devices of the GPUs of a read
+        (see _mig); a reader that cannot tell gives none."""
+        return {}, []
+
     def close(self):
         """Release what the backend holds (NVML handle); nothing by default."""
 

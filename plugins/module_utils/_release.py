@@ -47,7 +47,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._fabric import wait_for_fabric
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS, health_facts, reset_causes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS, driver_hung, health_facts, reset_causes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     ancestors,
@@ -167,6 +167,7 @@ def release_argument_spec():
         lock_file=dict(type='path'),
         facts_after=dict(type='bool', default=False),
         reset_orphaned=dict(type='bool', default=False),
+        reset_reload_modules=dict(type='bool', default=False),
         hold_after_cures=dict(type='int', default=HOLD_AFTER_CURES),
         hold_window_days=dict(type='float', default=HOLD_WINDOW_DAYS),
         kernel_log=dict(type='path'),
@@ -194,8 +195,10 @@ class ReleaseOptions:
                  facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
                  nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None, kernel_log=None,
                  bug_report_dir=None, bug_report_timeout=DEFAULT_BUG_REPORT_TIMEOUT_S, reset_stop_units=None,
-                 job=None, probe=None, hold_after_cures=HOLD_AFTER_CURES, hold_window_days=HOLD_WINDOW_DAYS):
+                 job=None, probe=None, hold_after_cures=HOLD_AFTER_CURES, hold_window_days=HOLD_WINDOW_DAYS,
+                 reset_reload_modules=False):
         check_hold_options(hold_after_cures, hold_window_days)
+        self.reset_reload_modules = reset_reload_modules
         self.hold_after_cures, self.hold_window_days = hold_after_cures, hold_window_days
         parsed, gpus = check_release_options(devices, gpus, signals, grace_period, timeout, memory_threshold_mib,
                                              protect, settle_time, expected_gpus)
@@ -243,7 +246,8 @@ class ReleaseOptions:
             bug_report_timeout=params.get('bug_report_timeout', DEFAULT_BUG_REPORT_TIMEOUT_S),
             reset_stop_units=params.get('reset_stop_units'), job=params.get('job'), probe=params.get('probe'),
             hold_after_cures=params.get('hold_after_cures', HOLD_AFTER_CURES),
-            hold_window_days=params.get('hold_window_days', HOLD_WINDOW_DAYS))
+            hold_window_days=params.get('hold_window_days', HOLD_WINDOW_DAYS),
+            reset_reload_modules=params.get('reset_reload_modules', False))
 
 
 class Target:
@@ -1066,6 +1070,7 @@ class Release:
                     result.escalation = would_reset(todo)
                     result.escalation['quiesced'] = self._quiesce(snapshot, todo).report()
                     result.changed = True
+                    self._would_reload(result.escalation, snapshot)
             return
 
         delay = POLL_MIN_S
@@ -1167,6 +1172,8 @@ class Release:
         started = self.clock()
         escalation = result.escalation = quiesced_reset(quiesce, reset, sorted(todo))
         self.budget.spend('the GPU reset', started)
+        if escalation.get('flr_refused') and self.options.reset_reload_modules:
+            self._reload_modules(escalation, snapshot, runner)
         self.reboot_only.update(escalation.get('flr_refused') or ())
         if escalation['attempted'] and not escalation['ok']:
             self._name_module_holders(escalation)
@@ -1174,8 +1181,9 @@ class Release:
             self._warn('reset_stop_units: %s' % problem)
         if escalation['ok']:
             started = self.clock()
-            escalation['fabric'] = wait_for_fabric(runner, escalation['gpus'], self.signal_deadline, self.clock,
-                                                   self.sleep)
+            reloaded = (escalation.get('module_reload') or {}).get('ok')
+            escalation['fabric'] = wait_for_fabric(runner, escalation['module_reload']['gpus'] if reloaded else escalation['gpus'],
+                                                   self.signal_deadline, self.clock, self.sleep)
             self.budget.spend('waiting for the NVLink fabric', started)
         self._record_cures(escalation, snapshot)
         self._record_history(escalation, snapshot, todo)
@@ -1193,6 +1201,36 @@ class Release:
         if result.failure and self.options.bug_report_dir and escalation['attempted']:
             # Evidence of what the driver did; a reset not tried has none.
             escalation['bug_report'] = self._bug_report()
+
+    def _reload_modules(self, escalation, snapshot, runner):
+        """reset_reload_modules: the platform refused the reset of some GPUs; reload the driver's
+        kernel modules instead, with the NVML clients stopped around it (_reload). A reload that
+        worked reset every GPU: no reboot is asked for those refused."""
+        from ansible_collections.gpuops.nvidia.plugins.module_utils._reload import ModuleReload, complete_entry
+
+        every = dict((gpu.get('index'), ['a reload of the driver']) for gpu in snapshot.gpus if gpu.get('index') is not None)
+        quiesce = self._quiesce(snapshot, every)
+        reload = ModuleReload(runner, snapshot.gpus, escalation['flr_refused'], quiesce.work_deadline(),
+                              self.options.host_root, self.options.nvidia_smi_path, self.clock, proc=self.proc)
+        started = self.clock()
+        refusal = reload.refusal()
+        entry = reload.run(every) if refusal else quiesced_reset(quiesce, reload, sorted(every))
+        entry = escalation['module_reload'] = complete_entry(entry, quiesce.report())
+        self.budget.spend('the kernel module reload', started)
+        for problem in entry['quiesced']['problems']:
+            self._warn('reset_stop_units: %s' % problem)
+        escalation['message'] += '; ' + entry['message']
+        if entry['ok']:
+            escalation['ok'], escalation['flr_refused'] = True, []
+
+    def _would_reload(self, escalation, snapshot):
+        """Check mode with reset_reload_modules: what a refused reset would make the release do."""
+        if not self.options.reset_reload_modules:
+            return
+        from ansible_collections.gpuops.nvidia.plugins.module_utils._reload import would_reload
+
+        escalation['module_reload'] = would_reload(snapshot.gpus, 'the platform refuses the GPU reset (FLR)',
+                                                   self.options.host_root)
 
     def _name_module_holders(self, escalation):
         """A reset that failed names the kernel modules that hold the driver: some keep it from
@@ -1267,8 +1305,10 @@ class Release:
 
     def _to_reset(self, result, snapshot):
         """{index: [why]} of the GPUs in scope a reset is for, with no process left on them:
-        orphaned memory, and what the driver and the GPU's health call for (_health.reset_causes)."""
-        todo = dict((index, [ORPHANED]) for index in result.orphaned_gpus)
+        orphaned memory, and what the driver and the GPU's health call for (_health.reset_causes); never
+        one the kernel log says the driver hung on (a reset would hang in it too)."""
+        hung = set(index for index, (dummy, health) in self._health(snapshot).items() if driver_hung(health))
+        todo = dict((index, [ORPHANED]) for index in result.orphaned_gpus if index not in hung)
         causes = self._reset_causes(snapshot)
         for gpu in self._scope(snapshot):
             index = gpu.get('index')

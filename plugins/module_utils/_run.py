@@ -15,6 +15,7 @@ __metaclass__ = type
 
 import contextlib
 import errno
+import io
 import os
 import re
 import selectors
@@ -22,9 +23,10 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError, check_time_left
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError, check_time_left, printable
 
 
 # A kernel symbol of NVIDIA's modules: a line of /proc/PID/stack tagged with one of them
@@ -54,6 +56,12 @@ class CommandTimeout(GpuopsError):
         driver's code where the kernel says so, or not dying when killed."""
         stuck = self.stuck or {}
         return stuck.get('state') == 'D' and bool(stuck.get('nvidia') or stuck.get('survived_kill'))
+
+    def how_stuck(self):
+        """What showed it hung in the driver: 'pid 4242 in D state, in mutex_lock, alive after SIGKILL'."""
+        stuck = self.stuck or {}
+        return 'pid %s in D state%s%s' % (stuck.get('pid'), ', in %s' % printable(stuck['wchan'], 80) if stuck.get('wchan') else '',
+                                          ', alive after SIGKILL' if stuck.get('survived_kill') else '')
 
 
 def process_state(pid, proc='/proc'):
@@ -160,7 +168,19 @@ class Runner:
         try:
             if input_text is not None:
                 _write_input(proc, input_text)
-            stdout, stderr, finished = self._collect(proc, time.monotonic() + timeout)
+        except BaseException:  # interrupted: leave nothing running behind
+            self._abandon(proc)
+            proc.stdout.close()
+            proc.stderr.close()
+            raise
+        return self.finish(proc, timeout, [self.name] + list(args), [path] + list(args))
+
+    def finish(self, proc, timeout, words, argv=None, started=None):
+        """(rc, stdout, stderr) of a started program (a subprocess.Popen or a Forked), once it has
+        exited; CommandTimeout, saying words (its name and arguments), when it has not within
+        timeout seconds of started (now by default)."""
+        try:
+            stdout, stderr, finished = self._collect(proc, (time.monotonic() if started is None else started) + timeout)
         except BaseException:  # interrupted: leave nothing running behind
             self._abandon(proc)
             raise
@@ -171,8 +191,7 @@ class Runner:
         if not finished or self.stopped:
             how = 'was stopped (SIGTERM; it exited within %.1f s)' % self.term_grace if finished else 'was killed'
             raise CommandTimeout('%s did not answer within %.1f s and %s%s' % (
-                ' '.join([self.name] + list(args)), timeout, how, self.TIMEOUT_NOTE), [path] + list(args), timeout, stderr,
-                stuck=self.stuck)
+                ' '.join(words), timeout, how, self.TIMEOUT_NOTE), argv or words, timeout, stderr, stuck=self.stuck)
         return proc.returncode, stdout, stderr
 
     def _collect(self, proc, deadline):
@@ -244,6 +263,102 @@ class Runner:
                 state['survived_kill'] = True
         if state is not None and (state['state'] == 'D' or state.get('survived_kill')):
             self.stuck = state
+
+
+class Forked:
+    """func(*args) run in a child forked from this process, without exec: no interpreter starts,
+    so the child is at work at once. As Runner runs a program: in a session of its own, stdin
+    /dev/null, stdout and stderr piped to this process, no other descriptor of this process's
+    (a lock held here stays this process's), env added to its environment and unset taken out
+    of it, signals at their defaults. Its exit status is what func returns (0 for None), or 70
+    with the error said on stderr when func raises. Runner.finish collects it, as it does a
+    subprocess.Popen. Fork from one thread only, before any other starts (a lock another thread
+    held at the fork would never be released in the child)."""
+
+    FAILED = 70  # EX_SOFTWARE
+
+    def __init__(self, func, args=(), env=None, unset=()):
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        for stream in (sys.stdout, sys.stderr):
+            _flush(stream)  # else what this process buffered would be written by the child too
+        self.started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            _child(func, args, dict(env or {}), unset, out_write, err_write)
+        os.close(out_write)
+        os.close(err_write)
+        self.pid = pid
+        self.stdout = os.fdopen(out_read, 'rb', 0)
+        self.stderr = os.fdopen(err_read, 'rb', 0)
+        self.returncode = None
+
+    def wait(self, timeout=None):
+        """Its exit status (negative: the signal that killed it) once reaped; subprocess.TimeoutExpired
+        when it has not exited within timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            elif deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired('forked child %d' % self.pid, timeout)
+            else:
+                time.sleep(delay)
+                delay = min(delay * 2, Runner.POLL_S)
+        return self.returncode
+
+
+def _flush(stream):
+    try:
+        stream.flush()
+    except (AttributeError, ValueError, OSError):
+        pass
+
+
+def _child(func, args, env, unset, out_write, err_write):
+    """The forked child: set up as Forked says, run func, exit; never returns."""
+    code = Forked.FAILED
+    try:
+        os.setsid()
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(number, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDONLY)
+        for source, target in ((null, 0), (out_write, 1), (err_write, 2)):
+            os.dup2(source, target)
+        # Python's own streams too, whatever this process had made of them (a test's capture).
+        sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, 'w', closefd=False), encoding='utf-8', errors='replace',
+                                                   line_buffering=True) for fd in (1, 2))
+        _close_from(3)
+        for name in unset:
+            os.environ.pop(name, None)
+        os.environ.update(env)  # putenv: what a library the child loads reads with getenv
+        code = func(*args) or 0
+    except BaseException as exc:  # said where the parent reads it, whatever it was
+        try:
+            os.write(2, ('%s: %s\n' % (type(exc).__name__, exc)).encode('utf-8', 'replace'))
+        except OSError:
+            pass
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            _flush(stream)
+        os._exit(code if isinstance(code, int) else Forked.FAILED)
+
+
+def _close_from(lowest):
+    """Close every descriptor from lowest up (those /proc lists; all up to the limit without it)."""
+    try:
+        fds = [int(name) for name in os.listdir('/proc/self/fd')]
+    except (OSError, ValueError):
+        os.closerange(lowest, os.sysconf('SC_OPEN_MAX'))
+        return
+    for fd in fds:
+        if fd >= lowest:
+            try:
+                os.close(fd)
+            except OSError:  # the directory listing's own descriptor, closed already
+                pass
 
 
 def _write_input(proc, text):

@@ -23,6 +23,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     printable,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import driver_hung
+from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import smi_read
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import PCI_BUS_ID_RE, normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import (
     RECOVERY_ACTION_BRANCH,
@@ -292,10 +293,7 @@ class SmiRunner(Runner):
         except CommandTimeout as exc:
             if not exc.in_driver:
                 raise
-            stuck = exc.stuck
-            how = 'pid %d in D state%s%s' % (stuck['pid'], ', in %s' % printable(stuck['wchan'], 80) if stuck['wchan'] else '',
-                                             ', alive after SIGKILL' if stuck.get('survived_kill') else '')
-            raise DriverHung(driver_hung(' '.join(['nvidia-smi'] + list(args)), how))
+            raise DriverHung(driver_hung(' '.join(['nvidia-smi'] + list(args)), exc.how_stuck()))
         if rc in self.PERMANENT_EXIT_CODES:
             raise PermanentReadError(describe_failure(rc, stdout, stderr))
         return rc, stdout, stderr
@@ -514,6 +512,12 @@ class SmiReader(GpuReader):
         reasons = sorted(set(missing.values()))
         return ['nvidia-smi cannot report %s on this driver (%s); %s null' % (
             facts, '; '.join(reasons)[:500], 'it is' if len(missing) == 1 else 'they are')]
+
+    def read_mig(self, gpus, timeout=None):
+        try:
+            return smi_read(lambda args, limit: self.runner.run(args, timeout=limit), gpus, timeout)
+        except GpuopsError as exc:
+            return {}, ['MIG devices unavailable: %s' % exc]
 
     def _read_apps(self, indexes, timeout):
         rc, stdout, stderr = self._run_each(

@@ -137,6 +137,16 @@ options:
         (O(gpuops.nvidia.nvidia_device_release#module:reset_orphaned)).
     type: bool
     default: false
+  reload_modules:
+    description:
+      - With O(allow_gpu_reset), when the platform refuses a GPU's reset (FLR blocked, as in a
+        VM), reload the NVIDIA driver's kernel modules instead of asking for a reboot - only when
+        every GPU of the host is idle and no process holds a device node; a module that will not
+        unload stops it, and what was unloaded is loaded back. The report's C(escalation.module_reload)
+        says what was done
+        (O(gpuops.nvidia.nvidia_device_release#module:reset_reload_modules)).
+    type: bool
+    default: false
   hold_after_cures:
     description:
       - A GPU whose fault comes back after this many cures tried (GPU resets that worked, reboots
@@ -263,6 +273,20 @@ options:
         C(timeout) on the host), and the reason says that the drain failed.
     type: int
     default: 60
+  max_drained:
+    description:
+      - The fleet brake, a number of nodes or a percentage of the cluster's (V(10%), rounded up, at
+        least 1). Before a host is drained, the nodes C(sinfo) on the host shows drained or down
+        with a C(gpu_reset) reason are counted; past the cap, a host that is not clean but where a
+        job can run (no GPU lost, no memory held) is not drained, and the report (RV(brake)) and
+        the reason say so; it still fails. A host where no job can run is drained all the same,
+        the brake overridden. When C(sinfo) cannot answer, the host is drained as without a
+        brake, and RV(brake) says why.
+      - The hosts of one run count and drain one at a time, so that a fault they all share
+        drains no more of them than the cap. The Slurm hooks apply the same brake
+        (C(GPU_RESET_MAX_DRAINED)).
+    type: str
+    default: 10%
   report_dir:
     description:
       - A directory on the controller for one JSON report per host, C(<inventory_hostname>.json),
@@ -365,7 +389,8 @@ escalation:
   description: The GPU reset, when O(allow_gpu_reset) and one was tried (gpus, persistence_mode_off,
     reset_ok, output, persistence_mode_restored), or could not be tried because a process that
     O(stop_units) does not allow to be stopped holds the GPU (reset_ok false, output naming it);
-    null otherwise.
+    with O(reload_modules), module_reload says what a reload of the driver's kernel modules did
+    after a reset the platform refused, or why it was not done; null otherwise.
   returned: always
   type: dict
 gpus:
@@ -390,6 +415,14 @@ drained:
   description: Whether the host was drained (O(on_failure=drain) on a host that is not clean).
   returned: always
   type: bool
+brake:
+  description:
+    - What the fleet brake (O(max_drained)) did before a drain - C(held) (the host left in
+      service), C(rule) (C(count), when one held or was overridden), C(overridden) (drained
+      since no job can run there), C(drained_nodes), C(nodes), C(cap); or C(why) the drained
+      nodes could not be counted.
+  returned: when a host that is not clean was to be drained (not in check mode)
+  type: dict
 would_drain:
   description: In check mode, true when the host would have been drained (O(on_failure=drain)).
   returned: in check mode, on a host that would be drained

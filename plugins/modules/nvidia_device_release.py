@@ -192,7 +192,8 @@ options:
         C(Not Supported) or C(Insufficient Permissions) for the GPU, as on AWS bare metal and EKS,
         where the hypervisor blocks the function-level reset) names the GPU in
         RV(escalation.flr_refused), its recovery action in RV(gpu_states) becomes V(reboot), and the
-        failure says C(reset_refused) - a driver reload or a reboot is needed.
+        failure says C(reset_refused) - a driver reload or a reboot is needed. With
+        O(reset_reload_modules), the driver's kernel modules are reloaded instead.
       - The reset always runs through nvidia-smi (O(nvidia_smi_path)), whatever O(backend)
         reads the GPUs, and needs root. It fits in O(timeout); waiting for the driver to free
         memory that no process holds (see O(wait)) ends, at the latest, a third of O(timeout) (at
@@ -203,6 +204,27 @@ options:
         GPUs would be reset, and why, and nothing is done.
       - Protected processes that hold a GPU to be reset (DCGM's host engine, dcgm-exporter, NVSM)
         are stopped for it through their systemd units, as O(reset_stop_units) allows.
+    type: bool
+    default: false
+  reset_reload_modules:
+    description:
+      - With O(reset_orphaned), when the platform refuses a GPU's reset (RV(escalation.flr_refused)),
+        reload the NVIDIA driver's kernel modules instead of leaving the GPU to a reboot - only when
+        every GPU of the host is idle (no process on any, none lost), no module that depends on
+        C(nvidia) is in use (C(/sys/module/NAME/refcnt)), and, once the services of
+        O(reset_stop_units) are stopped, no process holds a C(/dev/nvidia*) node (C(nvidia-persistenced)
+        included, so stop it first).
+      - Persistence mode is switched off where it is on, the modules that hold C(nvidia)
+        (C(nvidia_drm), C(nvidia_modeset), C(nvidia_uvm), C(nvidia_peermem), ...) are unloaded with
+        C(rmmod) in dependency order, then C(nvidia); all are loaded back with C(modprobe) in
+        reverse order, persistence mode is restored, the stopped services are started again, and
+        every GPU is checked back - bound to C(nvidia) on the PCI bus with the same minor number, and,
+        on NVSwitch systems, registered with the fabric again. C(modprobe) and C(rmmod) are those
+        beside O(nvidia_smi_path) when it is a path and they are there, else those on C(PATH).
+      - A module that will not unload stops the reload, and what was unloaded is loaded back. Loading
+        back is given a few seconds even past O(timeout). RV(escalation.module_reload) says what was
+        done, or why not; when the reload did not happen or failed, the GPU's recovery action stays
+        V(reboot). In check mode, RV(escalation.module_reload) says what would be reloaded.
     type: bool
     default: false
   hold_after_cures:
@@ -691,6 +713,30 @@ escalation:
           description: The state C(systemctl is-active) gives each stopped unit after the reset
             (V(active) when it came back).
           type: dict
+        host_engines:
+          description:
+            - DCGM's host engine in each unit started again that runs it (C(nvidia-dcgm.service),
+              C(dcgm.service), or a unit nv-hostengine was found in), once the unit is active -
+              whether C(dcgmi discovery -l) answers within a few seconds; one that does not is
+              restarted once (C(systemctl restart)) and asked again.
+            - Empty when no such unit was stopped.
+          type: list
+          elements: dict
+          contains:
+            unit:
+              description: The unit.
+              type: str
+            answers:
+              description: Whether the host engine answered (at last); null when it was not asked
+                (C(dcgmi) is not on E(PATH)).
+              type: bool
+            restarted:
+              description: Whether the unit was restarted because its host engine did not answer.
+              type: bool
+            said:
+              description: What C(dcgmi) (or C(systemctl restart)) said last when it did not answer,
+                or why it was not asked; null when it answered.
+              type: str
         mps_quit:
           description: Whether the MPS control daemon quit for the reset (it is not started again).
           type: bool
@@ -765,6 +811,45 @@ escalation:
         via:
           description: The module it holds C(nvidia) through; null when it holds C(nvidia) itself.
           type: str
+    module_reload:
+      description:
+        - The reload of the driver's kernel modules after a reset the platform refused
+          (O(reset_reload_modules)); the keys of RV(escalation) (its C(gpus) are every GPU of the
+          host, C(flr_refused) those it was for, C(quiesced) the services stopped around it), and
+          those below. C(attempted) false and C(message) say why it was not started (a GPU in use,
+          a module in use, a process holding a device node, too little time). Once it worked,
+          RV(escalation.ok) is true and RV(escalation.flr_refused) is empty.
+      returned: when O(reset_reload_modules) and the platform refused a reset (in check mode, when a reset would be tried)
+      type: dict
+      contains:
+        modules:
+          description: The modules to unload, in order (the driver C(nvidia) last).
+          type: list
+          elements: str
+        unloaded:
+          description: Those unloaded with C(rmmod).
+          type: list
+          elements: str
+        loaded:
+          description: Those loaded back with C(modprobe), in order.
+          type: list
+          elements: str
+        stopped_by:
+          description: Why the reload stopped after it started (C(rmmod)'s refusal of a module in use,
+            in its words); null when it did not stop.
+          type: str
+      sample:
+        attempted: true
+        ok: true
+        gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+        flr_refused: [3]
+        message: kernel modules nvidia_modeset, nvidia_uvm, nvidia unloaded and loaded again
+        modules: [nvidia_modeset, nvidia_uvm, nvidia]
+        unloaded: [nvidia_modeset, nvidia_uvm, nvidia]
+        loaded: [nvidia, nvidia_uvm, nvidia_modeset]
+        stopped_by: null
+        persistence_mode_off: [0, 1, 2, 3, 4, 5, 6, 7]
+        persistence_mode_restored: true
     bug_report:
       description: The C(nvidia-bug-report.sh) run after a failed reset (see O(bug_report_dir)).
       returned: when the reset failed and O(bug_report_dir) is set
@@ -797,6 +882,7 @@ escalation:
       stopped: [nvidia-dcgm.service]
       started: [nvidia-dcgm.service]
       active_after: {nvidia-dcgm.service: active}
+      host_engines: [{unit: nvidia-dcgm.service, answers: true, restarted: false, said: null}]
       mps_quit: false
       problems: []
 gpus_before:

@@ -27,6 +27,8 @@ description:
     marks NVIDIA's own daemons as protected.
   - Reports each GPU's health, Xid errors from the kernel log and the memory repair state
     (row remapping, page retirement), and the recovery action they call for.
+  - With MIG enabled on a GPU, names each MIG device by GPU, GPU and compute instance and MIG UUID,
+    with its memory, processes and device nodes (RV(ansible_facts.nvidia_gpus[].mig)).
   - Changes nothing on the host.
 author:
   - gpuops maintainers (@gpuops)
@@ -228,6 +230,8 @@ ansible_facts:
                 - The driver's messages about this GPU in the kernel log (matched by PCI bus id),
                   one entry per kind and Xid code, in the order of their first appearance (a
                   storm of one Xid is one entry with its count).
+                - The driver's messages that it hung (kind C(driver_hung)) count for the GPU
+                  whose bus id they name, and for every GPU when they name none.
                 - Null when no kernel log could be read (see O(kernel_log)).
               type: list
               elements: dict
@@ -236,14 +240,16 @@ ansible_facts:
                   description:
                     - The Xid number.
                     - "Null for the driver's messages without one: a GPU fallen off the bus
-                      (C(NVRM: The NVIDIA GPU 0000:b3:00.0 ... fallen off the bus)), or one it
-                      could not initialise (C(NVRM: GPU 0000:98:00.0: RmInitAdapter failed!))."
+                      (C(NVRM: The NVIDIA GPU 0000:b3:00.0 ... fallen off the bus)), one it
+                      could not initialise (C(NVRM: GPU 0000:98:00.0: RmInitAdapter failed!)), or
+                      the driver hung in a full-chip reset (its assertions naming
+                      C(NV_ERR_GPU_IN_FULLCHIP_RESET)): C(driver_hung), whose recovery action is a reboot."
                   type: int
                   sample: 79
                 kind:
                   description: What the message is.
                   type: str
-                  choices: [xid, fallen_off_bus, init_failed]
+                  choices: [xid, fallen_off_bus, init_failed, driver_hung]
                   sample: xid
                 count:
                   description: How many times the log has it.
@@ -351,6 +357,66 @@ ansible_facts:
               reset_gpu), and, for a GPU the reader does not list, where it is still seen."
           type: str
           sample: "Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error"
+        mig:
+          description:
+            - The GPU's MIG (Multi-Instance GPU) mode and MIG devices; null for a GPU without MIG
+              (nvidia-smi C([N/A]), NVML not supported) or when the reader cannot tell (a warning says why).
+            - With MIG enabled, the GPU's own RV(ansible_facts.nvidia_gpus[].utilization_gpu_pct) is null
+              (the driver does not report it), and its memory and processes are those of all its instances.
+            - MIG is read, not acted on; the release and the reset still work on whole GPUs.
+          type: dict
+          contains:
+            mode_current:
+              description: The MIG mode now, V(enabled) or V(disabled) (nvidia-smi C(mig.mode.current)).
+              type: str
+            mode_pending:
+              description:
+                - The MIG mode after the next GPU reset, V(enabled) or V(disabled) (C(mig.mode.pending)); a mode that differs from
+                  RV(ansible_facts.nvidia_gpus[].mig.mode_current) waits for a reset.
+              type: str
+            instances:
+              description:
+                - The GPU's MIG devices, one per compute instance of each GPU instance, in MIG device order
+                  (as C(nvidia-smi -L) lists them); empty when MIG is disabled.
+              type: list
+              elements: dict
+              contains:
+                gpu_instance_id:
+                  description: The GPU instance id (nvidia-smi's C(GI ID)).
+                  type: int
+                compute_instance_id:
+                  description: The compute instance id within the GPU instance (C(CI ID)).
+                  type: int
+                profile:
+                  description: The GPU instance profile.
+                  type: str
+                  sample: 1g.18gb
+                uuid:
+                  description: The MIG device's UUID, the name jobs are given in C(CUDA_VISIBLE_DEVICES).
+                  type: str
+                  sample: MIG-feb88891-0321-5fef-9c87-d4af3b54259e
+                memory_used_mib:
+                  description: Memory used on the GPU instance (shared by its compute instances), in MiB.
+                  type: int
+                memory_total_mib:
+                  description: Memory of the GPU instance, in MiB.
+                  type: int
+                processes:
+                  description:
+                    - The compute processes on this MIG device (C(pid), C(name), C(used_memory_mib)), as the
+                      driver reports them.
+                  type: list
+                  elements: dict
+                device_nodes:
+                  description:
+                    - The device nodes a process on this MIG device holds - the parent's C(/dev/nvidiaN) and
+                      the C(/dev/nvidia-caps/nvidia-capM) of its GPU instance and of its compute instance, whose
+                      minors come from C(/proc/driver/nvidia/capabilities/gpuN/mig/giG/access) and
+                      C(.../giG/ciC/access) (N the GPU's minor number), under O(host_root).
+                    - Only the parent's node when an access file cannot be read (a warning names it).
+                  type: list
+                  elements: str
+                  sample: [/dev/nvidia1, /dev/nvidia-caps/nvidia-cap138, /dev/nvidia-caps/nvidia-cap139]
       sample:
         - index: 0
           uuid: GPU-5c7f3c52-1f05-0d3c-1f4b-3f2a6c0e9b11
@@ -379,6 +445,10 @@ ansible_facts:
             recovery_action: none
           state: idle_holding
           error: null
+          mig:
+            mode_current: disabled
+            mode_pending: disabled
+            instances: []
     nvidia_gpu_count:
       description: Number of GPUs found, the lost ones included.
       returned: success
@@ -487,7 +557,7 @@ def main():
         reader, device_patterns(params['devices'], params['host_root']),
         params['protect'] + params['extra_protect'], params['memory_threshold_mib'],
         params['timeout'], params['kernel_log'], expected_gpus=params['expected_gpus'],
-        state=StateDir.for_host(params['state_dir'], params['host_root']), history=History.for_host(params['host_root'], params['state_dir'])))
+        state=StateDir.for_host(params['state_dir'], params['host_root']), history=History.for_host(params['host_root'], params['state_dir']), mig=True))
     for warning in warnings + read_warnings:
         module.warn(warning)
     module.exit_json(changed=False, ansible_facts=facts)

@@ -124,6 +124,7 @@ class Run:
         args = self._pick(RELEASE_OPTIONS)
         args['reset_orphaned'] = self.options['allow_gpu_reset']
         args['reset_stop_units'] = self.options['stop_units']
+        args['reset_reload_modules'] = self.options['reload_modules']
         left = self.left()
         if left is not None and 'bug_report_timeout' in args:
             # After the release's own timeout, within what is left of the run.

@@ -32,6 +32,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     check_probe_mib,
     check_release_options,
 )
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import max_drained_problem
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import SETTINGS_SPEC
 
@@ -147,4 +148,6 @@ def settings_problems(settings, name=None):
         found.append('%s must be a JMESPath expression or null, it is empty' % name('clean_query'))
     if options['on_failure'] == 'drain' and not options['drain_command']:
         found.append('%s is drain but %s is empty' % (name('on_failure'), name('drain_command')))
+    if max_drained_problem(options['max_drained']):
+        found.append('%s: %s' % (name('max_drained'), max_drained_problem(options['max_drained'])))
     return options, found

@@ -25,14 +25,14 @@ modules run as programs (run_module below), then its finishing steps (_finish.py
 
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
         --node NODE [--vars-file FILE] [--gpus 0,1 [--gres-conf FILE]] [--timeout S] [--deadline S] [--scontrol PATH]
-        [--reboot [--reboot-stamp FILE]] [--max-drained N|N%] [--observe] [--health-check]
+        [--reboot [--reboot-stamp FILE]] [--max-drained N|N% [--max-drain-rate N/W]] [--observe] [--health-check]
         [--playbook-vars FILE]
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
         --clear-history GPU-UUID|all [--vars-file FILE]
 
 Exit status: 0 clean or released (or anything, with --observe); 10 failed, the node drained with
 the reason; 11 failed and the drain command failed too (the report says why); 12 failed, and left
-in service by the fleet brake (--max-drained); the reason on stderr and the report on
+in service by the fleet brake (--max-drained, --max-drain-rate: _brake.py); the reason on stderr and the report on
 stdout; 2 the settings or the arguments could not be read (nothing done); 3 the settings need
 the playbook (a clean query of the user's own, a drain command of the user's own, or a templated
 value): the hook then runs ansible-playbook instead. Never 1, which is what Python itself exits
@@ -64,7 +64,6 @@ __metaclass__ = type
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
@@ -73,7 +72,14 @@ import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import is_driver_hung
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _sequence
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _sequence
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import (
+    SINFO_ENV,
+    BrakeUnreadable,
+    drain_rate_problem,
+    max_drained_problem,
+    sinfo_argv,
+)
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import HostError, finish, run_drain, write_file
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._sequence import ModuleError
@@ -336,7 +342,7 @@ def note_reboot(result, stamp):
 
 
 def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None, refused=None, budget=None,
-          observe=False, max_drained=None):
+          observe=False, max_drained=None, drain_rate=None):
     """The sequence on one node, then its finishing steps; returns its report (gpu_reset_result).
 
     why_not_drain: called before draining a node that is not clean; a reason (text) not to
@@ -346,7 +352,7 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
     budget: (time.monotonic() when the hook started, its seconds), for the metrics (default:
     this call's own). observe: decide and report, change nothing (the sequence in check mode:
     nothing signalled or reset, the node not drained: the report says would_drain). max_drained:
-    the fleet brake (brake_holds), None for none."""
+    the fleet brake's count (brake_holds), None for none; drain_rate: its rate (N/W), None for none."""
     started, budget_s = budget or (time.monotonic(), deadline)
     ends = time.monotonic() + deadline
     # The modules end that much before the hook's time does, for the drain command.
@@ -367,7 +373,7 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
         seconds = min(drain_timeout, max(ends - time.monotonic(), 1))
         if skip:
             result['drained'], result['drain_skipped'] = False, skip
-        elif max_drained and brake_holds(result, scontrol, node, max_drained, min(SLURM_CALL_S, seconds / 2.0)):
+        elif max_drained and brake_holds(result, scontrol, node, max_drained, min(SLURM_CALL_S, seconds / 2.0), drain_rate):
             result['drained'] = False
         elif result.get('held'):
             # A fault back after its cures (the release did not reset it): for a person.
@@ -385,79 +391,43 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
     return result
 
 
-# -- the fleet brake ---------------------------------------------------------------------------
-
-# What a node's state reads as when it takes no jobs (sinfo's %t, lower case, '*' for unreachable).
-OUT_OF_SERVICE = ('drain', 'drng', 'down', 'fail', 'failg')
-MAX_DRAINED_RE = re.compile(r'^([0-9]{1,6})(%?)$')
-
+# -- the fleet brake (plugin_utils/_brake.py decides) ---------------------------------------------
 
 def max_drained_argument(text):
     """--max-drained: a number of nodes, or a percentage of the cluster's (N%)."""
-    if not MAX_DRAINED_RE.match(text or ''):
-        raise argparse.ArgumentTypeError('%r is neither a number of nodes nor a percentage (N%%)' % (text,))
+    problem = max_drained_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError('GPU_RESET_MAX_DRAINED: %s' % problem)
     return text
 
 
-def brake_cap(max_drained, nodes):
-    """How many nodes may be out of service for gpu_reset at once: max_drained (N, or N% of
-    nodes, rounded up), at least 1."""
-    number, percent = MAX_DRAINED_RE.match(max_drained).groups()
-    return max(1, int(math.ceil(nodes * int(number) / 100.0)) if percent else int(number))
+def drain_rate_argument(text):
+    """--max-drain-rate: at most N nodes drained by gpu_reset within a window (5/10m)."""
+    problem = drain_rate_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError('GPU_RESET_MAX_DRAIN_RATE: %s' % problem)
+    return text
 
 
-def drained_nodes(scontrol, seconds):
-    """(the cluster's nodes, those out of service with a gpu_reset reason, held for a person
-    or not), from sinfo (a node is listed once per partition); SlurmUnreadable when sinfo cannot tell."""
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIXES as DRAIN_PREFIXES
+def read_listing(scontrol, seconds):
+    """sinfo's listing for the brake (_brake.sinfo_argv), within seconds; BrakeUnreadable when
+    sinfo cannot tell."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 
-    rc, stdout, stderr = slurm_call([slurm_command(scontrol, 'sinfo'), '-h', '-N', '-o', '%N %t %E'], seconds)
-    if rc != 0:
-        raise SlurmUnreadable('sinfo failed (rc %d): %s' % (rc, printable(stderr.strip(), 300)))
-    nodes, drained = set(), set()
-    for line in stdout.splitlines():
-        parts = line.split(None, 2)
-        if len(parts) < 2 or not NODE_NAME_RE.match(parts[0]):
-            continue
-        nodes.add(parts[0])
-        if parts[1].rstrip('*~#!%$@^-').lower() in OUT_OF_SERVICE and parts[2:] and parts[2].startswith(DRAIN_PREFIXES):
-            drained.add(parts[0])
-    if not nodes:
-        raise SlurmUnreadable('sinfo listed no node')
-    return nodes, drained
-
-
-def cannot_run_jobs(result):
-    """Whether a job cannot run on the node as it is: a GPU lost or unreadable, or memory still
-    held on one (a process left, or memory no process holds). The brake gives way to these."""
-    return bool(result.get('survivors')) or any(
-        gpu.get('state') in ('lost', 'orphaned_memory', 'busy', 'idle_holding') for gpu in result.get('gpus') or [])
-
-
-def brake_holds(result, scontrol, node, max_drained, seconds):
-    """Whether the fleet brake keeps the node in service although it is not clean: past
-    max_drained nodes already out of service for gpu_reset, a fault that many nodes share (a
-    driver update, a bug of the checks) must not empty the cluster. A node where no job can run
-    is drained all the same, the brake overridden. The report says which (brake)."""
+    argv = sinfo_argv(slurm_command(scontrol, 'sinfo'))
     try:
-        nodes, drained = drained_nodes(scontrol, seconds)
-    except SlurmUnreadable as exc:
-        result['brake'] = {'held': False, 'why': 'the drained nodes could not be counted: %s' % exc}
-        return False
-    drained.discard(node)
-    cap = brake_cap(max_drained, len(nodes))
-    brake = result['brake'] = {'held': False, 'drained_nodes': len(drained), 'nodes': len(nodes), 'cap': cap}
-    if len(drained) < cap:
-        return False
-    if cannot_run_jobs(result):
-        brake['overridden'] = True
-        result['reason'] = '%s; the brake (%d of %d nodes drained by gpu_reset, at most %d) is overridden: no job can run here' % (
-            result['reason'], len(drained), len(nodes), cap)
-        return False
-    brake['held'] = True
-    result['reason'] = '%s; not drained: the brake holds (%d of %d nodes drained by gpu_reset already, at most %d)' % (
-        result['reason'], len(drained), len(nodes), cap)
-    return True
+        rc, stdout, stderr = Runner(argv[0], env=SINFO_ENV).run(argv[1:], timeout=max(seconds, 1))
+    except GpuopsError as exc:
+        raise BrakeUnreadable(printable(str(exc), 300))
+    if rc != 0:
+        raise BrakeUnreadable('sinfo failed (rc %d): %s' % (rc, printable(stderr.strip(), 300)))
+    return stdout
+
+
+def brake_holds(result, scontrol, node, max_drained, seconds, drain_rate=None):
+    """_brake.brake_holds over this node's sinfo."""
+    return _brake.brake_holds(result, node, lambda: read_listing(scontrol, seconds), max_drained, drain_rate)
 
 
 def refuse(run, why):
@@ -617,13 +587,22 @@ def parse_listpids(text):
     return jobs
 
 
+# The role's fleet brake in the hook's playbook runner: every node, which never holds (the node
+# itself is not counted).
+PLAYBOOK_RUNNER_MAX_DRAINED = '100%'
+
+
 def playbook_vars(args):
     """--playbook-vars: the hook's variables for ansible-playbook; when the job's GPUs cannot be
     told, the node drained with why instead (RUNNER_DRAINED or RUNNER_NOT_DRAINED)."""
     host_root = host_root_of(args.vars_file)
     gpus, problem = job_gpus(args, host_root)
     if problem is None:
-        return write_playbook_vars(args.playbook_vars, hook_vars(args, gpus, job_setting(args, gpus, host_root)))
+        variables = hook_vars(args, gpus, job_setting(args, gpus, host_root))
+        # ansible-playbook exits 2 whether the role drained the node or its brake held it, and
+        # Slurm drains a node whose Prolog fails, with a reason that says nothing: no brake here.
+        variables[PREFIX + 'max_drained'] = PLAYBOOK_RUNNER_MAX_DRAINED
+        return write_playbook_vars(args.playbook_vars, variables)
     result = drain({'host': args.node, 'outcome': 'failed', 'reason': problem}, args.scontrol, args.node, SLURM_CALL_S)
     sys.stdout.write(json.dumps(result) + '\n')
     sys.stderr.write('gpu_reset: %s is not clean: %s\n' % (printable(args.node), printable(result['reason'])))
@@ -887,6 +866,9 @@ def parse_args(argv):
                         help='the fleet brake (GPU_RESET_MAX_DRAINED): past this many nodes, or this percentage of '
                              "the cluster's (N%%), out of service for gpu_reset, a node that is not clean but can run "
                              'jobs is left in service and reported')
+    parser.add_argument('--max-drain-rate', type=drain_rate_argument,
+                        help='the fleet brake\'s rate (GPU_RESET_MAX_DRAIN_RATE, with --max-drained): past N nodes '
+                             'drained by gpu_reset within a window (N/W, W in s, m or h, such as 5/10m), as past the cap')
     parser.add_argument('--observe', action='store_true',
                         help='GPU_RESET_MODE=observe: read, decide and report what would be signalled, reset, '
                              'drained or resumed; change nothing')
@@ -943,7 +925,7 @@ def main(argv=None):
         settings[PREFIX + 'job'] = job_setting(args, gpus, settings.get(PREFIX + 'host_root'))
     result = reset(settings, args.node, args.scontrol, args.deadline - (time.monotonic() - started),
                    reboot_stamp=reboot_stamp(args), refused=problem, budget=(started, args.deadline),
-                   observe=args.observe, max_drained=args.max_drained)
+                   observe=args.observe, max_drained=args.max_drained, drain_rate=args.max_drain_rate)
     sys.stdout.write(json.dumps(result) + '\n')
     if args.observe:
         # Slurm drains a node whose Prolog fails: observe mode leaves it in service whatever it found.

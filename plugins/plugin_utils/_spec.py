@@ -34,6 +34,7 @@ SEQUENCE_SPEC = dict(
     lock_file=dict(type='path', default=None),
     clean_query=dict(type='str', default=None),
     allow_gpu_reset=dict(type='bool', default=False),
+    reload_modules=dict(type='bool', default=False),
     hold_after_cures=dict(type='int', default=2),
     hold_window_days=dict(type='float', default=7.0),
     stop_units=dict(type='list', elements='str', default=list(DEFAULT_STOP_UNITS)),
@@ -59,6 +60,7 @@ FINISH_SPEC = dict(
     on_failure=dict(type='str', choices=['fail', 'drain'], default='fail'),
     drain_command=dict(type='list', elements='str', default=DRAIN_COMMAND),
     drain_timeout=dict(type='int', default=60),
+    max_drained=dict(type='str', default='10%'),
     report_dir=dict(type='path', default=None),
     textfile_dir=dict(type='path', default=None),
 )

@@ -118,7 +118,8 @@ def report_escalation(escalation, allow_gpu_reset=False):
     """The report's escalation made from the release module's: gpus, reasons (why each was
     reset), persistence_mode_off, reset_ok, output (what nvidia-smi said, as the module quotes
     it), persistence_mode_restored, fabric, problems (what the readings do not show),
-    flr_refused (the GPUs whose reset the platform refused) and bug_report; None when no reset was allowed or attempted (check mode). A reset that the
+    flr_refused (the GPUs whose reset the platform refused), module_reload (the driver's modules
+    reloaded instead, reset_reload_modules) and bug_report; None when no reset was allowed or attempted (check mode). A reset that the
     release could not attempt (a daemon it may not stop holds the GPU) is reported as failed, its
     output saying why."""
     if not allow_gpu_reset or not isinstance(escalation, Mapping):
@@ -136,7 +137,7 @@ def report_escalation(escalation, allow_gpu_reset=False):
     }
     if escalation.get('flr_refused'):
         report['flr_refused'] = list(escalation['flr_refused'])
-    for key in ('fabric', 'bug_report', 'quiesced'):
+    for key in ('fabric', 'bug_report', 'quiesced', 'module_reload'):
         if escalation.get(key) is not None:
             report[key] = escalation[key]
     return report

@@ -9,6 +9,8 @@ import sys
 
 from gpusim import hold as _hold
 from gpusim import messages
+from gpusim import modules as _modules
+from gpusim import mig as _mig
 from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, RECOVERY_ACTIONS, Paths,
                           build_state, cuda_code, empty_faults, is_alive, load_records, load_state, minor_of, write_json)
 
@@ -21,6 +23,15 @@ import sys
 sys.path.insert(0, {parent!r})
 from gpusim.smi import main
 main({root!r})
+"""
+
+# gpusim's dcgmi (gpusim.dcgmi), beside nvidia-smi: DCGM's client, against a holder named nv-hostengine.
+DCGMI_SCRIPT = """\
+#!{python} -S
+import sys
+sys.path.insert(0, {parent!r})
+from gpusim.dcgmi import main
+sys.exit(main({root!r}))
 """
 
 # gpusim's nvidia-bug-report.sh: --output-file NAME writes NAME.gz (the simulated host's state as
@@ -42,6 +53,15 @@ with gzip.open(name + ".gz", "wt") as f:
 print("Running nvidia-bug-report.sh... complete. The output file is " + name + ".gz")
 """
 
+# gpusim's modprobe and rmmod (gpusim.modules), over ROOT/sys/module.
+MODULE_SCRIPT = """\
+#!{python} -S
+import sys
+sys.path.insert(0, {parent!r})
+from gpusim.modules import main
+main({root!r}, {program!r})
+"""
+
 # Logs its arguments (each followed by a unit separator, one line per call), then runs nvidia-smi.
 COUNTING_SMI = """\
 #!/bin/sh
@@ -51,9 +71,10 @@ exec {smi} "$@"
 
 FAULT_KINDS = ("lost", "hang", "hang-d", "na", "stuck", "driver-not-loaded", "no-devices", "mismatch", "clear",
                "remap", "retired", "xid", "fallen", "reset-required", "reset-refused", "reset-flr-refused",
-               "recovery", "fabric",
+               "recovery", "fabric", "module-in-use",
                "bug-report-hang", "cuda-init", "cuda-hang", "cuda-crash", "cuda", "compute-mode",
-               "cuda-jit", "cuda-launch", "cuda-idle", "cuda-flip")
+               "cuda-jit", "cuda-launch", "cuda-idle", "cuda-flip", "reset-slow", "host-engine-hang",
+               "driver-hung")
 
 COMPUTE_MODE_NAMES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
 
@@ -198,7 +219,8 @@ class Host:
             if not os.path.isfile(path) or os.path.getsize(path) != DEV_FILE_SIZE:
                 with open(path, "wb") as f:
                     f.write(b"\0" * DEV_FILE_SIZE)
-        # Device nodes of a previous init must not linger.
+        # Device nodes of a previous init must not linger (MIG's too: MIG starts disabled).
+        shutil.rmtree(os.path.join(p.dev, "nvidia-caps"), ignore_errors=True)
         for n in os.listdir(p.dev):
             if n.startswith("nvidia") and n[6:].isdigit() and n not in nodes:
                 os.unlink(os.path.join(p.dev, n))
@@ -214,6 +236,13 @@ class Host:
             f.write(SMI_SCRIPT.format(python=sys.executable, parent=_hold.PKG_PARENT, root=p.root))
         os.chmod(tmp, 0o755)
         os.replace(tmp, p.smi)
+        dcgmi = os.path.join(p.bin, "dcgmi")
+        with open(dcgmi + ".tmp", "w") as f:
+            f.write(DCGMI_SCRIPT.format(python=sys.executable, parent=_hold.PKG_PARENT, root=p.root))
+        os.chmod(dcgmi + ".tmp", 0o755)
+        os.replace(dcgmi + ".tmp", dcgmi)
+        if p.root != "/":
+            self._install_module_programs()
         report = os.path.join(p.bin, "nvidia-bug-report.sh")
         with open(report + ".tmp", "w") as f:
             f.write(BUG_REPORT_SCRIPT.format(python=sys.executable, state=p.state))
@@ -221,6 +250,17 @@ class Host:
         os.replace(report + ".tmp", report)
         write_json(p.state, state)
         return self
+
+    def _install_module_programs(self):
+        """modprobe and rmmod beside nvidia-smi (only under a ROOT of its own: the real ones are
+        never replaced)."""
+        for program in ("modprobe", "rmmod"):
+            path = os.path.join(self.paths.bin, program)
+            with open(path + ".tmp", "w") as f:
+                f.write(MODULE_SCRIPT.format(python=sys.executable, parent=_hold.PKG_PARENT, root=self.paths.root,
+                                             program=program))
+            os.chmod(path + ".tmp", 0o755)
+            os.replace(path + ".tmp", path)
 
     def _write_host_tree(self, state):
         """ROOT/sys/bus/pci/devices/<bus id>/{vendor,device,class} for every GPU on the bus and two
@@ -261,16 +301,10 @@ class Host:
         """A kernel module in ROOT/sys/module: NAME/refcnt, and, when it holds another module
         (depends on it), HOLDS/holders/NAME, a link to it, as sysfs shows them. blocks_reset: the
         simulated nvidia-smi refuses a GPU reset while it is loaded ("In use by another client"),
-        as an idle nvidia_drm makes the real one do."""
-        base = os.path.join(self.paths.root, "sys", "module")
-        os.makedirs(os.path.join(base, name, "holders"), exist_ok=True)
-        with open(os.path.join(base, name, "refcnt"), "w") as f:
-            f.write("%d\n" % refcnt)
-        if holds:
-            link = os.path.join(base, holds, "holders", name)
-            os.makedirs(os.path.dirname(link), exist_ok=True)
-            if not os.path.lexists(link):
-                os.symlink(os.path.join("..", "..", name), link)
+        as an idle nvidia_drm makes the real one do. The simulated modprobe knows it from then on
+        (it loads it back after HOLDS, see gpusim.modules)."""
+        _modules.insert(self.paths, name, holds, refcnt)
+        _modules.record_dependency(self.paths, name, holds)
         if blocks_reset:
             state = load_state(self.paths)
             blocking = state.setdefault("faults", {}).setdefault("reset_blocking_modules", [])
@@ -292,20 +326,35 @@ class Host:
     # -- workloads -----------------------------------------------------------------------
     def hold(self, gpus="all", mib=0, util=0, name=None, ignore_term=False, children=0,
              respawn=0, respawn_delay=0.0, map=False, leak=False, open_gpus=None,
-             argv=None, cwd=None, daemon=False, cgroup=None):
+             argv=None, cwd=None, daemon=False, cgroup=None, mig=None):
         """Start a detached holder; returns {"pid", "monitor_pid", "children"}.
 
         daemon=True runs it from an executable file named `name` (sbin/<name>, owned by the
         caller, mode 0755), as a real daemon runs from its own program: the release protects a
         process by its executable, not by the name it gives itself. cgroup: the real cgroup the
-        holder runs in (CONTROLLER:PATH, see gpusim.cgroups.job_cgroup), made and removed by gpusim."""
+        holder runs in (CONTROLLER:PATH, see gpusim.cgroups.job_cgroup), made and removed by gpusim.
+        mig: (GI, CI) or GI, the MIG instance of the one GPU of gpus that the holder runs on: it opens
+        the instance's caps nodes too, and its memory counts on the instance."""
         info, proc = _hold.start_hold(
             self.paths, gpus, mib, util=util, name=name, ignore_term=ignore_term,
             children=children, respawn=respawn, respawn_delay=respawn_delay, map=map,
             leak=leak, open_gpus=open_gpus, argv=argv, cwd=cwd,
-            exe=_hold.install_daemon(self.paths, name) if daemon else None, cgroup=cgroup)
+            exe=_hold.install_daemon(self.paths, name) if daemon else None, cgroup=cgroup, mig=mig)
         self._monitors.append(proc)
         return info
+
+    def mig(self, gpu, profiles=(), mode="enabled", pending=None, cis_per_gi=1):
+        """MIG on GPU gpu: mode enabled with the MIG devices of profiles (replacing any), or
+        disabled; pending: the mode after the next reset (default: mode). Rewrites the caps nodes."""
+        state = load_state(self.paths)
+        g = state["gpus"][int(gpu)]
+        current = "Enabled" if mode == "enabled" else "Disabled"
+        devices = _mig.make_instances(g, list(profiles), cis_per_gi) if current == "Enabled" else []
+        g["mig"] = {"current": current, "pending": "Enabled" if (pending or mode) == "enabled" else "Disabled",
+                    "instances": devices}
+        _mig.write_caps(self.paths, state)
+        write_json(self.paths.state, state)
+        return g["mig"]
 
     def scenario(self, name="hung-job", release_delay=0.0):
         if name != "hung-job":
@@ -388,7 +437,14 @@ class Host:
         fabric (an NVSwitch system: value on/off, seconds a reset GPU takes to register with the
         fabric manager again (default 1); with gpu, value stuck: that GPU never registers again
         after a reset; or value a status, e.g. "Insufficient Resources", its registration's),
-        bug-report-hang (seconds gpusim's nvidia-bug-report.sh takes; -1: it fails)."""
+        bug-report-hang (seconds gpusim's nvidia-bug-report.sh takes; -1: it fails),
+        reset-slow (seconds nvidia-smi -r takes before it resets, deaf to SIGTERM; 0 clears),
+        driver-hung (count, when: the driver's assertions of a full-chip reset that hung, from
+        NVIDIA/open-gpu-kernel-modules#1045, count times over in the kernel log),
+        host-engine-hang (value N: the next N DCGM host engines started, holders named nv-hostengine,
+        never answer gpusim's dcgmi, which waits; one started after them answers; 0 clears),
+        module-in-use (value: a module name, or off to clear them all: rmmod refuses it as in use
+        whatever its refcnt says, as when a user takes it between a read and the rmmod)."""
         kind = kind.replace("_", "-")
         if kind not in FAULT_KINDS:
             raise ValueError("unknown fault %r (known: %s)" % (kind, ", ".join(FAULT_KINDS)))
@@ -407,6 +463,12 @@ class Host:
             faults["hang_s"] = float(seconds if seconds is not None else value)
         elif kind == "hang-d":
             faults["hang_d_s"] = float(seconds if seconds is not None else value)
+        elif kind == "reset-slow":
+            faults["reset_slow_s"] = float(seconds if seconds is not None else value)
+        elif kind == "host-engine-hang":
+            from gpusim.dcgmi import host_engines
+
+            faults["host_engine_hang"] = {"next": int(value), "hung": [], "known": host_engines(self.paths)}
         elif kind == "na":
             v = "[N/A]" if value is True else value
             faults["na"] = [n for n in faults["na"]
@@ -481,8 +543,14 @@ class Host:
         elif kind == "fallen":
             self._log_fallen(state, int(gpu), when, form)
             return
+        elif kind == "driver-hung":
+            self._log_lines(messages.DRIVER_HUNG_LINES, when, int(count))
+            return
         elif kind == "fabric":
             _fabric_fault(faults, value, gpu, seconds)
+        elif kind == "module-in-use":
+            faults["modules_in_use"] = [] if value in (False, "off") else sorted(
+                set(faults.get("modules_in_use", [])) | set([value]))
         elif kind == "bug-report-hang":
             faults["bug_report_hang_s"] = float(seconds if seconds is not None else value)
         else:
@@ -517,6 +585,16 @@ class Host:
         with open(self.paths.kernel_log, "a") as f:
             for line in lines:
                 f.write(M.KERNEL_LINE.format(time=stamp, text=line.format(bus=bus)) + "\n")
+
+    def _log_lines(self, lines, when, count=1):
+        """The kernel's lines in the kernel log, count times over, at when."""
+        from gpusim import messages as M
+
+        stamp = self._stamp(when)
+        with open(self.paths.kernel_log, "a") as f:
+            for dummy in range(count):
+                for line in lines:
+                    f.write(M.KERNEL_LINE.format(time=stamp, text=line) + "\n")
 
     @staticmethod
     def _stamp(when):

@@ -53,6 +53,17 @@ def _parser():
     c.add_argument("--cgroup", default=None, metavar="CONTROLLER:PATH",
                    help="run in this real cgroup (root), e.g. freezer:/slurm/uid_0/job_5/step_0")
 
+    c.add_argument("--mig", default=None, metavar="GI[:CI]",
+                   help="run on this MIG instance of the one GPU of --gpus (opens its caps nodes too)")
+
+    c = cmd("mig", help="MIG on a GPU: its mode and its MIG devices (GPU and compute instances)")
+    c.add_argument("--gpu", type=int, required=True)
+    c.add_argument("--profiles", default="", metavar="P0,P1,...", help="GPU instance profiles, e.g. 1g.18gb,3g.71gb")
+    c.add_argument("--mode", choices=("enabled", "disabled"), default="enabled")
+    c.add_argument("--pending", choices=("enabled", "disabled"), default=None,
+                   help="the mode after the next reset (default: --mode)")
+    c.add_argument("--cis-per-gi", type=int, default=1, help="compute instances in each GPU instance")
+
     c = cmd("fault", help="inject a fault")
     fs = c.add_subparsers(dest="kind", required=True)
     f = fs.add_parser("lost")
@@ -64,6 +75,11 @@ def _parser():
     f.add_argument("--seconds", type=float, required=True)
     f = fs.add_parser("hang-d", help="nvidia-smi hangs as in D state in the driver (ROOT/proc/PID says so; 0 clears)")
     f.add_argument("--seconds", type=float, required=True)
+    f = fs.add_parser("reset-slow", help="nvidia-smi -r takes this long before it resets, deaf to SIGTERM (0 clears)")
+    f.add_argument("--seconds", type=float, required=True)
+    f = fs.add_parser("host-engine-hang", help="the next N DCGM host engines started (holders named nv-hostengine) "
+                      "never answer dcgmi (0 clears)")
+    f.add_argument("--next", type=int, default=1)
     f = fs.add_parser("na")
     f.add_argument("--field", required=True)
     f.add_argument("--gpu", type=int, default=None)
@@ -75,6 +91,8 @@ def _parser():
         f = fs.add_parser(k)
         f.add_argument("value", choices=("on", "off"))
     fs.add_parser("clear")
+    f = fs.add_parser("module-in-use", help="rmmod refuses the module as in use, whatever its refcnt says")
+    f.add_argument("value", help="a module name, or off to clear them all")
     f = fs.add_parser("remap", help="row-remapper state of a GPU")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("--pending", choices=("on", "off"))
@@ -108,6 +126,8 @@ def _parser():
     f.add_argument("--text", default=None)
     f.add_argument("--gpu-instance", type=int, default=None, help="MIG GPU instance the driver names")
     f.add_argument("--count", type=int, default=1, help="write the line this many times (an Xid storm)")
+    f = fs.add_parser("driver-hung", help="log the driver's assertions of a full-chip reset that hung")
+    f.add_argument("--count", type=int, default=1, help="write them this many times (a storm)")
     f = fs.add_parser("fallen", help="log that a GPU has fallen off the bus, without an Xid")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("--form", choices=("probe", "line"), default="probe")
@@ -185,14 +205,20 @@ def main(argv=None):
                              ignore_term=args.ignore_term, children=args.children,
                              respawn=args.respawn, respawn_delay=args.respawn_delay,
                              map=args.map, leak=args.leak, open_gpus=args.open_gpus,
-                             daemon=args.daemon, cgroup=args.cgroup)
+                             daemon=args.daemon, cgroup=args.cgroup,
+                             mig=_ints(args.mig.replace(":", ",")) if args.mig else None)
             print(json.dumps(info))
+        elif args.cmd == "mig":
+            print(json.dumps(host.mig(args.gpu, [p for p in args.profiles.split(",") if p], args.mode, args.pending,
+                                      args.cis_per_gi)))
         elif args.cmd == "fault":
             k = args.kind
             if k == "lost":
                 host.fault(k, gpu=args.gpu, message=args.message, in_place=args.in_place)
-            elif k in ("hang", "hang-d"):
+            elif k in ("hang", "hang-d", "reset-slow"):
                 host.fault(k, seconds=args.seconds)
+            elif k == "host-engine-hang":
+                host.fault(k, value=args.next)
             elif k == "na":
                 host.fault(k, field=args.field, gpu=args.gpu, value=args.value)
             elif k == "stuck":
@@ -209,6 +235,8 @@ def main(argv=None):
                            count=args.count)
             elif k == "fallen":
                 host.fault(k, gpu=args.gpu, form=args.form)
+            elif k == "driver-hung":
+                host.fault(k, count=args.count)
             elif k == "fabric":
                 host.fault(k, gpu=args.gpu, value=args.value, seconds=args.seconds)
             elif k == "cuda-init":

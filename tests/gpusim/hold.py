@@ -139,7 +139,7 @@ def _gpu_list(spec, all_gpus):
 
 def start_hold(paths, gpus, mib, util=0, name=None, ignore_term=False, children=0,
                respawn=0, respawn_delay=0.0, map=False, leak=False, open_gpus=None,
-               argv=None, cwd=None, timeout=20.0, exe=None, cgroup=None):
+               argv=None, cwd=None, timeout=20.0, exe=None, cgroup=None, mig=None):
     """Start a detached monitor + holder; return ({"pid", "monitor_pid", "children"}, Popen)."""
     import select
     import subprocess
@@ -162,6 +162,8 @@ def start_hold(paths, gpus, mib, util=0, name=None, ignore_term=False, children=
         "exe": exe or sys.executable,
         "cgroup": cgroup,
     }
+    if mig is not None:
+        cfg.update(_mig_holding(paths, state, gpus, mig))
     env = dict(os.environ)
     env["GPUSIM_MONITOR"] = json.dumps(cfg)
     env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -194,6 +196,18 @@ def start_hold(paths, gpus, mib, util=0, name=None, ignore_term=False, children=
         proc.wait()
         raise RuntimeError("gpusim hold: " + info["error"])
     return info, proc
+
+
+def _mig_holding(paths, state, gpus, mig):
+    """The record's MIG instance ([GI, CI]) and the caps nodes its holder opens."""
+    from gpusim import mig as _mig
+
+    gi, ci = (tuple(mig) + (None,))[:2] if isinstance(mig, (list, tuple)) else (int(mig), None)
+    if len(gpus) != 1:
+        raise ValueError("a holder on a MIG instance holds one GPU, not %s" % gpus)
+    gpu = state["gpus"][gpus[0]]
+    dev = _mig.find(gpu, int(gi), None if ci is None else int(ci))
+    return {"mig": [dev["gi"], dev["ci"]], "caps": _mig.caps_nodes(paths, gpu, dev)}
 
 
 def install_daemon(paths, name):
@@ -355,6 +369,7 @@ def holder_main():
     keep = []
     gpu_fds = {}
     files = [(None, paths.ctl_dev), (None, paths.uvm_dev)] + [(i, paths.gpu_dev(cfg["minors"][str(i)])) for i in cfg["open"]]
+    files += [(None, caps) for caps in cfg.get("caps", ())]
     for i, p in files:
         fd = os.open(p, os.O_RDWR)
         if cfg["map"]:
@@ -397,6 +412,8 @@ def holder_main():
         "created": time.time(),
         "died_at": None,
     }
+    if cfg.get("mig"):
+        record["mig"] = cfg["mig"]
     write_json(paths.proc_record(me), record)
     os.write(ready_fd, (json.dumps({"pid": me, "children": kids}) + "\n").encode())
     os.close(ready_fd)

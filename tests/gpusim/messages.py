@@ -73,6 +73,19 @@ FALLEN_PROBE = (
     "NVRM: fallen off the bus and is not responding to commands.",
 )
 FALLEN_LINE = ("NVRM: GPU {bus}: GPU has fallen off the bus.",)
+# The driver hung in a full-chip reset: its resource server's assertions on every call, as an RTX
+# 5080 host logged them after Xid 119 and 154 (NVIDIA/open-gpu-kernel-modules#1045), "GPU0" being
+# the driver's own instance number; some name no GPU.
+DRIVER_HUNG_LINES = (
+    "NVRM: GPU0 nvAssertFailedNoLog: Assertion failed: (status == NV_OK) || (status == NV_ERR_GPU_IN_FULLCHIP_RESET) "
+    "@ mem.c:178",
+    "NVRM: GPU0 nvAssertFailedNoLog: Assertion failed: (status == NV_OK) || (status == NV_ERR_GPU_IN_FULLCHIP_RESET) "
+    "@ vaspace_api.c:573",
+    "NVRM: GPU0 nvAssertFailedNoLog: Assertion failed: (status == NV_OK) || (status == NV_ERR_GPU_IN_FULLCHIP_RESET) "
+    "@ rs_client.c:844",
+    "NVRM: nvAssertFailedNoLog: Assertion failed: (status == NV_OK) || (status == NV_ERR_GPU_IN_FULLCHIP_RESET) "
+    "@ rs_server.c:259",
+)
 XID_TEXTS = {
     13: "pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
     31: ("pid=4242, name=python3, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS "

@@ -8,6 +8,7 @@ import sys
 import time
 
 from gpusim import messages as M
+from gpusim import mig as _mig
 from gpusim.state import (RECOVERY_ACTION_FROM, RECOVERY_ACTIONS, RESET_REQUIRED_FIELDS, Paths, driver_major, fabric_value,
                           gpu_free, gpu_reserved, gpu_usage, holders_of, load_records, load_state, minor_of,
                           recovery_action, write_json)
@@ -24,6 +25,7 @@ GPU_FIELDS = {
     "remapped_rows.correctable": None, "remapped_rows.uncorrectable": None,
     "remapped_rows.pending": None, "remapped_rows.failure": None, "retired_pages.pending": None,
     "gpu_recovery_action": None, "fabric.state": None, "fabric.status": None,
+    "mig.mode.current": None, "mig.mode.pending": None,
 }
 GPU_ALIASES = {
     "gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
@@ -183,6 +185,9 @@ class Smi:
         na = self.na_value(field, g["index"])
         if na is not None:
             return na
+        mig = self.mig_value(field, g)
+        if mig is not None:
+            return mig
         used, util, _unused = self.usage()
         idx = g["index"]
 
@@ -254,6 +259,16 @@ class Smi:
             pending = self.faults.get("retired_pending", {}).get(str(idx))
             return "[N/A]" if pending is None else ("Yes" if pending else "No")
         return "[N/A]"
+
+    @staticmethod
+    def mig_value(field, g):
+        """MIG's fields, and the values a GPU with MIG enabled does not give for the whole GPU
+        (utilisation: N/A in samples/mig/summary_mig_510.txt); None for the others."""
+        if field in ("mig.mode.current", "mig.mode.pending"):
+            return _mig.mig_of(g)[field.rsplit(".", 1)[1]]
+        if field in ("utilization.gpu", "utilization.memory") and _mig.enabled(g):
+            return "[N/A]"
+        return None
 
     def readable(self, gpus):
         """The GPUs that answer, in order. A lost GPU's error line is printed in its place, and
@@ -342,6 +357,8 @@ class Smi:
                 self.w(self.lost_line(g, M.HANDLE_UNKNOWN_ERROR_L))
                 continue
             self.w("GPU %d: %s (UUID: %s)" % (g["index"], g["name"], g["uuid"]))
+            for number, dev in enumerate(_mig.instances(g)):
+                self.w("  %-16sDevice %2d: (UUID: %s)" % ("MIG " + dev["profile"], number, dev["uuid"]))
 
     def persistence(self, value, gpus):
         v = value.strip().upper()
@@ -420,30 +437,7 @@ class Smi:
                                                     verb="is" if n == 1 else "are"))
             self.rc = M.EXIT_OTHER
             return
-        reset = {g["index"] for g in ok}
-        for g in ok:
-            g["stuck_mib"] = 0
-            # On an NVSwitch system a reset GPU registers with the fabric manager again.
-            if self.faults.get("fabric"):
-                g["fabric_ready_at"] = time.time() + float(self.faults["fabric"].get("delay_s", 0))
-            # A reset carries out what the driver asked for: the GPU answers again.
-            self.faults.get("reset_required", {}).pop(str(g["index"]), None)
-            if self.faults.get("recovery", {}).get(str(g["index"])) in ("reset", "drain-and-reset"):
-                self.faults["recovery"].pop(str(g["index"]))
-            # A reset applies the pending row remappings.
-            remap = self.faults.get("remap", {}).get(str(g["index"]))
-            if remap:
-                remap["pending"] = False
-            # And the pending page retirements (GPUs before Ampere).
-            if self.faults.get("retired_pending", {}).get(str(g["index"])):
-                self.faults["retired_pending"][str(g["index"])] = False
-        write_json(self.paths.state, self.state)
-        for rec in load_records(self.paths):
-            hit = reset.intersection(rec["gpus"]) - set(rec.get("reset_gpus", ()))
-            if hit and rec.get("died_at") is not None:
-                rec["reset_gpus"] = sorted(set(rec.get("reset_gpus", ())) | hit)
-                rec.pop("alive", None)
-                write_json(self.paths.proc_record(rec["pid"]), rec)
+        apply_reset(self.paths, self.state, ok)
         for g in ok:
             self.w(M.RESET_OK.format(bus=g["pci_bus_id"]))
         self.w(M.ALL_DONE)
@@ -480,10 +474,11 @@ class Smi:
             power = "%4dW /  700W " % int(72.5 + 6.2 * util[i])
             row((" N/A   %2dC    P0" % g["temperature"]).ljust(41 - len(power)) + power,
                 ("%dMiB / %dMiB " % (used[i], g["memory_total_mib"])).rjust(24),
-                ("%d%%      Default " % util[i]).rjust(22))
-            row("", "", "Disabled ".rjust(22))
+                ("%s      Default " % ("N/A" if _mig.enabled(g) else "%d%%" % util[i])).rjust(22))
+            row("", "", (_mig.mig_of(g)["current"] + " ").rjust(22))
             w(cells)
         w("")
+        self.mig_table([g for g in gpus if not self.lost_kind(g)], live)
         w(rule)
         w("|%s|" % " Processes:".ljust(89))
         w("|%s|" % "  GPU   GI   CI        PID   Type   Process name                              GPU Memory ".ljust(89))
@@ -498,8 +493,35 @@ class Smi:
             if len(name) > 38:
                 name = "..." + name[-35:]
             line = "  %4d   N/A  N/A  %9d      C   %-38s" % (i, rec["pid"], name)
+            if rec.get("mig"):
+                line = "  %4d %4d %4d  %9d      C   %-38s" % (i, rec["mig"][0], rec["mig"][1], rec["pid"], name)
             w("|%s|" % (line + ("%dMiB " % rec["mib"]).rjust(89 - len(line))))
         w(rule)
+
+    def mig_table(self, gpus, live):
+        """The "MIG devices:" table of plain nvidia-smi, when a GPU has MIG devices (the 535 and
+        later layout, 89 wide; samples/mig/summary_mig_510.txt has the older one's columns)."""
+        rows = [(g, number, dev) for g in gpus for number, dev in enumerate(_mig.instances(g))]
+        if not rows:
+            return
+        w = self.w
+        cells = "+" + "-" * 18 + "+" + "-" * 32 + "+" + "-" * 11 + "+" + "-" * 23 + "+"
+        w("+" + "-" * 89 + "+")
+        w("|%s|" % " MIG devices:".ljust(89))
+        w(cells)
+        w("| GPU  GI  CI  MIG |                   Memory-Usage |        Vol|      Shared           |")
+        w("|      ID  ID  Dev |                     BAR1-Usage | SM     Unc| CE ENC DEC OFA JPG    |")
+        w("|                  |                                |        ECC|                       |")
+        w("|" + "=" * 18 + "+" + "=" * 32 + "+" + "=" * 11 + "+" + "=" * 23 + "|")
+        for g, number, dev in rows:
+            used = _mig.instance_used(live, g, dev)
+            slices = _mig.PROFILES[dev["profile"]][1]
+            w("| %2d %4d %3d %3d  |%s| %2d      0 | %2d   0    %d    0    %d |" % (
+                g["index"], dev["gi"], dev["ci"], number,
+                ("%dMiB / %dMiB " % (used, dev["memory_total_mib"])).rjust(32), 16 * slices, slices, slices, slices))
+            w("|                  |%s|           |                       |" % "0MiB / 16383MiB ".rjust(32))
+            w(cells)
+        w("")
 
     def detail(self, gpus):
         if self.only_lost(gpus):
@@ -534,6 +556,36 @@ class Smi:
             w("    Utilization")
             w("        %-34s: %d %%" % ("Gpu", util[i]))
             w("")
+
+
+def apply_reset(paths, state, gpus):
+    """What a GPU reset (or a reload of the driver) does to the GPUs of state: frees their memory,
+    carries out what the driver asked for, applies pending remappings; writes the state."""
+    faults = state.get("faults") or {}
+    reset = {g["index"] for g in gpus}
+    for g in gpus:
+        g["stuck_mib"] = 0
+        # On an NVSwitch system a reset GPU registers with the fabric manager again.
+        if faults.get("fabric"):
+            g["fabric_ready_at"] = time.time() + float(faults["fabric"].get("delay_s", 0))
+        # A reset carries out what the driver asked for: the GPU answers again.
+        faults.get("reset_required", {}).pop(str(g["index"]), None)
+        if faults.get("recovery", {}).get(str(g["index"])) in ("reset", "drain-and-reset"):
+            faults["recovery"].pop(str(g["index"]))
+        # A reset applies the pending row remappings.
+        remap = faults.get("remap", {}).get(str(g["index"]))
+        if remap:
+            remap["pending"] = False
+        # And the pending page retirements (GPUs before Ampere).
+        if faults.get("retired_pending", {}).get(str(g["index"])):
+            faults["retired_pending"][str(g["index"])] = False
+    write_json(paths.state, state)
+    for rec in load_records(paths):
+        hit = reset.intersection(rec["gpus"]) - set(rec.get("reset_gpus", ()))
+        if hit and rec.get("died_at") is not None:
+            rec["reset_gpus"] = sorted(set(rec.get("reset_gpus", ())) | hit)
+            rec.pop("alive", None)
+            write_json(paths.proc_record(rec["pid"]), rec)
 
 
 def _held_gpu_devs(pid, paths):
@@ -669,6 +721,8 @@ def run(root, argv, out):
             out.write(e.text)
             return e.code
     elif opts["reset"]:
+        if f.get("reset_slow_s"):
+            hang(float(f["reset_slow_s"]))
         smi.gpu_reset(gpus)
     elif opts["list"]:
         smi.list_gpus(gpus)

@@ -562,6 +562,9 @@ def _flat_state(state):
     for g in state.get("gpus", []):
         action = recovery_action(state, g["index"])
         lines.append("recovery %d %d" % (g["index"], -1 if action is None else RECOVERY_ACTIONS[action][0]))
+    from gpusim.mig import flat_lines
+
+    lines.extend(flat_lines(state))
     return "\n".join(lines) + "\n"
 
 
@@ -579,4 +582,5 @@ def _flat_record(rec):
         "reset %s" % " ".join(str(i) for i in rec.get("reset_gpus", ())),
         "freed %s" % " ".join("%d %r" % (int(i), float(at)) for i, at in sorted((rec.get("freed") or {}).items())),
         "name %s" % _one_line(rec.get("process_name") or rec.get("comm") or ""),
+        "mig %s" % " ".join(str(i) for i in rec.get("mig") or ()),
     ]) + "\n"

@@ -350,3 +350,61 @@ def test_the_drivers_verdicts_read_the_same_through_both_backends(gpuhost_factor
     assert [g['health']['recovery_action'] for g in gpus[:5]] == ['none', 'reset_gpu', 'reset_gpu', 'reboot', 'inspect']
     assert gpus[1]['error'] == ("the driver says: GPU requires reset (for utilization.gpu, temperature.gpu, "
                                 "retired_pages.pending); the driver's GPU recovery action is reset_gpu")
+
+
+# Reads the host's GPUs and MIG devices with both backends, through the host's view (minor numbers,
+# the caps tree); prints each backend's GPU facts, mig included, and its warnings.
+MIG_PROBE = r'''
+import json, sys
+from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gpu_facts, mig_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader
+smi_path, root = sys.argv[1], sys.argv[2]
+out = {}
+for backend in ('nvml', 'nvidia-smi'):
+    reader = HostReader(select_reader(backend, smi_path, 10)[0], root)
+    try:
+        gpus = gpu_facts(reader.read())
+        warnings = mig_facts(reader, gpus, 10)
+    finally:
+        reader.close()
+    out[backend] = {'gpus': gpus, 'warnings': warnings}
+print(json.dumps(out))
+'''
+
+
+def read_mig_both(host):
+    proc = subprocess.run([sys.executable, '-c', MIG_PROBE, host.smi_path, host.root],
+                          env=host.env(nvml=True), capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out['nvml'] == out['nvidia-smi']
+    assert out['nvml']['warnings'] == []
+    return out['nvml']['gpus']
+
+
+def test_mig_off_is_disabled_on_both(nvmlhost):
+    gpus = read_mig_both(nvmlhost)
+    assert [g['mig'] for g in gpus] == [{'mode_current': 'disabled', 'mode_pending': 'disabled', 'instances': []}] * 8
+
+
+def test_mig_instances_agree_and_name_their_jobs_and_nodes(nvmlhost):
+    nvmlhost.mig(1, ['1g.18gb', '1g.18gb', '3g.71gb'])
+    nvmlhost.mig(2, mode='disabled', pending='enabled')
+    job = nvmlhost.hold(gpus='1', mib=4096, mig=8, name='tenant-b')
+    whole = nvmlhost.hold(gpus='0', mib=1024, util=50)
+    gpus = read_mig_both(nvmlhost)
+    assert gpus[2]['mig'] == {'mode_current': 'disabled', 'mode_pending': 'enabled', 'instances': []}
+    assert gpus[0]['mig']['instances'] == [] and gpus[0]['processes'][0]['pid'] == whole['pid']
+    mig = gpus[1]['mig']
+    assert (mig['mode_current'], mig['mode_pending']) == ('enabled', 'enabled')
+    state = nvmlhost.state['gpus'][1]['mig']['instances']
+    assert [(i['gpu_instance_id'], i['compute_instance_id'], i['profile'], i['uuid']) for i in mig['instances']] == [
+        (d['gi'], d['ci'], d['profile'], d['uuid']) for d in state]
+    held = [i for i in mig['instances'] if i['processes']]
+    assert [(i['gpu_instance_id'], i['memory_used_mib'], i['memory_total_mib']) for i in held] == [(8, 4096, 16384)]
+    assert held[0]['processes'] == [{'pid': job['pid'], 'name': 'tenant-b', 'used_memory_mib': 4096}]
+    # The parent GPU: every instance's memory, no utilisation of its own (N/A with MIG).
+    assert gpus[1]['memory_used_mib'] == 1 + 4096 and gpus[1]['utilization_gpu_pct'] is None
+    assert held[0]['device_nodes'] == [os.path.join(nvmlhost.root, 'dev', name) for name in (
+        'nvidia1', 'nvidia-caps/nvidia-cap%d' % (3 + 135 + 8 * 9), 'nvidia-caps/nvidia-cap%d' % (3 + 135 + 8 * 9 + 1))]

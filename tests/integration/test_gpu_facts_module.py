@@ -213,3 +213,21 @@ def test_root_gets_no_permission_warning(gpuhost):
     assert proc.returncode == 0, proc.stdout
     assert 'could not be inspected' not in result['warning_text']
     assert len(result['ansible_facts']['nvidia_device_holders']) == 9
+
+
+def test_mig_instances_are_facts_with_their_jobs_and_nodes(gpuhost):
+    gpuhost.mig(3, ['1g.18gb', '2g.35gb'])
+    job = gpuhost.hold(gpus='3', mib=3000, mig=7, name='tenant-a')
+    result, proc = run_facts(gpuhost, host_root=gpuhost.root, devices=['/dev/nvidia*', '/dev/nvidia-caps/nvidia-cap*'])
+    assert proc.returncode == 0, proc.stdout
+    gpus = result['ansible_facts']['nvidia_gpus']
+    assert [gpu['mig']['mode_current'] for gpu in gpus] == ['disabled'] * 3 + ['enabled'] + ['disabled'] * 4
+    instances = gpus[3]['mig']['instances']
+    assert [(i['gpu_instance_id'], i['profile']) for i in instances] == [(3, '2g.35gb'), (7, '1g.18gb')]
+    tenant = instances[1]
+    assert tenant['uuid'].startswith('MIG-') and tenant['memory_used_mib'] == 3000
+    assert [p['pid'] for p in tenant['processes']] == [job['pid']] and instances[0]['processes'] == []
+    # The holder found over /proc holds exactly the instance's nodes, beside the driver's own.
+    holder = [h for h in result['ansible_facts']['nvidia_device_holders'] if h['pid'] == job['pid']][0]
+    assert set(tenant['device_nodes']) <= set(holder['devices']) and len(tenant['device_nodes']) == 3
+    assert gpus[3]['utilization_gpu_pct'] is None and gpus[3]['state'] == 'busy'

@@ -91,6 +91,22 @@ def test_orphaned_memory_is_reset_when_asked(gpuhost, tmp_path):
     assert alive(daemon)
 
 
+def test_a_refused_reset_is_cured_by_a_module_reload_through_ansible(gpuhost, tmp_path):
+    """reset_reload_modules on gpusim's /sys/module, with its modprobe and rmmod beside its
+    nvidia-smi: no kernel module can be loaded in a container."""
+    gpuhost.load_module('nvidia_drm', holds='nvidia_modeset')
+    gpuhost.fault('reset-flr-refused', gpu=3, value='Insufficient Permissions')
+    gpuhost.fault('stuck', gpu=3, mib=8192)
+    result, proc = run_release(gpuhost, tmp_path, grace_period=0.3, timeout=30, reset_orphaned=True,
+                               reset_reload_modules=True, host_root=gpuhost.root, devices=['/dev/nvidia*'])
+    assert proc.returncode == 0, proc.stdout
+    assert result['released'] is True and result['escalation']['ok'] is True and result['escalation']['flr_refused'] == []
+    reload = result['escalation']['module_reload']
+    assert reload['flr_refused'] == [3] and reload['loaded'] == ['nvidia', 'nvidia_modeset', 'nvidia_drm', 'nvidia_uvm']
+    assert gpuhost.memory_used() == dict((index, 1) for index in range(8))
+    assert gpuhost.smi('-i', '3', '--query-gpu=persistence_mode', '--format=csv,noheader').stdout.strip() == 'Enabled'
+
+
 def test_module_documentation_renders():
     proc = subprocess.run(['ansible-doc', 'gpuops.nvidia.nvidia_device_release'],
                           capture_output=True, text=True, timeout=60, check=False)

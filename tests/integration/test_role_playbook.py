@@ -548,6 +548,22 @@ def test_a_fleet_brake_that_is_neither_a_number_nor_a_percentage_is_named(gpuhos
     assert len(calls) == 1 and calls[0].startswith('update nodename=node01 state=drain'), calls
 
 
+@pytest.mark.parametrize('value, said', [
+    ('5', 'GPU_RESET_MAX_DRAIN_RATE is not NODES/WINDOW (5/10m)'),
+    ('5/10d', 'GPU_RESET_MAX_DRAIN_RATE is not NODES/WINDOW (5/10m)'),
+    ('5;id/10m', 'GPU_RESET_MAX_DRAIN_RATE is not NODES/WINDOW (5/10m)'),
+    # The shape is right, the numbers are not: the runner names it.
+    ('0/10m', "GPU_RESET_MAX_DRAIN_RATE: '0/10m' must be at least 1 node within 1 s to 7 days"),
+])
+def test_a_fleet_brake_rate_that_is_not_nodes_per_window_is_named(gpuhost_factory, tmp_path, value, said):
+    host = gpuhost_factory(gpus=1)
+    job = host.hold(gpus=[0], mib=1000)['pid']
+    proc, calls, log = run_hook(host, tmp_path, 'epilog', SLURM_JOB_GPUS='0', GPU_RESET_MAX_DRAIN_RATE=value)
+    assert proc.returncode == 2 and alive(job), log
+    assert said in log, log
+    assert len(calls) == 1 and calls[0].startswith('update nodename=node01 state=drain'), calls
+
+
 def test_a_mode_that_is_neither_enforce_nor_observe_changes_nothing(gpuhost_factory, tmp_path):
     host = gpuhost_factory(gpus=1)
     job = host.hold(gpus=[0], mib=1000)['pid']
@@ -1066,3 +1082,75 @@ def test_the_probe_runs_in_the_release_and_a_failed_probe_fails_the_host(gpuhost
     assert good['outcome'] == 'clean' and good['probe']['probed'] is True, good
     assert good['steps'] == ecc['steps'] == ['Release the GPUs']
     assert ecc['outcome'] == 'failed' and 'CUDA_ERROR_ECC_UNCORRECTABLE' in ecc['reason'], ecc['reason']
+
+
+# A fake Slurm on the hosts' PATH: scontrol update ... state=drain appends the node to a file,
+# sinfo lists the cluster's ten nodes from it (the reason's time as SLURM_TIME_FORMAT=%s asks),
+# taking a second, long enough for hosts that did not wait for each other to count alike.
+FAKE_SCONTROL = '''#!/bin/sh
+node= reason=
+for word in "$@"; do
+  case $word in nodename=*) node=${word#nodename=} ;; reason=*) reason=${word#reason=} ;; esac
+done
+printf '%%s|drain|%%s|%%s\\n' "$node" "$(date +%%s)" "$reason" >> %(state)s
+'''
+FAKE_SINFO = '''#!/bin/sh
+[ "$SLURM_TIME_FORMAT" = %%s ] || exit 3
+sleep 1
+for node in n1 n2 n3 n4 spare1 spare2 spare3 spare4 spare5 spare6; do
+  grep -m1 "^$node|" %(state)s 2>/dev/null || echo "$node|idle|Unknown|none"
+done
+'''
+
+
+def fake_slurm(directory, state):
+    directory.mkdir()
+    for name, text in (('scontrol', FAKE_SCONTROL), ('sinfo', FAKE_SINFO)):
+        (directory / name).write_text(text % {'state': state})
+        (directory / name).chmod(0o755)
+    return str(directory)
+
+
+def test_the_fleet_brake_drains_no_more_hosts_than_the_cap_however_many_fail_at_once(gpuhost_factory, tmp_path):
+    """Four hosts fail the probe alike (a fault they share), in parallel: with a cap of 2 of 10
+    nodes, two are drained and two held by the brake, whichever finish first."""
+    state = tmp_path / 'slurm-state'
+    env = ansible_env()
+    env['PATH'] = fake_slurm(tmp_path / 'slurm', state) + os.pathsep + env['PATH']
+    hosts = {}
+    for name in ('n1', 'n2', 'n3', 'n4'):
+        host = gpuhost_factory(name, gpus=2)
+        host.fault('cuda', gpu=1, code='ECC_UNCORRECTABLE')
+        hosts[name] = host_vars(host, tmp_path, name, gpu_reset_on_failure='drain', gpu_reset_max_drained='2')
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': hosts}}))
+    run = playbook(inventory, tmp_path / 'reports', env=env)
+    assert run.rc == 2 and sorted(run.reports) == ['n1', 'n2', 'n3', 'n4'], run.out
+    drained = sorted(name for name, report in run.reports.items() if report['drained'])
+    in_order = [line.split('|')[0] for line in state.read_text().splitlines()]
+    assert sorted(in_order) == drained and len(drained) == 2, in_order
+    for name, report in run.reports.items():
+        assert report['outcome'] == 'failed', report['reason']
+        brake = report['brake']
+        if name in drained:
+            assert brake['held'] is False and brake['drained_nodes'] == in_order.index(name), brake
+        else:
+            assert brake == {'held': True, 'rule': 'count', 'drained_nodes': 2, 'nodes': 10, 'cap': 2}, brake
+            assert report['reason'].endswith('; not drained: the brake holds (count: 2 of 10 nodes drained by '
+                                             'gpu_reset already, at most 2)'), report['reason']
+
+
+def test_a_fleet_brake_that_cannot_count_is_said_and_the_host_drained(gpuhost_factory, tmp_path):
+    state = tmp_path / 'slurm-state'
+    env = ansible_env()
+    env['PATH'] = fake_slurm(tmp_path / 'slurm', state) + os.pathsep + env['PATH']
+    (tmp_path / 'slurm' / 'sinfo').write_text('#!/bin/sh\necho "sinfo: error: slurm_load_partitions: Unable to contact" >&2\nexit 1\n')
+    host = gpuhost_factory('n1', gpus=2)
+    host.fault('cuda', gpu=1, code='ECC_UNCORRECTABLE')
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': {'n1': host_vars(host, tmp_path, 'n1', gpu_reset_on_failure='drain')}}}))
+    run = playbook(inventory, tmp_path / 'reports', env=env)
+    report = run.reports['n1']
+    assert report['drained'] is True and state.read_text().startswith('n1|drain|'), run.out
+    assert report['brake'] == {'held': False, 'why': 'the drained nodes could not be counted: sinfo on the host failed '
+                                                     '(rc 1): sinfo: error: slurm_load_partitions: Unable to contact'}

@@ -155,10 +155,10 @@ class Cluster:
 
 
 def slurm_commands(directory, conf):
-    """scontrol and squeue in directory that read conf: slurmd gives a HealthCheckProgram no
+    """scontrol, squeue and sinfo in directory that read conf: slurmd gives a HealthCheckProgram no
     SLURM_CONF, and this cluster's slurm.conf is not Slurm's default one."""
     os.makedirs(directory, exist_ok=True)
-    for name in ('scontrol', 'squeue'):
+    for name in ('scontrol', 'squeue', 'sinfo'):
         path = os.path.join(directory, name)
         with open(path, 'w') as handle:
             handle.write('#!/bin/sh\nSLURM_CONF=%s exec %s "$@"\n' % (conf, shutil.which(name, path='/usr/bin:/bin')))

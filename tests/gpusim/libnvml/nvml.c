@@ -39,10 +39,13 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 #define NVML_ERROR_UNKNOWN 999
 
-/* A device handle points at one of these; only the index matters. */
-struct nvmlDevice_st { unsigned index; };
+/* A device handle points at one of these: a GPU's index and, for a MIG device, 1 + its MIG
+ * device index (0: the GPU itself). Calls on a MIG handle answer for its parent GPU unless
+ * they say otherwise. */
+struct nvmlDevice_st { unsigned index; int mig; };
 typedef struct nvmlDevice_st *nvmlDevice_t;
 static struct nvmlDevice_st handles[MAX_GPUS];
+static struct nvmlDevice_st mig_handles[MAX_GPUS][MAX_MIG];
 
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
@@ -103,6 +106,12 @@ static nvmlReturn_t device(nvmlDevice_t dev, sim_state *st, sim_gpu **gpu, int a
 
 #define RETURN(value) do { free(st); return (value); } while (0)
 #define NA(field) do { int c_ = na_code(st, field, g->index); if (c_) RETURN(c_); } while (0)
+
+/* The MIG device a handle names, or NULL for a GPU's own handle (or a device it no longer has). */
+static sim_mig *mig_of(nvmlDevice_t dev, sim_gpu *g)
+{
+    return dev->mig > 0 && dev->mig <= g->nmig ? &g->mig[dev->mig - 1] : NULL;
+}
 
 /* ------------------------------------------------------------------ init and system */
 
@@ -318,8 +327,13 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t dev, nvmlPciInfo_t *pci)
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned length)
 {
+    char mig_name[160];
     DEVICE(dev, 0);
     NA("name");
+    if (mig_of(dev, g)) {
+        snprintf(mig_name, sizeof mig_name, "%s MIG %s", g->name, mig_of(dev, g)->profile);
+        RETURN(copy_string(name, length, mig_name));
+    }
     RETURN(copy_string(name, length, g->name));
 }
 
@@ -327,7 +341,19 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned length)
 {
     DEVICE(dev, 0);
     NA("uuid");
-    RETURN(copy_string(uuid, length, g->uuid));
+    RETURN(copy_string(uuid, length, mig_of(dev, g) ? mig_of(dev, g)->uuid : g->uuid));
+}
+
+/* MiB held by live processes on GPU instance gi of GPU index. */
+static long long mig_used(int index, int gi)
+{
+    int n;
+    long long used = 0;
+    sim_rec *recs = load_records(&n);
+    for (int i = 0; recs && i < n; i++)
+        if (holds(&recs[i], index) && recs[i].mig_gi == gi) used += recs[i].mib;
+    free(recs);
+    return used;
 }
 
 /* Total, reserved, allocated (v2 used) and free memory of a GPU, in bytes. */
@@ -342,6 +368,15 @@ static nvmlReturn_t memory(nvmlDevice_t dev, unsigned long long *total, unsigned
     NA("memory.used");
     NA("memory.free");
     NA("memory.reserved");
+    if (mig_of(dev, g)) {
+        /* A MIG device: its GPU instance's memory, nothing reserved apart. */
+        used_mib = mig_used(g->index, mig_of(dev, g)->gi);
+        *total = (unsigned long long)mig_of(dev, g)->total_mib * MIB;
+        *reserved = 0;
+        *used = (unsigned long long)used_mib * MIB;
+        *free_ = (unsigned long long)(mig_of(dev, g)->total_mib - used_mib) * MIB;
+        RETURN(NVML_SUCCESS);
+    }
     usage(st, g, &used_mib, &util);
     free_mib = g->total_mib - g->reserved_mib - used_mib;
     *total = (unsigned long long)g->total_mib * MIB;
@@ -378,6 +413,8 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *
     DEVICE(dev, 0);
     if (!rates) RETURN(NVML_ERROR_INVALID_ARGUMENT);
     NA("utilization.gpu");
+    /* With MIG enabled the GPU as a whole has no utilisation (nvidia-smi: N/A). */
+    if (g->mig_current) RETURN(NVML_ERROR_NOT_SUPPORTED);
     usage(st, g, &used, &util);
     rates->gpu = (unsigned)util;
     rates->memory = (unsigned)(util / 2 > 100 ? 100 : util / 2);
@@ -498,11 +535,13 @@ static nvmlReturn_t processes(nvmlDevice_t dev, unsigned *count, nvmlProcessInfo
     for (int i = 0; recs && i < n; i++) {
         sim_rec *r = &recs[i];
         if (r->mib <= 0 || !holds(r, g->index)) continue;
+        /* On a MIG device's handle, only the processes of that compute instance. */
+        if (mig_of(dev, g) && (r->mig_gi != mig_of(dev, g)->gi || r->mig_ci != mig_of(dev, g)->ci)) continue;
         if (infos && (unsigned)found < *count) {
             infos[found].pid = (unsigned)r->pid;
             infos[found].usedGpuMemory = na_mem ? NOT_AVAILABLE_ULL : (unsigned long long)r->mib * MIB;
-            infos[found].gpuInstanceId = NOT_AVAILABLE_UINT;
-            infos[found].computeInstanceId = NOT_AVAILABLE_UINT;
+            infos[found].gpuInstanceId = r->mig_gi < 0 ? NOT_AVAILABLE_UINT : (unsigned)r->mig_gi;
+            infos[found].computeInstanceId = r->mig_ci < 0 ? NOT_AVAILABLE_UINT : (unsigned)r->mig_ci;
         }
         if (v1 && (unsigned)found < *count) {
             v1[found].pid = (unsigned)r->pid;
@@ -541,3 +580,61 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned *co
 {
     return processes(dev, count, NULL, infos);
 }
+
+/* ------------------------------------------------------------------ MIG */
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned *current, unsigned *pending)
+{
+    DEVICE(dev, 0);
+    if (!current || !pending) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (dev->mig) RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *current = (unsigned)g->mig_current;
+    *pending = (unsigned)g->mig_pending;
+    RETURN(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned *count)
+{
+    DEVICE(dev, 0);
+    if (!count) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *count = MAX_MIG;
+    RETURN(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned index, nvmlDevice_t *mig)
+{
+    DEVICE(dev, 0);
+    if (!mig || dev->mig || index >= MAX_MIG) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (!g->mig_current) RETURN(NVML_ERROR_NOT_SUPPORTED);
+    if (index >= (unsigned)g->nmig) RETURN(NVML_ERROR_NOT_FOUND);
+    mig_handles[dev->index][index].index = dev->index;
+    mig_handles[dev->index][index].mig = (int)index + 1;
+    *mig = &mig_handles[dev->index][index];
+    RETURN(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned *is_mig)
+{
+    if (!dev || !is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *is_mig = dev->mig > 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig, nvmlDevice_t *dev)
+{
+    if (!mig || !dev || mig->mig <= 0 || mig->index >= MAX_GPUS) return NVML_ERROR_INVALID_ARGUMENT;
+    handles[mig->index].index = mig->index;
+    *dev = &handles[mig->index];
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t instance_id(nvmlDevice_t dev, unsigned *id, int compute)
+{
+    DEVICE(dev, 0);
+    if (!id || !mig_of(dev, g)) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *id = (unsigned)(compute ? mig_of(dev, g)->ci : mig_of(dev, g)->gi);
+    RETURN(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned *id) { return instance_id(dev, id, 0); }
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t dev, unsigned *id) { return instance_id(dev, id, 1); }

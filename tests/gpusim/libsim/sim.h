@@ -25,9 +25,18 @@
 #define MAX_NA 256
 #define MAX_RECS 1024
 #define MAX_FLIPS 8
+#define MAX_MIG 7
 #define MIB (1024ULL * 1024ULL)
 #define NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL
 #define NOT_AVAILABLE_UINT 0xFFFFFFFFU
+
+/* A MIG device: one compute instance of a GPU instance ("migdev" lines of state.nvml). */
+typedef struct {
+    int gi, ci;
+    long long total_mib;
+    char uuid[96];
+    char profile[32];
+} sim_mig;
 
 typedef struct {
     int index;
@@ -55,6 +64,9 @@ typedef struct {
     char bus_id[32];
     char uuid[96];
     char name[96];
+    int mig_current, mig_pending;  /* MIG mode ("mig" lines): 1 enabled */
+    int nmig;                 /* MIG devices, in MIG device index order */
+    sim_mig mig[MAX_MIG];
 } sim_gpu;
 
 typedef struct {
@@ -80,6 +92,7 @@ typedef struct {
     int nfreed;
     char name[256];
     int alive;
+    int mig_gi, mig_ci;       /* the MIG instance it runs on; -1: none */
 } sim_rec;
 
 typedef struct {
@@ -152,6 +165,23 @@ __attribute__((unused)) static char *rest_of(char *line, int skip_words)
 }
 
 /* Returns 0, or -1 when there is no simulated host (no driver). */
+/* A "mig INDEX CURRENT PENDING" or "migdev INDEX GI CI TOTAL_MIB UUID PROFILE" line, for a GPU read before. */
+__attribute__((unused)) static void load_mig_line(sim_state *st, const char *line)
+{
+    int index, a, b;
+    sim_mig m;
+    if (sscanf(line, "migdev %d %d %d %lld %95s %31s", &index, &m.gi, &m.ci, &m.total_mib, m.uuid, m.profile) == 6) {
+        for (int i = 0; i < st->ngpus; i++)
+            if (st->gpus[i].index == index && st->gpus[i].nmig < MAX_MIG) st->gpus[i].mig[st->gpus[i].nmig++] = m;
+    } else if (sscanf(line, "mig %d %d %d", &index, &a, &b) == 3) {
+        for (int i = 0; i < st->ngpus; i++)
+            if (st->gpus[i].index == index) {
+                st->gpus[i].mig_current = a;
+                st->gpus[i].mig_pending = b;
+            }
+    }
+}
+
 __attribute__((unused)) static int load_state(sim_state *st)
 {
     char path[PATH_MAX + 64], line[1024];
@@ -234,6 +264,8 @@ __attribute__((unused)) static int load_state(sim_state *st)
                         st->gpus[i].has_minor = 1;
                         st->gpus[i].minor = minor;
                     }
+        } else if (strncmp(line, "mig", 3) == 0) {
+            load_mig_line(st, line);
         } else if (strncmp(line, "recovery ", 9) == 0) {
             int index, action;
             if (sscanf(line, "recovery %d %d", &index, &action) == 2)
@@ -311,6 +343,7 @@ __attribute__((unused)) static int load_record(const char *path, sim_rec *r)
     r->starttime = -1;
     r->died_at = -1;
     r->pid = -1;
+    r->mig_gi = r->mig_ci = -1;
     while (fgets(line, sizeof line, f)) {
         if (sscanf(line, "pid %ld", &r->pid) == 1) {
         } else if (sscanf(line, "starttime %lld", &r->starttime) == 1) {
@@ -332,6 +365,7 @@ __attribute__((unused)) static int load_record(const char *path, sim_rec *r)
                 r->freed[r->nfreed] = atoi(tok);
                 r->freed_at[r->nfreed++] = atof(at);
             }
+        } else if (sscanf(line, "mig %d %d", &r->mig_gi, &r->mig_ci) == 2) {
         } else if (strncmp(line, "name ", 5) == 0) {
             set_str(r->name, sizeof r->name, rest_of(line, 1));
         }

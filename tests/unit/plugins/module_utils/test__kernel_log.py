@@ -23,6 +23,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import (
     read_xid_events,
     summarize,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import needs_cure
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir
 
 LINE = '2026-11-30T10:00:%02d+0000 gpu07 kernel: NVRM: Xid (PCI:0000:18:00): %d, pid=%d, name=python3, text %d'
@@ -190,3 +191,60 @@ def test_health_counts_only_what_happened_since_the_last_cure(tmp_path):
     assert [(e['code'], e['count'], e['since_cure']) for e in health['xid_events']] == [(95, 1, False), (45, 1, False)]
     later = summarize(lines + [LINE % (9, 13, 3, 3)]).events()
     assert health_facts(H200_18, later, cured)['recovery_action'] == 'restart_app'
+
+
+# -- the driver hung (a full-chip reset that never ended) ----------------------------------------
+
+# The driver's assertions after a full-chip reset hung, as an RTX 5080 host's journal shows them
+# (NVIDIA/open-gpu-kernel-modules#1045): "GPU0" is the driver's instance number, not a bus id.
+HUNG = [
+    'Jun 12 16:30:43 fedora-box kernel: NVRM: GPU0 nvAssertFailedNoLog: Assertion failed: (status == NV_OK) || '
+    '(status == NV_ERR_GPU_IN_FULLCHIP_RESET) @ mem.c:178',
+    'Jun 12 16:30:43 fedora-box kernel: NVRM: nvAssertFailedNoLog: Assertion failed: (status == NV_OK) || '
+    '(status == NV_ERR_GPU_IN_FULLCHIP_RESET) @ rs_server.c:1375',
+]
+H200_2A = {'pci_bus_id': '00000000:2A:00.0', 'uuid': 'GPU-2A'}
+
+
+def test_a_hung_full_chip_reset_that_names_no_bus_id_is_every_gpus_and_calls_for_a_reboot():
+    events = summarize(HUNG * 500).events()
+    assert [(e['bus'], e['kind'], e['count']) for e in events] == [(None, 'driver_hung', 1000)]
+    for gpu in (H200_18, H200_2A):
+        health = health_facts(gpu, events)
+        assert health['recovery_action'] == 'reboot'
+        assert [(e['kind'], e['code'], e['count']) for e in health['xid_events']] == [('driver_hung', None, 1000)]
+        assert needs_cure(dict(gpu, index=0), health) == (
+            'GPU 0 needs a reboot (driver_hung: the kernel log says the NVIDIA driver hung '
+            '(NV_ERR_GPU_IN_FULLCHIP_RESET) since the last cure; only a reboot frees it)')
+    assert parse_xid_events(HUNG)[0]['kind'] == 'driver_hung' and parse_xid_events(HUNG)[0]['bus'] is None
+
+
+def test_a_hung_driver_line_that_names_a_bus_id_is_that_gpus_only():
+    # The driver's per-GPU prefix (as on its RmInitAdapter lines) before the same assertion.
+    line = HUNG[0].replace('NVRM: GPU0 ', 'NVRM: GPU 0000:2a:00.0: ')
+    events = summarize([line, LINE % (1, 13, 1, 1)]).events()
+    assert health_facts(H200_2A, events)['recovery_action'] == 'reboot'
+    assert health_facts(H200_18, events)['recovery_action'] == 'restart_app'
+    assert [(e['bus'], e['kind']) for e in parse_xid_events([line])] == [((0, 0x2a, 0), 'driver_hung')]
+
+
+def test_a_users_hung_driver_line_in_a_syslog_file_is_not_the_drivers(tmp_path):
+    # `logger -p kern.err 'NVRM: GPU0 nvAssertFailedNoLog: ... NV_ERR_GPU_IN_FULLCHIP_RESET ...'` as
+    # user alice: rsyslog tags it with her name. It would have asked for a reboot of the node.
+    log = tmp_path / 'kern.log'
+    log.write_text('\n'.join([HUNG[0].replace(' kernel: ', ' alice: '), HUNG[1].replace(' kernel: ', ' alice: kernel: '),
+                              '']))
+    events, warnings = read_xid_events(str(log))
+    assert warnings == [] and events == []
+    assert health_facts(H200_18, events)['recovery_action'] == 'none'
+
+
+def test_a_hung_driver_is_remembered_across_reads(tmp_path, state):
+    log = tmp_path / 'kern.log'
+    log.write_text('\n'.join(HUNG) + '\n')
+    assert KernelLog(str(log), state, 'boot-1').read().dump()[0]['count'] == 2
+    with open(str(log), 'a') as handle:
+        handle.write(HUNG[0] + '\n')
+    reader = KernelLog(str(log), state, 'boot-1')
+    entries = reader.read().dump()
+    assert reader.warnings == [] and [(e['bus'], e['kind'], e['count']) for e in entries] == [('host', 'driver_hung', 3)]

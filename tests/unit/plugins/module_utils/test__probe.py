@@ -8,9 +8,12 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import os
 import re
+import signal
 import socket
-import stat
+import sys
+import threading
 import time
 
 import pytest
@@ -19,6 +22,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _probe, _stat
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import ProbeChild, ProbeOptions, probe
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import Snapshot
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import is_driver_hung
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, record_verified
 
 BUS = ['00000000:18:00.0', '00000000:2A:00.0', '00000000:3A:00.0']
@@ -52,22 +56,25 @@ class Child:
     which GPUs it was asked for."""
 
     def __init__(self, answer=None, error=None):
-        self.answer = answer
+        self.reply = answer
         self.error = error
         self.asked = []
         self.mib = None
         self.pids = set()
 
-    def run(self, gpu, mib, timeout):
+    def start(self, gpu, mib):
         self.asked.append(gpu)
         self.mib = mib
+        return gpu
+
+    def answer(self, gpu, timeout):
         if self.error:
             raise self.error
-        self.pids.add(self.answer.get('pid'))
-        if self.answer.get('init') or self.answer.get('library_error'):
-            return self.answer
-        mine = [found for found in self.answer['gpus'] if found['pci_bus_id'] == gpu['pci_bus_id']]
-        return dict(self.answer, gpus=mine or self.answer['gpus'])
+        self.pids.add(self.reply.get('pid'))
+        if self.reply.get('init') or self.reply.get('library_error'):
+            return self.reply
+        mine = [found for found in self.reply['gpus'] if found['pci_bus_id'] == gpu['pci_bus_id']]
+        return dict(self.reply, gpus=mine or self.reply['gpus'])
 
 
 def passed(index, mib=1024):
@@ -203,11 +210,31 @@ def test_bad_options_are_named(options, message):
 
 # ------------------------------------------------------------------ the child, as a process
 
-def fake_python(tmp_path, body):
-    path = tmp_path / 'python'
-    path.write_text('#!/bin/sh\n' + body + '\n')
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return str(path)
+# What a child runs in place of the probe (_cuda.answer): each a real forked process.
+
+def reply(**fields):
+    """A program that answers with fields (and its pid)."""
+    def program(request):
+        print(json.dumps(dict(dict(pid=os.getpid(), gpus=[]), **fields)))
+    return program
+
+
+def said_then(calls, then):
+    """A program that says it is making calls (as _cuda does, on stderr), then does then()."""
+    def program(request):
+        for call in calls:
+            sys.stderr.write('calling %s\n' % call)
+        sys.stderr.flush()
+        return then()
+    return program
+
+
+def crash():
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def hang():
+    time.sleep(60)
 
 
 UUID = 'GPU-8932f937-d72c-4106-c12f-20bd9faed9f6'
@@ -219,74 +246,126 @@ UUID = 'GPU-8932f937-d72c-4106-c12f-20bd9faed9f6'
     ('GPU-8932f937,0', 'unsetunset'),  # not a UUID the driver prints: never passed on
     ('0', 'unsetunset'),
 ])
-def test_the_child_sees_its_own_gpu_only_and_nothing_of_the_callers(tmp_path, monkeypatch, uuid, seen):
+def test_the_child_sees_its_own_gpu_only_and_nothing_of_the_callers(monkeypatch, uuid, seen):
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
     monkeypatch.setenv('CUDA_DEVICE_ORDER', 'FASTEST_FIRST')
-    python = fake_python(tmp_path, 'echo "{\\"pid\\": $$, \\"gpus\\": [], \\"seen\\": \\"${CUDA_VISIBLE_DEVICES-unset}'
-                                   '${CUDA_DEVICE_ORDER-unset}\\"}"')
-    found = ProbeChild(python).run(dict(gpu(0), uuid=uuid), 1024, 5)
+
+    def program(request):
+        reply(seen=''.join(os.environ.get(name, 'unset') for name in ('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER')))(request)
+    found = ProbeChild(program).run(dict(gpu(0), uuid=uuid), 1024, 5)
     assert found['seen'] == seen
+    assert os.environ['CUDA_DEVICE_ORDER'] == 'FASTEST_FIRST'  # the parent's own environment is untouched
 
 
-def test_the_child_gets_the_request_and_the_source_of_the_probe(tmp_path):
-    python = fake_python(tmp_path, 'printf "%s" "$5" > "$0.request"; printf "%s" "$4" > "$0.source"; '
-                                   'echo "{\\"pid\\": 7, \\"gpus\\": []}"')
-    ProbeChild(python).run(gpu(1), 64, 5)
-    assert json.loads((tmp_path / 'python.request').read_text()) == dict(
-        library='libcuda.so.1', mib=64, level='allocation', gpus=[dict(index=1, pci_bus_id=BUS[1])])
-    assert 'class GpuProbe' in (tmp_path / 'python.source').read_text()
+def test_the_child_gets_the_request_and_nothing_open_of_the_parents(tmp_path):
+    # A descriptor of the parent's (a lock file the release holds) must not outlive it in a child
+    # stuck in the driver.
+    with open(str(tmp_path / 'lock'), 'w'):
+        found = ProbeChild(lambda request: reply(request=request, fds=sorted(os.listdir('/proc/self/fd')))(request)).run(
+            gpu(1), 64, 5)
+    assert found['request'] == dict(library='libcuda.so.1', mib=64, level='allocation',
+                                    gpus=[dict(index=1, pci_bus_id=BUS[1])])
+    assert [int(fd) for fd in found['fds']][:3] == [0, 1, 2] and len(found['fds']) <= 4  # and listdir's own
+    assert found['pid'] != os.getpid()
 
 
-@pytest.mark.parametrize('body, message', [
-    ('echo "Fatal Python error" >&2; exit 3', 'the CUDA probe exited with status 3: Fatal Python error'),
-    ('echo "not json"', "the CUDA probe gave no answer that can be read (it printed 'not json')"),
-    ('echo "[1, 2]"', "the CUDA probe gave no answer that can be read (it printed '[1, 2]')"),
-    ('true', "the CUDA probe gave no answer that can be read (it printed '')"),
+def fatal(request):
+    sys.stderr.write('Fatal Python error\n')
+    return 3
+
+
+def boom(request):
+    raise ValueError('boom')
+
+
+@pytest.mark.parametrize('program, message', [
+    (fatal, 'the CUDA probe exited with status 3: Fatal Python error'),
+    (boom, 'the CUDA probe exited with status 70: ValueError: boom'),
+    (lambda request: print('not json'), "the CUDA probe gave no answer that can be read (it printed 'not json')"),
+    (lambda request: print('[1, 2]'), "the CUDA probe gave no answer that can be read (it printed '[1, 2]')"),
+    (lambda request: None, "the CUDA probe gave no answer that can be read (it printed '')"),
 ])
-def test_a_child_that_dies_or_prints_garbage_is_said_in_words(tmp_path, body, message):
+def test_a_child_that_dies_or_prints_garbage_is_said_in_words(program, message):
     with pytest.raises(GpuopsError) as info:
-        ProbeChild(fake_python(tmp_path, body)).run(gpu(0), 64, 5)
+        ProbeChild(program).run(gpu(0), 64, 5)
     assert str(info.value) == message
 
 
-def test_a_crashed_child_names_its_signal_and_the_call_it_was_in(tmp_path):
+def test_a_crashed_child_names_its_signal_and_the_call_it_was_in():
     with pytest.raises(_probe.ProbeCrashed) as info:
-        ProbeChild(fake_python(tmp_path, 'echo "calling cuInit" >&2; echo "calling cuCtxCreate_v2" >&2; '
-                                         'kill -SEGV $$')).run(gpu(0), 64, 5)
+        ProbeChild(said_then(['cuInit', 'cuCtxCreate_v2'], crash)).run(gpu(0), 64, 5)
     assert (str(info.value), info.value.call) == ('the CUDA probe was killed by SIGSEGV', 'cuCtxCreate_v2')
 
 
 # A child that hangs: after its CUDA calls so far (stderr), it sleeps until killed.
-HANG = 'echo "calling cuInit" >&2; echo "calling cuCtxCreate_v2" >&2; exec sleep 60'
+HANG = said_then(['cuInit', 'cuCtxCreate_v2'], hang)
 
 
-def test_a_hung_child_is_killed_at_its_deadline_naming_the_call(tmp_path, probe_options):
-    result = probe(Reader([gpu(0)]), probe_options(timeout=2), child=ProbeChild(fake_python(tmp_path, HANG)))
+def test_a_hung_child_is_killed_at_its_deadline_naming_the_call(probe_options):
+    result = probe(Reader([gpu(0)]), probe_options(timeout=2), child=ProbeChild(HANG))
     assert (result.gpus[0]['error_name'], result.gpus[0]['call']) == ('PROBE_TIMEOUT', 'cuCtxCreate_v2')
     assert result.gpus[0]['error_string'] == ('no answer within 1.0 s; the probe of this GPU was killed (the call hung '
                                               'in the driver)')
 
 
-def test_a_child_that_never_reached_cuda_is_not_blamed_on_the_driver(tmp_path, probe_options):
-    result = probe(Reader([gpu(0)]), probe_options(timeout=2), child=ProbeChild(fake_python(tmp_path, 'exec sleep 60')))
+def test_a_child_that_never_reached_cuda_is_not_blamed_on_the_driver(probe_options):
+    result = probe(Reader([gpu(0)]), probe_options(timeout=2), child=ProbeChild(lambda request: hang()))
     assert (result.gpus[0]['error_name'], result.gpus[0]['call']) == ('PROBE_TIMEOUT', None)
     assert 'had made no CUDA call when it was killed at 1.0 s' in result.gpus[0]['error_string']
     assert 'hung in the driver' not in result.gpus[0]['error_string']
 
 
-def test_one_child_per_gpu_a_hang_or_a_crash_is_that_gpus_result_alone(tmp_path, probe_options):
+def test_a_child_hung_in_the_driver_is_driver_hung_and_asks_for_a_reboot(tmp_path, probe_options):
+    # A real D state needs a kernel that blocks the task: what /proc shows of one is written under
+    # a proc of the test's own (as gpusim's hang-d does for nvidia-smi), where the child's runner looks.
+    proc = tmp_path / 'proc'
+
+    def in_d_state():
+        where = proc / str(os.getpid())
+        where.mkdir(parents=True)
+        (where / 'stat').write_text('%d (python3) D 1 1 1 0 -1\n' % os.getpid())
+        (where / 'wchan').write_text('os_acquire_mutex')
+        hang()
+    child = ProbeChild(said_then(['cuInit', 'cuCtxCreate_v2'], in_d_state))
+    child.proc = str(proc)
+    result = probe(Reader([gpu(0)]), probe_options(timeout=2), child=child)
+    assert (result.gpus[0]['error_name'], result.gpus[0]['call']) == ('PROBE_TIMEOUT', 'cuCtxCreate_v2')
+    assert re.match(r'^driver_hung: the probe of this GPU \(cuCtxCreate_v2\) hung in the NVIDIA driver past its deadline '
+                    r'\(pid \d+ in D state, in os_acquire_mutex\); only a reboot frees it$', result.gpus[0]['error_string'])
+    assert is_driver_hung(result.failure)  # what the Slurm hook asks a reboot for
+
+
+def test_one_child_per_gpu_a_hang_or_a_crash_is_that_gpus_result_alone(probe_options):
     # Three GPUs at once: the child of GPU 1 hangs, that of GPU 2 crashes; GPU 0's passes.
-    body = ('case "$5" in *2A:00.0*) %s;; *3A:00.0*) echo "calling cuCtxCreate_v2" >&2; kill -SEGV $$;; esac; '
-            'echo "{\\"pid\\": $$, \\"gpus\\": [{\\"index\\": 0, \\"pci_bus_id\\": \\"%s\\", \\"ok\\": true, '
-            '\\"mib\\": 64}]}"' % (HANG, BUS[0]))
-    result = probe(Reader([gpu(0), gpu(1), gpu(2)]), probe_options(timeout=3),
-                   child=ProbeChild(fake_python(tmp_path, body)))
+    def program(request):
+        bus = request['gpus'][0]['pci_bus_id']
+        if bus == BUS[1]:
+            return HANG(request)
+        if bus == BUS[2]:
+            return said_then(['cuCtxCreate_v2'], crash)(request)
+        return reply(gpus=[dict(index=0, pci_bus_id=bus, ok=True, mib=64)])(request)
+    result = probe(Reader([gpu(0), gpu(1), gpu(2)]), probe_options(timeout=3), child=ProbeChild(program))
     assert [(g['index'], g['ok'], g['error_name'], g['call']) for g in result.gpus] == [
         (0, True, None, None), (1, False, 'PROBE_TIMEOUT', 'cuCtxCreate_v2'),
         (2, False, 'PROBE_CRASHED', 'cuCtxCreate_v2')]
     assert result.failure.startswith('the allocation probe failed on 2 of 3 GPUs: GPU 1 (00000000:2A:00.0): '
                                      'PROBE_TIMEOUT at cuCtxCreate_v2')
     assert 'GPU 0' not in result.failure
+
+
+def test_every_child_is_started_before_any_is_waited_for(probe_options):
+    # Forked from one thread only: a thread waiting for one child must not be alive at the next fork.
+    starts = []
+
+    class Counting(ProbeChild):
+        def start(self, gpu, mib):
+            starts.append(threading.active_count())
+            return super(Counting, self).start(gpu, mib)
+
+    def program(request):
+        reply(gpus=[dict(pci_bus_id=request['gpus'][0]['pci_bus_id'], ok=True, mib=64)])(request)
+    result = probe(Reader([gpu(0), gpu(1), gpu(2)]), probe_options(), child=Counting(program))
+    assert [g['ok'] for g in result.gpus] == [True] * 3 and starts == [starts[0]] * 3
 
 
 # ------------------------------------------------------------------ the record others can read
@@ -337,27 +416,6 @@ def test_the_syslog_line_carries_no_text_it_did_not_check():
 
 def blank_result_of(index):
     return _probe.blank_result(gpu(index))
-
-
-def test_the_childs_source_is_read_once_before_the_children_start(tmp_path, probe_options, monkeypatch):
-    # inspect.getsource is not safe from several threads at once: in Ansible's payload (a zip) a
-    # second thread's read failed with "could not get source code" and failed its GPU.
-    reads = []
-    real = _probe.inspect.getsource
-    monkeypatch.setattr(_probe.inspect, 'getsource', lambda module: reads.append(module) or real(module))
-    # The child answers for the GPU it was asked for (its bus id, from the request in $5).
-    bus = '$(echo "$5" | sed "s/.*pci_bus_id\\": \\"\\([^\\"]*\\).*/\\1/")'
-    body = 'echo "{\\"pid\\": $$, \\"gpus\\": [{\\"pci_bus_id\\": \\"%s\\", \\"ok\\": true, \\"mib\\": 64}]}"' % bus
-    result = probe(Reader([gpu(0), gpu(1), gpu(2)]), probe_options(), child=ProbeChild(fake_python(tmp_path, body)))
-    assert [g['ok'] for g in result.gpus] == [True] * 3 and len(reads) == 1
-
-
-def test_a_source_that_cannot_be_read_is_said_in_words(monkeypatch):
-    def fail(module):
-        raise OSError('could not get source code')
-    monkeypatch.setattr(_probe.inspect, 'getsource', fail)
-    with pytest.raises(GpuopsError, match=r"the CUDA probe cannot start: its program's source cannot be read \(could not"):
-        ProbeChild()
 
 
 def test_without_the_driver_library_no_child_is_started(probe_options):

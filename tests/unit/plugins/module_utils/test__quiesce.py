@@ -29,6 +29,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import Hold
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _quiesce
 from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import (
     ACTIVE_CHECK_S,
+    HOST_ENGINE_ANSWER_S,
+    HOST_ENGINE_RESTART_S,
     DEFAULT_STOP_UNITS,
     RESTART_MIN_S,
     MPS_CONTROL,
@@ -52,10 +54,22 @@ for unit in "$@"; do
   case $verb in
     stop) echo inactive > "%(state)s/$unit" ;;
     start) echo active > "%(state)s/$unit" ;;
+    restart) echo active > "%(state)s/$unit"; grep -qx once "%(state)s/$unit.mute" 2>/dev/null && rm "%(state)s/$unit.mute" ;;
     is-active) s=$(cat "%(state)s/$unit" 2>/dev/null || echo inactive); echo "$s"; [ "$s" = active ] || rc=3 ;;
   esac
 done
 exit $rc
+'''
+
+
+# DCGM's dcgmi against the host engine of nvidia-dcgm.service: it answers as `dcgmi discovery -l`
+# does (NVIDIA/DCGM#229), unless STATE/nvidia-dcgm.service.mute says the host engine does not
+# answer ('once': until its unit is restarted; 'always'): then dcgmi waits, as on a host engine
+# that accepted the connection and never answers.
+DCGMI = r'''#!/bin/sh
+echo "$*" >> "%(log)s"
+[ -e "%(state)s/nvidia-dcgm.service.mute" ] && exec sleep 60
+echo "1 GPU found."
 '''
 
 
@@ -78,6 +92,8 @@ class Host:
             self.systemd_dir.mkdir()
         self.systemctl = write_script(tmp_path / 'systemctl', SYSTEMCTL % dict(
             log=self.log, state=self.state, fail=fail or 'none', hang=hang or 'none'))
+        self.dcgmi_log = tmp_path / 'dcgmi.log'
+        self.dcgmi = write_script(tmp_path / 'dcgmi', DCGMI % dict(log=self.dcgmi_log, state=self.state))
         self.cgroup(1, '/init.scope')
 
     def cgroup(self, pid, path, v1=True):
@@ -96,9 +112,9 @@ class Host:
 
     def quiesce(self, blocking, patterns=None, deadline=None, own=(), clock=time.monotonic):
         patterns = DEFAULT_STOP_UNITS if patterns is None else patterns
-        return Quiesce(blocking, patterns, clock() + 30 if deadline is None else deadline, clock=clock,
+        return Quiesce(blocking, patterns, clock() + 60 if deadline is None else deadline, clock=clock,
                        proc=str(self.proc), own=own, systemctl=self.systemctl, systemd_dir=str(self.systemd_dir),
-                       log=lambda message: None)
+                       log=lambda message: None, dcgmi=self.dcgmi)
 
 
 def holder(pid, comm, exe=None):
@@ -125,6 +141,10 @@ class Reset:
 @pytest.fixture
 def host(tmp_path):
     return Host(tmp_path)
+
+
+# What the restore keeps for DCGM's host engine: asked, restarted once, asked again.
+HOST_ENGINE_RESERVE = 2 * HOST_ENGINE_ANSWER_S + HOST_ENGINE_RESTART_S
 
 
 def dcgm(host):
@@ -323,10 +343,74 @@ def test_a_start_that_fails_is_reported_with_the_state_after(tmp_path):
     assert 'nvidia-dcgm.service is inactive after the reset' in entry['message']
 
 
+# -- DCGM's host engine after the restore -----------------------------------------------------
+
+def restarts(host):
+    return [call for call in host.calls() if ' restart ' in call]
+
+
+def test_a_host_engine_that_answers_is_asked_once_and_left_alone(host):
+    entry = quiesced_reset(host.quiesce(dcgm(host)), Reset(host), [6])
+    assert entry['quiesced']['host_engines'] == [
+        {'unit': 'nvidia-dcgm.service', 'answers': True, 'restarted': False, 'said': None}]
+    assert host.dcgmi_log.read_text().splitlines() == ['discovery -l'] and restarts(host) == []
+
+
+def test_a_host_engine_that_does_not_answer_is_restarted_once_and_named(host, monkeypatch):
+    # Its dcgmi waits 60 s: the check gives up after 1, restarts the unit, and asks again.
+    monkeypatch.setattr(_quiesce, 'HOST_ENGINE_ANSWER_S', 1.0)
+    blocking = dcgm(host)
+    (host.state / 'nvidia-dcgm.service.mute').write_text('once\n')
+    entry = quiesced_reset(host.quiesce(blocking), Reset(host), [6])
+    quiesced = entry['quiesced']
+    assert restarts(host) == ['--no-ask-password restart -- nvidia-dcgm.service']
+    assert quiesced['host_engines'] == [{'unit': 'nvidia-dcgm.service', 'answers': True, 'restarted': True, 'said': None}]
+    assert quiesced['problems'] == [] and entry['ok'] is True
+    assert host.dcgmi_log.read_text().splitlines() == ['discovery -l', 'discovery -l']
+
+
+def test_a_host_engine_still_silent_after_its_restart_is_a_problem_in_the_message(host, monkeypatch):
+    monkeypatch.setattr(_quiesce, 'HOST_ENGINE_ANSWER_S', 1.0)
+    blocking = dcgm(host)
+    (host.state / 'nvidia-dcgm.service.mute').write_text('always\n')
+    entry = quiesced_reset(host.quiesce(blocking), Reset(host), [6])
+    engine = entry['quiesced']['host_engines'][0]
+    assert engine['answers'] is False and engine['restarted'] is True
+    assert re.search(r'dcgmi discovery -l did not answer within [0-9.]+ s and was killed', engine['said']), engine
+    assert restarts(host) == ['--no-ask-password restart -- nvidia-dcgm.service']  # once, never again
+    assert 'the DCGM host engine of nvidia-dcgm.service does not answer dcgmi discovery -l after the GPU reset, ' \
+           'and restarted once still does not' in entry['message']
+
+
+def test_without_dcgmi_the_host_engine_is_not_checked_and_that_is_said(host):
+    host.dcgmi = 'gpuops-no-such-dcgmi'
+    entry = quiesced_reset(host.quiesce(dcgm(host)), Reset(host), [6])
+    assert entry['quiesced']['host_engines'] == [{'unit': 'nvidia-dcgm.service', 'answers': None, 'restarted': False,
+                                                  'said': 'not checked: gpuops-no-such-dcgmi is not on PATH'}]
+    assert restarts(host) == [] and entry['quiesced']['problems'] == []
+
+
+def test_a_host_engine_is_found_by_its_unit_name_or_by_the_program_in_it(host):
+    host.cgroup(220, '/system.slice/dcgm.service')
+    host.cgroup(221, '/system.slice/hostengine-site.service')
+    host.unit('dcgm.service')
+    host.unit('hostengine-site.service')
+    quiesce = host.quiesce([(holder(220, 'dcgm'), [0]), (holder(221, 'nv-hostengine'), [0])], patterns=['*'])
+    quiesced_reset(quiesce, Reset(host), [0])
+    assert [engine['unit'] for engine in quiesce.host_engines] == ['dcgm.service', 'hostengine-site.service']
+
+
+def test_only_a_stopped_host_engine_adds_its_check_to_the_restores_reserve(host):
+    host.cgroup(202, '/system.slice/nvidia-dcgm-exporter.service')
+    exporter = host.quiesce([(holder(202, 'dcgm-exporter'), [6])])
+    assert exporter.restore_reserve() == RESTART_MIN_S + ACTIVE_CHECK_S
+    assert host.quiesce(dcgm(host)).restore_reserve() == RESTART_MIN_S + ACTIVE_CHECK_S + HOST_ENGINE_RESERVE
+
+
 def test_a_hung_stop_is_bounded_by_the_deadline(tmp_path):
     host = Host(tmp_path, hang='stop')
     started = time.monotonic()
-    reserve = RESTART_MIN_S + ACTIVE_CHECK_S  # the restore's, kept out of the stops' time
+    reserve = RESTART_MIN_S + ACTIVE_CHECK_S + HOST_ENGINE_RESERVE  # the restore's, kept out of the stops' time
     entry = quiesced_reset(host.quiesce(dcgm(host), deadline=started + reserve + 3), Reset(host), [6])
     assert time.monotonic() - started < 10  # the start after it answers at once
     assert entry['attempted'] is False and re.search(r'did not answer within [0-9.]+ s and was killed', entry['message'])
@@ -336,21 +420,22 @@ def test_a_hung_stop_is_bounded_by_the_deadline(tmp_path):
 def test_the_units_are_started_again_past_the_deadline(host):
     # The reset used up the time: starting the units again is still given its few seconds.
     clock = FakeClock()
-    entry = quiesced_reset(host.quiesce(dcgm(host), deadline=clock() + 30, clock=clock), SlowReset(host, clock, 31), [6])
+    entry = quiesced_reset(host.quiesce(dcgm(host), deadline=clock() + 60, clock=clock), SlowReset(host, clock, 61), [6])
     assert entry['quiesced']['started'] == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service']
 
 
 def test_a_reset_that_cannot_leave_the_restores_reserve_is_not_started(host):
-    # 10 s left, and starting two units again may take 20: nothing is stopped, and the reason says so.
+    # 10 s left, and starting two units again (and asking the host engine) may take 40: nothing is
+    # stopped, and the reason says so.
     clock = FakeClock()
     quiesce = host.quiesce(dcgm(host), deadline=clock() + 10, clock=clock)
-    assert quiesce.restore_reserve() == RESTART_MIN_S + ACTIVE_CHECK_S
+    assert quiesce.restore_reserve() == RESTART_MIN_S + ACTIVE_CHECK_S + HOST_ENGINE_RESERVE
     reset = Reset(host)
     entry = quiesced_reset(quiesce, reset, [6])
     assert reset.active_during is None and entry['attempted'] is False and host.calls() == []
     assert entry['message'] == (
         'GPU 6 not reset: nvidia-dcgm.service, nvidia-dcgm-exporter.service would be stopped for it, and starting '
-        'them again may take 20 s, which leaves less than the 2.0 s a reset needs of the 10.0 s left of the '
+        'them again may take 40 s, which leaves less than the 2.0 s a reset needs of the 10.0 s left of the '
         'timeout; nothing was stopped (a longer timeout leaves the time)')
     assert entry['quiesced']['refusal'] == entry['message'] and entry['quiesced']['stopped'] == []
 
@@ -380,11 +465,13 @@ def test_a_unit_restore_outlives_a_slow_reset_within_the_deadline(tmp_path, monk
     # reset given the whole deadline would leave them starting 4 s past it).
     monkeypatch.setattr(_quiesce, 'RESTART_MIN_S', 6.0)
     monkeypatch.setattr(_quiesce, 'ACTIVE_CHECK_S', 2.0)
+    monkeypatch.setattr(_quiesce, 'HOST_ENGINE_ANSWER_S', 1.0)
+    monkeypatch.setattr(_quiesce, 'HOST_ENGINE_RESTART_S', 1.0)
     host = Host(tmp_path)
     text = open(host.systemctl).read().replace('verb=$1; shift;', 'verb=$1; shift; [ "$verb" = start ] && sleep 4;')
     write_script(tmp_path / 'systemctl', text)
-    quiesce = host.quiesce(dcgm(host), deadline=time.monotonic() + 8 + 3)
-    assert quiesce.work_deadline() == quiesce.deadline - 8
+    quiesce = host.quiesce(dcgm(host), deadline=time.monotonic() + 11 + 3)
+    assert quiesce.work_deadline() == quiesce.deadline - 11
     entry = quiesced_reset(quiesce, DeadlineReset(host, quiesce.work_deadline()), [6])
     finished = time.monotonic()
     assert entry['quiesced']['started'] == ['nvidia-dcgm.service', 'nvidia-dcgm-exporter.service'], entry
@@ -401,7 +488,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Terminat
 import pathlib
 host = Host.__new__(Host)
 host.proc, host.log, host.state = pathlib.Path(%(proc)r), pathlib.Path(%(log)s), pathlib.Path(%(state)r)
-host.systemctl, host.systemd_dir = %(systemctl)r, pathlib.Path(%(systemd)r)
+host.systemctl, host.systemd_dir, host.dcgmi = %(systemctl)r, pathlib.Path(%(systemd)r), %(dcgmi)r
 
 class Hang(Reset):
     def run(self, todo):
@@ -425,7 +512,8 @@ def test_sigterm_during_a_reset_starts_the_units_again_before_the_exit(tmp_path)
     write_script(tmp_path / 'systemctl', text)
     dcgm(host)
     script = TERMINATED % dict(path=[p for p in sys.path if p], proc=str(host.proc), log=repr(str(host.log)),
-                               state=str(host.state), systemctl=host.systemctl, systemd=str(host.systemd_dir))
+                               state=str(host.state), systemctl=host.systemctl, systemd=str(host.systemd_dir),
+                               dcgmi=host.dcgmi)
     proc = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True,
                             cwd=os.path.dirname(__file__))
     try:

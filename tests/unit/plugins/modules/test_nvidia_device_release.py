@@ -241,6 +241,52 @@ def test_a_reset_the_platform_refuses_makes_the_gpus_recovery_action_reboot(caps
     assert [gpu['recovery_action'] for gpu in result['gpu_states'] if gpu['index'] == 3] == ['reboot']
     assert set(gpu['recovery_action'] for gpu in result['gpu_states'] if gpu['index'] != 3) == {'none'}
     assert persistence(gpuhost, 3) == 'Enabled'
+    assert 'module_reload' not in escalation  # reset_reload_modules is off by default
+
+
+def test_a_reset_the_platform_refuses_is_cured_by_a_module_reload_when_asked(capsys, gpuhost, tmp_path):
+    """reset_reload_modules: the driver's modules unloaded and loaded again instead of a reboot,
+    on gpusim's /sys/module, modprobe and rmmod (no kernel module can be loaded in a container)."""
+    gpuhost.fault('reset-flr-refused', gpu=3)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = run_module(capsys, gpuhost, tmp_path, host_root=gpuhost.root, devices=['/dev/nvidia*'], reset_orphaned=True,
+                        reset_reload_modules=True, grace_period=0.3, timeout=30)
+    assert result.get('failed') is not True and result['released'] is True, result
+    escalation = result['escalation']
+    assert escalation['ok'] is True and escalation['flr_refused'] == []
+    assert escalation['message'].endswith('; kernel modules nvidia_modeset, nvidia_uvm, nvidia unloaded and loaded again')
+    reload = escalation['module_reload']
+    assert reload['ok'] is True and reload['flr_refused'] == [3] and reload['gpus'] == list(range(8))
+    assert reload['unloaded'] == ['nvidia_modeset', 'nvidia_uvm', 'nvidia'] and reload['loaded'] == ['nvidia', 'nvidia_uvm', 'nvidia_modeset']
+    assert [entry['index'] for entry in escalation['fabric']] == list(range(8))
+    assert set(gpu['recovery_action'] for gpu in result['gpu_states']) == {'none'}
+    assert gpuhost.memory_used()[3] == 1 and persistence(gpuhost, 3) == 'Enabled'
+
+
+def test_a_module_reload_is_refused_while_another_gpu_is_in_use_and_a_reboot_is_asked(capsys, gpuhost, tmp_path):
+    gpuhost.fault('reset-flr-refused', gpu=3)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    job = gpuhost.hold(gpus=[5], mib=2048)
+    result = run_module(capsys, gpuhost, tmp_path, host_root=gpuhost.root, devices=['/dev/nvidia*'], gpus=[3],
+                        reset_orphaned=True, reset_reload_modules=True, grace_period=0.3, timeout=30)
+    assert result['failed'] is True and result['released'] is False, result
+    reload = result['escalation']['module_reload']
+    assert reload['attempted'] is False and reload['unloaded'] == []
+    assert reload['message'] == 'kernel modules not reloaded: every GPU of the host must be idle, and GPU 5 (pid %d) is not' % job['pid']
+    assert result['escalation']['flr_refused'] == [3] and result['msg'].count('reset_refused') == 1, result['msg']
+    assert [gpu['recovery_action'] for gpu in result['gpu_states'] if gpu['index'] == 3] == ['reboot']
+    assert alive(job['pid'])
+    assert sorted(os.listdir(os.path.join(gpuhost.root, 'sys', 'module'))) == ['nvidia', 'nvidia_modeset', 'nvidia_uvm']
+
+
+def test_a_module_reload_in_check_mode_is_said_and_not_done(capsys, gpuhost, tmp_path):
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    result = run_module(capsys, gpuhost, tmp_path, host_root=gpuhost.root, devices=['/dev/nvidia*'], reset_orphaned=True,
+                        reset_reload_modules=True, _ansible_check_mode=True)
+    reload = result['escalation']['module_reload']
+    assert reload['attempted'] is False and reload['modules'] == ['nvidia_modeset', 'nvidia_uvm', 'nvidia']
+    assert reload['message'].startswith('check mode: if the platform refuses the GPU reset (FLR), the kernel modules ')
+    assert gpuhost.memory_used()[3] == 4097
 
 
 def test_a_gpu_in_use_is_refused_as_in_use_before_the_platform_is_asked(capsys, gpuhost, tmp_path):
@@ -454,6 +500,17 @@ def test_an_xid_that_calls_for_a_reboot_or_a_person_leaves_the_gpu_not_released(
     assert words in result['msg']
     assert [gpu['recovery_action'] for gpu in result['gpu_states'] if gpu['index'] == 1] == [
         'reboot' if code == 79 else 'inspect']
+
+
+def test_a_hung_full_chip_reset_in_the_kernel_log_is_driver_hung_and_no_gpu_is_reset(capsys, gpuhost, tmp_path):
+    # The driver's assertions name no bus id: every GPU needs the reboot, and none is reset.
+    gpuhost.fault('stuck', gpu=6, mib=1024)
+    gpuhost.fault('driver-hung', count=20)
+    result = reset_run(capsys, gpuhost, tmp_path)
+    assert result['released'] is False and result['escalation'] is None, result
+    assert 'needs a reboot (driver_hung: the kernel log says the NVIDIA driver hung (NV_ERR_GPU_IN_FULLCHIP_RESET) ' \
+           'since the last cure; only a reboot frees it)' in result['msg']
+    assert set(gpu['recovery_action'] for gpu in result['gpu_states']) == set(['reboot'])
 
 
 def test_an_xid_older_than_the_last_cure_is_no_reason(capsys, gpuhost, tmp_path):

@@ -82,6 +82,7 @@ def test_a_clean_host_is_one_release_and_nothing_else():
     # Options that are not set are left to the module's defaults.
     assert 'gpus' not in args and 'lock_file' not in args and 'expected_gpus' not in args
     assert args['reset_orphaned'] is False and args['facts_after'] is False and args['timeout'] == 60
+    assert args['reset_reload_modules'] is False
     # The release proves what it released itself: no module call of its own for the probe.
     assert args['probe'] == dict(mib=1024, missing_library='skip', cuda_library='libcuda.so.1', level='allocation')
     kept = ('probed', 'library_missing', 'gpus', 'duration_ms', 'verified')
@@ -244,3 +245,10 @@ def test_module_warnings_are_kept_once():
                       nvidia_gpu_facts=[dict(facts(900), warnings=['w1', 'w2'])])
     report, run = sequence(modules)
     assert run.warnings == ['w1', 'w2']
+
+
+def test_reload_modules_is_passed_to_the_release_as_reset_reload_modules():
+    modules = Modules(nvidia_device_release=[release(True)])
+    sequence(modules, allow_gpu_reset=True, reload_modules=True)
+    args = modules.calls[0][1]
+    assert args['reset_orphaned'] is True and args['reset_reload_modules'] is True

@@ -97,6 +97,8 @@ def test_a_wrong_type_ends_the_check_before_the_release_rules():
     (dict(stop_units=['a b.service']), "gpu_reset_stop_units: 'a b.service' is no systemd unit name"),
     (dict(bug_report_dir='evidence'), "gpu_reset_bug_report_dir: 'evidence' is not an absolute path"),
     (dict(bug_report_timeout=0), 'gpu_reset_bug_report_timeout must be more than 0 seconds, got 0'),
+    (dict(max_drained='10 %'), "gpu_reset_max_drained: '10 %' is neither a number of nodes nor a percentage (N%)"),
+    (dict(max_drained='-1'), "gpu_reset_max_drained: '-1' is neither a number of nodes nor a percentage (N%)"),
 ])
 def test_each_problem_is_named_once(settings, problem):
     good = dict(timeout=60, grace_period=5, memory_threshold_mib=32, signals=['TERM'], devices=['/dev/nvidia*'],

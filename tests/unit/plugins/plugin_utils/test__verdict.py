@@ -412,3 +412,17 @@ def test_a_hung_driver_that_names_no_gpu_asks_the_hook_for_a_reboot():
     assert reboot_cures(report) is True
     report = _verdict.verdict('n1', error='nvidia-smi --query-gpu=index did not answer within 2.0 s and was killed')
     assert reboot_cures(report) is False
+
+
+def test_a_module_reload_that_cured_a_refused_reset_is_in_the_report_and_asks_no_reboot():
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook import reboot_cures
+
+    reload = dict(attempted=True, ok=True, gpus=[0, 1], flr_refused=[1], message='kernel modules nvidia_uvm, nvidia '
+                  'unloaded and loaded again', modules=['nvidia_uvm', 'nvidia'], unloaded=['nvidia_uvm', 'nvidia'],
+                  loaded=['nvidia', 'nvidia_uvm'], stopped_by=None)
+    escalation = dict(module_escalation(True, 'refused; ' + reload['message'], off=()), flr_refused=[], module_reload=reload)
+    report = _verdict.verdict('n1', release=release(True, changed=True, before=(1, 513), escalation=escalation),
+                              facts=facts([gpu(0), gpu(1)]), allow_gpu_reset=True)
+    assert report['outcome'] != 'failed' and report['escalation']['module_reload'] == reload
+    assert 'flr_refused' not in report['escalation'] and [row['recovery_action'] for row in report['gpus']] == [None, None]
+    assert reboot_cures(report) is False
