@@ -31,8 +31,10 @@ options:
   gpus:
     description:
       - GPU indexes to keep. Null keeps every GPU and every holder.
+      - A MIG instance (V(N:G), V(N:G:C) or a MIG UUID found in the GPUs' C(mig) facts) keeps its
+        whole GPU, whose facts count every instance of it.
     type: list
-    elements: int
+    elements: raw
 seealso:
   - module: gpuops.nvidia.nvidia_gpu_facts
   - plugin: gpuops.nvidia.json_query

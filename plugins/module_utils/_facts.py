@@ -13,12 +13,12 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import fallen_off_bus, health_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import action_causes, fallen_off_bus, health_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
-from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import add_device_nodes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import add_device_nodes, caps_instances, pending_change
 from ansible_collections.gpuops.nvidia.plugins.module_utils._modules import module_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders, uninspectable_warning
-from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, mark_fallen
+from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, mark_fallen, read_host
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._history import History
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, load_cures
@@ -55,10 +55,45 @@ def _gpu_fact(gpu, memory_threshold_mib, xid_events, cures):
 def mig_facts(reader, gpus, timeout=None):
     """Set each GPU's mig fact (None: no MIG, or not known), device nodes included; the warnings."""
     migs, warnings = reader.read_mig(gpus, timeout=timeout)
+    host_root = getattr(reader, 'host_root', '/')
     for gpu in gpus:
         gpu['mig'] = migs.get(gpu['index']) if gpu.get('index') is not None else None
-        warnings = warnings + add_device_nodes(gpu, getattr(reader, 'host_root', '/'))
+        if gpu['mig'] is None and gpu.get('error'):
+            gpu['mig'] = unreadable_parent_mig(gpu, host_root)
+        warnings = warnings + add_device_nodes(dict(gpu, minor_number=_minor(gpu, host_root)), host_root)
+        mark_instances(gpu)
+        pending = pending_change(gpu['mig'])
+        if pending:
+            warnings.append('GPU %s: %s; it takes effect at the next GPU reset (reset_orphaned resets the GPU for '
+                            'it once no MIG instance is in use)' % (gpu['index'], pending))
     return warnings
+
+
+def _minor(gpu, host_root):
+    """The GPU's minor number: the reader's, else the driver's (a lost GPU's reads give none)."""
+    if gpu.get('minor_number') is not None or not gpu.get('pci_bus_id'):
+        return gpu.get('minor_number')
+    return read_host(host_root).minor(gpu['pci_bus_id'])
+
+
+def unreadable_parent_mig(gpu, host_root):
+    """The mig fact of a GPU the driver cannot read (lost): its modes unknown, its MIG devices as the
+    driver's capabilities tree lists them; None when it lists none."""
+    minor = _minor(gpu, host_root)
+    instances = caps_instances(minor, host_root) if minor is not None else []
+    return {'mode_current': None, 'mode_pending': None, 'instances': instances} if instances else None
+
+
+def mark_instances(gpu):
+    """A fault of the parent GPU is each of its MIG devices' fault: an Xid, the driver's recovery
+    action, a pending remapping, a lost or unreadable parent. Each instance gets the parent's
+    recovery action and why (health)."""
+    health = gpu.get('health') or {}
+    causes = action_causes(dict(gpu, reset_required=gpu.get('state') == 'reset_required'), health)
+    if gpu.get('error') and gpu['error'] not in causes:
+        causes.append(gpu['error'])
+    for instance in (gpu.get('mig') or {}).get('instances') or []:
+        instance['health'] = {'recovery_action': health.get('recovery_action'), 'parent_causes': list(causes)}
 
 
 def holder_facts(device_patterns, protect):

@@ -18,6 +18,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
 import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import under_root
@@ -35,6 +36,8 @@ PROCESS_ROW_RE = re.compile(r'^\|\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+\S+\s+.*?\s(
 MIG_NAME_RE = re.compile(r'MIG (\S+)\s*$')
 CAPS_MINOR_RE = re.compile(r'^DeviceFileMinor:\s*(\d+)\s*$', re.M)
 CAPABILITIES = '/proc/driver/nvidia/capabilities'
+CAPS_GI_RE = re.compile(r'^gi(\d+)$')
+CAPS_CI_RE = re.compile(r'^ci(\d+)$')
 NVML_DEVICE_NOT_FOUND = 6
 NVML_NOT_SUPPORTED = (3, 13)
 
@@ -221,3 +224,87 @@ def add_device_nodes(gpu, host_root='/'):
             nodes.append(under_root('/dev/nvidia-caps/nvidia-cap%d' % number, host_root))
         instance['device_nodes'] = nodes
     return warnings
+
+
+def caps_instances(minor, host_root='/'):
+    """The MIG devices the driver's capabilities tree lists under the GPU of minor number minor, as
+    instance facts without profile, UUID or memory (the host's word on a parent it cannot read)."""
+    base = under_root('%s/gpu%d/mig' % (CAPABILITIES, minor), host_root)
+    found = []
+    for gi_name in _listdir(base):
+        gi = CAPS_GI_RE.match(gi_name)
+        for ci_name in _listdir(os.path.join(base, gi_name)) if gi else ():
+            ci = CAPS_CI_RE.match(ci_name)
+            if ci:
+                found.append(instance_fact(int(gi.group(1)), int(ci.group(1)), None, None, None, None))
+    return sorted(found, key=lambda instance: (instance['gpu_instance_id'], instance['compute_instance_id']))
+
+
+def _listdir(path):
+    try:
+        return sorted(os.listdir(path))
+    except (IOError, OSError):
+        return []
+
+
+# -- what the release and the reasons say of MIG -------------------------------------------------
+
+def instance_name(instance):
+    """A MIG device as the reasons name it: GPU instance, compute instance and MIG UUID."""
+    return 'GI %s CI %s (%s)' % (instance.get('gpu_instance_id'), instance.get('compute_instance_id'),
+                                 instance.get('uuid') or 'MIG UUID unknown')
+
+
+def instances_in_use(fact, memory_threshold_mib):
+    """[(instance, why)] of the MIG devices of a GPU's mig fact that are in use: a process on it, or
+    its memory above the threshold."""
+    used = []
+    for instance in (fact or {}).get('instances') or []:
+        why = ['pid %s' % process.get('pid') for process in instance.get('processes') or []]
+        mib = instance.get('memory_used_mib')
+        if mib is not None and mib > memory_threshold_mib:
+            why.append('%s MiB used' % mib)
+        if why:
+            used.append((instance, why))
+    return used
+
+
+def pending_change(fact):
+    """'MIG mode disabled -> enabled' when a mode change waits for a GPU reset, else None."""
+    if not fact or fact.get('mode_pending') in (None, fact.get('mode_current')):
+        return None
+    return 'MIG mode %s -> %s pending' % (fact.get('mode_current'), fact.get('mode_pending'))
+
+
+def reset_changes(before, after):
+    """What a GPU reset changed of a GPU's MIG, as read before and after it (mig facts; after None:
+    not read). Only what the driver reports: nothing is recreated or assumed."""
+    if after is None:
+        return ['MIG after the reset not read']
+    changes = []
+    if before.get('mode_current') != after.get('mode_current'):
+        changes.append('MIG mode %s -> %s' % (before.get('mode_current'), after.get('mode_current')))
+    if after.get('mode_pending') != after.get('mode_current'):
+        changes.append('still %s' % pending_change(after))
+    kept = set(_key(instance) for instance in after.get('instances') or [])
+    had = set(_key(instance) for instance in before.get('instances') or [])
+    gone = [instance for instance in before.get('instances') or [] if _key(instance) not in kept]
+    new = [instance for instance in after.get('instances') or [] if _key(instance) not in had]
+    if gone:
+        changes.append('MIG instances gone: %s' % ', '.join(instance_name(instance) for instance in gone))
+    if new:
+        changes.append('MIG instances new: %s' % ', '.join(instance_name(instance) for instance in new))
+    return changes
+
+
+def _key(instance):
+    return (instance.get('gpu_instance_id'), instance.get('compute_instance_id'), instance.get('uuid'))
+
+
+def layout(fact):
+    """A mig fact as the reset's report keeps it: the modes and each instance's ids, profile and UUID."""
+    if fact is None:
+        return None
+    return {'mode_current': fact.get('mode_current'), 'mode_pending': fact.get('mode_pending'),
+            'instances': [dict((key, instance.get(key)) for key in ('gpu_instance_id', 'compute_instance_id', 'profile', 'uuid'))
+                          for instance in fact.get('instances') or []]}

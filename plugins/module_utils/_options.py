@@ -17,8 +17,9 @@ __metaclass__ = type
 import os
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, MIN_TIMEOUT_S, GpuopsError, check_seconds
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, MIN_TIMEOUT_S, GpuopsError, check_seconds, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._cuda import LEVELS
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import GPU_FORMS, parse_gpu, split_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import parse_signal
 
 DEFAULT_SIGNALS = ['TERM', 'KILL']
@@ -113,7 +114,12 @@ def _check_gpus(gpus):
         return None
     if not gpus:
         raise GpuopsError('gpus: name at least one GPU index, or leave gpus out for every GPU')
-    bad = [index for index in gpus if index < 0]
+    parsed = [parse_gpu(value) for value in gpus]
+    bad = [value for value, gpu in zip(gpus, parsed) if gpu is None]
+    if bad:
+        raise GpuopsError('gpus: %s is not %s' % (printable(repr(bad[0]), 100), GPU_FORMS))
+    bad = [index for index in parsed if isinstance(index, int) and index < 0]
     if bad:
         raise GpuopsError('gpus: GPU indexes are zero or more, got %s' % bad[0])
-    return sorted(set(gpus))
+    whole, instances = split_gpus(parsed)
+    return sorted(set(whole)) + sorted(set(instances))

@@ -15,6 +15,7 @@ __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DRIVER_HUNG, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS, action_causes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import instance_name
 
 
 def gpu_problem(gpu, reset_required, orphaned_memory, dirty, why=(), reset_remedy='', orphan_remedy='', health=None):
@@ -69,7 +70,10 @@ def needs_cure(gpu, health, reset_remedy=''):
 
 
 def gpu_name(gpu):
-    """A GPU as the reasons name it: its index, or its PCI bus id when it has none."""
+    """A GPU as the reasons name it: its index, or its PCI bus id when it has none; a MIG instance
+    in a release's scope by its GPU's index, its GPU and compute instance and its MIG UUID."""
+    if gpu.get('mig_instance'):
+        return '%s MIG %s' % (gpu.get('index'), instance_name(gpu['mig_instance']))
     return gpu.get('pci_bus_id') if gpu.get('index') is None else gpu.get('index')
 
 
@@ -81,6 +85,19 @@ def reset_failed(output):
 def needs_reset(gpu, remedy='', why=None):
     """A GPU that needs a reset: the driver's words, or why (the causes its health gives)."""
     return 'GPU %s needs a GPU reset (%s%s)' % (gpu_name(gpu), gpu['error'] if why is None else why, remedy)
+
+
+def parent_of_instances(gpu):
+    """What a fault of a GPU with MIG instances adds to its reason: each instance it is the fault of,
+    by GPU instance, compute instance and MIG UUID ('' for a GPU without)."""
+    instances = (gpu.get('mig') or {}).get('instances') or []
+    if not instances:
+        return ''
+    # The ids first, the UUIDs after: a drain reason keeps only the start of the text.
+    ids = ', '.join('GI %s CI %s' % (instance.get('gpu_instance_id'), instance.get('compute_instance_id')) for instance in instances)
+    uuids = [instance['uuid'] for instance in instances if instance.get('uuid')]
+    return '; GPU %s is the parent of MIG instance %s, each affected%s' % (
+        gpu_name(gpu), ids, ' (%s)' % ', '.join(uuids) if uuids else '')
 
 
 def unreadable(gpu):

@@ -65,8 +65,10 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import JobScope, check_job
-from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope, no_such_gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope, no_such_gpus, split_gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils._mig_scope import InstanceScope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
+from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import instance_name, instances_in_use, layout, pending_change, reset_changes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._modules import describe as describe_modules, module_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     DEFAULT_SIGNALS,
@@ -157,7 +159,7 @@ FD_RESERVE = 64
 
 def release_argument_spec():
     spec = dict(
-        gpus=dict(type='list', elements='int'),
+        gpus=dict(type='list', elements='raw'),
         signals=dict(type='list', elements='str', default=list(DEFAULT_SIGNALS)),
         grace_period=dict(type='float', default=5.0),
         wait=dict(type='bool', default=True),
@@ -208,7 +210,8 @@ class ReleaseOptions:
         # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
         self.devices = device_patterns(devices, host_root)
         self.host_root = host_root
-        self.gpus = gpus
+        # Whole GPUs by index (None: every GPU), and the MIG instances named (N:G, N:G:C, MIG UUIDs).
+        self.gpus, self.instances = split_gpus(gpus)
         self.signals = parsed
         self.grace_period = grace_period
         self.protect = list(protect)
@@ -267,6 +270,13 @@ class Target:
 
 def _key(holder):
     return (holder.pid, holder.starttime)
+
+
+def _instance_of(gpu):
+    """{'mig_instance': its GPU instance, compute instance and MIG UUID} of a MIG instance's view; {} of a GPU."""
+    if 'mig_instance' not in gpu:
+        return {}
+    return {'mig_instance': dict((key, gpu['mig_instance'][key]) for key in ('gpu_instance_id', 'compute_instance_id', 'uuid'))}
 
 
 def placements(snapshot):
@@ -450,6 +460,9 @@ class Release:
         self.read_skipped = False  # the last read was not made: too little time was left for it
         # The GPUs only a reboot (or a driver reload) cures now: their reset the platform refused.
         self.reboot_only = set()
+        # {index: mig fact} of the GPUs in scope before a reset, and the resets a MIG instance in use kept from.
+        self.mig_before = {}
+        self.mig_blocked = []
         self.budget = None
         self.last_snapshot = None
         self.first_snapshot = None
@@ -466,6 +479,7 @@ class Release:
         self.other_jobs_seen = {}
         self.spared_pids = set()  # the holders the job's release leaves alone, and other jobs' pids, as last seen
         self.job_scoped = set()  # the shared GPUs judged for the job alone: others' processes are on them
+        self.instance_scope = InstanceScope(options.instances, options.host_root) if options.instances else None
 
     # -- observation ---------------------------------------------------------------------
     def _warn(self, text):
@@ -505,12 +519,35 @@ class Release:
         self.read_error_permanent = False
         self.read_skipped = False
         snapshot.read_tick = tick
+        self._read_instances(snapshot, final)
         snapshot.placements = placements(snapshot)
         snapshot.trusted = self._trusted_placements(snapshot)
         self.last_snapshot = snapshot
         for warning in snapshot.warnings:
             self._warn(warning)
         return snapshot
+
+    def _read_instances(self, snapshot, final):
+        """With MIG instances in scope: their MIG devices read onto snapshot, found on the first read,
+        and their caps nodes added to the nodes scanned."""
+        if self.instance_scope is None:
+            return
+        left = (self.deadline if final or self.clock() >= self.signal_deadline else self.signal_deadline) - self.clock()
+        for warning in self.instance_scope.attach(self.reader, snapshot, max(left, CALL_FLOOR_S)):
+            self._warn(warning)
+        if self.instance_scope.keys is None:
+            self.instance_scope.resolve(snapshot, self.gpu_nodes)
+            self.paths = sorted(set(self.paths) | set(expand_devices(self.instance_scope.node_paths())))
+            for key in self.instance_scope.unmapped():
+                self._warn('gpus: the caps node of MIG instance %d:%s:%s (%s) cannot be read; only the processes the '
+                           'driver places on it are released' % key)
+
+    def _instance_views(self, snapshot):
+        return self.instance_scope.views(snapshot) if self.instance_scope is not None and snapshot is not None else []
+
+    def _scope_indexes(self):
+        """The indexes of the GPUs in scope, whole or by their MIG instances (gpus: set)."""
+        return set(self.options.gpus) | (self.instance_scope.parents() if self.instance_scope is not None else set())
 
     def _trusted_placements(self, snapshot):
         """The placements that may add holders (the others only take holders out of the scope):
@@ -532,7 +569,7 @@ class Release:
         # The GPUs the host has but the reader does not list (snapshot.missing) are lost GPUs of
         # the host: in scope for a release of every GPU (they have no index for gpus: to name).
         gpus = snapshot.gpus + list(getattr(snapshot, 'missing', [])) if snapshot is not None else []
-        return gpus_in_scope(gpus, self.options.gpus)
+        return gpus_in_scope(gpus, self.options.gpus) + self._instance_views(snapshot)
 
     def _discover(self, snapshot):
         """The holders of the scope, found on the host by device identity and placed on GPUs by
@@ -549,7 +586,7 @@ class Release:
         self.last_keys = keys
         placed = snapshot.placements if snapshot is not None else {}
         trusted = snapshot.trusted if snapshot is not None else {}
-        holders = [holder for holder in scan.holders if self._holds_scope(holder, placed, trusted)]
+        holders = [holder for holder in scan.holders if self._holds_scope(holder, placed, trusted, snapshot)]
         holders += self._reported_only(snapshot, scan, trusted)
         self._set_aside_for_job(holders, snapshot)
         self._mark_foreign(holders, trusted)
@@ -599,17 +636,23 @@ class Release:
     def _scope_nodes(self):
         return set(self.gpu_nodes[index] for index in self.options.gpus if index in self.gpu_nodes)
 
-    def _holds_scope(self, holder, placed, trusted):
+    def _holds_scope(self, holder, placed, trusted, snapshot=None):
         """Whether a process found on the host holds the scope: every holder without gpus:; with
         it, one that holds a scoped GPU's node, unless the driver places it only on other GPUs
         (NVML and CUDA open every GPU's node on hosts without device cgroups). A forged line can
-        only take a process out of the scope this way, which leaves its memory to fail the release."""
+        only take a process out of the scope this way, which leaves its memory to fail the release.
+        A MIG instance in scope is held through its caps node (_mig_scope), never its parent's node."""
         if self.options.gpus is None:
             return True
         where = placed.get(holder.pid)
-        if where and not where & set(self.options.gpus):
+        if where and not where & self._scope_indexes():
             return False
         if blocks(holder.devices, None, self._scope_nodes(), []):
+            return True
+        if self.instance_scope is not None and self.instance_scope.holds(holder.devices):
+            return True
+        unmapped = [view for view in self._instance_views(snapshot) if view['mig_instance']['caps_node'] is None]
+        if trusted.get(holder.pid) and InstanceScope.placed_on(holder.pid, unmapped):
             return True
         # A scoped GPU without a node among the matched devices: the driver's placement decides.
         unmapped = set(self.options.gpus) - set(self.gpu_nodes)
@@ -626,7 +669,8 @@ class Release:
         found = set(holder.pid for holder in scan.holders)
         admitted = []
         for pid, placed in sorted(trusted.items()):
-            if pid in found or pid not in scan.unreadable_pids() or not placed & set(self.options.gpus):
+            if pid in found or pid not in scan.unreadable_pids() or not (
+                    placed & set(self.options.gpus) or InstanceScope.placed_on(pid, self._instance_views(snapshot))):
                 continue
             holder = load_holder(pid, [], self.options.protect, ancestors(os.getpid(), self.proc), self.proc)
             if holder is None or holder.starttime >= snapshot.read_tick:
@@ -1019,6 +1063,8 @@ class Release:
             return
         # A host short of GPUs fails as it is, before anything is signalled.
         check_expected_gpus(snapshot.gpus + snapshot.missing, self.options.expected_gpus)
+        if self.instance_scope is not None:
+            self.instance_scope.check()
         if self.options.gpus is not None:
             known = set(gpu.get('index') for gpu in snapshot.gpus)
             unknown = [index for index in self.options.gpus if index not in known]
@@ -1029,15 +1075,15 @@ class Release:
         """Each GPU in scope as the release left it: its state, what the driver says of it, and the
         recovery action its health calls for (as nvidia_gpu_facts decides it)."""
         health = self._health(snapshot)
-        return [{'index': gpu.get('index'), 'pci_bus_id': gpu.get('pci_bus_id'), 'uuid': gpu.get('uuid'),
-                 'state': gpu_state(gpu, self.options.memory_threshold_mib),
-                 'driver_recovery_action': gpu.get('driver_recovery_action'),
-                 'recovery_action': 'reboot' if gpu.get('index') in self.reboot_only else
-                 health[gpu['index']][1]['recovery_action'] if gpu.get('index') in health else None,
-                 'memory_used_mib': gpu.get('memory_used_mib')} for gpu in self._scope(snapshot)]
+        return [dict({'index': gpu.get('index'), 'pci_bus_id': gpu.get('pci_bus_id'), 'uuid': gpu.get('uuid'),
+                      'state': gpu_state(gpu, self.options.memory_threshold_mib),
+                      'driver_recovery_action': gpu.get('driver_recovery_action'),
+                      'recovery_action': 'reboot' if gpu.get('index') in self.reboot_only else
+                      health[gpu['index']][1]['recovery_action'] if gpu.get('index') in health else None,
+                      'memory_used_mib': gpu.get('memory_used_mib')}, **_instance_of(gpu)) for gpu in self._scope(snapshot)]
 
     def _memory(self, snapshot):
-        return [{'index': gpu.get('index'), 'memory_used_mib': gpu.get('memory_used_mib')}
+        return [dict({'index': gpu.get('index'), 'memory_used_mib': gpu.get('memory_used_mib')}, **_instance_of(gpu))
                 for gpu in self._scope(snapshot)]
 
     def _run(self, result):
@@ -1187,6 +1233,7 @@ class Release:
             self.budget.spend('waiting for the NVLink fabric', started)
         self._record_cures(escalation, snapshot)
         self._record_history(escalation, snapshot, todo)
+        self._mig_after_reset(escalation, snapshot)
         snapshot, holders = self._observe(force_read=True, final=True, full=True)
         result.failure = None
         self._report(result, snapshot, holders)
@@ -1266,6 +1313,7 @@ class Release:
         back, a reset the platform refused (a reboot is needed), and a reset that failed on a GPU its
         health (not its memory) said needs one."""
         problems = [_reason.fabric_not_back(entry) for entry in escalation.get('fabric') or () if not entry['ok']]
+        problems.extend(self.mig_blocked)
         refused = escalation.get('flr_refused') or ()
         problems.extend(_reason.reset_refused({'index': index}) for index in refused)
         if not escalation['ok']:
@@ -1274,6 +1322,27 @@ class Release:
                             for index, why in sorted(todo.items())
                             if index in readable and ORPHANED not in why and index not in refused)
         return problems
+
+    def _mig_after_reset(self, escalation, snapshot):
+        """The MIG layout of each reset GPU that had MIG, read again after the reset, and what the
+        reset changed (escalation['mig']; said in its message too). What the driver reports is what
+        is said: nothing is recreated."""
+        before = dict((index, fact) for index, fact in self.mig_before.items()
+                      if index in escalation['gpus'] and (fact.get('mode_current') == 'enabled' or pending_change(fact)))
+        if not before or not escalation.get('attempted'):
+            return
+        gpus = [gpu for gpu in snapshot.gpus if gpu.get('index') in before]
+        left = self.deadline - READ_MIN_S - self.clock()  # the read after the reset keeps its own
+        after, warnings = self.reader.read_mig(gpus, timeout=left) if left > CALL_FLOOR_S else ({}, ['no time left'])
+        for warning in warnings:
+            self._warn('MIG after the reset: %s' % warning)
+        escalation['mig'] = []
+        for gpu in gpus:
+            index = gpu['index']
+            changes = reset_changes(before[index], after.get(index)) or ['MIG unchanged']
+            escalation['mig'].append({'index': index, 'uuid': gpu.get('uuid'), 'before': layout(before[index]),
+                                      'after': layout(after.get(index)), 'changes': changes})
+            escalation['message'] += '; GPU %s: %s' % (index, '; '.join(changes))
 
     def _bug_report(self):
         """nvidia-bug-report.sh into bug_report_dir, within bug_report_timeout."""
@@ -1312,10 +1381,48 @@ class Release:
         causes = self._reset_causes(snapshot)
         for gpu in self._scope(snapshot):
             index = gpu.get('index')
-            if index not in causes or gpu.get('processes') or index in self.job_scoped:
+            if index not in causes or gpu.get('processes') or index in self.job_scoped or 'mig_instance' in gpu:
                 continue
             todo[index] = todo.get(index, []) + causes[index]
-        return self._hold(result, snapshot, todo)
+        return self._hold(result, snapshot, self._mig_to_reset(result, snapshot, todo, causes))
+
+    def _mig_to_reset(self, result, snapshot, todo, causes):
+        """todo with the GPUs whose MIG mode change waits for a reset (idle, with no process), less
+        those with a MIG instance in use (a process on it, or its memory over the threshold): a reset
+        would end what runs there (mig_blocked says so of each that needs one; causes: {index: [why]}
+        of those). Reads each GPU's MIG layout (mig_before), for the reset's report."""
+        scope = [gpu for gpu in self._scope(snapshot)
+                 if gpu.get('index') is not None and not gpu.get('error') and 'mig_instance' not in gpu]
+        # Within the timeout, past the signalling's share: without it no reset is tried.
+        left = self.deadline - self.clock()
+        migs, warnings = self.reader.read_mig(scope, timeout=left) if left > CALL_FLOOR_S else ({}, ['no time left'])
+        self.mig_before = dict((index, fact) for index, fact in migs.items() if fact)
+        self.mig_blocked = []
+        for gpu in scope:
+            index = gpu['index']
+            pending, used = pending_change(self.mig_before.get(index)), self._instances_in_use(index)
+            why = todo.get(index) or causes.get(index)
+            if used and why and index not in self.job_scoped:
+                todo.pop(index, None)
+                self.mig_blocked.append('GPU %s needs a reset (%s), not attempted: %s' % (index, ', '.join(why), used))
+            elif pending and used:
+                self._warn('GPU %s: %s, not applied: %s' % (index, pending, used))
+            elif pending and not gpu.get('processes') and index not in self.job_scoped:
+                todo[index] = todo.get(index, []) + [pending]
+        if self.mig_blocked:
+            result.released = False
+            why = '; '.join(self.mig_blocked)
+            result.failure = '%s; %s' % (result.failure, why) if result.failure else 'GPUs not released: %s' % why
+        for warning in warnings if todo else ():
+            self._warn('MIG before the reset: %s' % warning)
+        return todo
+
+    def _instances_in_use(self, index):
+        """'MIG instance in use: GI 7 CI 0 (MIG-...) [pid 42, 700 MiB used]', or '' when no MIG
+        instance of GPU index is in use."""
+        used = instances_in_use(self.mig_before.get(index), self.options.memory_threshold_mib)
+        return 'MIG instance in use: %s' % ', '.join('%s [%s]' % (instance_name(instance), ', '.join(why))
+                                                     for instance, why in used) if used else ''
 
     def _hold(self, result, snapshot, todo):
         """todo without the GPUs whose fault came back after hold_after_cures cures within
@@ -1401,13 +1508,21 @@ class Release:
         person (_health.NOT_CLEAN_ACTIONS). With reset_orphaned, a reset is the escalation's to do
         and to judge (on a GPU other jobs do not use)."""
         action = health.get('recovery_action')
-        if action == 'reset_gpu' and self.options.reset_orphaned and index not in self.job_scoped:
+        if action == 'reset_gpu' and self.options.reset_orphaned and index not in self.job_scoped \
+                and index not in self._instance_only():
             return False
         return action in NOT_CLEAN_ACTIONS
 
+    def _instance_only(self):
+        """The GPUs in scope only through MIG instances: a reset of one would end its other instances."""
+        if self.instance_scope is None:
+            return set()
+        return self.instance_scope.parents() - set(self.options.gpus or ())
+
     def _orphaned(self, scope, survivors):
-        """The indexes of the GPUs of scope with memory used and no process holding them."""
-        return [gpu.get('index') for gpu in scope if gpu.get('index') not in self.job_scoped
+        """The indexes of the GPUs of scope with memory used and no process holding them (a MIG
+        instance's memory is its parent's to reset: said, not reset, see _instance_only)."""
+        return [gpu.get('index') for gpu in scope if gpu.get('index') not in self.job_scoped and 'mig_instance' not in gpu
                 if gpu.get('memory_used_mib') is not None and not gpu.get('error')
                 if gpu['memory_used_mib'] > self.options.memory_threshold_mib
                 if not gpu.get('processes') and not any(self._blocks(holder, gpu) for holder in survivors)]
@@ -1431,6 +1546,8 @@ class Release:
         return 'respawned'
 
     def _blocks(self, holder, gpu):
+        if 'mig_instance' in gpu:
+            return self.instance_scope.holds(holder.devices, gpu) or self._blocks_pid(holder.pid, gpu)
         node = self.gpu_nodes.get(gpu.get('index'))
         return blocks(holder.devices, holder.pid, set() if node is None else set([node]), [gpu])
 

@@ -70,9 +70,14 @@ options:
         one Slurm job on a shared node. Not set, every GPU of the host.
       - Slurm's C(SLURM_JOB_GPUS) are not indexes but places in the node's C(gres.conf); the
         collection's Slurm hook maps each through its C(File=) device node's minor number to the
-        GPU of that minor, and passes these indexes.
+        GPU of that minor, and passes these indexes (for a MIG GRES, its instances).
+      - A MIG instance is named V(N:G) (GPU N, its GPU instance G), V(N:G:C) (and compute
+        instance C) or by its MIG UUID; only its own processes are stopped (those holding its
+        caps node, never a sibling instance's) and it is judged by its own memory, never reset
+        (see O(gpuops.nvidia.nvidia_device_release#module:gpus)). A whole GPU with MIG on means
+        every instance of it.
     type: list
-    elements: int
+    elements: raw
   backend:
     description:
       - How the GPUs are read (O(gpuops.nvidia.nvidia_gpu_facts#module:backend)).
@@ -347,12 +352,14 @@ check_mode:
   returned: always
   type: bool
 gpus_before:
-  description: Memory used per GPU in scope before the release (index, memory_used_mib).
+  description: Memory used per GPU in scope before the release (index, memory_used_mib; a MIG instance
+    in O(gpus) is an entry of its own, its mig_instance its GPU and compute instance and MIG UUID).
   returned: always
   type: list
   elements: dict
 gpus_after:
-  description: Memory used per GPU in scope at the end (index, memory_used_mib).
+  description: Memory used per GPU in scope at the end (index, memory_used_mib; mig_instance, as in
+    RV(gpus_before)).
   returned: always
   type: list
   elements: dict
@@ -390,7 +397,8 @@ escalation:
     reset_ok, output, persistence_mode_restored), or could not be tried because a process that
     O(stop_units) does not allow to be stopped holds the GPU (reset_ok false, output naming it);
     with O(reload_modules), module_reload says what a reload of the driver's kernel modules did
-    after a reset the platform refused, or why it was not done; null otherwise.
+    after a reset the platform refused, or why it was not done; on a GPU with MIG, mig says what the
+    reset changed (the MIG mode applied, the instances gone); null otherwise.
   returned: always
   type: dict
 gpus:

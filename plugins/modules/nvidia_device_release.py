@@ -70,8 +70,18 @@ options:
         alone, since every CUDA process on the host holds those.
       - By default every holder of every matching node is stopped and every GPU is checked.
         An empty list is an error, not "no GPU".
+      - A MIG instance is named V(N:G) (GPU N, its GPU instance G, with each of its compute
+        instances), V(N:G:C) (compute instance C of it) or by its MIG UUID (C(MIG-...)). Its
+        holders are the processes that hold the caps node of its compute instance
+        (C(/dev/nvidia-caps/nvidia-capM), M from the driver's C(/proc/driver/nvidia/capabilities)),
+        found by device identity whatever O(devices) says, or that the driver places on it; a
+        process that holds only the parent's C(nvidiaN) (as every MIG process does) or a sibling
+        instance's node is not one. The instance is judged by its own memory and processes, and
+        never reset (a reset of its GPU would end the other instances).
+      - A whole GPU with MIG on means every instance of it. An instance the host does not have
+        is an error, before any signal.
     type: list
-    elements: int
+    elements: raw
   signals:
     description:
       - The signals sent in turn to each holder, waiting up to O(grace_period) after each one
@@ -850,6 +860,43 @@ escalation:
         stopped_by: null
         persistence_mode_off: [0, 1, 2, 3, 4, 5, 6, 7]
         persistence_mode_restored: true
+    mig:
+      description:
+        - What the reset did to the MIG of each reset GPU that had MIG enabled or a MIG mode change
+          pending, read before and after it as the driver reports it (nothing is recreated). A reset
+          applies a pending MIG mode, and GPU and compute instances do not survive it.
+        - The reasons of RV(escalation.reasons) include a MIG mode change that waited for a reset, and a
+          GPU with a MIG instance in use (a process on it, or its memory over O(memory_threshold_mib))
+          is never reset.
+      returned: when a reset was attempted on a GPU with MIG
+      type: list
+      elements: dict
+      contains:
+        index:
+          description: The GPU's index.
+          type: int
+        uuid:
+          description: The GPU's UUID.
+          type: str
+        before:
+          description: C(mode_current), C(mode_pending) and C(instances) (each with C(gpu_instance_id),
+            C(compute_instance_id), C(profile) and C(uuid), the MIG UUID) before the reset.
+          type: dict
+        after:
+          description: The same after the reset; null when it could not be read.
+          type: dict
+        changes:
+          description: What changed, in words (V(MIG mode disabled -> enabled), the instances gone by
+            GPU instance, compute instance and MIG UUID); V(MIG unchanged) for nothing.
+          type: list
+          elements: str
+      sample:
+        - index: 3
+          uuid: GPU-5e8d3f4a-1c2b-4d6e-8f90-a1b2c3d4e5f6
+          before: {mode_current: enabled, mode_pending: disabled, instances: [{gpu_instance_id: 7, compute_instance_id: 0,
+                   profile: 1g.18gb, uuid: MIG-240979d4-a82c-490c-8f64-7d2f8afa38ea}]}
+          after: {mode_current: disabled, mode_pending: disabled, instances: []}
+          changes: ['MIG mode enabled -> disabled', 'MIG instances gone: GI 7 CI 0 (MIG-240979d4-a82c-490c-8f64-7d2f8afa38ea)']
     bug_report:
       description: The C(nvidia-bug-report.sh) run after a failed reset (see O(bug_report_dir)).
       returned: when the reset failed and O(bug_report_dir) is set
@@ -898,6 +945,11 @@ gpus_before:
     memory_used_mib:
       description: Memory used in MiB, or null when not reported.
       type: int
+    mig_instance:
+      description: For a MIG instance in O(gpus), its GPU instance, compute instance and MIG
+        UUID (C(gpu_instance_id), C(compute_instance_id), C(uuid)); its C(index) is its GPU's.
+      type: dict
+      returned: for a MIG instance
   sample:
     - index: 0
       memory_used_mib: 76113
@@ -913,6 +965,11 @@ gpus_after:
     memory_used_mib:
       description: Memory used in MiB, or null when not reported.
       type: int
+    mig_instance:
+      description: For a MIG instance in O(gpus), its GPU instance, compute instance and MIG
+        UUID (C(gpu_instance_id), C(compute_instance_id), C(uuid)); its C(index) is its GPU's.
+      type: dict
+      returned: for a MIG instance
   sample:
     - index: 0
       memory_used_mib: 1
@@ -955,6 +1012,11 @@ gpu_states:
     memory_used_mib:
       description: Memory used in MiB, or null when not reported.
       type: int
+    mig_instance:
+      description: For a MIG instance in O(gpus), its GPU instance, compute instance and MIG
+        UUID (C(gpu_instance_id), C(compute_instance_id), C(uuid)); its C(index) is its GPU's.
+      type: dict
+      returned: for a MIG instance
   sample:
     - index: 0
       pci_bus_id: "00000000:18:00.0"

@@ -363,7 +363,12 @@ ansible_facts:
               (nvidia-smi C([N/A]), NVML not supported) or when the reader cannot tell (a warning says why).
             - With MIG enabled, the GPU's own RV(ansible_facts.nvidia_gpus[].utilization_gpu_pct) is null
               (the driver does not report it), and its memory and processes are those of all its instances.
-            - MIG is read, not acted on; the release and the reset still work on whole GPUs.
+            - A fault of the GPU (an Xid, the driver's recovery action, a pending row remapping, a lost GPU) is each
+              instance's (RV(ansible_facts.nvidia_gpus[].mig.instances[].health)). A MIG mode change that waits for a
+              reset is named in a warning.
+            - For a GPU the driver cannot read (lost), RV(ansible_facts.nvidia_gpus[].mig.mode_current) and
+              RV(ansible_facts.nvidia_gpus[].mig.mode_pending) are null and its MIG devices are those the driver's
+              C(/proc/driver/nvidia/capabilities/gpuN/mig) tree lists (without profile, UUID or memory); null when it lists none.
           type: dict
           contains:
             mode_current:
@@ -417,6 +422,21 @@ ansible_facts:
                   type: list
                   elements: str
                   sample: [/dev/nvidia1, /dev/nvidia-caps/nvidia-cap138, /dev/nvidia-caps/nvidia-cap139]
+                health:
+                  description:
+                    - A fault of the parent GPU is each of its MIG devices' fault (an Xid, the driver's recovery
+                      action, a pending row remapping, a lost or unreadable parent).
+                  type: dict
+                  contains:
+                    recovery_action:
+                      description: The parent's RV(ansible_facts.nvidia_gpus[].health.recovery_action).
+                      type: str
+                    parent_causes:
+                      description: Why the parent calls for it, in words (the driver's word, the Xids since the last
+                        cure, the parent's error); empty when it calls for nothing.
+                      type: list
+                      elements: str
+                      sample: [Xid 95 since the last cure]
       sample:
         - index: 0
           uuid: GPU-5c7f3c52-1f05-0d3c-1f4b-3f2a6c0e9b11

@@ -17,10 +17,15 @@ nvidia3 first, the first job gets SLURM_JOB_GPUS=0, as Slurm's current gres_comm
     nvidiaN for a simulated node, a regular file) -> the GPU the driver attached under that minor
     (/proc/driver/nvidia/gpus, read as the release reads it) -> that GPU's nvidia-smi index
 
-and the order of gres.conf never matters. What cannot be followed is a GresError naming the
-problem, never a guess: no gres.conf, AutoDetect (Slurm then orders the GPUs it finds itself),
-GPUs of several Type= on the node (slurmd groups them by type), MultipleFiles=, Include, a File=
-that is not a GPU's device node, a minor number no GPU has, and any line it cannot read.
+and the order of gres.conf never matters. A MIG instance is one GRES of a MultipleFiles= line
+(its GPU's node and its caps nodes, /dev/nvidia-caps/nvidia-capM) or of a File= naming a caps
+node: each caps node's minor M is found in the driver's /proc/driver/nvidia/capabilities tree
+(gpu<minor>/mig/gi<G>/access, .../ci<C>/access), which gives the instance as N:G (a GPU
+instance's node) or N:G:C (with its compute instance's). What cannot be followed is a GresError
+naming the problem, never a guess: no gres.conf, AutoDetect (Slurm then orders the GPUs it finds
+itself), GPUs of several Type= on the node (slurmd groups them by type), Include, a File= that is
+not a GPU's device node, a minor number no GPU has, a caps node the driver does not list, and any
+line it cannot read.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -32,8 +37,9 @@ import re
 import stat
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import check_device_node
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import check_device_node, nvidia_majors
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import DRIVER_GPUS, HostView, read_driver, under_root
+from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import CAPABILITIES, caps_minor
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import node_number
 
 DEFAULT_SLURM_CONF = '/etc/slurm/slurm.conf'
@@ -48,6 +54,9 @@ MAX_FILES = 1024
 KEYS = frozenset(('autodetect', 'count', 'cores', 'cpus', 'file', 'flags', 'links', 'multiplefiles', 'name',
                   'nodename', 'type'))
 RANGE_RE = re.compile(r'^([0-9]{1,9})(?:-([0-9]{1,9}))?$')
+CAPS_NODE_RE = re.compile(r'^nvidia-cap([0-9]{1,9})$')
+# In the driver's capabilities tree: gpu<minor>/mig/gi<G>/access and gpu<minor>/mig/gi<G>/ci<C>/access.
+CAPS_ACCESS_RE = re.compile(r'^gpu([0-9]+)/mig/gi([0-9]+)(?:/ci([0-9]+))?/access$')
 
 
 class GresError(ValueError):
@@ -176,7 +185,18 @@ def node_records(text, node):
 
 
 def gpu_files(text, node):
-    """The device nodes of node's GPUs as Slurm numbers them: the places of SLURM_JOB_GPUS."""
+    """The device node of each of node's GPUs as Slurm numbers them (the GPU's own node, nvidiaN,
+    of a MultipleFiles= GPU)."""
+    return [_gpu_node(place) for place in gpu_places(text, node)]
+
+
+def _gpu_node(place):
+    return next((path for path in place if node_number(path) is not None), place[0])
+
+
+def gpu_places(text, node):
+    """The device nodes of each of node's GPUs as Slurm numbers them: the places of SLURM_JOB_GPUS,
+    one node for each of File=, every node of a MultipleFiles= line."""
     records, autodetect = node_records(text, node)
     if autodetect and autodetect[1].lower() != 'off':
         raise GresError('gres.conf line %d: AutoDetect=%s, so Slurm orders the GPUs itself and gres.conf cannot '
@@ -189,7 +209,7 @@ def gpu_files(text, node):
                         'gres.conf does not tell' % (printable(node, 100), printable(', '.join(t or 'none' for t in types), 100)))
     files = []
     for number, fields in gpus:
-        files.extend(record_files(number, fields))
+        files.extend(record_places(number, fields))
         if len(files) > MAX_FILES:
             raise GresError('gres.conf gives %s more than %d GPUs' % (printable(node, 100), MAX_FILES))
     if not files:
@@ -197,20 +217,24 @@ def gpu_files(text, node):
     return files
 
 
-def record_files(number, fields):
-    """The device nodes of one Name=gpu line, each checked to be a path."""
+def record_places(number, fields):
+    """The GPUs of one Name=gpu line, each as the list of its device nodes, each checked to be a path:
+    one GPU per node of File=, one of all the nodes of MultipleFiles=."""
     where = 'gres.conf line %d' % number
-    if 'multiplefiles' in fields:
-        raise GresError('%s gives a GPU MultipleFiles=, which the hook cannot follow to one device node' % where)
-    if 'file' not in fields:
+    if 'multiplefiles' in fields and 'file' in fields:
+        raise GresError('%s gives both File= and MultipleFiles=, which Slurm refuses' % where)
+    if 'file' not in fields and 'multiplefiles' not in fields:
         raise GresError('%s lists GPUs without File=: Slurm counts them but names no device node' % where)
-    files = expand(fields['file'], '%s: File' % where)
-    if 'count' in fields and fields['count'] != str(len(files)):
+    key = 'file' if 'file' in fields else 'multiplefiles'
+    files = expand(fields[key], '%s: %s' % (where, 'File' if key == 'file' else 'MultipleFiles'))
+    if key == 'multiplefiles' and fields.get('count', '1') != '1':
+        raise GresError('%s: Count=%s, but a MultipleFiles= line is one GPU' % (where, printable(fields['count'], 20)))
+    if key == 'file' and 'count' in fields and fields['count'] != str(len(files)):
         raise GresError('%s: Count=%s is not the %d files of File=' % (where, printable(fields['count'], 20), len(files)))
     for path in files:
         if not os.path.isabs(path):
             raise GresError("%s: File '%s' is not an absolute path" % (where, printable(path, 100)))
-    return files
+    return [files] if key == 'multiplefiles' else [[path] for path in files]
 
 
 def node_minor(path):
@@ -276,28 +300,96 @@ def shared_gpu_indexes(node, path, host_root='/'):
     return sorted(found)
 
 
+def caps_by_minor(host_root='/'):
+    """{caps minor: (GPU minor, GPU instance, compute instance or None)} of every access file of the
+    driver's capabilities tree (see the module's doc); {} when there is none."""
+    base = under_root(CAPABILITIES, host_root)
+    found = {}
+    for top, dummy, names in os.walk(base):
+        if 'access' not in names:
+            continue
+        match = CAPS_ACCESS_RE.match(os.path.relpath(os.path.join(top, 'access'), base))
+        number = caps_minor(os.path.join(top, 'access')) if match else None
+        if number is not None:
+            found[number] = (int(match.group(1)), int(match.group(2)), None if match.group(3) is None else int(match.group(3)))
+    return found
+
+
+def caps_node_minor(path):
+    """The minor number of a caps node: st_rdev of the character device (of a major the driver
+    registered, nvidia-caps' being dynamic; or its fixed one), M of a simulated nvidia-capM (a
+    regular file)."""
+    problem = check_device_node(path, nvidia_majors() | set((NVIDIA_GPU_MAJOR,)))
+    if problem:
+        raise GresError("gres.conf's %s %s" % (printable(path, 200), problem))
+    mode = os.stat(path)
+    return os.minor(mode.st_rdev) if stat.S_ISCHR(mode.st_mode) else int(CAPS_NODE_RE.match(os.path.basename(path)).group(1))
+
+
+def is_caps_node(path):
+    return CAPS_NODE_RE.match(os.path.basename(path)) is not None
+
+
+def gpu_index(minor, indexes, what):
+    """The nvidia-smi index of the GPU of a minor number (indexes: index_by_minor)."""
+    if indexes is None:
+        return minor
+    if minor not in indexes:
+        raise GresError('%s, minor number %d, which no GPU the driver attached has (minor numbers %s)'
+                        % (what, minor, ', '.join(str(m) for m in sorted(indexes)) or 'none'))
+    return indexes[minor]
+
+
+def mig_instance(files, indexes, host_root='/'):
+    """(N:G or N:G:C, the GPU's minor number) of the MIG instance a GRES's device nodes name: its caps
+    nodes' minors found in the driver's capabilities tree, the GPU node (when one is given) its parent's."""
+    caps = caps_by_minor(host_root)
+    named, parents = [], set()
+    for path in files:
+        if not is_caps_node(path):
+            parents.add(node_minor(path))
+            continue
+        minor = caps_node_minor(path)
+        if minor not in caps:
+            raise GresError("gres.conf's %s, caps minor %d, is no MIG instance's node in the driver's %s"
+                            % (printable(path, 200), minor, under_root(CAPABILITIES, host_root)))
+        named.append(caps[minor])
+    gpus, gis = set(item[0] for item in named) | parents, set(item[:2] for item in named)
+    cis = set(item for item in named if item[2] is not None)
+    if len(gpus) != 1 or len(gis) != 1 or len(cis) > 1:
+        raise GresError("gres.conf's %s name%s no one MIG instance of one GPU" % (
+            printable(','.join(files), 300), '' if len(files) > 1 else 's'))
+    gpu, gi = gis.pop()
+    ci = cis.pop()[2] if cis else None
+    index = gpu_index(gpu, indexes, "gres.conf's %s is of the GPU" % printable(','.join(files), 300))
+    return '%d:%d%s' % (index, gi, '' if ci is None else ':%d' % ci), gpu
+
+
+def _place_gpu(place, files, indexes, host_root):
+    """(what the note says of one place of SLURM_JOB_GPUS, its GPU index or MIG instance)."""
+    if any(is_caps_node(path) for path in files):
+        ref, minor = mig_instance(files, indexes, host_root)
+        return '%d is %s (GPU minor %d), MIG instance %s' % (place, printable(','.join(files), 300), minor, ref), ref
+    minor = node_minor(files[0])
+    index = gpu_index(minor, indexes, "GPU %d is gres.conf's %s" % (place, printable(files[0], 200)))
+    return '%d is %s (minor %d), nvidia-smi GPU %d' % (place, printable(files[0], 200), minor, index), index
+
+
 def job_gpu_indexes(places, node, path, host_root='/'):
-    """(the nvidia-smi indexes of the job's GPUs, sorted; a line saying how they were found)
-    from places (SLURM_JOB_GPUS, a list of ints) and node's gres.conf at path."""
-    files = gpu_files(read_text(path), node)
+    """(the nvidia-smi indexes of the job's GPUs, sorted, then its MIG instances (N:G, N:G:C); a
+    line saying how they were found) from places (SLURM_JOB_GPUS, a list of ints) and node's
+    gres.conf at path."""
+    devices = gpu_places(read_text(path), node)
     indexes = index_by_minor(host_root)
     found = []
     for place in places:
-        if place >= len(files):
+        if place >= len(devices):
             raise GresError('Slurm gave the job GPU %d, but %s lists %d GPUs for %s (0-%d)'
-                            % (place, printable(path), len(files), printable(node, 100), len(files) - 1))
-        minor = node_minor(files[place])
-        if indexes is None:
-            found.append((place, files[place], minor, minor))
-            continue
-        if minor not in indexes:
-            raise GresError("GPU %d is gres.conf's %s, minor number %d, which no GPU the driver attached has "
-                            '(minor numbers %s)' % (place, printable(files[place], 200), minor,
-                                                    ', '.join(str(m) for m in sorted(indexes)) or 'none'))
-        found.append((place, files[place], minor, indexes[minor]))
-    note = 'SLURM_JOB_GPUS %s: %s' % (','.join(str(place) for place in places), '; '.join(
-        '%d is %s (minor %d), nvidia-smi GPU %d' % (item[0], printable(item[1], 200), item[2], item[3]) for item in found))
+                            % (place, printable(path), len(devices), printable(node, 100), len(devices) - 1))
+        found.append(_place_gpu(place, devices[place], indexes, host_root))
+    note = 'SLURM_JOB_GPUS %s: %s' % (','.join(str(place) for place in places), '; '.join(text for text, dummy in found))
     if indexes is None:
         note += ' (%s cannot be read: GPU N taken to be /dev/nvidiaN, as the release takes it)' % (
             under_root(DRIVER_GPUS, host_root))
-    return sorted(set(item[3] for item in found)), note
+    gpus = set(gpu for dummy, gpu in found)
+    return sorted(gpu for gpu in gpus if isinstance(gpu, int)) + sorted(gpu for gpu in gpus if not isinstance(gpu, int)), note

@@ -155,10 +155,15 @@ class Run:
         """The GPUs Slurm shares with other jobs, of the job the run is for."""
         return set((self.options.get('job') or {}).get('shared_gpus') or [])
 
+    def instances(self):
+        """The MIG instances in scope (gpus: N:G, N:G:C, MIG UUIDs)."""
+        return [gpu for gpu in self.options.get('gpus') or [] if not isinstance(gpu, int)]
+
     def probe_gpus(self):
-        """The GPUs to probe: those in scope but the shared ones, which other jobs may be using
-        (None: every GPU)."""
-        shared = self.shared_gpus()
+        """The GPUs to probe: those in scope but the shared ones, which other jobs may be using, and
+        the MIG instances (None: every GPU)."""
+        # A MIG instance is proven by the release's reading of it, not by a probe of its whole GPU.
+        shared = self.shared_gpus() | set(self.instances())
         if not shared:
             return self.options['gpus']
         scope = self.options['gpus']
@@ -229,9 +234,9 @@ def verify(run):
         return
     if run.error:
         return
-    if not release['released'] and run.shared_gpus():
+    if not release['released'] and (run.shared_gpus() or run.instances()):
         # A GPU other jobs use is judged for the job by the release alone: the GPU's own readings
-        # count the other jobs' processes and memory.
+        # count the other jobs' processes and memory (a MIG instance's, its siblings').
         run.error = '%s: %s' % (RELEASE, release.get('msg') or 'failed')
         return
     reads = VERIFY_READS if release['released'] else 1

@@ -32,6 +32,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     check_probe_mib,
     check_release_options,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import parse_gpu
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import max_drained_problem
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import SETTINGS_SPEC
@@ -139,6 +140,9 @@ def settings_problems(settings, name=None):
         except GpuopsError as exc:
             found.append(MODULE_OPTION_RE.sub(
                 lambda match: name(SETTING_OF_OPTION.get(match.group(1), match.group(1))), str(exc), count=1))
+    if options['gpus'] is not None and not found:
+        # As the release reads them: '3' is GPU 3, a MIG instance in one spelling.
+        options['gpus'] = [parse_gpu(gpu) for gpu in options['gpus']]
     try:
         check_job(options['job'])
     except GpuopsError as exc:

@@ -495,10 +495,11 @@ def hook_vars(args, gpus=None, job=None):
     return found
 
 
-def job_gpus(args, host_root):
-    """(the nvidia-smi indexes of the job's GPUs, None for every GPU; why they cannot be told, or
-    None): SLURM_JOB_GPUS through the node's gres.conf (plugin_utils/_gres.py), the mapping said
-    on stderr, for the hook's log."""
+def job_gpus(args, host_root, environ=None):
+    """(the nvidia-smi indexes of the job's GPUs and its MIG instances, None for every GPU; why they
+    cannot be told, or None): SLURM_JOB_GPUS through the node's gres.conf (plugin_utils/_gres.py),
+    or the MIG UUIDs of CUDA_VISIBLE_DEVICES when gres.conf cannot tell; the mapping said on
+    stderr, for the hook's log."""
     from ansible_collections.gpuops.nvidia.plugins.plugin_utils._gres import GresError, gres_conf_path, job_gpu_indexes
 
     if args.gpus is None:
@@ -507,9 +508,24 @@ def job_gpus(args, host_root):
         indexes, note = job_gpu_indexes(args.gpus, args.node, args.gres_conf or gres_conf_path(),
                                         host_root if isinstance(host_root, str) and host_root else '/')
     except GresError as exc:
-        return None, 'SLURM_JOB_GPUS=%s: %s' % (','.join(str(gpu) for gpu in args.gpus), exc)
+        problem = 'SLURM_JOB_GPUS=%s: %s' % (','.join(str(gpu) for gpu in args.gpus), exc)
+        instances = mig_uuids(environ)
+        if not instances:
+            return None, problem
+        indexes, note = instances, '%s; CUDA_VISIBLE_DEVICES names MIG instances %s, released as those' % (
+            problem, ','.join(instances))
     sys.stderr.write('gpu_reset: %s\n' % note)
     return indexes, None
+
+
+def mig_uuids(environ=None):
+    """The MIG UUIDs of CUDA_VISIBLE_DEVICES when it names only MIG instances (as slurmd sets it for
+    a MIG GRES), else []. The release finds them among the instances the driver lists, or fails."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import MIG_UUID_RE
+
+    environ = os.environ if environ is None else environ
+    names = [name.strip() for name in environ.get('CUDA_VISIBLE_DEVICES', '').split(',')]
+    return names if names != [''] and all(MIG_UUID_RE.match(name) for name in names) else []
 
 
 # -- the job the hook runs for, and the other jobs on the node ----------------------------------
@@ -552,7 +568,7 @@ def shared_gpus(args, gpus, host_root):
             sys.stderr.write('gpu_reset: which GPUs Slurm shares cannot be told (%s): taken as none\n' % exc)
             return []
         sys.stderr.write("gpu_reset: whether the job's GPUs are shared cannot be told (%s): taken as shared\n" % exc)
-        return list(gpus)
+        return [gpu for gpu in gpus if isinstance(gpu, int)]
     shared = [index for index in found if gpus is None or index in gpus]
     if shared:
         sys.stderr.write('gpu_reset: GPU %s shared with other jobs (gres.conf): only the job\'s own processes are '

@@ -21,7 +21,7 @@ PREFIX = 'gpu_reset_'
 
 SEQUENCE_SPEC = dict(
     devices=dict(type='list', elements='str', default=['/dev/nvidia*']),
-    gpus=dict(type='list', elements='int', default=None),
+    gpus=dict(type='list', elements='raw', default=None),
     backend=dict(type='str', choices=['auto', 'nvml', 'nvidia-smi'], default='auto'),
     nvidia_smi_path=dict(type='str', default='nvidia-smi'),
     host_root=dict(type='path', default='/'),

@@ -27,7 +27,8 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS
-from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpu_node_number, gpus_in_scope, no_such_gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import (
+    blocks, gpu_node_number, gpus_in_scope, instance_parent, no_such_gpus, parse_gpu)
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
 
 OUTCOMES = ('clean', 'released', 'would_release', 'failed')
@@ -39,6 +40,22 @@ class VerdictError(AnsibleFilterError):
     """Facts or a clean query the verdict cannot judge (also what the filters over it raise)."""
 
 
+def _parent_index(gpu, all_gpus, gpus):
+    """The index of a gpus entry: a GPU's, or a MIG instance's GPU (N:G, N:G:C, a MIG UUID among the mig facts)."""
+    parsed = parse_gpu(gpu)
+    if parsed is None:
+        raise VerdictError('gpu_scope: gpus must be a list of GPU indexes or MIG instances, got %r' % (list(gpus),))
+    if isinstance(parsed, int):
+        return parsed
+    parent = instance_parent(parsed)
+    if parent is None:
+        parent = next((item.get('index') for item in all_gpus for instance in (item.get('mig') or {}).get('instances') or []
+                       if instance.get('uuid') == parsed), None)
+    if parent is None:
+        raise VerdictError('gpu_scope: no GPU with MIG instance %s in the facts (read with mig: true)' % parsed)
+    return parent
+
+
 def gpu_scope(facts, gpus=None):
     """facts (of nvidia_gpu_facts) narrowed to the GPUs gpus (None: all) and their holders."""
     if not isinstance(facts, Mapping):
@@ -48,11 +65,8 @@ def gpu_scope(facts, gpus=None):
         return scoped
     if isinstance(gpus, (str, bytes)) or not hasattr(gpus, '__iter__'):
         raise VerdictError('gpu_scope: gpus must be a list of GPU indexes, got %r' % (gpus,))
-    try:
-        wanted = set(int(index) for index in gpus)
-    except (TypeError, ValueError):
-        raise VerdictError('gpu_scope: gpus must be a list of GPU indexes, got %r' % (list(gpus),))
     all_gpus = list(facts.get('nvidia_gpus') or [])
+    wanted = set(_parent_index(gpu, all_gpus, gpus) for gpu in gpus)
     known = set(gpu.get('index') for gpu in all_gpus if gpu.get('index') is not None)
     unknown = sorted(wanted - known)
     if unknown:
@@ -119,7 +133,8 @@ def report_escalation(escalation, allow_gpu_reset=False):
     reset), persistence_mode_off, reset_ok, output (what nvidia-smi said, as the module quotes
     it), persistence_mode_restored, fabric, problems (what the readings do not show),
     flr_refused (the GPUs whose reset the platform refused), module_reload (the driver's modules
-    reloaded instead, reset_reload_modules) and bug_report; None when no reset was allowed or attempted (check mode). A reset that the
+    reloaded instead, reset_reload_modules), mig (what the reset changed of each GPU's MIG) and
+    bug_report; None when no reset was allowed or attempted (check mode). A reset that the
     release could not attempt (a daemon it may not stop holds the GPU) is reported as failed, its
     output saying why."""
     if not allow_gpu_reset or not isinstance(escalation, Mapping):
@@ -137,7 +152,7 @@ def report_escalation(escalation, allow_gpu_reset=False):
     }
     if escalation.get('flr_refused'):
         report['flr_refused'] = list(escalation['flr_refused'])
-    for key in ('fabric', 'bug_report', 'quiesced', 'module_reload'):
+    for key in ('fabric', 'bug_report', 'quiesced', 'module_reload', 'mig'):
         if escalation.get(key) is not None:
             report[key] = escalation[key]
     return report
@@ -203,6 +218,8 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
             bool(used is None or over or held or reported), why,
             reset_remedy=_remedy(attempted, reset_ok, output, allow_gpu_reset, ';'),
             orphan_remedy=_remedy(attempted, reset_ok, output, allow_gpu_reset, ','), health=health)
+        if problem and (gpu.get('error') or health):
+            problem += _reason.parent_of_instances(gpu)
         if problem:
             lines.append(problem)
     blocking = set(s.get('pid') for s in survivors if s.get('gpus'))
@@ -410,7 +427,9 @@ def gpu_metrics(release, final, gpus_before, threshold, reboot_only=None):
         was = before.get(row['index'])
         free = row.get('state') == 'free'
         out.append({
-            'index': row['index'], 'pci_bus_id': row.get('pci_bus_id'), 'uuid': row.get('uuid'), 'state': row.get('state'),
+            # A MIG instance in scope is a row of its own, by its MIG UUID.
+            'index': row['index'], 'pci_bus_id': row.get('pci_bus_id'), 'state': row.get('state'),
+            'uuid': (row.get('mig_instance') or {}).get('uuid') or row.get('uuid'),
             'recovery_action': 'reboot' if row['index'] in reboot_only else row.get('recovery_action'),
             'orphaned_mib': used if row.get('state') == 'orphaned_memory' and used is not None else 0,
             'seconds_until_free': None if not free else 0 if was is not None and was <= threshold

@@ -85,6 +85,18 @@ def find(gpu, gi, ci=None):
     raise ValueError("GPU %d has no MIG instance GI %s%s" % (gpu["index"], gi, "" if ci is None else " CI %s" % ci))
 
 
+def reset(gpu):
+    """What a GPU reset does to a GPU's MIG state: the pending mode becomes the mode, and no GPU or
+    compute instance is left. NVIDIA's MIG user guide (Deployment Considerations,
+    https://docs.nvidia.com/datacenter/tesla/mig-user-guide/deployment-considerations.html): "Setting
+    MIG mode on the A100/A30 requires a GPU reset"; the GPU and compute instances are not persistent
+    across a reset or a reboot and have to be created again (what nvidia-mig-parted's service does at
+    boot)."""
+    if "mig" not in gpu:
+        return
+    gpu["mig"] = {"current": gpu["mig"]["pending"], "pending": gpu["mig"]["pending"], "instances": []}
+
+
 def caps_nodes(paths, gpu, dev):
     """The caps device nodes of a MIG device: its GPU instance's, then its compute instance's."""
     minor = gpu.get("minor", gpu["index"])

@@ -579,7 +579,10 @@ def apply_reset(paths, state, gpus):
         # And the pending page retirements (GPUs before Ampere).
         if faults.get("retired_pending", {}).get(str(g["index"])):
             faults["retired_pending"][str(g["index"])] = False
+        _mig.reset(g)
     write_json(paths.state, state)
+    if any("mig" in g for g in gpus):
+        _mig.write_caps(paths, state)
     for rec in load_records(paths):
         hit = reset.intersection(rec["gpus"]) - set(rec.get("reset_gpus", ()))
         if hit and rec.get("died_at") is not None:

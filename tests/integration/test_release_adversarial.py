@@ -368,7 +368,8 @@ def test_a_pid_the_driver_reported_that_was_recycled_is_never_signalled(gpuhost)
     reader, dummy = select_reader('nvidia-smi', gpuhost.smi_path, 10)
     recycling = RecyclingReader(reader, job['pid'], ['bash', '-c', 'echo ready; exec -a cron sleep 120'])
     options = ReleaseOptions(devices=[gpuhost.dev_glob], gpus=[0], protect=DEFAULT_PROTECT, timeout=3,
-                             grace_period=0.5, lock_file=os.path.join(gpuhost.root, 'release.lock'))
+                             grace_period=0.5, lock_file=os.path.join(gpuhost.root, 'release.lock'),
+                             state_dir=gpuhost.state_dir)  # the host's own, not the machine's /run/gpuops
     result = Release(recycling, options, signaller=Signaller(lambda line: None)).run()
     assert recycling.newcomer.poll() is None
     assert result.signalled == []

@@ -338,7 +338,7 @@ def test_orphaned_memory_with_escalation_resets_and_restores_persistence(fleet):
     # nvidia-persistenced lets the GPU go for the reset itself: nothing is stopped for it.
     assert escalation.pop('quiesced') == {'held_by': [], 'to_stop': [], 'mps_to_quit': False, 'refusal': None,
                                           'stopped': [], 'started': [], 'active_after': {}, 'mps_quit': False,
-                                          'problems': []}
+                                          'problems': [], 'host_engines': []}
     assert escalation == {'gpus': [1], 'reasons': [{'index': 1, 'reasons': ['orphaned memory']}],
                           'persistence_mode_off': [1], 'reset_ok': True, 'persistence_mode_restored': True,
                           'problems': [], 'fabric': [{'index': 1, 'state': '[N/A]', 'status': '[N/A]', 'ok': True,

@@ -164,7 +164,7 @@ class SlurmBench:
     """One Slurm node (munged + slurmctld + slurmd) in directory, all started by this process."""
 
     def __init__(self, directory, prolog=None, epilog=None, include=None, gpus=8, prolog_epilog_timeout=30,
-                 extra=(), gres_order=None, shards=0, proctrack='linuxproc'):
+                 extra=(), gres_order=None, shards=0, proctrack='linuxproc', gres_conf=None):
         """prolog, epilog: the scripts; include: a file of slurm.conf lines (the hooks' own, with
         their PrologEpilogTimeout); prolog_epilog_timeout: Slurm's, when include is None; extra:
         more slurm.conf lines (a RebootProgram); gres_order: the numbers N of the device nodes
@@ -172,7 +172,10 @@ class SlurmBench:
         numbers the GPUs. shards: gres/shard's shares of each GPU (0: none), a line of gres.conf
         each (Slurm 22.05 gives a job of one GPU's shards a SLURM_JOB_GPUS that is no GPU of it
         when only some GPUs have shards); proctrack: Slurm's process tracking, linuxproc (by parent pid) or cgroup (the
-        job's processes in the cgroup v1 freezer hierarchy, /slurm/uid_U/job_N/...)."""
+        job's processes in the cgroup v1 freezer hierarchy, /slurm/uid_U/job_N/...); gres_conf: the
+        Name=gpu lines of gres.conf instead (gpus of them, as MIG instances' MultipleFiles= lines
+        name them), {gres_dir} in it the directory of the device nodes: there each MIG caps node
+        nvidia-caps/nvidia-capM it names is a character device of minor M."""
         self.dir = os.path.abspath(str(directory))
         self.prolog = prolog
         self.epilog = epilog
@@ -183,6 +186,7 @@ class SlurmBench:
         self.gres_order = list(gres_order) if gres_order is not None else None
         self.shards = shards
         self.proctrack = proctrack
+        self.gres_text = gres_conf
         self.node = socket.gethostname().split('.')[0]
         self.conf = os.path.join(self.dir, 'slurm.conf')
         self.munge_dir = os.path.join(self.dir, 'munge')
@@ -249,6 +253,10 @@ class SlurmBench:
         for index in range(self.gpus):
             os.mknod(os.path.join(self.gres_dir, 'nvidia%d' % index), stat.S_IFCHR | 0o666,
                      os.makedev(NVIDIA_MAJOR, index))
+        for minor in re.findall(r'/nvidia-caps/nvidia-cap([0-9]+)\b', self._gres_conf()):
+            os.makedirs(os.path.join(self.gres_dir, 'nvidia-caps'), exist_ok=True)
+            os.mknod(os.path.join(self.gres_dir, 'nvidia-caps', 'nvidia-cap%s' % minor), stat.S_IFCHR | 0o666,
+                     os.makedev(NVIDIA_MAJOR, int(minor)))
         with open(os.path.join(self.dir, 'gres.conf'), 'w') as handle:
             handle.write(self._gres_conf())
             for index in range(self.gpus if self.shards else 0):
@@ -264,6 +272,8 @@ class SlurmBench:
     def _gres_conf(self):
         """gres.conf: the device nodes in gres_order, written three ways (a line of the node's own,
         a bracketed range, a list) around a comment and a line for another node."""
+        if self.gres_text is not None:
+            return self.gres_text.format(gres_dir=self.gres_dir)
         if self.gres_order is None:
             return 'Name=gpu File=%s/nvidia[0-%d]\n' % (self.gres_dir, self.gpus - 1)
         first, middle, rest = self.gres_order[:1], self.gres_order[1:4], self.gres_order[4:]

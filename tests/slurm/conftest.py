@@ -202,7 +202,7 @@ def host_minors():
 
 @pytest.fixture(scope='module')
 def bench_options():
-    """More options of the SlurmBench (a test file overrides this): shards, proctrack."""
+    """More options of the SlurmBench (a test file overrides this): shards, proctrack, gpus, gres_conf."""
     return {}
 
 

@@ -347,8 +347,8 @@ def test_what_waiting_cannot_fix_fails_at_once_and_signals_nothing(gpuhost, run,
         gpuhost.fault('driver-not-loaded')
     started = time.monotonic()
     with pytest.raises(GpuopsError, match='nothing was signalled') as failure:
-        run(smi_path=smi_path, timeout=30)
-    assert time.monotonic() - started < 10  # not the 30 s timeout
+        run(smi_path=smi_path, timeout=60)
+    assert time.monotonic() - started < 30  # not the 60 s timeout, whatever the load
     assert ('nvidia-smi not found' if fault == 'missing' else 'driver') in str(failure.value)
     assert alive(info['pid']) and run.logged == []
 
@@ -357,18 +357,18 @@ def test_lost_gpu_fails_at_once_once_its_holders_are_gone(gpuhost, run):
     gpuhost.hold(gpus=[0], mib=1024)
     gpuhost.fault('lost', gpu=2)
     started = time.monotonic()
-    result = run(timeout=20)
-    assert time.monotonic() - started < 10
+    result = run(timeout=60)
+    assert time.monotonic() - started < 30  # not the timeout, whatever the load
     assert result.changed is True and result.released is False
     assert result.failure.startswith('GPUs not released: GPU 2 lost or unreadable (Unable to determine')
     assert 'GPU 0' not in result.failure
 
 
 def test_hung_nvidia_smi_is_bounded_by_the_timeout(gpuhost, run):
-    gpuhost.fault('hang', seconds=30)
+    gpuhost.fault('hang', seconds=60)
     started = time.monotonic()
     result = run(timeout=3)
-    assert time.monotonic() - started < 10  # not the hang's 30 s
+    assert time.monotonic() - started < 30  # not the hang's 60 s
     assert result.released is False and 'did not answer' in result.failure
 
 
@@ -394,7 +394,7 @@ def test_a_process_the_driver_reports_but_that_holds_no_node_is_never_signalled(
     reported = spawn([])  # holds no device node at all: the driver's word alone is no proof
     reader, dummy = select_reader('auto', gpuhost.smi_path, 10)
     options = ReleaseOptions([gpuhost.dev_glob], gpus=[2], protect=DEFAULT_PROTECT, timeout=3, grace_period=0.5,
-                             lock_file=str(tmp_path / 'lock'))
+                             lock_file=str(tmp_path / 'lock'), state_dir=gpuhost.state_dir)
     result = Release(ReportingReader(reader, 2, reported.pid), options, signaller=Signaller(lambda msg: None)).run()
     assert result.signalled == [] and alive(reported.pid)
     assert result.released is False
@@ -476,8 +476,8 @@ def test_orphaned_memory_fails_once_the_driver_would_have_freed_it(gpuhost, tmp_
         gpuhost.hold(gpus=[3], mib=8192, leak=True)
     started = time.monotonic()
     result, dummy = counted_release(gpuhost, tmp_path, timeout=60)
-    # ORPHAN_WAIT_S (5 s) after the first read that found the memory held by no process, not the timeout.
-    assert time.monotonic() - started < 10
+    # ORPHAN_WAIT_S (5 s) after the first read that found the memory held by no process, not the 60 s timeout.
+    assert time.monotonic() - started < 30
     assert result.released is False and result.orphaned_gpus == [3]
     assert result.failure.startswith('GPUs not released: GPU 3: 8193 MiB held with no process left (orphaned memory')
     assert 'it stayed held by no process for 5.0 s, longer than a driver takes' in result.failure
@@ -489,7 +489,7 @@ def test_orphaned_memory_is_reset_once_the_driver_would_have_freed_it(gpuhost, t
     started = time.monotonic()
     result, calls = counted_release(gpuhost, tmp_path, timeout=60, reset_orphaned=True)
     # Before: the wait for the driver ended where the reset's third of the timeout began (39 s).
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # far from 39 s, whatever the load
     assert result.escalation['ok'] is True and result.released is True and result.orphaned_gpus == []
     # The read after the reset is a full one: the GPU's health is read again.
     assert calls.count('--query-remapped-rows') == 2, calls

@@ -81,7 +81,9 @@ def test_a_node_of_its_own_may_turn_autodetect_off():
     ('NodeName=gpu07 AutoDetect=nvml Name=gpu File=/dev/nvidia0\n', 'line 1: AutoDetect=nvml, so'),
     ('Name=gpu Type=a File=/dev/nvidia0\nName=gpu Type=b File=/dev/nvidia1\n', 'GPUs of several types \\(a, b\\)'),
     ('Name=gpu File=/dev/nvidia0\nName=gpu Type=b File=/dev/nvidia1\n', 'GPUs of several types \\(none, b\\)'),
-    ('Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap1\n', 'line 1 gives a GPU MultipleFiles='),
+    ('Name=gpu File=/dev/nvidia0 MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap1\n',
+     'line 1 gives both File= and MultipleFiles='),
+    ('Name=gpu Count=2 MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap1\n', 'line 1: Count=2, but a MultipleFiles= line is one GPU'),
     ('Name=gpu Count=4\n', 'line 1 lists GPUs without File='),
     ('Name=gpu Count=3 File=/dev/nvidia[0-1]\n', 'line 1: Count=3 is not the 2 files of File='),
     ('Name=gpu File=nvidia0\n', "line 1: File 'nvidia0' is not an absolute path"),
@@ -201,3 +203,53 @@ def test_a_shared_gpu_that_is_no_gpu_of_the_host_is_refused(shuffled):
         handle.write('Name=shard Count=8 File=%s/dev/nvidia-uvm\n' % host.root)
     with pytest.raises(GresError, match="nvidia-uvm is not a GPU's device node"):
         shared_gpu_indexes('gpu07', path, host.root)
+
+
+@pytest.fixture
+def mig_host(gpuhost_factory, tmp_path):
+    """GPU index 1 (minor 0) split in two 1g instances, GI 7 and GI 8; GPU index 0 is minor 1, whole."""
+    host = gpuhost_factory(gpus=2, minors=[1, 0])
+    host.mig(1, ['1g.18gb', '1g.18gb'])
+    return host, tmp_path / 'gres.conf'
+
+
+def caps(host, gi, ci=None):
+    from gpusim.mig import ci_minor, gi_minor
+    return '%s/dev/nvidia-caps/nvidia-cap%d' % (host.root, gi_minor(0, gi) if ci is None else ci_minor(0, gi, ci))
+
+
+def test_a_mig_gres_is_its_instance_by_the_minors_of_its_caps_nodes(mig_host):
+    host, path = mig_host
+    # As Slurm's AutoDetect=nvml writes them (the GPU's node, the GI's and the CI's caps nodes), after a whole GPU.
+    lines = ['Name=gpu Type=1g.18gb File=%s/dev/nvidia1\n' % host.root]
+    lines += ['Name=gpu Type=1g.18gb MultipleFiles=%s/dev/nvidia0,%s,%s\n' % (host.root, caps(host, gi), caps(host, gi, 0)) for gi in (8, 7)]
+    path.write_text(''.join(lines))
+    assert job_gpu_indexes([1], 'gpu07', str(path), host.root)[0] == ['1:8:0']
+    indexes, note = job_gpu_indexes([0, 2], 'gpu07', str(path), host.root)
+    assert indexes == [0, '1:7:0']
+    assert note.endswith('2 is %s/dev/nvidia0,%s,%s (GPU minor 0), MIG instance 1:7:0' % (host.root, caps(host, 7), caps(host, 7, 0)))
+
+
+def test_a_gres_of_a_gpu_instances_node_alone_is_the_gpu_instance(mig_host):
+    host, path = mig_host
+    # As sites write it from the GI's access file (samples/mig/capabilities_access.txt), and a File= caps node.
+    path.write_text('Name=gpu MultipleFiles=%s/dev/nvidia0,%s\nName=gpu File=%s\n' % (host.root, caps(host, 7), caps(host, 8)))
+    assert job_gpu_indexes([0, 1], 'gpu07', str(path), host.root)[0] == ['1:7', '1:8']
+
+
+@pytest.mark.parametrize('files, message', [
+    ('{root}/dev/nvidia1,{gi7}', 'name no one MIG instance of one GPU'),
+    ('{gi7},{gi8}', 'name no one MIG instance of one GPU'),
+    ('{root}/dev/nvidia-caps/nvidia-cap999', 'caps minor 999, is no MIG instance'),
+    ('{root}/dev/nvidia-caps/nvidia-cap1000', 'nvidia-cap1000 cannot be read'),
+    ('{root}/dev/nvidia0,{root}/etc/passwd', 'is not named like an NVIDIA device node'),
+])
+def test_a_mig_gres_that_names_no_one_instance_is_refused(mig_host, files, message):
+    host, path = mig_host
+    os.makedirs(os.path.join(host.root, 'etc'), exist_ok=True)
+    open(os.path.join(host.root, 'etc', 'passwd'), 'w').close()
+    open(os.path.join(host.root, 'dev', 'nvidia-caps', 'nvidia-cap999'), 'w').close()
+    named = files.format(root=host.root, gi7=caps(host, 7), gi8=caps(host, 8))
+    path.write_text('Name=gpu MultipleFiles=%s,%s\n' % (named, caps(host, 7, 0)))
+    with pytest.raises(GresError, match=message):
+        job_gpu_indexes([0], 'gpu07', str(path), host.root)

@@ -27,7 +27,7 @@ def role_name(option):
     ('timeout', '5s', "gpu_reset_timeout is '5s', expected a number"),
     ('memory_threshold_mib', '1.5', "gpu_reset_memory_threshold_mib is '1.5', expected a whole number"),
     ('backend', 'nvml2', "gpu_reset_backend is 'nvml2', expected one of auto, nvml, nvidia-smi"),
-    ('gpus', [0, 'two'], "gpu_reset_gpus is [0, 'two'], expected a list of whole numbers"),
+    ('gpus', {'gpu': 0}, "gpu_reset_gpus is {'gpu': 0}, expected a list"),
     ('allow_gpu_reset', 'maybe', "gpu_reset_allow_gpu_reset is 'maybe', expected true or false"),
     ('drain_command', {'argv': 'x'}, "gpu_reset_drain_command is {'argv': 'x'}, expected a list of strings"),
 ])
@@ -53,7 +53,7 @@ def test_a_list_given_as_text_in_brackets_is_told_how_to_give_it(name, value, gi
     ('timeout', '5', 5.0),            # -e gives text; Ansible converts it
     ('timeout', 2.5, 2.5),
     ('allow_gpu_reset', 'yes', True),
-    ('gpus', '0,2', [0, 2]),           # a list given as text, as Ansible splits it
+    ('gpus', '0,2', ['0', '2']),       # a list given as text, as Ansible splits it (the release's rules read '0' as GPU 0)
     ('gpus', None, None),              # not set
     ('timeout', None, 60),             # not set: the default
 ])
@@ -86,7 +86,9 @@ def test_a_wrong_type_ends_the_check_before_the_release_rules():
     (dict(devices=[]), 'gpu_reset_devices must name at least one device node glob'),
     (dict(devices=['nvidia*']), "gpu_reset_devices: 'nvidia*' is not an absolute path"),
     (dict(gpus=[]), 'gpu_reset_gpus: name at least one GPU index'),
-    (dict(gpus=['two']), "gpu_reset_gpus is ['two'], expected a list of whole numbers"),
+    (dict(gpus=['two']), "gpu_reset_gpus: 'two' is not a GPU index, N:G (GPU N, its GPU instance G), N:G:C"),
+    (dict(gpus=['0:x']), "gpu_reset_gpus: '0:x' is not a GPU index"),
+    (dict(gpus=['MIG']), "gpu_reset_gpus: 'MIG' is not a GPU index"),
     (dict(clean_query='  '), 'gpu_reset_clean_query must be a JMESPath expression or null, it is empty'),
     (dict(on_failure='drain', drain_command=[]), 'gpu_reset_drain_command is empty'),
     (dict(timeout=1), 'gpu_reset_timeout must be at least 2.0 s'),
@@ -105,7 +107,10 @@ def test_each_problem_is_named_once(settings, problem):
                 gpus=None, clean_query=None, on_failure='fail', drain_command=['true'])
     assert settings_problems(good, role_name)[1] == []
     # Extra variables (-e) arrive as text.
-    assert settings_problems(dict(good, timeout='60', memory_threshold_mib='32', gpus=['1']), role_name)[1] == []
+    options, found = settings_problems(dict(good, timeout='60', memory_threshold_mib='32', gpus=['1']), role_name)
+    assert found == [] and options['gpus'] == [1]
+    assert settings_problems(dict(good, gpus=[0, '1', '2:07', ' 2:3:0 ', 'MIG-5c4e1b4a-21b1-5a0c-9c6f-1f6bdfbd2d85']),
+                             role_name)[1] == []
     found = settings_problems(dict(good, **settings), role_name)[1]
     assert len(found) == 1 and problem in found[0]
 
@@ -174,5 +179,7 @@ def test_a_setting_passed_to_a_module_is_declared_as_the_module_declares_it(modu
     for option in passed:
         ours, theirs = SETTINGS_SPEC[option], module_spec[option]
         for key in ('type', 'elements', 'choices', 'default'):
+            if (module, option, key) == ('nvidia_gpu_probe', 'gpus', 'elements'):
+                continue  # the sequence probes whole GPUs only (probe_gpus): indexes, never MIG instances
             assert ours.get(key, 'str' if key == 'type' else None) == theirs.get(key, 'str' if key == 'type' else None), \
                 (module, option, key)

@@ -840,6 +840,18 @@ def test_an_xid_that_calls_for_a_reset_gets_one_through_the_hook_where_allowed(g
     assert 'GPU 3 needs a GPU reset (Xid 119 since the last cure; set gpu_reset_allow_gpu_reset to allow it)' in command[3]
 
 
+def test_an_xid_of_a_gpu_with_mig_drains_naming_the_gpu_and_its_instances(gpuhost, hook):
+    layout = gpuhost.mig(3, ['1g.18gb', '2g.35gb'])
+    gpuhost.fault('xid', gpu=3, code=119)
+    rc, report, command = hook('--timeout', '8', gpu_reset_kernel_log=gpuhost.kernel_log)
+    assert rc == _slurm_hook.RUNNER_DRAINED and command[:3] == ['update', 'nodename=gpu07', 'state=drain'], report
+    # The ids within the drain reason's length; the report has the MIG UUIDs too.
+    assert command[3].startswith('reason=gpu_reset: GPU 3 needs a GPU reset (Xid 119 since the last cure; set '
+                                 'gpu_reset_allow_gpu_reset to allow it); GPU 3 is the parent of MIG instance GI 3 CI 0, '
+                                 'GI 7 CI 0, each affected'), command
+    assert '(%s)' % ', '.join(dev['uuid'] for dev in layout['instances']) in report['reason']
+
+
 def test_a_hold_is_drained_with_its_own_prefix_and_never_healed(slurm, tmp_path, monkeypatch):
     # The host booted a minute after the reboot was asked for, and the GPU is lost again: whatever
     # the machine's own uptime, ask_reboot drains the node for a person.
@@ -1013,3 +1025,44 @@ def test_the_hold_threshold_is_a_setting_checked_before_anything_is_done(gpuhost
     rc, report, drained = hook('--timeout', '10', gpu_reset_allow_gpu_reset=True, gpu_reset_hold_after_cures=0)
     assert rc == _slurm_hook.RUNNER_DRAINED and 'gpu_reset_hold_after_cures must be between 1 and 100' in report['reason']
     assert report['escalation'] is None
+
+
+# -- a job on a MIG instance --------------------------------------------------------------------
+
+def mig_gres_conf(host, devices):
+    """gres.conf as Slurm's AutoDetect=nvml writes a MIG GPU: per instance the GPU's node and the caps
+    nodes of its GPU and compute instance."""
+    from gpusim.mig import ci_minor, gi_minor
+    caps = '%s/dev/nvidia-caps/nvidia-cap%%d' % host.root
+    return ''.join('Name=gpu Type=1g.18gb MultipleFiles=%s,%s,%s\n' % (
+        host.dev_path(0), caps % gi_minor(0, dev['gi']), caps % ci_minor(0, dev['gi'], dev['ci'])) for dev in devices)
+
+
+@pytest.mark.parametrize('told_by', ['gres.conf', 'CUDA_VISIBLE_DEVICES'])
+def test_the_epilog_of_a_mig_job_frees_its_instance_and_leaves_the_sibling_alone(gpuhost, hook, tmp_path, monkeypatch, told_by):
+    devices = gpuhost.mig(0, ['1g.18gb', '1g.18gb'])['instances']
+    job = gpuhost.hold(gpus='0', mib=3000, mig=devices[1]['gi'])
+    sibling = gpuhost.hold(gpus='0', mib=5000, mig=devices[0]['gi'])
+    if told_by == 'gres.conf':
+        (tmp_path / 'gres.conf').write_text(mig_gres_conf(gpuhost, devices))
+    else:
+        # A gres.conf the hook cannot follow: slurmd's CUDA_VISIBLE_DEVICES names the instance.
+        (tmp_path / 'gres.conf').write_text('AutoDetect=nvml\n')
+        monkeypatch.setenv('CUDA_VISIBLE_DEVICES', devices[1]['uuid'])
+    rc, report, drained = hook('--gpus', '1', '--timeout', '8')
+    assert (rc, report['outcome'], drained) == (0, 'released', None), report
+    assert [p['pid'] for p in report['signalled']] == [job['pid']]
+    assert gone(job['pid']) and alive(sibling['pid'])
+    assert [gpu['mig_instance']['uuid'] for gpu in report['gpus_after']] == [devices[1]['uuid']]
+    # The instance is proven by the release's reading of it; the probe of GPU 0 would meet the sibling.
+    assert not (report.get('probe') or {}).get('gpus')
+
+
+def test_a_mig_job_whose_instance_is_gone_is_a_clear_failure(gpuhost, hook, tmp_path, monkeypatch):
+    gpuhost.mig(0, ['1g.18gb'])
+    (tmp_path / 'gres.conf').write_text('AutoDetect=nvml\n')
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', 'MIG-00000000-0000-0000-0000-000000000000')
+    rc, report, drained = hook('--gpus', '0', '--timeout', '5')
+    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert 'no MIG instance MIG-00000000-0000-0000-0000-000000000000 on this host' in report['reason'], report['reason']
+    assert report['signalled'] == []

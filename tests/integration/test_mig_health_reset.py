@@ -1,0 +1,134 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""MIG: a fault of the parent GPU reaches every instance, and a GPU reset with MIG (gpusim's
+nvidia-smi -r applies the pending mode and drops the instances, as NVIDIA documents it)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from adhoc import run_module
+from gpusim.state import is_alive as alive
+
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import verdict
+
+
+def run_facts(host):
+    return run_module('nvidia_gpu_facts', dict(nvidia_smi_path=host.smi_path, host_root=host.root,
+                                               kernel_log=host.kernel_log, state_dir=host.state_dir))
+
+
+def run_release(host, tmp_path, **options):
+    args = dict(nvidia_smi_path=host.smi_path, host_root=host.root, kernel_log=host.kernel_log,
+                state_dir=host.state_dir, lock_file=str(tmp_path / 'release.lock'), grace_period=0.3, timeout=30)
+    args.update(options)
+    return run_module('nvidia_device_release', args)
+
+
+def instances_of(result, index):
+    return result['ansible_facts']['nvidia_gpus'][index]['mig']['instances']
+
+
+def test_an_xid_of_the_parent_marks_every_instance_and_the_reason_names_them(gpuhost):
+    gpuhost.mig(3, ['1g.18gb', '2g.35gb'])
+    gpuhost.fault('xid', gpu=3, code=95, gpu_instance=7)
+    result, proc = run_facts(gpuhost)
+    assert proc.returncode == 0, proc.stdout
+    instances = instances_of(result, 3)
+    assert [i['health']['recovery_action'] for i in instances] == ['reset_gpu', 'reset_gpu']
+    assert all('Xid 95 since the last cure' in i['health']['parent_causes'] for i in instances)
+    report = verdict('node1', facts=result)
+    assert report['outcome'] == 'failed'
+    assert 'GPU 3 needs a GPU reset (Xid 95 since the last cure' in report['reason']
+    assert 'GPU 3 is the parent of MIG instance GI 3 CI 0, GI 7 CI 0, each affected (%s, %s)' % (
+        instances[0]['uuid'], instances[1]['uuid']) in report['reason']
+
+
+def test_a_pending_remap_and_the_drivers_recovery_action_mark_every_instance(gpuhost_factory):
+    host = gpuhost_factory(driver_version='570.172.08')  # the driver's recovery action is read from 565 on
+    host.mig(2, ['3g.71gb'])
+    host.mig(5, ['1g.18gb'])
+    host.fault('remap', gpu=2, pending=True, uncorrectable=1)
+    host.fault('recovery', gpu=5, value='reboot')
+    result, proc = run_facts(host)
+    assert proc.returncode == 0, proc.stdout
+    assert instances_of(result, 2)[0]['health'] == {'recovery_action': 'reset_gpu', 'parent_causes': ['remapped rows pending']}
+    assert instances_of(result, 5)[0]['health']['recovery_action'] == 'reboot'
+
+
+def test_a_lost_parent_marks_the_instances_the_driver_lists(gpuhost):
+    gpuhost.mig(4, ['1g.18gb', '1g.18gb'])
+    gpuhost.fault('lost', gpu=4, message='lost')
+    result, proc = run_facts(gpuhost)
+    assert proc.returncode == 0, proc.stdout
+    lost = [gpu for gpu in result['ansible_facts']['nvidia_gpus'] if gpu['state'] == 'lost'][0]
+    assert lost['mig']['mode_current'] is None
+    instances = lost['mig']['instances']
+    assert [(i['gpu_instance_id'], i['compute_instance_id'], i['uuid']) for i in instances] == [(7, 0, None), (8, 0, None)]
+    assert all(i['health']['recovery_action'] == 'reboot' and 'GPU is lost' in ' '.join(i['health']['parent_causes'])
+               for i in instances)
+    assert all(len(i['device_nodes']) == 3 for i in instances)
+    reason = verdict('node1', facts=result)['reason']
+    assert reason.endswith('is the parent of MIG instance GI 7 CI 0, GI 8 CI 0, each affected')
+
+
+def test_a_pending_mode_change_is_reported_and_left_without_reset_orphaned(gpuhost, tmp_path):
+    gpuhost.mig(1, [], mode='disabled', pending='enabled')
+    result, proc = run_facts(gpuhost)
+    assert proc.returncode == 0, proc.stdout
+    assert 'GPU 1: MIG mode disabled -> enabled pending; it takes effect at the next GPU reset' in result['warning_text']
+    result, proc = run_release(gpuhost, tmp_path)
+    assert proc.returncode == 0, proc.stdout
+    assert result['released'] is True and result['escalation'] is None
+    assert gpuhost.state['gpus'][1]['mig']['current'] == 'Disabled'
+
+
+def test_a_reset_applies_the_pending_mode_and_says_what_it_did_to_the_instances(gpuhost, tmp_path):
+    before = gpuhost.mig(3, ['1g.18gb', '2g.35gb'], pending='disabled')
+    gpuhost.mig(6, [], mode='disabled', pending='enabled')
+    result, proc = run_release(gpuhost, tmp_path, reset_orphaned=True)
+    assert proc.returncode == 0, proc.stdout
+    escalation = result['escalation']
+    assert escalation['ok'] is True and escalation['gpus'] == [3, 6]
+    assert [entry['reasons'] for entry in escalation['reasons']] == [['MIG mode enabled -> disabled pending'],
+                                                                     ['MIG mode disabled -> enabled pending']]
+    three, six = escalation['mig']
+    gone = ', '.join('GI %d CI 0 (%s)' % (dev['gi'], dev['uuid']) for dev in before['instances'])
+    assert three['changes'] == ['MIG mode enabled -> disabled', 'MIG instances gone: %s' % gone]
+    assert three['after'] == {'mode_current': 'disabled', 'mode_pending': 'disabled', 'instances': []}
+    assert [i['uuid'] for i in three['before']['instances']] == [dev['uuid'] for dev in before['instances']]
+    assert six['changes'] == ['MIG mode disabled -> enabled'] and six['after']['instances'] == []
+    assert 'GPU 3: MIG mode enabled -> disabled; MIG instances gone: ' in escalation['message']
+    # The driver's word afterwards: nothing was recreated.
+    assert [gpu['mig']['current'] for gpu in gpuhost.state['gpus'] if 'mig' in gpu] == ['Disabled', 'Enabled']
+    report = verdict('node1', release=result, allow_gpu_reset=True)
+    assert report['outcome'] == 'released' and report['escalation']['mig'] == escalation['mig']
+
+
+def test_a_gpu_with_an_instance_in_use_is_never_reset(gpuhost, tmp_path):
+    layout = gpuhost.mig(3, ['1g.18gb', '2g.35gb'], pending='disabled')
+    gpuhost.fault('xid', gpu=3, code=95)
+    daemon = gpuhost.hold(gpus=[3], mib=700, mig=7, name='nv-hostengine', daemon=True)
+    result, proc = run_release(gpuhost, tmp_path, reset_orphaned=True, wait=False)
+    assert proc.returncode != 0 and result['released'] is False
+    on_seven = [dev for dev in layout['instances'] if dev['gi'] == 7][0]
+    assert 'GPU 3 needs a reset (Xid 95 since the last cure), not attempted: MIG instance in use: GI 7 CI 0 (%s) ' \
+           '[pid %d, 700 MiB used]' % (on_seven['uuid'], daemon['pid']) in result['msg']
+    assert result['escalation'] is None and alive(daemon['pid'])
+    assert gpuhost.state['gpus'][3]['mig']['current'] == 'Enabled'
+    assert len(gpuhost.state['gpus'][3]['mig']['instances']) == 2
+
+
+def test_the_mig_layout_around_a_reset_is_read_through_nvml_too(gpuhost, tmp_path):
+    gpuhost.install_nvml()
+    before = gpuhost.mig(2, ['3g.71gb'], pending='disabled')
+    result, proc = run_module('nvidia_device_release', dict(
+        backend='nvml', nvidia_smi_path=gpuhost.smi_path, host_root=gpuhost.root, state_dir=gpuhost.state_dir,
+        lock_file=str(tmp_path / 'release.lock'), timeout=30, reset_orphaned=True), env=gpuhost.env(nvml=True))
+    assert proc.returncode == 0, proc.stdout
+    entry = result['escalation']['mig'][0]
+    assert (entry['index'], entry['before']['instances'][0]['uuid']) == (2, before['instances'][0]['uuid'])
+    assert entry['changes'] == ['MIG mode enabled -> disabled', 'MIG instances gone: GI 1 CI 0 (%s)' % before['instances'][0]['uuid']]
