@@ -7,8 +7,6 @@ formats: samples/mig/. Kept import-light: the fake nvidia-smi imports this modul
 """
 
 import os
-import random
-import shutil
 
 # H200 (141 GB) GPU instance profiles: name -> (profile id, slices, memory MiB). The names and ids
 # are NVIDIA's (nvidia-smi mig -lgip on an H200 prints 1g.18gb as 19, 3g.71gb as 9, ...); the memory
@@ -58,6 +56,8 @@ def instances(gpu):
 
 def make_instances(gpu, profiles, cis_per_gi=1, seed=0):
     """MIG devices for the profile names given, with GPU instance ids as a driver assigns them."""
+    import random  # here: the fake nvidia-smi imports this module on every call
+
     rng = random.Random("%s/%d/%s" % (gpu["uuid"], seed, ",".join(profiles)))
     taken, out = set(), []
     for name in profiles:
@@ -109,6 +109,8 @@ def write_caps(paths, state):
     ROOT/proc/driver/nvidia/capabilities tree, for every MIG device of the host."""
     caps_dir = os.path.join(paths.dev, "nvidia-caps")
     proc = os.path.join(paths.root, "proc", "driver", "nvidia", "capabilities")
+    import shutil  # here: the fake nvidia-smi imports this module on every call
+
     shutil.rmtree(caps_dir, ignore_errors=True)
     if paths.root != "/":
         shutil.rmtree(proc, ignore_errors=True)
