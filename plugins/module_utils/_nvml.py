@@ -22,8 +22,10 @@ import threading
 import traceback
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
-    CALL_FLOOR_S, EXIT_CODES, UNREPORTED_PROCESS_NAMES, GpuopsError, PermanentReadError, check_time_left)
+    CALL_FLOOR_S, EXIT_CODES, UNREPORTED_PROCESS_NAMES, DriverHung, GpuopsError, PermanentReadError, check_time_left)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import nvml_read
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import driver_hung
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import how_stuck, in_driver, process_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import (
     DRIVER_RECOVERY_ACTIONS,
@@ -45,6 +47,10 @@ else:
     PYNVML_IMPORT_ERROR = None
 
 HAS_PYNVML = pynvml is not None
+
+# Where this process's threads are listed: an NVML call past its deadline is read there (its
+# thread's state, wchan and kernel stack), so that one hung in the driver is driver_hung.
+TASKS = '/proc/self/task'
 
 MIB = 1024 * 1024
 
@@ -144,13 +150,15 @@ def call_with_timeout(func, timeout, what):
 
     NVML calls can block inside the driver (uninterruptible) on a sick GPU, and nothing can
     cancel them: after timeout seconds the thread is abandoned (it is a daemon thread, so it
-    does not keep the process alive) and NvmlTimeout is raised. With less than a call is given
+    does not keep the process alive) and NvmlTimeout is raised, or DriverHung when the thread is
+    then in D state in the driver's code (TASKS). With less than a call is given
     at least, nothing is called (NoTimeLeft).
     """
     check_time_left('call NVML while %s' % what, timeout)
     outcome = {}
 
     def run():
+        outcome['thread'] = threading.get_native_id() if hasattr(threading, 'get_native_id') else None
         try:
             outcome['value'] = func()
         except BaseException as exc:  # handed to the caller's thread
@@ -161,8 +169,12 @@ def call_with_timeout(func, timeout, what):
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        exc = NvmlTimeout('NVML did not answer within %.1f s while %s; the driver may be stuck on a '
-                          'sick GPU' % (timeout, what))
+        stuck = process_state(outcome['thread'], TASKS) if outcome.get('thread') else None
+        if stuck and in_driver(stuck):
+            exc = DriverHung(driver_hung('NVML, %s,' % what, how_stuck(stuck, 'thread')))
+        else:
+            exc = NvmlTimeout('NVML did not answer within %.1f s while %s; the driver may be stuck on a '
+                              'sick GPU' % (timeout, what))
         exc.worker = worker
         raise exc
     if 'error' in outcome:
@@ -212,7 +224,7 @@ class NvmlReader(GpuReader):
         timeout = self.timeout if timeout is None else timeout
         try:
             return call_with_timeout(func, timeout, what)
-        except NvmlTimeout as exc:
+        except (NvmlTimeout, DriverHung) as exc:
             self._stuck = exc.worker
             raise
 

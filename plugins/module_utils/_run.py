@@ -54,14 +54,23 @@ class CommandTimeout(GpuopsError):
     def in_driver(self):
         """Whether the program hung in the NVIDIA driver: in D state past its deadline, in the
         driver's code where the kernel says so, or not dying when killed."""
-        stuck = self.stuck or {}
-        return stuck.get('state') == 'D' and bool(stuck.get('nvidia') or stuck.get('survived_kill'))
+        return in_driver(self.stuck or {})
 
     def how_stuck(self):
         """What showed it hung in the driver: 'pid 4242 in D state, in mutex_lock, alive after SIGKILL'."""
-        stuck = self.stuck or {}
-        return 'pid %s in D state%s%s' % (stuck.get('pid'), ', in %s' % printable(stuck['wchan'], 80) if stuck.get('wchan') else '',
-                                          ', alive after SIGKILL' if stuck.get('survived_kill') else '')
+        return how_stuck(self.stuck or {})
+
+
+def in_driver(stuck):
+    """Whether process_state's stuck (a process or a thread) hung in the NVIDIA driver: in D state,
+    in the driver's code where the kernel says so, or not dying when killed."""
+    return stuck.get('state') == 'D' and bool(stuck.get('nvidia') or stuck.get('survived_kill'))
+
+
+def how_stuck(stuck, what='pid'):
+    """'pid 4242 in D state, in mutex_lock, alive after SIGKILL' of process_state's stuck."""
+    return '%s %s in D state%s%s' % (what, stuck.get('pid'), ', in %s' % printable(stuck['wchan'], 80) if stuck.get('wchan') else '',
+                                     ', alive after SIGKILL' if stuck.get('survived_kill') else '')
 
 
 def process_state(pid, proc='/proc'):

@@ -6,8 +6,9 @@
 # The collection on a host with a real NVIDIA GPU: record what the driver says (idle, then with a
 # real CUDA holder on GPU 0), then run nvidia_gpu_facts and nvidia_device_release through the
 # ansible CLI with each backend and check that the holder is stopped and GPU 0 reads free; then
-# the allocation probe (nvidia_gpu_probe): on the free GPUs at each level (allocation, memory: result
-# and time), and with a holder that fills GPU 0 (its answer). Nothing changes a GPU setting: no compute mode, no reset.
+# what the facts read of MIG (said when MIG is off); the allocation probe (nvidia_gpu_probe): on the
+# free GPUs at each level (allocation, memory: result and time), and with a holder that fills GPU 0
+# (its answer). Nothing changes a GPU setting: no compute mode, no reset.
 #
 # Usage: tests/device/check.sh [WHEELS_DIR]
 #
@@ -243,6 +244,32 @@ for backend in nvidia-smi nvml; do
     done <"$dir/checks.txt"
     [[ $rc -le 1 ]] || verdict FAIL "$backend: the checks could not run (rc $rc)"
     stop_holder
+done
+
+# --- MIG: what the facts read of it (nothing is changed: with MIG off, that is said) -------------
+say "== MIG (the facts of each backend, as read above)"
+for backend in nvidia-smi nvml; do
+    "$PYTHON" - "$OUT/ansible/$backend/facts_before.json" "$backend" >"$OUT/ansible/$backend/mig.txt" <<'PY' ||
+import json, sys
+result, backend = json.load(open(sys.argv[1])), sys.argv[2]
+gpus = (result.get('ansible_facts') or {}).get('nvidia_gpus') or []
+on = [gpu for gpu in gpus if (gpu.get('mig') or {}).get('mode_current') == 'enabled']
+for gpu in on:
+    instances = gpu['mig'].get('instances') or []
+    print('NOTE %s: GPU %s has MIG enabled, %d instance(s) read: %s' % (backend, gpu.get('index'), len(instances), ', '.join(
+        '%s GI %s CI %s %s' % (i.get('profile'), i.get('gpu_instance_id'), i.get('compute_instance_id'), i.get('uuid'))
+        for i in instances) or 'none'))
+if gpus and not on:
+    modes = sorted(set(str((gpu.get('mig') or {}).get('mode_current')) for gpu in gpus))
+    print('NOTE %s: MIG is not enabled on any GPU (mode %s); the check changes no GPU setting, so no MIG instance '
+          'is read' % (backend, ', '.join(modes)))
+if not gpus:
+    print('FAIL %s: the facts hold no GPU (%s)' % (backend, result.get('msg')))
+PY
+        verdict FAIL "$backend: the MIG facts could not be read"
+    while IFS= read -r line; do
+        if [[ $line == FAIL* ]]; then verdict FAIL "${line#* }"; else say "$line"; fi
+    done <"$OUT/ansible/$backend/mig.txt"
 done
 
 # --- the allocation probe: free GPUs, then GPU 0 filled by a holder -------------------------------

@@ -209,6 +209,7 @@ def test_check_sh_passes_on_a_gpusim_host(gpuhost_factory, tmp_path):
     for backend in ('nvidia-smi', 'nvml'):
         passed = [line for line in lines if line.startswith('PASS %s: ' % backend)]
         assert len(passed) == 8, lines
+        assert 'NOTE %s: MIG is not enabled on any GPU (mode disabled)' % backend in '\n'.join(lines)
         with open(str(out / 'ansible' / backend / 'release.json')) as f:
             release = json.load(f)
         assert release['changed'] is True and release['released'] is True

@@ -9,13 +9,15 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import re
+import threading
 import time
 from collections import namedtuple
 
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _backend, _nvml
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DriverHung, GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._nvml import NvmlReader, NvmlTimeout
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader
@@ -342,6 +344,30 @@ def test_a_hung_driver_call_times_out_and_is_not_called_again():
     reader.close()
     assert time.monotonic() - started < 10
     assert 'nvmlShutdown' not in fake.calls
+
+
+def test_an_nvml_call_hung_in_the_driver_is_driver_hung(tmp_path, monkeypatch):
+    # A real D state needs a kernel that blocks the thread: what /proc shows of one (state D, a
+    # wchan in the driver's code) is written under a task directory of the test's own.
+    monkeypatch.setattr(_nvml, 'TASKS', str(tmp_path))
+    release = threading.Event()
+
+    def in_the_driver():
+        where = tmp_path / str(threading.get_native_id())
+        where.mkdir()
+        (where / 'stat').write_text('%d (python3) D 1 1 1 0 -1\n' % threading.get_native_id())
+        (where / 'wchan').write_text('os_acquire_mutex')
+        release.wait(30)
+    try:
+        with pytest.raises(DriverHung) as caught:
+            _nvml.call_with_timeout(in_the_driver, 1, 'reading GPU 3')
+    finally:
+        release.set()
+    assert re.match(r'^driver_hung: NVML, reading GPU 3, hung in the NVIDIA driver past its deadline \(thread \d+ in D '
+                    r'state, in os_acquire_mutex\); only a reboot frees it$', str(caught.value)), str(caught.value)
+    # One that only sleeps is a timeout, not the driver's.
+    with pytest.raises(NvmlTimeout):
+        _nvml.call_with_timeout(lambda: time.sleep(3), 1, 'reading GPU 3')
 
 
 def test_call_with_timeout_returns_and_raises():
