@@ -61,7 +61,9 @@ def bench_module(host, runs):
                ANSIBLE_NOCOLOR='1', ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     results = {}
     for backend in ('nvml', 'nvidia-smi'):
-        args = json.dumps(dict(backend=backend, nvidia_smi_path=host.smi_path, devices=[host.dev_glob],
+        # host_root: the module keeps its state (the kernel log's cursor) under the host's root,
+        # not in the machine's own /run/gpuops.
+        args = json.dumps(dict(backend=backend, nvidia_smi_path=host.smi_path, host_root=host.root,
                                kernel_log=host.kernel_log))
 
         def run():

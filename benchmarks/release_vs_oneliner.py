@@ -72,7 +72,9 @@ def run_oneliner(host):
 def run_module(host, ansible, env, workdir, extra):
     # The threshold is given, not left to the default, so that an earlier version (whose default
     # was 0 MiB) judges the idle reading as this one does.
-    args = dict(nvidia_smi_path=host.smi_path, devices=[os.path.join(host.root, 'dev', 'nvidia*')],
+    # The host's root, so that the release keeps its state (kernel-log cursors, cures) there, not in
+    # the machine's own /run/gpuops.
+    args = dict(nvidia_smi_path=host.smi_path, devices=['/dev/nvidia*'], host_root=host.root,
                 lock_file=os.path.join(workdir, 'release.lock'), memory_threshold_mib=IDLE_MAX_MIB, **extra)
     started = time.monotonic()
     proc = subprocess.run([ansible, 'localhost', '-c', 'local', '-i', 'localhost,',
