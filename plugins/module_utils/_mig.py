@@ -218,8 +218,8 @@ def add_device_nodes(gpu, host_root='/'):
         for access in ('%s/access' % gi, '%s/ci%d/access' % (gi, instance['compute_instance_id'])):
             number = caps_minor(under_root(access, host_root))
             if number is None:
-                warnings.append('GPU %s MIG device %s: cannot read %s' % (gpu['index'], instance['uuid'],
-                                                                       under_root(access, host_root)))
+                warnings.append('GPU %s MIG device %s: cannot read %s' % (
+                    gpu['index'], instance['uuid'], under_root(access, host_root)))
                 continue
             nodes.append(under_root('/dev/nvidia-caps/nvidia-cap%d' % number, host_root))
         instance['device_nodes'] = nodes

@@ -362,7 +362,7 @@ def mig_instance(files, indexes, host_root='/'):
     gpu, gi = gis.pop()
     ci = cis.pop()[2] if cis else None
     index = gpu_index(gpu, indexes, "gres.conf's %s is of the GPU" % printable(','.join(files), 300))
-    return '%d:%d%s' % (index, gi, '' if ci is None else ':%d' % ci), gpu
+    return '%s:%s%s' % (index, gi, '' if ci is None else ':%s' % ci), gpu
 
 
 def _place_gpu(place, files, indexes, host_root):

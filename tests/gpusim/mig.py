@@ -153,6 +153,6 @@ def flat_lines(state):
         mig = mig_of(gpu)
         lines.append("mig %d %d %d" % (gpu["index"], mig["current"] == "Enabled", mig["pending"] == "Enabled"))
         for dev in instances(gpu):
-            lines.append("migdev %d %d %d %d %s %s" % (gpu["index"], dev["gi"], dev["ci"], dev["memory_total_mib"],
-                                                     dev["uuid"], dev["profile"]))
+            lines.append("migdev %d %d %d %d %s %s" % (
+                gpu["index"], dev["gi"], dev["ci"], dev["memory_total_mib"], dev["uuid"], dev["profile"]))
     return lines

@@ -161,7 +161,7 @@ def fleet():
 @pytest.fixture
 def nodes(fleet):
     """The fleet with no job, every node idle, fresh hosts, the installed settings, empty logs."""
-    bench = next(iter(fleet.values())).bench
+    bench = list(fleet.values())[0].bench
     bench.command('scancel', '--full', '--quiet', '-u', 'root', check=False)
     bench.resume_all()
     for node in fleet.values():

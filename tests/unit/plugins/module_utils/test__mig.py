@@ -23,12 +23,12 @@ def sample(name):
 
 
 def test_the_real_list_of_mig_devices_is_read_per_gpu():
-    text = sample('list_gpus_L.txt').split('GPU 0: NVIDIA A100 80GB PCIe')[0]
+    text = sample('list_gpus_L.txt').split('GPU 0: NVIDIA A100 80GB PCIe', maxsplit=1)[0]
     devices = parse_list(text)
     assert list(devices) == [0] and len(devices[0]) == 7
     assert devices[0][0] == (0, '1g.10gb', 'MIG-feb88891-0321-5fef-9c87-d4af3b54259e')
     head = 'GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-513536b6'
-    last = parse_list(head + sample('list_gpus_L.txt').split(head)[-1])
+    last = parse_list(head + sample('list_gpus_L.txt').rsplit(head, maxsplit=1)[-1])
     assert [len(devices) for devices in last.values()] == [4] and 1 not in last
 
 
