@@ -557,13 +557,14 @@ class Prober:
 
     def _wait_released(self, probed):
         """Poll the reader until no probed GPU shows the probe's memory, or the deadline; a GPU
-        that still does when time is up has failed (the probe must not be what the next job finds)."""
+        that still does when time is up has failed (the probe must not be what the next job finds).
+        The reads are light: memory and processes are all it looks at."""
         baseline = dict((gpu.get('index'), gpu.get('memory_used_mib')) for gpu, dummy in probed)
         pending = dict((gpu.get('index'), res) for gpu, res in probed)
         while pending and self.left() >= CALL_FLOOR_S:
             started = time.monotonic()
             try:
-                snapshot = self.reader.read(timeout=self.left())
+                snapshot = self.reader.read(timeout=self.left(), full=False)
             except NoTimeLeft:  # a read of several calls, the last of them left short
                 break
             finally:

@@ -29,11 +29,7 @@ import signal
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
-from ansible_collections.gpuops.nvidia.plugins.module_utils._bug_report import (
-    DEFAULT_TIMEOUT_S as DEFAULT_BUG_REPORT_TIMEOUT_S,
-    collect as collect_bug_report,
-    program_next_to,
-)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._bug_report import DEFAULT_TIMEOUT_S as DEFAULT_BUG_REPORT_TIMEOUT_S
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     CALL_FLOOR_S,
     DEFAULT_MEMORY_THRESHOLD_MIB,
@@ -45,9 +41,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     printable,
     reader_argument_spec,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._fabric import wait_for_fabric
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS, driver_hung, health_facts, reset_causes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS, health_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     ancestors,
@@ -68,8 +63,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import JobScop
 from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope, no_such_gpus, split_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._mig_scope import InstanceScope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
-from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import instance_name, instances_in_use, layout, pending_change, reset_changes
-from ansible_collections.gpuops.nvidia.plugins.module_utils._modules import describe as describe_modules, module_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     DEFAULT_SIGNALS,
     check_escalation_options,
@@ -78,22 +71,15 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import RELEASE_PROBE_SPEC, probe_after_release, probe_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
-from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, load_cures, record_cure
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, load_cures
 from ansible_collections.gpuops.nvidia.plugins.module_utils._history import (
     HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, History, check_hold_options)
-from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import (
-    DEFAULT_STOP_UNITS,
-    Quiesce,
-    quiesced_reset,
-)
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import ORPHANED, GpuReset, would_reset
+from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import DEFAULT_STOP_UNITS
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     NotPermittedError,
     ProcessRef,
     Signaller,
-    system_log,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiRunner
 
 # How often one command line may come back (a supervisor restarting it) and be stopped
 # again before it is left alone and reported as respawned.
@@ -338,11 +324,6 @@ def _spared_why(holder):
     return 'pid %d (%s, user %s, %s; %s)' % (holder.pid, printable(holder.comm), holder.user, job, holder.spared)
 
 
-# What helps when a foreign holder keeps a GPU that needs a reset open.
-FOREIGN_RETRY = ('the driver refuses a reset while any process has the GPU\'s node open: a descriptor queued on D-Bus '
-                 'is dropped after its pending_fd_timeout (150 s by default), so try again then, or restart that daemon')
-
-
 def raise_fd_limit():
     """Raise this process's open files limit to its hard limit; return the limit in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -460,9 +441,6 @@ class Release:
         self.read_skipped = False  # the last read was not made: too little time was left for it
         # The GPUs only a reboot (or a driver reload) cures now: their reset the platform refused.
         self.reboot_only = set()
-        # {index: mig fact} of the GPUs in scope before a reset, and the resets a MIG instance in use kept from.
-        self.mig_before = {}
-        self.mig_blocked = []
         self.budget = None
         self.last_snapshot = None
         self.first_snapshot = None
@@ -1111,12 +1089,7 @@ class Release:
             result.diff['after'] = _holders_text([holder for holder in holders if holder.protected])
             if self.options.wait and not would:
                 result.orphaned_gpus = self._orphaned(self._scope(snapshot), [])
-                todo = self._to_reset(result, snapshot) if self.options.reset_orphaned else {}
-                if todo:
-                    result.escalation = would_reset(todo)
-                    result.escalation['quiesced'] = self._quiesce(snapshot, todo).report()
-                    result.changed = True
-                    self._would_reload(result.escalation, snapshot)
+                self._would_escalate(result, snapshot)
             return
 
         delay = POLL_MIN_S
@@ -1190,289 +1163,27 @@ class Release:
         return due if self.reset_deadline is None else min(due, self.reset_deadline)
 
     def _escalate(self, result, snapshot):
-        """With reset_orphaned: reset the GPUs that need it (_to_reset), wait for their NVLink
-        fabric, then read everything again; evidence (nvidia-bug-report.sh) when that fails."""
+        """With reset_orphaned: reset the GPUs that need it, wait for their NVLink fabric, then read
+        everything again (_escalation.Escalation.run)."""
         if not self.options.reset_orphaned or snapshot is None:
             return
-        todo = self._to_reset(result, snapshot)
-        if not todo:
+        from ansible_collections.gpuops.nvidia.plugins.module_utils._escalation import Escalation
+
+        Escalation(self).run(result, snapshot)
+
+    def _would_escalate(self, result, snapshot):
+        """Check mode with reset_orphaned: what the escalation would do (_escalation.Escalation.preview)."""
+        if not self.options.reset_orphaned:
             return
-        foreign = [holder for holder in self.foreign_seen.values()
-                   if any(self._blocks(holder, gpu) for gpu in self._scope(snapshot) if gpu.get('index') in todo)]
-        if self._other_jobs_block_reset(result, snapshot, todo):
-            return
-        if result.survivors or foreign:
-            blocking = ['pid %d' % survivor['pid'] for survivor in result.survivors]
-            blocking.extend(_foreign_why(holder, self.proc) for holder in foreign)
-            self._warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
-                ', '.join(str(index) for index in sorted(todo)), ', '.join(blocking)))
-            if foreign:
-                self._foreign_blocks_reset(result, todo, foreign)
-            return
-        runner = self.smi_runner or SmiRunner(self.options.nvidia_smi_path)
-        bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
-        # The reset ends when the signalling would (the read after it has the time left), less the
-        # reserve for starting again the units stopped for it (Quiesce.restore_reserve).
-        quiesce = self._quiesce(snapshot, todo)
-        reset = GpuReset(runner, bus_ids, todo, quiesce.work_deadline(), self.clock, reasons=todo)
-        started = self.clock()
-        escalation = result.escalation = quiesced_reset(quiesce, reset, sorted(todo))
-        self.budget.spend('the GPU reset', started)
-        if escalation.get('flr_refused') and self.options.reset_reload_modules:
-            self._reload_modules(escalation, snapshot, runner)
-        self.reboot_only.update(escalation.get('flr_refused') or ())
-        if escalation['attempted'] and not escalation['ok']:
-            self._name_module_holders(escalation)
-        for problem in escalation['quiesced']['problems']:
-            self._warn('reset_stop_units: %s' % problem)
-        if escalation['ok']:
-            started = self.clock()
-            reloaded = (escalation.get('module_reload') or {}).get('ok')
-            escalation['fabric'] = wait_for_fabric(runner, escalation['module_reload']['gpus'] if reloaded else escalation['gpus'],
-                                                   self.signal_deadline, self.clock, self.sleep)
-            self.budget.spend('waiting for the NVLink fabric', started)
-        self._record_cures(escalation, snapshot)
-        self._record_history(escalation, snapshot, todo)
-        self._mig_after_reset(escalation, snapshot)
-        snapshot, holders = self._observe(force_read=True, final=True, full=True)
-        result.failure = None
-        self._report(result, snapshot, holders)
-        result.changed = result.changed or escalation['attempted'] or bool(escalation['quiesced']['stopped'])
-        problems = escalation['problems'] = self._after_reset(escalation, snapshot, todo)
-        if problems:
-            result.released = False
-            result.failure = '%s; %s' % (result.failure, '; '.join(problems)) if result.failure else \
-                'GPUs not released: %s' % '; '.join(problems)
-        if result.failure and not escalation['ok']:
-            result.failure += '; the GPU reset failed: %s' % escalation['message']
-        if result.failure and self.options.bug_report_dir and escalation['attempted']:
-            # Evidence of what the driver did; a reset not tried has none.
-            escalation['bug_report'] = self._bug_report()
+        from ansible_collections.gpuops.nvidia.plugins.module_utils._escalation import Escalation
 
-    def _reload_modules(self, escalation, snapshot, runner):
-        """reset_reload_modules: the platform refused the reset of some GPUs; reload the driver's
-        kernel modules instead, with the NVML clients stopped around it (_reload). A reload that
-        worked reset every GPU: no reboot is asked for those refused."""
-        from ansible_collections.gpuops.nvidia.plugins.module_utils._reload import ModuleReload, complete_entry
-
-        every = dict((gpu.get('index'), ['a reload of the driver']) for gpu in snapshot.gpus if gpu.get('index') is not None)
-        quiesce = self._quiesce(snapshot, every)
-        reload = ModuleReload(runner, snapshot.gpus, escalation['flr_refused'], quiesce.work_deadline(),
-                              self.options.host_root, self.options.nvidia_smi_path, self.clock, proc=self.proc)
-        started = self.clock()
-        refusal = reload.refusal()
-        entry = reload.run(every) if refusal else quiesced_reset(quiesce, reload, sorted(every))
-        entry = escalation['module_reload'] = complete_entry(entry, quiesce.report())
-        self.budget.spend('the kernel module reload', started)
-        for problem in entry['quiesced']['problems']:
-            self._warn('reset_stop_units: %s' % problem)
-        escalation['message'] += '; ' + entry['message']
-        if entry['ok']:
-            escalation['ok'], escalation['flr_refused'] = True, []
-
-    def _would_reload(self, escalation, snapshot):
-        """Check mode with reset_reload_modules: what a refused reset would make the release do."""
-        if not self.options.reset_reload_modules:
-            return
-        from ansible_collections.gpuops.nvidia.plugins.module_utils._reload import would_reload
-
-        escalation['module_reload'] = would_reload(snapshot.gpus, 'the platform refuses the GPU reset (FLR)',
-                                                   self.options.host_root)
-
-    def _name_module_holders(self, escalation):
-        """A reset that failed names the kernel modules that hold the driver: some keep it from
-        resetting a GPU that no process holds (an idle nvidia_drm)."""
-        holders = escalation['module_holders'] = module_holders(self.options.host_root)
-        if holders:
-            escalation['message'] += '; kernel modules that hold nvidia: %s' % describe_modules(holders)
-
-    def _other_jobs_block_reset(self, result, snapshot, todo):
-        """True when a process the job's release leaves alone holds a GPU to reset: a reset would
-        end that job, so it is not tried, and the GPU is not released."""
-        gpus = [gpu for gpu in self._scope(snapshot) if gpu.get('index') in todo]
-        spared = [holder for holder in self._discover(snapshot) if holder.spared
-                  if any(self._blocks(holder, gpu) for gpu in gpus)]
-        if not spared:
-            return False
-        why = 'GPU %s needs a reset, not attempted: %s would lose the GPU' % (
-            ', '.join(str(index) for index in sorted(todo)), ', '.join(_spared_why(holder) for holder in spared))
-        result.released = False
-        result.failure = '%s; %s' % (result.failure, why) if result.failure else 'GPUs not released: %s' % why
-        return True
-
-    def _foreign_blocks_reset(self, result, todo, foreign):
-        """A GPU that needs a reset is not released while a foreign holder keeps its node open."""
-        why = '%s, not attempted: held by %s; %s' % (
-            '; '.join('GPU %s needs a reset (%s)' % (index, ', '.join(reasons)) for index, reasons in sorted(todo.items())),
-            ', '.join(_foreign_why(holder, self.proc) for holder in foreign), FOREIGN_RETRY)
-        result.released = False
-        result.failure = '%s; %s' % (result.failure, why) if result.failure else 'GPUs not released: %s' % why
-
-    def _after_reset(self, escalation, snapshot, todo):
-        """What is still wrong after the reset that the GPUs' readings do not show: a fabric not
-        back, a reset the platform refused (a reboot is needed), and a reset that failed on a GPU its
-        health (not its memory) said needs one."""
-        problems = [_reason.fabric_not_back(entry) for entry in escalation.get('fabric') or () if not entry['ok']]
-        problems.extend(self.mig_blocked)
-        refused = escalation.get('flr_refused') or ()
-        problems.extend(_reason.reset_refused({'index': index}) for index in refused)
-        if not escalation['ok']:
-            readable = dict((gpu.get('index'), gpu) for gpu in self._scope(snapshot) if not gpu.get('error'))
-            problems.extend(_reason.needs_reset(readable[index], why='; '.join(why))
-                            for index, why in sorted(todo.items())
-                            if index in readable and ORPHANED not in why and index not in refused)
-        return problems
-
-    def _mig_after_reset(self, escalation, snapshot):
-        """The MIG layout of each reset GPU that had MIG, read again after the reset, and what the
-        reset changed (escalation['mig']; said in its message too). What the driver reports is what
-        is said: nothing is recreated."""
-        before = dict((index, fact) for index, fact in self.mig_before.items()
-                      if index in escalation['gpus'] and (fact.get('mode_current') == 'enabled' or pending_change(fact)))
-        if not before or not escalation.get('attempted'):
-            return
-        gpus = [gpu for gpu in snapshot.gpus if gpu.get('index') in before]
-        left = self.deadline - READ_MIN_S - self.clock()  # the read after the reset keeps its own
-        after, warnings = self.reader.read_mig(gpus, timeout=left) if left > CALL_FLOOR_S else ({}, ['no time left'])
-        for warning in warnings:
-            self._warn('MIG after the reset: %s' % warning)
-        escalation['mig'] = []
-        for gpu in gpus:
-            index = gpu['index']
-            changes = reset_changes(before[index], after.get(index)) or ['MIG unchanged']
-            escalation['mig'].append({'index': index, 'uuid': gpu.get('uuid'), 'before': layout(before[index]),
-                                      'after': layout(after.get(index)), 'changes': changes})
-            escalation['message'] += '; GPU %s: %s' % (index, '; '.join(changes))
-
-    def _bug_report(self):
-        """nvidia-bug-report.sh into bug_report_dir, within bug_report_timeout."""
-        report = collect_bug_report(self.options.bug_report_dir, self.options.bug_report_timeout,
-                                    program_next_to(self.options.nvidia_smi_path))
-        system_log('gpuops.nvidia: %s' % report['message'])
-        if not report['ok']:
-            self._warn('bug_report_dir: %s' % report['message'])
-        return report
-
-    def _quiesce(self, snapshot, todo):
-        """The stops around a reset of the GPUs todo: of the protected processes that hold them."""
-        gpus = [gpu for gpu in self._scope(snapshot) if gpu.get('index') in todo]
-        blocking = [(holder, [gpu.get('index') for gpu in gpus if self._blocks(holder, gpu)])
-                    for holder in self._discover(snapshot) if holder.protected]
-        return Quiesce([(holder, held) for holder, held in blocking if held], self.options.reset_stop_units,
-                       self.signal_deadline, self.clock, self.proc, own=ancestors(os.getpid(), self.proc))
-
-    def _record_cures(self, escalation, snapshot):
-        """Record on the host that the GPUs a successful reset reset are cured: their older Xid
-        errors no longer count in their health."""
-        if not escalation.get('ok'):
-            return
-        uuids = [gpu.get('uuid') for gpu in snapshot.gpus if gpu.get('index') in escalation['gpus']]
-        state = StateDir.for_host(self.options.state_dir, self.options.host_root)
-        record_cure(state, uuids, time.time(), 'reset', boot_id())
-        for warning in state.warnings:
-            self._warn(warning)
-
-    def _to_reset(self, result, snapshot):
-        """{index: [why]} of the GPUs in scope a reset is for, with no process left on them:
-        orphaned memory, and what the driver and the GPU's health call for (_health.reset_causes); never
-        one the kernel log says the driver hung on (a reset would hang in it too)."""
-        hung = set(index for index, (dummy, health) in self._health(snapshot).items() if driver_hung(health))
-        todo = dict((index, [ORPHANED]) for index in result.orphaned_gpus if index not in hung)
-        causes = self._reset_causes(snapshot)
-        for gpu in self._scope(snapshot):
-            index = gpu.get('index')
-            if index not in causes or gpu.get('processes') or index in self.job_scoped or 'mig_instance' in gpu:
-                continue
-            todo[index] = todo.get(index, []) + causes[index]
-        return self._hold(result, snapshot, self._mig_to_reset(result, snapshot, todo, causes))
-
-    def _mig_to_reset(self, result, snapshot, todo, causes):
-        """todo with the GPUs whose MIG mode change waits for a reset (idle, with no process), less
-        those with a MIG instance in use (a process on it, or its memory over the threshold): a reset
-        would end what runs there (mig_blocked says so of each that needs one; causes: {index: [why]}
-        of those). Reads each GPU's MIG layout (mig_before), for the reset's report."""
-        scope = [gpu for gpu in self._scope(snapshot)
-                 if gpu.get('index') is not None and not gpu.get('error') and 'mig_instance' not in gpu]
-        # Within the timeout, past the signalling's share: without it no reset is tried.
-        left = self.deadline - self.clock()
-        migs, warnings = self.reader.read_mig(scope, timeout=left) if left > CALL_FLOOR_S else ({}, ['no time left'])
-        self.mig_before = dict((index, fact) for index, fact in migs.items() if fact)
-        self.mig_blocked = []
-        for gpu in scope:
-            index = gpu['index']
-            pending, used = pending_change(self.mig_before.get(index)), self._instances_in_use(index)
-            why = todo.get(index) or causes.get(index)
-            if used and why and index not in self.job_scoped:
-                todo.pop(index, None)
-                self.mig_blocked.append('GPU %s needs a reset (%s), not attempted: %s' % (index, ', '.join(why), used))
-            elif pending and used:
-                self._warn('GPU %s: %s, not applied: %s' % (index, pending, used))
-            elif pending and not gpu.get('processes') and index not in self.job_scoped:
-                todo[index] = todo.get(index, []) + [pending]
-        if self.mig_blocked:
-            result.released = False
-            why = '; '.join(self.mig_blocked)
-            result.failure = '%s; %s' % (result.failure, why) if result.failure else 'GPUs not released: %s' % why
-        for warning in warnings if todo else ():
-            self._warn('MIG before the reset: %s' % warning)
-        return todo
-
-    def _instances_in_use(self, index):
-        """'MIG instance in use: GI 7 CI 0 (MIG-...) [pid 42, 700 MiB used]', or '' when no MIG
-        instance of GPU index is in use."""
-        used = instances_in_use(self.mig_before.get(index), self.options.memory_threshold_mib)
-        return 'MIG instance in use: %s' % ', '.join('%s [%s]' % (instance_name(instance), ', '.join(why))
-                                                     for instance, why in used) if used else ''
-
-    def _hold(self, result, snapshot, todo):
-        """todo without the GPUs whose fault came back after hold_after_cures cures within
-        hold_window_days (their history): those are held for a person (result.held), not reset."""
-        history = History.for_host(self.options.host_root, self.options.state_dir)
-        uuids = dict((gpu.get('index'), gpu.get('uuid')) for gpu in snapshot.gpus)
-        result.held = []
-        for index in sorted(todo):
-            why = history.hold_reason(uuids.get(index), index, 'needs a reset (%s)' % ', '.join(todo[index]),
-                                      self.options.hold_after_cures, self.options.hold_window_days)
-            if why:
-                result.held.append({'index': index, 'uuid': uuids.get(index), 'reason': why})
-                del todo[index]
-        if result.held and not self.check_mode:
-            history.record([(held['uuid'], held['index'], held['reason']) for held in result.held], 'cure_failed')
-        for warning in history.warnings:
-            self._warn(warning)
-        return todo
-
-    def _record_history(self, escalation, snapshot, todo):
-        """Each GPU reset in its history: reset (and a cure) when the reset worked, reset_failed
-        when it did not, with why it was reset."""
-        if not escalation.get('attempted'):
-            return
-        history = History.for_host(self.options.host_root, self.options.state_dir)
-        gpus = [(gpu.get('uuid'), gpu.get('index'), '; '.join(todo.get(gpu.get('index')) or []), gpu.get('pci_bus_id'))
-                for gpu in snapshot.gpus if gpu.get('index') in escalation['gpus']]
-        if escalation.get('ok'):
-            history.record(gpus, 'reset')
-            history.record(gpus, 'cure', how='reset')
-        else:
-            history.record(gpus, 'reset_failed', error=printable(escalation.get('message') or '', 200))
-        for warning in history.warnings:
-            self._warn(warning)
+        Escalation(self).preview(result, snapshot)
 
     def _history(self, snapshot):
         """{uuid: the newest events and counts per window} of the GPUs in scope."""
         history = History.for_host(self.options.host_root, self.options.state_dir)
         return dict((gpu['uuid'], history.summary(gpu['uuid'])) for gpu in self._scope(snapshot)
                     if gpu.get('uuid') and history.events(gpu['uuid']))
-
-    def _reset_causes(self, snapshot):
-        """{index: [why]} of the GPUs in scope whose health calls for a reset: the driver's word
-        and the kernel log's Xids since the GPU's last cure, read as nvidia_gpu_facts reads them."""
-        causes = {}
-        for index, (known, health) in self._health(snapshot).items():
-            why = reset_causes(known, health)
-            if why:
-                causes[index] = why
-        return causes
 
     def _health(self, snapshot):
         """{index: (the GPU, its health_facts)} of the GPUs in scope, as nvidia_gpu_facts judges

@@ -20,8 +20,18 @@ import time
 import pytest
 import yaml
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _slurm_hook
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_reason
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import (
+    _brake,
+    _hook_health,
+    _hook_job,
+    _hook_reset,
+    _hook_slurm,
+    _hook_status,
+    _hook_vars,
+    _sequence,
+    _slurm_hook,
+)
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command, drain_reason
 from gpusim.state import is_alive as alive
 from processes import gone
 
@@ -31,7 +41,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.d
 def test_settings_are_the_spec_defaults_then_the_file_then_the_hook(tmp_path):
     path = tmp_path / 'vars.yml'
     path.write_text('gpu_reset_grace_period: 2\ngpu_reset_timeout: 99\n')
-    settings = _slurm_hook.load_settings(str(path), {'gpu_reset_timeout': 7})
+    settings = _hook_vars.load_settings(str(path), {'gpu_reset_timeout': 7})
     assert settings['gpu_reset_grace_period'] == 2
     assert settings['gpu_reset_timeout'] == 7
     assert settings['gpu_reset_signals'] == ['TERM', 'KILL']
@@ -45,9 +55,9 @@ def test_settings_are_the_spec_defaults_then_the_file_then_the_hook(tmp_path):
 def test_what_only_the_playbook_can_do_sends_the_hook_to_it(tmp_path, text):
     path = tmp_path / 'vars.yml'
     path.write_text(text)
-    with pytest.raises(_slurm_hook.NeedsPlaybook):
-        _slurm_hook.load_settings(str(path))
-    assert _slurm_hook.main(['--node', 'n1', '--vars-file', str(path)]) == _slurm_hook.RUNNER_NEEDS_PLAYBOOK
+    with pytest.raises(_hook_vars.NeedsPlaybook):
+        _hook_vars.load_settings(str(path))
+    assert _slurm_hook.main(['--node', 'n1', '--vars-file', str(path)]) == _hook_status.RUNNER_NEEDS_PLAYBOOK
 
 
 def identity_gres_conf(host):
@@ -109,7 +119,7 @@ def test_a_clean_host_is_clean_and_nothing_is_drained(hook):
 def test_a_failed_probe_drains_with_the_cuda_error(gpuhost, hook, fault, reason):
     gpuhost.fault(fault.pop('kind'), **fault)
     rc, report, drained = hook('--gpus', '1,2', '--timeout', '5')
-    assert rc == _slurm_hook.RUNNER_DRAINED and report['outcome'] == 'failed'
+    assert rc == _hook_status.RUNNER_DRAINED and report['outcome'] == 'failed'
     if reason is None:
         assert 'probe' not in report and 'orphaned memory' in report['reason']
     else:
@@ -120,14 +130,14 @@ def test_a_failed_probe_drains_with_the_cuda_error(gpuhost, hook, fault, reason)
 def test_a_hung_probe_drains_naming_the_timeout(gpuhost, hook):
     gpuhost.fault('cuda-hang', seconds=300)
     rc, report, drained = hook('--gpus', '0', '--timeout', '5', '--deadline', '8')
-    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert rc == _hook_status.RUNNER_DRAINED
     assert 'GPU 0 (00000000:18:00.0): PROBE_TIMEOUT' in report['reason'] and drained
 
 
 def test_one_hung_gpu_of_eight_is_named_alone_and_the_others_are_proven(gpuhost, hook):
     gpuhost.fault('cuda-hang', gpu=3, seconds=300)
     rc, report, drained = hook('--timeout', '10', '--deadline', '20')
-    assert rc == _slurm_hook.RUNNER_DRAINED and report['outcome'] == 'failed'
+    assert rc == _hook_status.RUNNER_DRAINED and report['outcome'] == 'failed'
     probed = dict((gpu['index'], gpu) for gpu in report['probe']['gpus'])
     assert (probed[3]['ok'], probed[3]['error_name'], probed[3]['call']) == (False, 'PROBE_TIMEOUT', 'cuCtxCreate_v2')
     assert all(probed[index]['ok'] and probed[index]['released'] for index in range(8) if index != 3)
@@ -149,7 +159,7 @@ def test_a_host_without_libcuda_is_noted_not_drained_unless_asked(hook):
     assert (report['probe']['probed'], report['probe']['library_missing']) == (False, True)
     rc, report, drained = hook('--timeout', '5', gpu_reset_probe_cuda_library='libcuda-absent.so.1',
                                gpu_reset_probe_missing_library='fail')
-    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert rc == _hook_status.RUNNER_DRAINED
     assert 'libcuda-absent.so.1 cannot be loaded' in report['reason']
 
 
@@ -194,7 +204,7 @@ def test_a_job_gpu_that_cannot_be_told_drains_naming_why_and_releases_nothing(gp
         (tmp_path / 'gres.conf').write_text(gres.format(root=gpuhost.root))
     holder = gpuhost.hold(gpus=[2], mib=1024)
     rc, report, drained = hook('--gpus', '2', '--timeout', '5')
-    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert rc == _hook_status.RUNNER_DRAINED
     assert report['reason'].startswith('SLURM_JOB_GPUS=2: ' + message.format(
         root=gpuhost.root, tmp=tmp_path)), report['reason']
     assert (report['signalled'], report['steps']) == ([], [])
@@ -205,7 +215,7 @@ def test_a_job_gpu_that_cannot_be_told_drains_naming_why_and_releases_nothing(gp
 def test_orphaned_memory_fails_and_drains_with_the_reason(gpuhost, hook):
     gpuhost.fault('stuck', gpu=3, mib=4096)
     rc, report, drained = hook('--timeout', '3')
-    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert rc == _hook_status.RUNNER_DRAINED
     assert report['outcome'] == 'failed' and report['drained'] is True
     # gpuhost's idle GPUs read 1 MiB.
     assert report['reason'].startswith('GPU 3: 4097 MiB held with no process left (orphaned memory')
@@ -215,7 +225,7 @@ def test_orphaned_memory_fails_and_drains_with_the_reason(gpuhost, hook):
 def test_a_misconfigured_hook_drains_with_the_reason(hook):
     """Unlike the role in a fleet run: a failed Prolog drains the node anyway, so with the reason."""
     rc, report, drained = hook('--timeout', '0')
-    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert rc == _hook_status.RUNNER_DRAINED
     assert report['reason'].startswith('gpu_reset is misconfigured: gpu_reset_timeout must be more than 0')
     assert report['signalled'] == [] and report['gpus_before'] == []
     assert drained[-1] == 'reason=' + drain_reason(report['reason'])
@@ -228,7 +238,7 @@ def test_a_misconfigured_hook_drains_with_the_reason(hook):
 def test_a_wrong_probe_or_reset_setting_is_found_before_anything_is_signalled(gpuhost, hook, setting, words):
     job = gpuhost.hold(gpus=[0], mib=1024)['pid']
     rc, report, drained = hook('--timeout', '5', **setting)
-    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert rc == _hook_status.RUNNER_DRAINED
     assert report['reason'].startswith('gpu_reset is misconfigured: ' + words), report['reason']
     assert report['signalled'] == [] and alive(job)
 
@@ -236,9 +246,9 @@ def test_a_wrong_probe_or_reset_setting_is_found_before_anything_is_signalled(gp
 def test_settings_that_cannot_be_read_are_an_error_of_their_own(tmp_path):
     path = tmp_path / 'vars.yml'
     path.write_text('gpu_reset_grace_period: [\n')
-    assert _slurm_hook.main(['--node', 'n1', '--vars-file', str(path)]) == _slurm_hook.RUNNER_SETTINGS_UNREADABLE
+    assert _slurm_hook.main(['--node', 'n1', '--vars-file', str(path)]) == _hook_status.RUNNER_SETTINGS_UNREADABLE
     assert _slurm_hook.main(['--node', 'n1', '--vars-file', str(tmp_path / 'missing.yml')]) == \
-        _slurm_hook.RUNNER_SETTINGS_UNREADABLE
+        _hook_status.RUNNER_SETTINGS_UNREADABLE
 
 
 def smi_processes(host):
@@ -260,8 +270,8 @@ def test_a_module_cut_off_takes_its_children_with_it(gpuhost):
     gpuhost.fault('hang', seconds=60)
     args = dict(nvidia_smi_path=gpuhost.smi_path, backend='nvidia-smi', devices=[gpuhost.dev_glob], timeout=30,
                 state_dir=gpuhost.state_dir)
-    with pytest.raises(_slurm_hook.ModuleError, match='gave no result within 1.0 s and was stopped'):
-        _slurm_hook.ModuleRunner(time.monotonic() + 1)('nvidia_gpu_facts', args)
+    with pytest.raises(_sequence.ModuleError, match='gave no result within 1.0 s and was stopped'):
+        _hook_reset.ModuleRunner(time.monotonic() + 1)('nvidia_gpu_facts', args)
     for dummy in range(40):
         if not smi_processes(gpuhost):
             break
@@ -271,7 +281,7 @@ def test_a_module_cut_off_takes_its_children_with_it(gpuhost):
 
 @pytest.mark.parametrize('text, indexes', [('0', [0]), ('0,1,5', [0, 1, 5]), ('0-3,6', [0, 1, 2, 3, 6]), (' 2 , 4 ', [2, 4])])
 def test_the_jobs_gpus_as_slurm_gives_them(text, indexes):
-    assert _slurm_hook.gpu_list(text) == indexes
+    assert _hook_job.gpu_list(text) == indexes
 
 
 # -- release safety: report names, drain reasons, exit statuses, the job's GPUs -----------------
@@ -333,7 +343,7 @@ def test_control_characters_in_the_reason_are_escaped_in_the_drain(hook, escaped
     'y' * 200000,
 ])
 def test_the_drain_reason_is_one_escaped_capped_argument(reason):
-    argv = _slurm_hook.drain_command('scontrol', 'gpu07', reason)
+    argv = drain_command('scontrol', 'gpu07', reason)
     assert argv[:4] == ['scontrol', 'update', 'nodename=gpu07', 'state=drain'] and len(argv) == 5
     assert argv[4].startswith('reason=gpu_reset: ') and not re.search(r'[\x00-\x1f\x7f-\x9f\u2028-\u202e]', argv[4])
     assert len(argv[4]) <= len('reason=gpu_reset: ') + 200 + len('...(199800 more characters)')
@@ -341,7 +351,7 @@ def test_the_drain_reason_is_one_escaped_capped_argument(reason):
 
 @pytest.mark.parametrize('text, indexes', [('0-2,1,2', [0, 1, 2]), ('63', [63]), ('0-63', list(range(64)))])
 def test_the_jobs_gpus_are_each_named_once(text, indexes):
-    assert _slurm_hook.gpu_list(text) == indexes
+    assert _hook_job.gpu_list(text) == indexes
 
 
 @pytest.mark.parametrize('text, message', [
@@ -360,14 +370,14 @@ def test_the_jobs_gpus_are_each_named_once(text, indexes):
 def test_garbage_in_the_jobs_gpus_is_refused_naming_it(text, message):
     started = time.monotonic()
     with pytest.raises(ValueError, match=message):
-        _slurm_hook.gpu_list(text)
+        _hook_job.gpu_list(text)
     assert time.monotonic() - started < 5  # refused at once, not after expanding or backtracking over it
 
 
 def test_garbage_gpus_are_a_settings_error_without_a_traceback(capsys):
     with pytest.raises(SystemExit) as info:
         _slurm_hook.main(['--node', 'n1', '--gpus', '0-2000000'])
-    assert info.value.code == _slurm_hook.RUNNER_SETTINGS_UNREADABLE
+    assert info.value.code == _hook_status.RUNNER_SETTINGS_UNREADABLE
     err = capsys.readouterr().err
     assert 'argument --gpus: SLURM_JOB_GPUS: GPU 2000000 is past the 64 GPUs' in err and 'Traceback' not in err
 
@@ -399,7 +409,7 @@ def test_the_playbook_runner_is_not_started_when_the_jobs_gpus_cannot_be_told(gp
     scontrol.chmod(0o755)
     args = playbook_runner_args(gpuhost, tmp_path, 'Name=gpu File=%s/dev/nvidia9\n' % gpuhost.root)
     rc = _slurm_hook.main(args + ['--gpus', '0', '--scontrol', str(scontrol), '--playbook-vars', str(path)])
-    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert rc == _hook_status.RUNNER_DRAINED
     assert not path.exists()
     reason = (tmp_path / 'drained').read_text()
     assert reason.startswith("update nodename=n1 state=drain reason=gpu_reset: SLURM_JOB_GPUS=0: gres.conf's "
@@ -424,10 +434,10 @@ def show_node(state='IDLE+DRAIN', reason='gpu_reset: GPU 3: 4096 MiB held with n
 
 
 def test_the_nodes_state_and_reason_as_scontrol_shows_them():
-    state, reason, line = _slurm_hook.parse_node(show_node(), 'gpu07')
+    state, reason, line = _hook_health.parse_node(show_node(), 'gpu07')
     assert (state, reason) == ('IDLE+DRAIN', 'gpu_reset: GPU 3: 4096 MiB held with no process left')
     assert line == 'Reason=gpu_reset: GPU 3: 4096 MiB held with no process left [root@2026-12-01T11:59:46]'
-    assert _slurm_hook.parse_node(show_node('IDLE', None), 'gpu07') == ('IDLE', '', '')
+    assert _hook_health.parse_node(show_node('IDLE', None), 'gpu07') == ('IDLE', '', '')
 
 
 @pytest.mark.parametrize('text', [
@@ -444,13 +454,13 @@ def test_the_nodes_state_and_reason_as_scontrol_shows_them():
     '\x00\x1b[2J' * 50,
 ])
 def test_scontrol_output_that_cannot_be_read_is_refused(text):
-    with pytest.raises(_slurm_hook.SlurmUnreadable):
-        _slurm_hook.parse_node(text, 'gpu07')
+    with pytest.raises(_hook_slurm.SlurmUnreadable):
+        _hook_health.parse_node(text, 'gpu07')
 
 
 def test_an_unreadable_node_name_is_escaped_in_the_message():
-    with pytest.raises(_slurm_hook.SlurmUnreadable) as caught:
-        _slurm_hook.parse_node('NodeName=x\x1b[2J\n', 'gpu07')
+    with pytest.raises(_hook_slurm.SlurmUnreadable) as caught:
+        _hook_health.parse_node('NodeName=x\x1b[2J\n', 'gpu07')
     assert '\x1b' not in str(caught.value) and '\\x1b[2J' in str(caught.value)
 
 
@@ -477,7 +487,7 @@ def test_an_unreadable_node_name_is_escaped_in_the_message():
     ('IDLE+DRAIN', 'gpu_reset(hold)x: not ours', "not this collection's"),
 ])
 def test_only_a_node_this_collection_drained_and_idle_is_healed(state, reason, expected):
-    why = _slurm_hook.why_not_heal('gpu07', state, reason)
+    why = _hook_health.why_not_heal('gpu07', state, reason)
     assert why is None if expected is None else expected in why, why
 
 
@@ -521,7 +531,7 @@ def slurm(tmp_path):
 def test_garbage_from_scontrol_means_no_action(slurm, capsys, text):
     slurm.says(scontrol=text)
     rc, out = slurm.check(capsys, '--vars-file', '/nonexistent')
-    assert rc == _slurm_hook.HEALTH_UNREADABLE
+    assert rc == _hook_status.HEALTH_UNREADABLE
     assert 'nothing done' in out.err
     assert out.out == ''  # no sequence ran, so no report
     assert [call[:2] for call in slurm.calls()] == [['scontrol', 'show']]
@@ -545,7 +555,7 @@ def test_a_node_where_squeue_names_a_job_is_only_read(slurm, capsys, squeue):
 
 def test_a_node_name_that_is_a_list_is_refused_before_any_call(slurm, capsys):
     rc = _slurm_hook.main(['--health-check', '--node', 'gpu07,gpu08', '--scontrol', slurm.scontrol])
-    assert rc == _slurm_hook.HEALTH_UNREADABLE
+    assert rc == _hook_status.HEALTH_UNREADABLE
     assert slurm.calls() == []
 
 
@@ -586,7 +596,7 @@ def test_a_drained_node_whose_gpus_are_still_dirty_stays_drained_with_the_new_re
     gpuhost.fault('stuck', gpu=1, mib=2048)
     slurm.says(scontrol=show_node(), squeue='')
     rc, out = slurm.check(capsys, '--vars-file', hook_vars(), '--timeout', '5')
-    assert rc == _slurm_hook.RUNNER_DRAINED, out.err
+    assert rc == _hook_status.RUNNER_DRAINED, out.err
     update = slurm.calls()[-1]
     assert update[:4] == ['scontrol', 'update', 'nodename=gpu07', 'state=drain']
     assert re.match(r'reason=gpu_reset: GPU 1: \d+ MiB held with no process left', update[4]), update
@@ -596,13 +606,13 @@ def test_a_drained_node_whose_gpus_are_still_dirty_stays_drained_with_the_new_re
 def test_a_node_drained_again_meanwhile_is_neither_resumed_nor_drained(gpuhost, slurm, capsys, hook_vars, monkeypatch):
     """Someone drains the node with a reason of their own while the sequence runs."""
     slurm.says(scontrol=show_node(), squeue='')
-    reset = _slurm_hook.reset
+    reset = _hook_health.reset
 
     def reset_then_redrain(*args, **kwargs):
         result = reset(*args, **kwargs)
         slurm.says(scontrol=show_node(reason='maintenance [bob@2026-12-01T12:00:00]'))
         return result
-    monkeypatch.setattr(_slurm_hook, 'reset', reset_then_redrain)
+    monkeypatch.setattr(_hook_health, 'reset', reset_then_redrain)
     rc, out = slurm.check(capsys, '--vars-file', hook_vars(), '--timeout', '5')
     assert rc == 0 and 'not resumed' in out.err, out.err
     # Read, the sequence, read again: the reason is someone else's now, so no update.
@@ -657,7 +667,7 @@ def test_past_the_cap_a_node_that_can_run_jobs_stays_in_service(gpuhost, slurm, 
     gpuhost.fault('cuda', gpu=2, code='ECC_UNCORRECTABLE')
     slurm.says(sinfo=sinfo_lines(20, drained=('gpu03',), other=('gpu05',)))
     rc, report, updates = prolog(slurm, capsys, hook_vars, '--max-drained', '1')
-    assert rc == _slurm_hook.RUNNER_BRAKE_HELD and updates == []
+    assert rc == _hook_status.RUNNER_BRAKE_HELD and updates == []
     assert report['outcome'] == 'failed' and report['drained'] is False
     assert report['brake'] == {'held': True, 'drained_nodes': 1, 'nodes': 20, 'cap': 1, 'rule': 'count'}
     assert report['reason'].endswith('; not drained: the brake holds (count: 1 of 20 nodes drained by gpu_reset already, '
@@ -669,7 +679,7 @@ def test_under_the_cap_the_node_is_drained(gpuhost, slurm, capsys, hook_vars):
     slurm.says(sinfo=sinfo_lines(30, drained=('gpu03', 'gpu07'), other=('gpu05',)))
     rc, report, updates = prolog(slurm, capsys, hook_vars, '--max-drained', '10%')
     # 10 % of 30 nodes is 3; one other node is drained by gpu_reset (this one does not count).
-    assert rc == _slurm_hook.RUNNER_DRAINED and len(updates) == 1
+    assert rc == _hook_status.RUNNER_DRAINED and len(updates) == 1
     assert report['brake'] == {'held': False, 'drained_nodes': 1, 'nodes': 30, 'cap': 3}
 
 
@@ -677,7 +687,7 @@ def test_a_node_where_no_job_can_run_is_drained_past_the_cap_saying_so(gpuhost, 
     gpuhost.fault('lost', gpu=1)
     slurm.says(sinfo=sinfo_lines(4, drained=('gpu01', 'gpu02')))
     rc, report, updates = prolog(slurm, capsys, hook_vars, '--max-drained', '1')
-    assert rc == _slurm_hook.RUNNER_DRAINED and len(updates) == 1
+    assert rc == _hook_status.RUNNER_DRAINED and len(updates) == 1
     assert report['brake'] == {'held': False, 'drained_nodes': 2, 'nodes': 4, 'cap': 1, 'rule': 'count', 'overridden': True}
     assert updates[0][-1].startswith('reason=gpu_reset: the brake (count: 2 of 4 nodes drained by gpu_reset already, at most 1) '
                                      'is overridden, no job can run here: GPU 1 lost'), updates[0][-1]
@@ -688,7 +698,7 @@ def test_a_cluster_sinfo_cannot_tell_is_drained_as_without_a_brake(gpuhost, slur
     gpuhost.fault('cuda', gpu=2, code='ECC_UNCORRECTABLE')
     slurm.says(sinfo=sinfo)
     rc, report, updates = prolog(slurm, capsys, hook_vars, '--max-drained', '1')
-    assert rc == _slurm_hook.RUNNER_DRAINED and len(updates) == 1
+    assert rc == _hook_status.RUNNER_DRAINED and len(updates) == 1
     assert report['brake'] == {'held': False, 'why': 'the drained nodes could not be counted: sinfo listed no node'}
 
 
@@ -698,7 +708,7 @@ def test_every_state_that_takes_no_jobs_counts_when_gpu_reset_gave_the_reason(sl
                      'gpu04|idle|Unknown|none\ngpu05|drain|1|bad DIMM\ngpu06|alloc|1|gpu_reset: an old reason\n'
                      'gpu07|drain|1|gpu_reset(hold): not rebooted (a reboot asked for at 2026-12-01T10:00:00Z did not '
                      'cure it): GPU 1 needs a reboot\ngpu08|drain|1|gpu_reset(holdout): not ours\n')
-    nodes, drained = _brake.parse_listing(_slurm_hook.read_listing(slurm.scontrol, 5))
+    nodes, drained = _brake.parse_listing(_hook_reset.read_listing(slurm.scontrol, 5))
     assert sorted(nodes) == ['gpu0%d' % number for number in range(1, 9)]
     # A node held for a person is out of service for gpu_reset as much as a drained one.
     assert sorted(drained) == ['gpu01', 'gpu02', 'gpu03', 'gpu07']
@@ -726,7 +736,7 @@ def test_past_the_rate_a_node_that_can_run_jobs_stays_in_service(gpuhost, slurm,
     gpuhost.fault('cuda', gpu=2, code='ECC_UNCORRECTABLE')
     slurm.says(sinfo=sinfo_lines(40, drained=('gpu03', 'gpu04'), other=('gpu05',), at=time.time() - 60))
     rc, report, updates = prolog(slurm, capsys, hook_vars, '--max-drained', '50%', '--max-drain-rate', '2/10m')
-    assert rc == _slurm_hook.RUNNER_BRAKE_HELD and updates == []
+    assert rc == _hook_status.RUNNER_BRAKE_HELD and updates == []
     assert report['brake'] == {'held': True, 'drained_nodes': 2, 'nodes': 40, 'cap': 20, 'rate': '2/10m',
                                'recent_drains': 2, 'rule': 'rate'}
     assert report['reason'].endswith('; not drained: the brake holds (rate: 2 nodes drained by gpu_reset within '
@@ -737,7 +747,7 @@ def test_drains_older_than_the_window_leave_the_rate_alone(gpuhost, slurm, capsy
     gpuhost.fault('cuda', gpu=2, code='ECC_UNCORRECTABLE')
     slurm.says(sinfo=sinfo_lines(40, drained=('gpu03', 'gpu04'), at=time.time() - 700))
     rc, report, updates = prolog(slurm, capsys, hook_vars, '--max-drained', '50%', '--max-drain-rate', '2/10m')
-    assert rc == _slurm_hook.RUNNER_DRAINED and len(updates) == 1
+    assert rc == _hook_status.RUNNER_DRAINED and len(updates) == 1
     assert report['brake'] == {'held': False, 'drained_nodes': 2, 'nodes': 40, 'cap': 20, 'rate': '2/10m', 'recent_drains': 0}
 
 
@@ -745,7 +755,7 @@ def test_a_node_where_no_job_can_run_is_drained_past_the_rate_saying_which_rule(
     gpuhost.fault('lost', gpu=1)
     slurm.says(sinfo=sinfo_lines(40, drained=('gpu03',), at=time.time() - 5))
     rc, report, updates = prolog(slurm, capsys, hook_vars, '--max-drained', '50%', '--max-drain-rate', '1/1h')
-    assert rc == _slurm_hook.RUNNER_DRAINED and report['brake']['overridden'] and report['brake']['rule'] == 'rate'
+    assert rc == _hook_status.RUNNER_DRAINED and report['brake']['overridden'] and report['brake']['rule'] == 'rate'
     assert updates[0][-1].startswith('reason=gpu_reset: the brake (rate: 1 nodes drained by gpu_reset within 3600 s, '
                                      'at most 1/1h) is overridden, no job can run here: GPU 1 lost'), updates[0][-1]
 
@@ -769,25 +779,25 @@ def test_a_lost_gpu_asks_slurm_for_a_reboot_once(gpuhost, hook, tmp_path):
     gpuhost.fault('lost', gpu=2, message='lost')
     stamp = tmp_path / 'state' / 'reboot-requested'
     rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
-    assert rc == _slurm_hook.RUNNER_DRAINED, report['reason']
+    assert rc == _hook_status.RUNNER_DRAINED, report['reason']
     assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and command[-1] == 'gpu07', command
     assert command[3].startswith('reason=gpu_reset: GPU 2') and len(command) == 5, command
     assert report['reboot_requested'] is True and report['drained'] is True
     assert stamp.exists()
     # Before the reboot (the Epilog of the same job): asked for again, the same way.
     rc, report, again = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
-    assert (rc, again[:3], report['reboot_requested']) == (_slurm_hook.RUNNER_DRAINED, command[:3], True)
+    assert (rc, again[:3], report['reboot_requested']) == (_hook_status.RUNNER_DRAINED, command[:3], True)
 
 
 def test_a_fault_a_reboot_did_not_cure_is_drained_for_a_person(gpuhost, hook, tmp_path):
     stamp = tmp_path / 'reboot-requested'
     stamp.write_text('')
-    boot = _slurm_hook.boot_time()
+    boot = _hook_reset.boot_time()
     os.utime(str(stamp), (boot - 60, boot - 60))
-    assert 'did not cure it' in _slurm_hook.why_not_reboot('gpu07', str(stamp), boot=boot, now=boot + 3600)
-    assert _slurm_hook.why_not_reboot('gpu07', str(stamp), boot=boot, now=boot + 2 * 86400) is None
-    assert _slurm_hook.why_not_reboot('gpu07', str(stamp), boot=boot - 120, now=boot) is None  # still to come
-    if time.time() - (boot - 60) < _slurm_hook.REBOOT_AT_MOST_EVERY_S:
+    assert 'did not cure it' in _hook_reset.why_not_reboot('gpu07', str(stamp), boot=boot, now=boot + 3600)
+    assert _hook_reset.why_not_reboot('gpu07', str(stamp), boot=boot, now=boot + 2 * 86400) is None
+    assert _hook_reset.why_not_reboot('gpu07', str(stamp), boot=boot - 120, now=boot) is None  # still to come
+    if time.time() - (boot - 60) < _hook_reset.REBOOT_AT_MOST_EVERY_S:
         gpuhost.fault('lost', gpu=2, message='lost')
         rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
         assert command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
@@ -795,7 +805,7 @@ def test_a_fault_a_reboot_did_not_cure_is_drained_for_a_person(gpuhost, hook, tm
                         r'GPU 2 lost', command[3]), command
         assert 'reboot_requested' not in report and report['held_for_person'] is True
         # The health check that finds the GPUs clean later leaves the node drained.
-        assert 'for a person' in _slurm_hook.why_not_heal('gpu07', 'IDLE+DRAIN', command[3][len('reason='):])
+        assert 'for a person' in _hook_health.why_not_heal('gpu07', 'IDLE+DRAIN', command[3][len('reason='):])
 
 
 def test_an_xid_79_in_the_kernels_words_asks_for_a_reboot(gpuhost, hook, tmp_path):
@@ -804,7 +814,7 @@ def test_an_xid_79_in_the_kernels_words_asks_for_a_reboot(gpuhost, hook, tmp_pat
     stamp = tmp_path / 'state' / 'reboot-requested'
     rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp),
                                gpu_reset_kernel_log=gpuhost.kernel_log, gpu_reset_allow_gpu_reset=True)
-    assert rc == _slurm_hook.RUNNER_DRAINED, report['reason']
+    assert rc == _hook_status.RUNNER_DRAINED, report['reason']
     assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and command[-1] == 'gpu07', command
     assert [gpu['recovery_action'] for gpu in report['gpus'] if gpu['index'] == 1] == ['reboot']
     assert report['reboot_requested'] is True and report['escalation'] is None and stamp.exists()
@@ -817,7 +827,7 @@ def test_a_hung_driver_in_the_kernel_log_asks_for_a_reboot_and_says_why(gpuhost,
     stamp = tmp_path / 'state' / 'reboot-requested'
     rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp),
                                gpu_reset_kernel_log=gpuhost.kernel_log, gpu_reset_allow_gpu_reset=True)
-    assert rc == _slurm_hook.RUNNER_DRAINED, report['reason']
+    assert rc == _hook_status.RUNNER_DRAINED, report['reason']
     assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and command[-1] == 'gpu07', command
     assert set(gpu['recovery_action'] for gpu in report['gpus']) == set(['reboot'])
     assert 'driver_hung: the kernel log says the NVIDIA driver hung (NV_ERR_GPU_IN_FULLCHIP_RESET) since the last ' \
@@ -836,7 +846,7 @@ def test_an_xid_that_calls_for_a_reset_gets_one_through_the_hook_where_allowed(g
     time.sleep(1.1)
     gpuhost.fault('xid', gpu=3, code=119)
     rc, report, command = hook('--timeout', '8', gpu_reset_kernel_log=gpuhost.kernel_log)
-    assert rc == _slurm_hook.RUNNER_DRAINED and command[:3] == ['update', 'nodename=gpu07', 'state=drain'], report
+    assert rc == _hook_status.RUNNER_DRAINED and command[:3] == ['update', 'nodename=gpu07', 'state=drain'], report
     assert 'GPU 3 needs a GPU reset (Xid 119 since the last cure; set gpu_reset_allow_gpu_reset to allow it)' in command[3]
 
 
@@ -844,7 +854,7 @@ def test_an_xid_of_a_gpu_with_mig_drains_naming_the_gpu_and_its_instances(gpuhos
     layout = gpuhost.mig(3, ['1g.18gb', '2g.35gb'])
     gpuhost.fault('xid', gpu=3, code=119)
     rc, report, command = hook('--timeout', '8', gpu_reset_kernel_log=gpuhost.kernel_log)
-    assert rc == _slurm_hook.RUNNER_DRAINED and command[:3] == ['update', 'nodename=gpu07', 'state=drain'], report
+    assert rc == _hook_status.RUNNER_DRAINED and command[:3] == ['update', 'nodename=gpu07', 'state=drain'], report
     # The ids within the drain reason's length; the report has the MIG UUIDs too.
     assert command[3].startswith('reason=gpu_reset: GPU 3 needs a GPU reset (Xid 119 since the last cure; set '
                                  'gpu_reset_allow_gpu_reset to allow it); GPU 3 is the parent of MIG instance GI 3 CI 0, '
@@ -858,9 +868,9 @@ def test_a_hold_is_drained_with_its_own_prefix_and_never_healed(slurm, tmp_path,
     stamp = tmp_path / 'reboot-requested'
     stamp.write_text('')
     os.utime(str(stamp), (time.time() - 90, time.time() - 90))
-    monkeypatch.setattr(_slurm_hook, 'boot_time', lambda: time.time() - 30)
+    monkeypatch.setattr(_hook_reset, 'boot_time', lambda: time.time() - 30)
     result = {'reason': 'GPU 2 needs a reboot (Xid 79 since the last cure)', 'gpus': [{'index': 2, 'recovery_action': 'reboot'}]}
-    _slurm_hook.ask_reboot(result, slurm.scontrol, 'gpu07', 10, str(stamp))
+    _hook_reset.ask_reboot(result, slurm.scontrol, 'gpu07', 10, str(stamp))
     updates = [call for call in slurm.calls() if call[1:2] == ['update']]
     assert result['drained'] is True and result['held_for_person'] is True and 'reboot_requested' not in result
     assert updates == [['scontrol', 'update', 'nodename=gpu07', 'state=drain',
@@ -868,10 +878,10 @@ def test_a_hold_is_drained_with_its_own_prefix_and_never_healed(slurm, tmp_path,
                         'reboot (Xid 79 since the last cure)' % time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(
                             os.stat(str(stamp)).st_mtime))]]
     reason = updates[0][-1][len('reason='):]
-    assert 'until an operator resumes it' in _slurm_hook.why_not_heal('gpu07', 'IDLE+DRAIN', reason)
+    assert 'until an operator resumes it' in _hook_health.why_not_heal('gpu07', 'IDLE+DRAIN', reason)
     # The brake counts it among the nodes out of service for gpu_reset.
     slurm.says(sinfo='gpu07|drain|1796214743|%s\ngpu08|idle|Unknown|none\n' % reason)
-    assert _brake.parse_listing(_slurm_hook.read_listing(slurm.scontrol, 5)) == (set(['gpu07', 'gpu08']), {'gpu07': 1796214743})
+    assert _brake.parse_listing(_hook_reset.read_listing(slurm.scontrol, 5)) == (set(['gpu07', 'gpu08']), {'gpu07': 1796214743})
 
 
 @pytest.mark.parametrize('reboot', [False, True])
@@ -882,15 +892,15 @@ def test_what_a_reboot_is_not_needed_for_is_drained(gpuhost, hook, tmp_path, reb
     else:
         gpuhost.fault('lost', gpu=2, message='lost')
     rc, report, command = hook('--timeout', '5', *(['--reboot', '--reboot-stamp', str(tmp_path / 'stamp')] if reboot else []))
-    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert rc == _hook_status.RUNNER_DRAINED
     assert command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
     assert not (tmp_path / 'stamp').exists()
 
 
 @pytest.mark.parametrize('node', ['ALL', 'all', 'gpu[01-99]', 'gpu07,gpu08'])
 def test_a_reboot_is_asked_for_one_node_only(node, tmp_path):
-    assert 'not one node name' in _slurm_hook.why_not_reboot(node, str(tmp_path / 'stamp'))
-    assert _slurm_hook.why_not_reboot('gpu07', str(tmp_path / 'stamp')) is None
+    assert 'not one node name' in _hook_reset.why_not_reboot(node, str(tmp_path / 'stamp'))
+    assert _hook_reset.why_not_reboot('gpu07', str(tmp_path / 'stamp')) is None
 
 
 def test_slurmds_pid_table_names_each_jobs_processes():
@@ -900,7 +910,7 @@ def test_slurmds_pid_table_names_each_jobs_processes():
              '4200     43       extern   -       -\n'
              'garbage line\n'
              '1        44       0        0       0\n')
-    assert _slurm_hook.parse_listpids(table) == {'42': [4021, 4100], '43': [4200]}
+    assert _hook_job.parse_listpids(table) == {'42': [4021, 4100], '43': [4200]}
 
 
 @pytest.fixture
@@ -959,7 +969,7 @@ def test_a_shard_job_that_leaves_a_process_behind_drains_naming_it_not_the_neigh
     rc, report, calls, log = shard_node({'5': [stuck['monitor_pid']], '6': [neighbour['monitor_pid']]}, '5',
                                         '--gpus', '0', '--timeout', '3', gpu_reset_signals=['TERM'])
     assert alive(neighbour['pid'])
-    assert rc == _slurm_hook.RUNNER_DRAINED, (report, log)
+    assert rc == _hook_status.RUNNER_DRAINED, (report, log)
     assert 'pid %d' % stuck['pid'] in report['reason'] and 'pid %d' % neighbour['pid'] not in report['reason'], \
         report['reason']
     assert len(calls) == 1 and calls[0][:3] == ['update', 'nodename=gpu07', 'state=drain']
@@ -976,7 +986,7 @@ def test_the_jobs_on_the_node_as_slurmd_lists_them(tmp_path, script, jobs):
     scontrol = tmp_path / 'scontrol'
     scontrol.write_text('#!/bin/sh\n%s\n' % script)
     scontrol.chmod(0o755)
-    assert _slurm_hook.live_jobs(str(scontrol), 5) == jobs
+    assert _hook_job.live_jobs(str(scontrol), 5) == jobs
 
 
 # -- a fault that returns after its cures goes to a person ----------------------------------------
@@ -1002,7 +1012,7 @@ def test_a_third_recurrence_after_two_cures_is_held_for_a_person_until_cleared(g
     assert counts['reset'] == 2 and counts['cure'] >= 2 and counts['probe'] >= 1, report['history']
     gpuhost.fault('stuck', gpu=3, mib=4096)
     rc, report, updates = prolog_run()
-    assert rc == _slurm_hook.RUNNER_DRAINED and report['escalation'] is None and report['held_for_person'] is True
+    assert rc == _hook_status.RUNNER_DRAINED and report['escalation'] is None and report['held_for_person'] is True
     assert len(updates) == 1 and updates[0][:4] == ['scontrol', 'update', 'nodename=gpu07', 'state=drain']
     reason = updates[0][4][len('reason='):]
     assert reason.startswith('gpu_reset(hold): GPU 3 (%s): needs a reset (' % uuid), reason
@@ -1023,7 +1033,7 @@ def test_a_third_recurrence_after_two_cures_is_held_for_a_person_until_cleared(g
 def test_the_hold_threshold_is_a_setting_checked_before_anything_is_done(gpuhost, hook):
     gpuhost.fault('stuck', gpu=3, mib=4096)
     rc, report, drained = hook('--timeout', '10', gpu_reset_allow_gpu_reset=True, gpu_reset_hold_after_cures=0)
-    assert rc == _slurm_hook.RUNNER_DRAINED and 'gpu_reset_hold_after_cures must be between 1 and 100' in report['reason']
+    assert rc == _hook_status.RUNNER_DRAINED and 'gpu_reset_hold_after_cures must be between 1 and 100' in report['reason']
     assert report['escalation'] is None
 
 
@@ -1063,6 +1073,6 @@ def test_a_mig_job_whose_instance_is_gone_is_a_clear_failure(gpuhost, hook, tmp_
     (tmp_path / 'gres.conf').write_text('AutoDetect=nvml\n')
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', 'MIG-00000000-0000-0000-0000-000000000000')
     rc, report, drained = hook('--gpus', '0', '--timeout', '5')
-    assert rc == _slurm_hook.RUNNER_DRAINED
+    assert rc == _hook_status.RUNNER_DRAINED
     assert 'no MIG instance MIG-00000000-0000-0000-0000-000000000000 on this host' in report['reason'], report['reason']
     assert report['signalled'] == []

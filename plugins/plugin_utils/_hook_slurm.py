@@ -1,0 +1,47 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This plugin_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""Slurm's commands as the hook runs them on the node (scontrol, squeue, sinfo): argv never
+through a shell, each within its time."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import re
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+
+
+# Seconds each scontrol or squeue call may take.
+SLURM_CALL_S = 10
+# A Slurm node name as the health check and a reboot request accept it: one name, never a list or a
+# range (a,b; n[1-4]).
+NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$')
+
+
+class SlurmUnreadable(Exception):
+    """What scontrol or squeue said cannot be read: the health check does nothing."""
+
+
+def slurm_call(argv, seconds):
+    """(rc, stdout, stderr) of a Slurm command, argv never through a shell; SlurmUnreadable when
+    it cannot run or does not answer within seconds."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
+
+    try:
+        return Runner(argv[0]).run(argv[1:], timeout=max(seconds, 1))
+    except GpuopsError as exc:
+        raise SlurmUnreadable(printable(str(exc), 300))
+
+
+def slurm_command(scontrol, name):
+    """Slurm's command name (squeue, sinfo), next to scontrol when that is a path."""
+    return os.path.join(os.path.dirname(scontrol), name) if '/' in scontrol else name
