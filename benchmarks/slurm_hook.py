@@ -16,7 +16,9 @@ is, in turn (interleaved, so that a change in the machine's load hits every vari
             directly, without ansible-playbook
   playbook  the hook running ansible-playbook gpuops.nvidia.reset_gpus
 
-Prints the median (and min, max) of each and what each hook adds to the empty Prolog's median.
+Prints the median (and min, max) of each and what each hook adds to the empty Prolog's median,
+and the module runner's own time as its reports in the hook's log give it (Slurm notices the
+Prolog's end in steps, so the runner's time says what the hook itself costs).
 The node is idle again (Epilog done) before every job; there is no Epilog, so only the Prolog
 is timed.
 
@@ -25,6 +27,7 @@ Needs root (slurmd), and ansible-core (the repository's .venv is used when prese
 """
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -83,6 +86,20 @@ def one_job(bench, seconds=120):
     return took
 
 
+def runner_seconds(log):
+    """duration_s of each report the module runner wrote to the hook's log (a JSON line)."""
+    seconds = []
+    for line in log:
+        if line.startswith('{') and '"duration_s"' in line:
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(report.get('duration_s'), (int, float)):
+                seconds.append(report['duration_s'])
+    return seconds
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--jobs', type=int, default=7, help='jobs per variant (default 7)')
@@ -132,7 +149,8 @@ def main():
                 if round_:
                     times[variant].append(took)
         with open(os.path.join(hooks, 'hook.log')) as handle:
-            failed = [line for line in handle if re.match(r'=== prolog job \S+: exit [1-9]', line)]
+            log = handle.readlines()
+        failed = [line for line in log if re.match(r'=== prolog job \S+: exit [1-9]', line)]
         if failed:
             raise RuntimeError('a hook failed on the clean node:\n%s' % ''.join(failed))
         print('Slurm %s, node %s (%s), load average %.1f at the end, %d jobs per variant,'
@@ -149,6 +167,12 @@ def main():
                 if variant != 'empty':
                     print('  the %s hook adds %.2f s per job (median against the empty Prolog)' % (
                         variant, medians[variant] - medians['empty']))
+        own = runner_seconds(log)
+        if own:
+            print('  the module runner\'s own time (its report\'s duration_s, from its start to its report), median '
+                  '%.2f s (min %.2f, max %.2f, %d runs, the warm-up included); the rest of what a hook adds is the '
+                  "shell hook, Python's start and Slurm noticing the Prolog's end, which moves the figures above in "
+                  'steps (compare each variant\'s min and median)' % (statistics.median(own), min(own), max(own), len(own)))
     finally:
         if bench is not None:
             bench.stop()
