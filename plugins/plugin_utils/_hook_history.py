@@ -15,16 +15,14 @@ __metaclass__ = type
 
 import sys
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._history import History
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_status import RUNNER_SETTINGS_UNREADABLE
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_vars import host_root_of
 
 
 def clear_history(args):
     """--clear-history UUID|all: forget the GPU's history (each GPU's); 0, or 2 saying why not."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._history import History
-
     history = History.for_host(host_root_of(args.vars_file))
     try:
         if not history.state.usable:

@@ -20,8 +20,9 @@ import sys
 import tempfile
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import is_driver_hung
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _sequence
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import SINFO_ENV, BrakeUnreadable, sinfo_argv
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command
@@ -58,9 +59,6 @@ class ModuleRunner:
     def __call__(self, name, args):
         """The module's result (a dict; one that failed too, with failed and msg); ModuleError
         when it gives none (stopped at the deadline, with what it started, or a crash)."""
-        from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-        from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
-
         if self.check_mode:
             args = dict(args, _ansible_check_mode=True)
         with tempfile.NamedTemporaryFile('w', prefix='gpuops-args-', suffix='.json', delete=False) as handle:
@@ -92,9 +90,6 @@ class NodeHost:
 
     @staticmethod
     def command(argv, seconds):
-        from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-        from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
-
         try:
             rc, dummy, stderr = Runner(argv[0]).run(argv[1:], timeout=seconds)
         except GpuopsError as exc:
@@ -306,9 +301,6 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
 def read_listing(scontrol, seconds):
     """sinfo's listing for the brake (_brake.sinfo_argv), within seconds; BrakeUnreadable when
     sinfo cannot tell."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
-
     argv = sinfo_argv(slurm_command(scontrol, 'sinfo'))
     try:
         rc, stdout, stderr = Runner(argv[0], env=SINFO_ENV).run(argv[1:], timeout=max(seconds, 1))

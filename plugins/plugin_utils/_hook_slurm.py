@@ -16,7 +16,8 @@ __metaclass__ = type
 import os
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 
 
 # Seconds each scontrol or squeue call may take.
@@ -33,9 +34,6 @@ class SlurmUnreadable(Exception):
 def slurm_call(argv, seconds):
     """(rc, stdout, stderr) of a Slurm command, argv never through a shell; SlurmUnreadable when
     it cannot run or does not answer within seconds."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
-
     try:
         return Runner(argv[0]).run(argv[1:], timeout=max(seconds, 1))
     except GpuopsError as exc:

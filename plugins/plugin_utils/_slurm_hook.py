@@ -71,17 +71,14 @@ import sys
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import drain_rate_problem, max_drained_problem
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_status import RUNNER_NEEDS_PLAYBOOK, RUNNER_SETTINGS_UNREADABLE
 
 REBOOT_STAMP = '/var/lib/gpuops/reboot-requested'
 
-# Each argument type imports its check only when its option is given.
-
 
 def max_drained_argument(text):
     """--max-drained: a number of nodes, or a percentage of the cluster's (N%)."""
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import max_drained_problem
-
     problem = max_drained_problem(text)
     if problem:
         raise argparse.ArgumentTypeError('GPU_RESET_MAX_DRAINED: %s' % problem)
@@ -90,8 +87,6 @@ def max_drained_argument(text):
 
 def drain_rate_argument(text):
     """--max-drain-rate: at most N nodes drained by gpu_reset within a window (5/10m)."""
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import drain_rate_problem
-
     problem = drain_rate_problem(text)
     if problem:
         raise argparse.ArgumentTypeError('GPU_RESET_MAX_DRAIN_RATE: %s' % problem)
@@ -99,7 +94,8 @@ def drain_rate_argument(text):
 
 
 def gpus_argument(text):
-    """gpu_list for argparse: its message as the error, no traceback."""
+    """gpu_list for argparse: its message as the error, no traceback (imported here: _hook_job
+    brings the whole sequence, which only a job's run needs)."""
     from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_job import gpu_list
 
     try:
