@@ -57,10 +57,16 @@ options:
       - The directory where the collection keeps what it remembers on the host between runs
         (where the kernel log was last read, with the summary of what it said, and each GPU's
         last cure, by GPU UUID and boot id).
-      - It must be a directory only this user can write, as the release lock's. It is created
-        0700 when missing (its parent must exist); one that is a symbolic link, another user's or
-        writable by group or others is not used, with a warning, and then nothing is remembered
-        (the kernel log is read in full each time, and health counts every message of this boot).
+      - It must be a directory only this user can write, as the release lock's, below directories
+        that belong to root or this user and that no other user can write (a sticky directory such
+        as C(/tmp) excepted); a symbolic link on the way is followed only when root or this user
+        owns it. It is created 0700 when missing (its parent must exist); one that is a symbolic
+        link, another user's or writable by group or others, or below a directory another user
+        could replace it in, is not used, with a warning, and then nothing is remembered (the
+        kernel log is read in full each time, and health counts every message of this boot).
+      - The directory is opened from C(/) one component at a time, by descriptor, for each read
+        and write, and its files are read and replaced through that descriptor; a directory
+        swapped for a symbolic link after the check is never written through.
       - Not set, it is C(/run/gpuops) under O(host_root) (for a user other than root, a directory
         of its own, as for the release lock).
       - Each GPU's history (resets, reboots asked for, cures, probe results), which must survive a

@@ -14,13 +14,12 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import errno
 import os
 import stat
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import directory_chain, shared_dir_problem
+from ansible_collections.gpuops.nvidia.plugins.module_utils._dirfd import DirRefused, open_private_dir
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 
 PROGRAM = 'nvidia-bug-report.sh'
@@ -39,19 +38,15 @@ def program_next_to(nvidia_smi_path):
 
 def _private_directory(directory):
     """Create directory (mode 0700) when missing, and open it: its fd. GpuopsError unless it is a
-    real directory of this user that nobody else can write to or read (checked on the open
-    directory, opened without following a link), below directories nobody else can replace it in.
-    The report is written through the fd (the program runs in it), never through the path again."""
+    real directory of this user that nobody else can write to or read, reached from / by
+    descriptor through directories nobody else can replace it in (_dirfd). The report is written
+    through the fd (the program runs in it), never through the path again."""
     try:
-        os.makedirs(directory, 0o700)
-    except OSError:
-        pass
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise GpuopsError('bug_report_dir %s is not a directory (a symbolic link is not followed)' % printable(directory))
-        raise GpuopsError('bug_report_dir %s cannot be created: %s' % (printable(directory), exc.strerror))
+        fd = open_private_dir(directory, parents_mode=0o700)
+    except DirRefused as exc:
+        raise GpuopsError('bug_report_dir %s %s (the report, written as root, holds the kernel log and the process '
+                          'list: use a directory only root can write, below directories only root can write)'
+                          % (printable(directory), exc))
     try:
         _check_private(directory, os.fstat(fd))
     except BaseException:
@@ -61,20 +56,11 @@ def _private_directory(directory):
 
 
 def _check_private(directory, info):
-    """GpuopsError unless the open directory (stat info) and those above it are private enough."""
+    """GpuopsError unless the open directory (stat info) is private enough."""
     if info.st_uid != os.geteuid() or info.st_mode & 0o077:
         raise GpuopsError('bug_report_dir %s must belong to uid %d with mode 0700 (it is uid %d, mode %04o): the report '
                           'holds the kernel log and the process list' % (
                               printable(directory), os.geteuid(), info.st_uid, stat.S_IMODE(info.st_mode)))
-    # The report is written through the open directory, so a swap after the open changes nothing;
-    # a directory above it that another user can write is refused all the same: they could swap
-    # it before the open (for another private directory of root's).
-    for above in directory_chain(os.path.dirname(os.path.abspath(directory))):
-        problem = shared_dir_problem(os.stat(above), os.geteuid(), parent=False)
-        if problem:
-            raise GpuopsError('bug_report_dir %s is below %s, which %s: another user could replace it with a link '
-                              'to where the report would then be written; use a directory only root can write '
-                              'above it' % (printable(directory), printable(above), problem))
 
 
 def collect(directory, timeout, program=PROGRAM, now=time.time):

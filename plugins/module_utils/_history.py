@@ -10,10 +10,11 @@
 cures, the failed cures and the probes' results, each with its time and reason.
 
 It lives in /var/lib/gpuops (under host_root on a simulated host; in state_dir/history when a
-state_dir is given), a directory kept as the state
-directory is (_state.StateDir: created 0700, refused when it is a link, another user's or
-writable by others; files written atomically, never through a link; a file that is not what
-this module wrote is ignored with a warning). Unlike /run/gpuops it survives a reboot, so a GPU
+state_dir is given), a directory kept as the state directory is (_state.StateDir: opened by
+descriptor from /, created 0700, refused when it is a link, another user's or writable by others,
+or below a directory another user could swap it in; files read and written through that
+descriptor, atomically, never through a link; a file that is not what this module wrote is
+ignored with a warning). Unlike /run/gpuops it survives a reboot, so a GPU
 whose fault returns after every cure is seen to do so (hold_reason), and is held for a person.
 
 Bounded: the newest MAX_EVENTS events of each GPU, the MAX_GPUS GPUs seen last; a probe that
@@ -111,13 +112,9 @@ class History:
         """The history of the host (host_root); beside the state when a state_dir is given (its
         history directory: the user chose where the collection keeps its state)."""
         path = os.path.join(state_dir, 'history') if state_dir else default_history_dir(host_root)
-        if host_root and os.path.normpath(host_root) != '/':
-            # A simulated host: its /var/lib may not exist yet.
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-            except OSError:
-                pass
-        return cls(StateDir(path))
+        # A simulated host: its /var/lib may not exist yet.
+        simulated = bool(host_root) and os.path.normpath(host_root) != '/'
+        return cls(StateDir(path, parents=simulated))
 
     @property
     def warnings(self):

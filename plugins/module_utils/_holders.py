@@ -476,6 +476,7 @@ class Scan:
         self.partial = []
         self.complete = True
         self.listed = set()  # the pids the pass went through
+        self.clean = {}  # pid -> start time of the processes read whole that hold no node
 
     def merge(self, later):
         """Add what a later pass over other processes (scan_holders' after) found."""
@@ -484,6 +485,7 @@ class Scan:
         self.partial += later.partial
         self.complete = self.complete and later.complete
         self.listed |= later.listed
+        self.clean.update(later.clean)
 
     def unreadable_pids(self):
         """The processes whose descriptors could not all be read, for any reason."""
@@ -501,9 +503,11 @@ def _holdings(pid, proc, nodes, deadline):
     return mapped | opened[0], why or opened[1]
 
 
-def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.monotonic, after=None):
+def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.monotonic, after=None, known=None):
     """A Scan of every process holding one of the device paths (by identity), sorted by pid;
-    after (a Scan): only of the processes that scan did not list (started since).
+    after (a Scan): only of the processes that scan did not list (started since); known (a Scan.clean
+    of an earlier pass of the same release): its processes are not read again while they are the
+    same processes (same start time), so that a rescan costs what changed, not the whole host.
 
     Processes with a verified protected identity (see verify_protected), and this process with
     its ancestors, are marked protected. With a deadline the pass stops there, incomplete; the
@@ -518,10 +522,15 @@ def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.mo
     timer = _Deadline(deadline, clock)
     pids = [pid for pid in _pids(proc) if after is None or pid not in after.listed]
     scan.listed = set(pids)
+    known = known or {}
     for pid in pids:
         if timer.passed():
             scan.complete = False
             break
+        started = _start_tick(pid, proc)
+        if started is not None and known.get(pid) == started:
+            scan.clean[pid] = started
+            continue
         read = _holdings(pid, proc, nodes, timer)
         if read is None:
             if not _kernel_thread(pid, proc):
@@ -534,7 +543,18 @@ def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.mo
             holder = load_holder(pid, held, protect, own, proc)
             if holder is not None:
                 scan.holders.append(holder)
+        elif why is None and started is not None:
+            scan.clean[pid] = started
     return scan
+
+
+def _start_tick(pid, proc):
+    """pid's start time (clock ticks since boot) from its stat, read alone; None when gone."""
+    try:
+        with open(os.path.join(proc, str(pid), 'stat'), 'rb') as handle:
+            return int(handle.read(4096).rsplit(b')', 1)[1].split()[19])
+    except (IOError, OSError, IndexError, ValueError):
+        return None
 
 
 def process_uid(pid, proc='/proc'):

@@ -96,6 +96,11 @@ def _private_dir_problem(path, euid):
         st = os.lstat(path)
     except OSError as exc:
         return 'cannot be examined (%s)' % exc.strerror
+    return private_dir_problem(st, euid)
+
+
+def private_dir_problem(st, euid):
+    """None when st is a directory's, owned by euid, that no one else can write, else why not."""
     if not stat.S_ISDIR(st.st_mode):
         return 'is %s, not a directory' % _kind(st.st_mode)
     if st.st_uid != euid:

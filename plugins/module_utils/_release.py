@@ -59,8 +59,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     unread_processes,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import check_expected_gpus, device_patterns, gpu_nodes
-from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import JobScope, check_job
-from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope, no_such_gpus, split_gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import JOBS_UNKNOWN, JobScope, check_job
+from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import blocks, gpus_in_scope, no_such_gpus, node_number, split_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._mig_scope import InstanceScope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
@@ -167,6 +167,7 @@ def release_argument_spec():
             uid=dict(type='int'),
             shared_gpus=dict(type='list', elements='int', default=[]),
             live_jobs=dict(type='dict'),
+            scontrol=dict(type='str'),
         )),
         probe=dict(type='dict', options=RELEASE_PROBE_SPEC),
     )
@@ -314,9 +315,11 @@ def _holders_text(holders):
 def _foreign_why(holder, proc='/proc'):
     unit = supervisor(holder, proc)['unit']
     return ('pid %d (%s, user %s%s, holding %s; %s: a root or system process that the driver places on no GPU and '
-            'that belongs to no job, never signalled)' % (
+            'that belongs to no job, never signalled; it lets go when %s)' % (
                 holder.pid, printable(holder.comm), holder.user, ', unit %s' % printable(unit) if unit else '',
-                ', '.join(printable(path) for path in holder.devices) or 'no GPU node', FOREIGN_HOLDER))
+                ', '.join(printable(path) for path in holder.devices) or 'no GPU node', FOREIGN_HOLDER,
+                'unit %s stops or closes the descriptor' % printable(unit) if unit else
+                'it closes the descriptor or exits: see what handed it one'))
 
 
 def _spared_why(holder):
@@ -435,6 +438,10 @@ class Release:
         self.last_keys = set()
         self.scan_incomplete = False
         self.last_scan = None  # the latest Scan: the one that says what holds the GPUs now
+        self.clean_seen = {}  # pid -> start time of the processes read whole and holding nothing
+        self.start_tick = boot_ticks()
+        self.unread_may_hold = []  # the processes read in part that may hold the scope, as last seen
+        self.foreign_now = []  # the foreign holders of the scope at the end
         self.unreadable = set()
         self.read_error = None
         self.read_error_permanent = False
@@ -566,9 +573,41 @@ class Release:
         trusted = snapshot.trusted if snapshot is not None else {}
         holders = [holder for holder in scan.holders if self._holds_scope(holder, placed, trusted, snapshot)]
         holders += self._reported_only(snapshot, scan, trusted)
+        holders += self._read_in_part_of_the_job(scan, holders)
         self._set_aside_for_job(holders, snapshot)
         self._mark_foreign(holders, trusted)
         return sorted(holders, key=lambda holder: holder.pid)
+
+    def _read_in_part_of_the_job(self, scan, found):
+        """The processes of the job (its cgroup, or its user's in no live job) whose descriptors
+        could not all be read: targets, as holders of every node in scope (a descriptor may sit past
+        any bound). The others read in part are noted (unread_may_hold): never signalled, and the
+        GPUs are not called released while one of them, in no other job, may hold them."""
+        taken, unread = [], []
+        have = set(holder.pid for holder in found)
+        own = ancestors(os.getpid(), self.proc)
+        for entry in sorted(scan.partial):
+            if entry.pid in have or entry.pid in own:
+                continue
+            holder = load_holder(entry.pid, self._scope_paths(), self.options.protect, own, self.proc)
+            if holder is None or holder.protected:
+                continue
+            job = self.jobs.job_of(holder.pid) if self.jobs is not None else None
+            if self.jobs is not None and self.jobs.is_own(holder, job):
+                holder.job = job
+                taken.append(holder)
+            elif self.jobs is None or not self.jobs.is_other(job):
+                unread.append(entry)
+        self.unread_may_hold = unread
+        return taken
+
+    def _scope_paths(self):
+        """The matched node paths of the scope: its GPUs' own nodes (gpus:), else every one."""
+        if self.options.gpus is None:
+            return list(self.paths)
+        numbers = self._scope_nodes()
+        paths = set(path for path in self.paths if node_number(path) in numbers)
+        return sorted(paths | set(self.instance_scope.node_paths() if self.instance_scope else []))
 
     def _set_aside_for_job(self, holders, snapshot):
         """With job: mark protected the holders the job's release must leave alone (another live
@@ -579,13 +618,7 @@ class Release:
         scope = self._scope(snapshot or self.last_snapshot)
         for holder in holders:
             holder.job = self.jobs.job_of(holder.pid)
-        others = [(gpu.get('index'), process.get('pid')) for gpu in scope for process in gpu.get('processes') or []
-                  if self.jobs.is_other_live(self.jobs.job_of(process.get('pid')))]
-        busy = set(index for index, dummy in others)
-        busy.update(gpu.get('index') for gpu in scope for holder in holders
-                    if self.jobs.is_other_live(holder.job) and self._blocks(holder, gpu))
-        busy &= self.jobs.shared
-        self.spared_pids = set(pid for dummy, pid in others)
+        busy, self.spared_pids = self._shared_busy(scope, holders)
         for holder in holders:
             held = [gpu.get('index') for gpu in scope if self._blocks(holder, gpu)]
             why = None if holder.protected else self.jobs.why_left_alone(holder, holder.job, held, busy)
@@ -597,6 +630,48 @@ class Release:
         self.job_scoped = set(gpu.get('index') for gpu in scope if gpu.get('index') in self.jobs.shared
                               if self._others_on(gpu, spared))
 
+    def _shared_busy(self, scope, holders):
+        """(the shared GPUs another job's process is on or holds, the pids of other jobs the driver
+        places on the scope)."""
+        others = [(gpu.get('index'), process.get('pid')) for gpu in scope for process in gpu.get('processes') or []
+                  if self.jobs.is_other(self.jobs.job_of(process.get('pid')))]
+        busy = set(index for index, dummy in others)
+        busy.update(gpu.get('index') for gpu in scope for holder in holders
+                    if self.jobs.is_other(holder.job) and self._blocks(holder, gpu))
+        return busy & self.jobs.shared, set(pid for dummy, pid in others)
+
+    def _confirm_jobs(self, due):
+        """The targets of due that may still be signalled, decided now, right before the signal:
+        each one's job read again (its cgroup; slurmd's list, read again where it is used). One that
+        is another job's now, or whose job cannot be told, leaves the ladder, never signalled."""
+        if self.jobs is None or not due:
+            return due
+        problem = self.jobs.refresh()
+        if problem:
+            self._warn('scontrol listpids could not be read again before the signals (%s): a process in no job '
+                       'cgroup that is not of the job\'s user is not signalled' % problem)
+        scope = self._scope(self.last_snapshot)
+        holders = [target.holder for target in self.targets.values()] + list(self.other_jobs_seen.values())
+        for holder in holders:
+            holder.job = self.jobs.job_of(holder.pid)
+        busy, dummy = self._shared_busy(scope, holders)
+        kept = []
+        for target in due:
+            holder = target.holder
+            held = [gpu.get('index') for gpu in scope if self._blocks(holder, gpu)]
+            why = self.jobs.why_left_alone(holder, holder.job, held, busy)
+            if why is None and problem and holder.job is None and holder.uid != self.jobs.uid:
+                why = JOBS_UNKNOWN
+            if why is None:
+                kept.append(target)
+                continue
+            holder.protected, holder.spared = True, why
+            self.spared_pids.add(holder.pid)
+            self.other_jobs_seen[_key(holder)] = holder
+            target.ref.close()
+            del self.targets[_key(holder)]
+        return kept
+
     def _others_on(self, gpu, spared):
         """Whether a process the job's release leaves alone is on gpu (the driver's list) or holds it."""
         return any(self._blocks_pid(pid, gpu) for pid in self.spared_pids) or \
@@ -604,8 +679,16 @@ class Release:
 
     def _scan(self, after=None):
         started = self.clock()
-        scan = scan_holders(self.paths, self.options.protect, self.proc, self.deadline, self.clock, after)
+        scan = scan_holders(self.paths, self.options.protect, self.proc, self.deadline, self.clock, after,
+                            known=self.clean_seen)
         self.budget.spend('scans of /proc', started)
+        # Only a process that was there before the release began is not read again: one started
+        # since may be a holder's fork caught before it opened a node.
+        old = dict((pid, tick) for pid, tick in scan.clean.items() if tick < self.start_tick - TICK_SKEW)
+        if after is None:
+            self.clean_seen = old
+        else:
+            self.clean_seen.update(old)
         self.unreadable.update(scan.unreadable)
         self.scan_incomplete = not scan.complete
         self.last_scan = scan
@@ -734,9 +817,18 @@ class Release:
             and not gpu.get('processes')
 
     def _clean(self, snapshot, holders):
-        if snapshot is None or self.scan_incomplete or any(not holder.protected for holder in holders):
+        """The scope read clean, nothing left to signal, no foreign holder or process of a job that
+        cannot be told on it, and no process read in part that may hold it."""
+        if snapshot is None or self.scan_incomplete or self.unread_may_hold \
+                or any(not holder.protected or holder.foreign or holder.spared == JOBS_UNKNOWN for holder in holders):
             return False
         return all(self._gpu_clean(gpu) for gpu in self._scope(snapshot))
+
+    def _only_unread_left(self, holders):
+        """True when waiting cannot help: nothing is left to signal, and a process read in part that
+        is never signalled keeps the scope from being called released. (A foreign holder is waited
+        for: a daemon may let go of a descriptor it was handed.)"""
+        return bool(self.unread_may_hold) and not any(not holder.protected for holder in holders)
 
     def _spared_on(self, gpu):
         """The holders the job's release leaves alone that hold gpu, when it is judged as a whole."""
@@ -858,10 +950,9 @@ class Release:
         ladder = self.options.signals
         last = len(ladder) - 1
         final = []
-        for target in list(self.targets.values()):
-            if target.step > last or target.due > now or target.not_permitted is not None \
-                    or target.ref.exited():
-                continue
+        due = [target for target in self.targets.values() if target.step <= last and target.due <= now
+               and target.not_permitted is None and not target.ref.exited()]
+        for target in self._confirm_jobs(due):
             if target.step == last and ladder[last][0] == 'KILL':
                 final.append(target)
                 continue
@@ -1120,7 +1211,7 @@ class Release:
                     (not self.targets or now >= self.last_exit + self.options.settle_time):
                 break
             if self._only_lost_left(snapshot, holders) or self._only_respawns_left(now, holders) \
-                    or self._only_spared_left(snapshot, holders) \
+                    or self._only_spared_left(snapshot, holders) or self._only_unread_left(holders) \
                     or self.read_error_permanent or self._orphaned_for_good(now, snapshot, holders):
                 break
             if now >= self.signal_deadline:
@@ -1291,6 +1382,7 @@ class Release:
         result.protected = [_describe(holder) for key, holder in sorted(self.protected_seen.items())]
         result.foreign_holders = [self._foreign(holder) for key, holder in sorted(self.foreign_seen.items())]
         result.other_jobs = [self._other_job(holder, scope) for key, holder in sorted(self.other_jobs_seen.items())]
+        self.foreign_now = [holder for holder in holders if holder.foreign]
         survivors = [holder for holder in holders if not holder.protected]
         result.survivors = [self._survivor(holder, scope) for holder in survivors]
         result.gpus_after = self._memory(snapshot)
@@ -1333,7 +1425,11 @@ class Release:
         if self.scan_incomplete:
             problems.append('the scan of /proc for holders did not finish in time (%s)' % self.budget.used())
         unread = unread_processes(self.last_scan) if self.last_scan is not None else []
-        if unread and not all(self._gpu_clean(gpu) for gpu in scope):
+        may_hold = [entry for entry in unread if entry['pid'] in set(part.pid for part in self.unread_may_hold)]
+        if may_hold:
+            problems.append('the descriptors of %s could not all be read: it may hold a GPU in scope, and is never '
+                            'signalled (it is no process of the job); see what it is' % named_unread(may_hold))
+        elif unread and not all(self._gpu_clean(gpu) for gpu in scope):
             problems.append('the descriptors of %s could not all be read' % named_unread(unread))
         protected = dict((holder.pid, holder) for holder in self.protected_seen.values())
         blocking = set()
@@ -1350,12 +1446,13 @@ class Release:
                     if process.get('pid') in protected else
                     'pid %s (%s, reported by the driver)' % (process.get('pid'), printable(process.get('name')))
                     for process in reported]
-            why += [_foreign_why(holder, self.proc) for holder in self.foreign_seen.values() if self._blocks(holder, gpu)]
+            foreign = [holder for holder in self.foreign_now if self._blocks(holder, gpu)]
+            why += [_foreign_why(holder, self.proc) for holder in foreign]
             why += [_spared_why(holder) for holder in self._spared_on(gpu)]
             health = healths.get(index, (None, None))[1]
             problem = _reason.gpu_problem(
                 gpu, gpu_state(gpu) == 'reset_required', index in result.orphaned_gpus,
-                bool(holders or reported or used is None or used > self.options.memory_threshold_mib), why,
+                bool(holders or reported or foreign or used is None or used > self.options.memory_threshold_mib), why,
                 reset_remedy='; reset_orphaned resets it',
                 health=health if health is not None and self._unhealthy(index, health) else None)
             if problem:

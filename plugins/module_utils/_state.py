@@ -11,23 +11,26 @@
 It holds where the kernel log was last read (and the summary of what was read so far), and each
 GPU's last cure (a successful reset), keyed by GPU UUID and boot id. It lives where only root can
 write, as the release lock does (/run/gpuops, created 0700; /run is a tmpfs, so it goes with the
-boot): a directory that is a symbolic link, owned by another user or writable by others is refused,
-and then nothing is remembered. Files are written inside it only, atomically (a temporary file in
-the directory, then a rename), and never through a link. A file that cannot be read as the JSON
-object this module wrote is ignored with a warning.
+boot). It is opened by descriptor from / (_dirfd): a directory that is a symbolic link, owned by
+another user or writable by others, or below a directory that another user could swap it in, is
+refused, and then nothing is remembered. It is opened and checked again for each read and write,
+and files are read and written through that descriptor only: atomically (a temporary file in the
+directory, then a rename), and never through a link. A file that cannot be read as the JSON object
+this module wrote is ignored with a warning.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import binascii
 import errno
 import json
 import os
 import stat
-import tempfile
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import _private_dir_problem, default_lock_dir
+from ansible_collections.gpuops.nvidia.plugins.module_utils._dirfd import DirRefused, open_private_dir
+from ansible_collections.gpuops.nvidia.plugins.module_utils._lock import default_lock_dir
 
 STATE_DIR = '/run/gpuops'
 BOOT_ID = '/proc/sys/kernel/random/boot_id'
@@ -38,7 +41,10 @@ VERIFIED = 'verified.json'
 MAX_VERIFIED = 256
 # The largest state file read back: a summary is a few KiB; anything far larger is not ours.
 MAX_BYTES = 4 * 1024 * 1024
-READ_FLAGS = os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NONBLOCK', 0)
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# Missing directories above a simulated host's state directory are created with this mode.
+PARENTS_MODE = 0o755
 
 
 def default_state_dir(host_root='/'):
@@ -59,11 +65,14 @@ def boot_id(path=BOOT_ID):
 
 
 class StateDir:
-    """A state directory; usable is False (and problem says why) when it must not be used."""
+    """A state directory; usable is False (and problem says why) when it must not be used.
 
-    def __init__(self, path, euid=None):
+    parents: create the missing directories above it (a simulated host's)."""
+
+    def __init__(self, path, euid=None, parents=False):
         self.path = path
         self.euid = os.geteuid() if euid is None else euid
+        self.parents_mode = PARENTS_MODE if parents else None
         self.warnings = []
         self.problem = self._prepare()
 
@@ -75,13 +84,25 @@ class StateDir:
     def usable(self):
         return self.problem is None
 
+    def _open_dir(self):
+        return open_private_dir(os.path.abspath(self.path), self.euid, parents_mode=self.parents_mode)
+
     def _prepare(self):
         try:
-            os.mkdir(self.path, 0o700)
-        except OSError as exc:
-            if exc.errno != errno.EEXIST:
-                return 'cannot be created (%s)' % exc.strerror
-        return _private_dir_problem(self.path, self.euid)
+            os.close(self._open_dir())
+        except DirRefused as exc:
+            return str(exc)
+        return None
+
+    def _opened(self):
+        """An fd on the directory, opened and checked anew (it may have been swapped since it was
+        first checked); None, with a warning, when it can no longer be used."""
+        try:
+            return self._open_dir()
+        except DirRefused as exc:
+            self._warn('state directory %s %s; it is not used (set state_dir to a directory only root can write)'
+                       % (self.path, exc))
+            return None
 
     def _warn(self, text):
         if text not in self.warnings:
@@ -89,19 +110,13 @@ class StateDir:
 
     def load(self, name):
         """The JSON object in the state file name, or None (missing, unusable or corrupt)."""
-        if not self.usable:
-            return None
-        path = os.path.join(self.path, name)
-        try:
-            fd = os.open(path, READ_FLAGS)
-        except OSError as exc:
-            if exc.errno != errno.ENOENT:
-                self._warn('state file %s cannot be opened (%s); it is ignored' % (path, exc.strerror))
+        dirfd = self._opened() if self.usable else None
+        if dirfd is None:
             return None
         try:
-            data = self._read_regular(fd, path)
+            data = self._read(dirfd, name)
         finally:
-            os.close(fd)
+            os.close(dirfd)
         if data is None:
             return None
         try:
@@ -110,43 +125,75 @@ class StateDir:
             value = None
         if not isinstance(value, dict):
             self._warn('state file %s is not what gpuops.nvidia wrote (corrupt?); it is ignored and will be '
-                       'written anew' % path)
+                       'written anew' % os.path.join(self.path, name))
             return None
         return value
 
+    def _read(self, dirfd, name):
+        path = os.path.join(self.path, name)
+        try:
+            fd = os.open(_plain(name), READ_FLAGS, dir_fd=dirfd)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                self._warn('state file %s cannot be opened (%s); it is ignored' % (path, exc.strerror))
+            return None
+        try:
+            return self._read_regular(fd, path)
+        finally:
+            os.close(fd)
+
     def _read_regular(self, fd, path):
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != self.euid or st.st_size > MAX_BYTES:
+        data = None
+        if stat.S_ISREG(st.st_mode) and st.st_uid == self.euid and st.st_size <= MAX_BYTES:
+            data = _read_at_most(fd, MAX_BYTES + 1)  # the file may grow after the fstat
+        if data is None or len(data) > MAX_BYTES:
             self._warn('state file %s is not a regular file of this user\'s of at most %d bytes; it is ignored'
                        % (path, MAX_BYTES))
             return None
-        chunks = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return b''.join(chunks)
-            chunks.append(chunk)
+        return data
 
     def save(self, name, value):
         """Write value (a JSON object) to the state file name, atomically; False when it could not."""
         if not self.usable:
             return False
+        path = os.path.join(self.path, name)
         try:
-            fd, tmp = tempfile.mkstemp(prefix='.%s.' % name, dir=self.path)
+            data = json.dumps(value, sort_keys=True, separators=(',', ':')).encode('utf-8')
+        except (TypeError, ValueError) as exc:
+            self._warn('cannot write the state file %s (%s)' % (path, exc))
+            return False
+        dirfd = self._opened()
+        if dirfd is None:
+            return False
+        try:
+            return self._replace(dirfd, _plain(name), data, path)
+        finally:
+            os.close(dirfd)
+
+    def _replace(self, dirfd, name, data, path):
+        """Write data to a new file in dirfd, then rename it to name: a reader sees the old or the new."""
+        tmp = '.%s.%s' % (name, binascii.hexlify(os.urandom(6)).decode('ascii'))
+        try:
+            fd = os.open(tmp, WRITE_FLAGS, 0o600, dir_fd=dirfd)
         except OSError as exc:
             self._warn('cannot write in the state directory %s (%s)' % (self.path, exc.strerror))
             return False
         try:
-            with os.fdopen(fd, 'w') as handle:
-                json.dump(value, handle, sort_keys=True, separators=(',', ':'))
-            os.rename(tmp, os.path.join(self.path, name))
-        except (IOError, OSError, TypeError, ValueError) as exc:
-            self._warn('cannot write the state file %s (%s)' % (os.path.join(self.path, name), exc))
             try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        except OSError as exc:
+            self._warn('cannot write the state file %s (%s)' % (path, exc.strerror))
+            _unlink(tmp, dirfd)
             return False
+        try:
+            os.fsync(dirfd)  # the rename itself, for a directory that outlives a reboot
+        except OSError:
+            pass
         return True
 
     def unusable_warning(self, what):
@@ -155,6 +202,37 @@ class StateDir:
             return None
         return ('state directory %s %s; it is not used, so %s (set state_dir to a directory only root can '
                 'write)' % (self.path, self.problem, what))
+
+
+def _plain(name):
+    """name, a file's name in the directory (never a path that could lead out of it)."""
+    if not name or name in ('.', '..') or '/' in name or '\0' in name:
+        raise ValueError('not a state file name: %r' % (name,))
+    return name
+
+
+def _read_at_most(fd, limit):
+    chunks, size = [], 0
+    while size < limit:
+        chunk = os.read(fd, min(65536, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b''.join(chunks)
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _unlink(name, dirfd):
+    try:
+        os.unlink(name, dir_fd=dirfd)
+    except OSError:
+        pass
 
 
 # -- cures -----------------------------------------------------------------------------------

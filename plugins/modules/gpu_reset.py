@@ -34,7 +34,8 @@ description:
   - With O(probe), the GPUs judged clean are then proven by allocation with
     M(gpuops.nvidia.nvidia_gpu_probe); a GPU whose probe fails makes the host failed.
   - It warns about variables named C(gpu_reset_*) that are no setting of the role (a typo such
-    as C(gpu_reset_timout) would otherwise be ignored).
+    as C(gpu_reset_timout) would otherwise be ignored), naming the nearest setting. Each warning
+    it passes on starts with the host's name.
 author:
   - gpuops maintainers (@gpuops)
 extends_documentation_fragment:
@@ -242,7 +243,7 @@ options:
   job:
     description:
       - The Slurm job the run is for, as O(gpuops.nvidia.nvidia_device_release#module:job) takes it
-        (V(id), V(uid), V(shared_gpus), V(live_jobs)); the Slurm hooks set it.
+        (V(id), V(uid), V(shared_gpus), V(live_jobs), V(scontrol)); the Slurm hooks set it.
       - Another live job's processes are never signalled; on a shared GPU only the job's own are,
         the GPU is judged for the job alone while another job uses it, and it is not probed.
     type: dict
@@ -384,6 +385,20 @@ survivors:
 other_jobs:
   description: With O(job), the holders left alone as other jobs' (as M(gpuops.nvidia.nvidia_device_release)
     returns them).
+  returned: always
+  type: list
+  elements: dict
+foreign_holders:
+  description: Root or system processes holding a GPU in scope that belong to no job (as
+    M(gpuops.nvidia.nvidia_device_release) returns them); never signalled, and the host is not clean
+    while one holds a GPU.
+  returned: always
+  type: list
+  elements: dict
+unreadable:
+  description: The processes whose descriptors could not all be read (as
+    M(gpuops.nvidia.nvidia_device_release) returns them); a GPU one of them may hold is not called
+    clean, and is not probed.
   returned: always
   type: list
   elements: dict

@@ -317,8 +317,10 @@ options:
       - A process's job is read on the host, never from what the process says, from its cgroup
         (C(/slurm/uid_U/job_N/...) on cgroup v1, C(/system.slice/slurmstepd.scope/job_N/...) on v2),
         else the pids O(job.live_jobs) lists for a job, with what they forked.
-      - A process of another live job is never signalled, whatever it holds; it is reported in
-        RV(other_jobs). On a GPU of O(job.shared_gpus) only the job's own processes are signalled
+      - A process of another job is never signalled, whatever it holds, listed in O(job.live_jobs)
+        or not (a job that ended is ended by slurmstepd; one Slurm started during this job's Epilog is on
+        no list read before it); it is reported in RV(other_jobs). Whose a process is, is read again
+        right before each round of signals (its cgroup; slurmd's list, with O(job.scontrol)). On a GPU of O(job.shared_gpus) only the job's own processes are signalled
         (in its cgroup, or, when O(job.live_jobs) is given, in no live job and of O(job.uid)); such a GPU is judged for the job
         alone while another job's process is on it (none of the job's processes left, whatever
         memory the others use), it is never reset then, and C(nvidia-cuda-mps-server) or
@@ -344,11 +346,19 @@ options:
       live_jobs:
         description:
           - The other jobs still on the node, each with the pids slurmd lists for it
-            (C(scontrol listpids)); a mapping of job id to a list of pids. A job a cgroup names
-            that is not here has ended, and its leftover processes are released as any stray is.
-          - Not set, which jobs are still on the node is not known, and every job a cgroup names
-            counts as live.
+            (C(scontrol listpids)); a mapping of job id to a list of pids, as read when the
+            release began (O(job.scontrol) reads it again before each round of signals).
+          - Not set, which jobs are still on the node is not known, and a process in no job's cgroup is
+            then never taken for the job's own on a shared GPU.
         type: dict
+      scontrol:
+        description:
+          - The C(scontrol) program. When set, C(scontrol listpids) is read again right before each
+            round of signals, and a process that no cgroup places in a job counts as the job's only
+            when that latest list still says so (nodes that track jobs without cgroups).
+          - When the list cannot be read then, a process in no job's cgroup that is not of O(job.uid)
+            is not signalled (reported in RV(other_jobs) as V(jobs_unknown)).
+        type: str
   probe:
     description:
       - Prove the GPUs this release left clean by allocation, in the same module call, as
@@ -533,8 +543,9 @@ protected:
 foreign_holders:
   description: Holders left alone because they are root or system processes that the driver
     places on no GPU and that share no session, cgroup or ancestry with a job (a daemon that
-    was handed a device descriptor, a root monitoring agent). They are never signalled; one
-    that holds a GPU still holding memory, or a GPU to reset, is named in the failure. Each
+    was handed a device descriptor, a root monitoring agent). They are never signalled, and a GPU
+    in scope that one holds is not released (RV(released) false), and the failure names it, its user,
+    its unit, the nodes it holds and when it lets go. The release waits for it until its timeout. Each
     entry has the fields of an entry of RV(protected), and RV(foreign_holders[].reason) and
     RV(foreign_holders[].unit). They are not listed in RV(protected).
   returned: always
@@ -569,9 +580,11 @@ other_jobs:
       type: str
     why:
       description:
-        - V(another_job), a process of another live job; V(not_this_job), on a shared GPU, a
-          process of no live job and not of O(job.uid); V(mps_in_use), an MPS daemon on a GPU
-          that another job's process uses.
+        - V(another_job), a process of another job (its cgroup's, or slurmd's latest list's);
+          V(not_this_job), on a shared GPU, a process of no live job and not of O(job.uid);
+          V(mps_in_use), an MPS daemon on a GPU that another job's process uses; V(jobs_unknown), a
+          process in no job's cgroup, not of O(job.uid), when slurmd's list could not be read again
+          before the signals (O(job.scontrol)).
       type: str
     gpus:
       description: The GPUs in scope it holds or the driver places it on.
@@ -1096,9 +1109,10 @@ unreadable:
   description: The processes whose descriptors or mappings the last scan of C(/proc) could read only in
     part, so that what they hold beyond that is unknown to it. A process has at most 1024 of its
     descriptors read (the usual soft limit of open files) and 4 MiB of its mappings, and no
-    process is read past the deadline, so no process can stall the release. Such a process does not
-    fail the release when every GPU in scope reads clean and no holder that could be read is left;
-    when the GPUs are not clean, the failure names them.
+    process is read past the deadline, so no process can stall the release. Such a process of the
+    job (with O(job), in its cgroup, or of O(job.uid) in no live job) is taken for a holder of every GPU in
+    scope and released. Any other, unless another job's, may hold a GPU in scope; it is never
+    signalled, and the GPUs are not called released (RV(released) false, the failure names it).
   returned: always
   type: list
   elements: dict

@@ -21,8 +21,9 @@ import sys
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import read_listpids
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_reset import reboot_stamp, reset
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_slurm import SLURM_CALL_S, SlurmUnreadable, slurm_call
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_slurm import SLURM_CALL_S
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_status import RUNNER_BRAKE_HELD, RUNNER_DRAINED, RUNNER_NOT_DRAINED
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import PREFIX
 
@@ -96,15 +97,14 @@ def mig_uuids(environ=None):
 # -- the job the hook runs for, and the other jobs on the node ----------------------------------
 
 JOB_ID_RE = re.compile(r'^[0-9]{1,12}$')
-# What scontrol listpids says (exit 1) on a node where no job runs a step.
-NO_STEPS = 'No job steps exist on this node'
 
 
 def job_setting(args, gpus, host_root, environ=None):
     """The release's job option (see nvidia_device_release) for the job slurmd runs the hook for
     (SLURM_JOB_ID, SLURM_JOB_UID), or None outside a job: which of its GPUs Slurm shares with other
     jobs (gres.conf's Name=shard and Name=mps lines), and the jobs still on the node with their
-    pids (scontrol listpids, from the node's own slurmd). What cannot be read is said on stderr and
+    pids (scontrol listpids, from the node's own slurmd, which the release reads again before each
+    round of signals: scontrol). What cannot be read is said on stderr and
     taken the safe way: a GPU whose sharing cannot be told is shared, jobs that cannot be listed
     are all live."""
     environ = os.environ if environ is None else environ
@@ -116,7 +116,8 @@ def job_setting(args, gpus, host_root, environ=None):
     uid = environ.get('SLURM_JOB_UID', '')
     return {'id': job_id, 'uid': int(uid) if uid.isdigit() and len(uid) < 11 else None,
             'shared_gpus': shared_gpus(args, gpus, host_root),
-            'live_jobs': live_jobs(args.scontrol, min(SLURM_CALL_S, (args.deadline or 60) / 10.0))}
+            'live_jobs': live_jobs(args.scontrol, min(SLURM_CALL_S, (args.deadline or 60) / 10.0)),
+            'scontrol': args.scontrol}
 
 
 def shared_gpus(args, gpus, host_root):
@@ -144,27 +145,9 @@ def shared_gpus(args, gpus, host_root):
 def live_jobs(scontrol, seconds):
     """{job id: [pids]} of the jobs slurmd runs on this node (scontrol listpids), or None when it
     cannot be asked."""
-    try:
-        rc, stdout, stderr = slurm_call([scontrol, 'listpids'], seconds)
-    except SlurmUnreadable as exc:
-        rc, stderr = None, str(exc)
-    if rc != 0 and NO_STEPS in (stderr or ''):
-        return {}
-    if rc != 0:
-        sys.stderr.write('gpu_reset: scontrol listpids failed (%s): every job a cgroup names counts as live\n'
-                         % printable((stderr or '').strip() or 'rc %s' % rc, 200))
-        return None
-    return parse_listpids(stdout)
-
-
-def parse_listpids(text):
-    """{job id: [pids]} of scontrol listpids' table (PID JOBID STEPID LOCALID GLOBALID); lines
-    that are not a pid and a job id are left out."""
-    jobs = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0].isdigit() and JOB_ID_RE.match(parts[1]) and int(parts[0]) > 1:
-            jobs.setdefault(parts[1], []).append(int(parts[0]))
+    jobs, problem = read_listpids(scontrol, max(seconds, 1))
+    if problem is not None:
+        sys.stderr.write('gpu_reset: scontrol listpids failed (%s): every job a cgroup names counts as live\n' % problem)
     return jobs
 
 
@@ -181,6 +164,12 @@ def reset_for_job(args, settings, started):
                    reboot_stamp=reboot_stamp(args), refused=problem, budget=(started, args.deadline),
                    observe=args.observe, max_drained=args.max_drained, drain_rate=args.max_drain_rate)
     sys.stdout.write(json.dumps(result) + '\n')
+    unread = result.get('unreadable') or []
+    if unread:
+        sys.stderr.write('gpu_reset: the descriptors of %d process(es) could not all be read: %s\n' % (
+            len(unread), printable(', '.join('pid %s (user %s, %s: %s)' % (entry.get('pid'), entry.get('user'),
+                                                                             entry.get('comm'), entry.get('why'))
+                                             for entry in unread[:5]), 400)))
     if args.observe:
         # Slurm drains a node whose Prolog fails: observe mode leaves it in service whatever it found.
         if result['outcome'] in ('failed', 'would_release'):

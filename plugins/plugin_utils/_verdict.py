@@ -376,6 +376,9 @@ def _report(host, outcome, release, before, after, escalation, threshold, error,
         'signalled': signalled,
         'survivors': survivors,
         'other_jobs': release.get('other_jobs') or [],
+        'foreign_holders': release.get('foreign_holders') or [],
+        # The processes whose descriptors could not all be read (nvidia_device_release's unreadable).
+        'unreadable': release.get('unreadable') or [],
         'orphaned_gpus': orphaned_gpus(release, escalation, final),
         'escalation': escalation or None,
         # GPUs held for a person: a fault back after its cures (nvidia_device_release's held).

@@ -411,13 +411,16 @@ def test_a_gpu_descriptor_handed_to_a_root_daemon_does_not_get_the_daemon_killed
     assert daemon.stdout.readline().strip() == b'ready'
     tenant.wait()
     assert holders_of(public_host.dev_path(0)) == [daemon.pid]
-    result = release(public_host, gpus=[0])
+    result = release(public_host, gpus=[0], timeout=3)
     assert daemon.poll() is None and result.signalled == [], (result.signalled, result.warnings)
     assert [(entry['pid'], entry['reason']) for entry in result.foreign_holders] == [(daemon.pid, 'foreign_holder')]
     assert result.foreign_holders[0]['devices'] == [public_host.dev_path(0)]
     # Named as what it is, never as a protected daemon.
     assert result.protected == []
-    assert result.released is True, result.failure
+    # The GPU is not released while it holds it: named, with when it lets go.
+    assert result.released is False
+    assert 'held by pid %d (' % daemon.pid in result.failure and 'user root' in result.failure, result.failure
+    assert public_host.dev_path(0) in result.failure and 'it lets go when' in result.failure
 
 
 @in_private_pid_namespace

@@ -13,6 +13,8 @@ import os
 import stat
 import sys
 
+import pytest
+
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _bug_report
 
 # Writes NAME.gz where --output-file NAME says, as nvidia-bug-report.sh does.
@@ -66,3 +68,22 @@ def test_the_directory_is_made_private(tmp_path):
     report = _bug_report.collect(str(tmp_path / 'new' / 'reports'), 30, program(tmp_path))
     assert report['ok'] is True, report
     assert stat.S_IMODE(os.stat(str(tmp_path / 'new' / 'reports')).st_mode) == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='plants a link of another user: needs root')
+def test_a_directory_reached_through_a_link_of_another_user_is_refused(tmp_path):
+    real = tmp_path / 'real'
+    (real / 'reports').mkdir(parents=True, mode=0o700)
+    os.symlink(str(real), str(tmp_path / 'link'))
+    os.lchown(str(tmp_path / 'link'), 65534, 65534)
+    report = _bug_report.collect(str(tmp_path / 'link' / 'reports'), 30, program(tmp_path))
+    assert report['ok'] is False and 'is below %s, a symbolic link owned by nobody' % (tmp_path / 'link') in report['message']
+    assert os.listdir(str(real / 'reports')) == []
+
+
+def test_a_directory_reached_through_a_link_of_root_is_used(tmp_path):
+    (tmp_path / 'real').mkdir()
+    os.symlink('real', str(tmp_path / 'link'))
+    report = _bug_report.collect(str(tmp_path / 'link' / 'reports'), 30, program(tmp_path))
+    assert report['ok'] is True, report
+    assert len(os.listdir(str(tmp_path / 'real' / 'reports'))) == 1

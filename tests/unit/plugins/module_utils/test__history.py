@@ -125,6 +125,40 @@ def test_a_directory_others_can_write_is_refused(tmp_path):
     assert 'no GPU history is kept' in history.warnings[0]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason='plants a link of another user: needs root')
+def test_a_link_of_another_user_on_the_way_is_not_followed(tmp_path):
+    # The simulated host's /var/lib is another user's link to a directory of root's.
+    elsewhere = tmp_path / 'elsewhere'
+    (elsewhere / 'gpuops').mkdir(parents=True, mode=0o700)
+    (tmp_path / 'var').mkdir()
+    os.symlink(str(elsewhere), str(tmp_path / 'var' / 'lib'))
+    os.lchown(str(tmp_path / 'var' / 'lib'), 65534, 65534)
+    history = History.for_host(str(tmp_path))
+    assert not history.state.usable and history.record([(UUID, 0, 'x')], 'reset') is False
+    assert os.listdir(str(elsewhere / 'gpuops')) == []
+    assert 'is below %s, a symbolic link owned by nobody' % (tmp_path / 'var' / 'lib') in history.warnings[0]
+
+
+def test_the_history_dir_swapped_for_a_link_after_its_check_is_not_written_through(tmp_path):
+    history = History.for_host(str(tmp_path))
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir(mode=0o700)
+    os.rename(history.state.path, str(tmp_path / 'checked'))
+    os.symlink(str(elsewhere), history.state.path)
+    assert history.record([(UUID, 0, 'x')], 'reset') is False and os.listdir(str(elsewhere)) == []
+    assert 'is not a directory (a symbolic link is not followed)' in history.warnings[0]
+
+
+def test_a_state_dir_below_a_directory_every_user_can_write_keeps_no_history(tmp_path):
+    shared = tmp_path / 'shared'
+    shared.mkdir()
+    shared.chmod(0o777)
+    history = History.for_host('/', state_dir=str(shared / 'gpuops'))
+    assert history.state.path == str(shared / 'gpuops' / 'history') and not history.state.usable
+    assert 'is below %s, which every user can write (mode 0777)' % shared in history.warnings[0]
+    assert os.listdir(str(shared)) == []
+
+
 @pytest.mark.parametrize('after, days, words', [
     (0, 7, 'hold_after_cures must be between 1 and 100'),
     (101, 7, 'hold_after_cures must be between 1 and 100'),

@@ -75,13 +75,56 @@ def test_a_cgroup_names_the_job_before_slurmds_pids_and_a_fork_of_a_listed_pid_i
     assert jobs.job_of(999) is None  # gone
 
 
-def test_another_live_job_is_left_alone_wherever_it_is():
+def test_another_job_is_left_alone_wherever_it_is_listed_or_not():
     jobs = JobScope(check_job({'id': '5', 'live_jobs': {'6': []}}), '/nonexistent')
     assert jobs.why_left_alone(Holder(0), '6', [1], set()) == ANOTHER_JOB
-    # A job that ended (not among the live ones) is a stray, as without jobs.
-    assert jobs.why_left_alone(Holder(0), '4', [1], set()) is None
+    # A job slurmd did not list when the list was read: one started since (during this Epilog), or
+    # one that ended (slurmstepd ends its processes itself). Its cgroup says it is not this job's.
+    assert jobs.why_left_alone(Holder(0), '4', [1], set()) == ANOTHER_JOB
     unknown = JobScope(check_job({'id': '5'}), '/nonexistent')
     assert unknown.why_left_alone(Holder(0), '4', [1], set()) == ANOTHER_JOB
+    assert jobs.why_left_alone(Holder(0), '5', [1], set()) is None
+
+
+def fake_scontrol(tmp_path, script):
+    scontrol = tmp_path / 'scontrol'
+    scontrol.write_text('#!/bin/sh\n%s\n' % script)
+    scontrol.chmod(0o755)
+    return str(scontrol)
+
+
+def test_slurmds_list_is_read_again_and_a_pid_counts_only_under_the_latest_list(tmp_path):
+    proc = proc_with(tmp_path, 400)
+    listing = tmp_path / 'listing'
+    listing.write_text('PID JOBID STEPID LOCALID GLOBALID\n400 5 batch 0 0\n')
+    scontrol = fake_scontrol(tmp_path, 'cat %s' % listing)
+    jobs = JobScope(check_job({'id': '5', 'uid': 1000, 'live_jobs': {'5': [400]}, 'scontrol': scontrol}), proc)
+    assert jobs.job_of(400) == '5'
+    # Slurm started job 43 meanwhile, and its process took a pid the old list gave job 5.
+    listing.write_text('PID JOBID STEPID LOCALID GLOBALID\n400 43 0 0 0\n')
+    assert jobs.job_of(400) == '5'  # nothing is read again until asked
+    assert jobs.refresh() is None
+    assert jobs.job_of(400) == '43' and jobs.live == {'43': [400]}
+    assert jobs.why_left_alone(Holder(1000), jobs.job_of(400), [0], set()) == ANOTHER_JOB
+
+
+def test_a_list_that_cannot_be_read_again_lists_no_pid(tmp_path):
+    proc = proc_with(tmp_path, 400)
+    scontrol = fake_scontrol(tmp_path, 'echo "Unable to contact slurm controller" >&2; exit 1')
+    jobs = JobScope(check_job({'id': '5', 'uid': 1000, 'live_jobs': {'5': [400]}, 'scontrol': scontrol}), proc)
+    problem = jobs.refresh()
+    assert 'Unable to contact slurm controller' in problem
+    assert jobs.job_of(400) is None and jobs.live is None
+
+
+def test_a_process_of_the_job_is_its_cgroups_or_its_users_in_no_live_job():
+    jobs = JobScope(check_job({'id': '5', 'uid': 1000, 'live_jobs': {}}), '/nonexistent')
+    assert jobs.is_own(Holder(2000), '5')
+    assert jobs.is_own(Holder(1000), None)
+    assert not jobs.is_own(Holder(2000), None)
+    assert not jobs.is_own(Holder(1000), '6')
+    unknown = JobScope(check_job({'id': '5', 'uid': 1000}), '/nonexistent')
+    assert not unknown.is_own(Holder(1000), None)  # which jobs live is not known
 
 
 def test_on_a_shared_gpu_only_the_jobs_own_processes_may_be_signalled():
@@ -119,4 +162,4 @@ def test_a_malformed_job_is_refused_naming_the_part(job, said):
 
 def test_a_job_id_given_as_a_number_is_its_digits():
     assert check_job({'id': 42, 'live_jobs': {7: [os.getpid()]}}) == {
-        'id': '42', 'uid': None, 'shared_gpus': [], 'live_jobs': {'7': set([os.getpid()])}}
+        'id': '42', 'uid': None, 'shared_gpus': [], 'live_jobs': {'7': set([os.getpid()])}, 'scontrol': None}

@@ -12,7 +12,7 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _verdict
 
 KEYS = ['host', 'outcome', 'reason', 'check_mode', 'gpus_before', 'gpus_after', 'gpus_free', 'gpus_held', 'signalled', 'survivors',
-        'other_jobs',
+        'other_jobs', 'foreign_holders', 'unreadable',
         'orphaned_gpus', 'escalation', 'held', 'history', 'gpus', 'release_s', 'started', 'duration_s', 'drained']
 
 
