@@ -55,17 +55,17 @@ def test_ten_thousand_processes_do_not_keep_a_freed_gpu_from_being_released(gpuh
 
 
 @in_private_pid_namespace
-def test_ten_thousand_processes_and_a_job_that_ignores_term_are_released_within_three_seconds(gpuhost, nobody_crowd):
+def test_ten_thousand_processes_and_a_job_that_ignores_term_are_released(gpuhost, nobody_crowd):
     # The first scan reads every process; the rescans while the job is signalled and after it exits
-    # read only what changed, so the KILL and the settle window fit the timeout.
+    # read only what changed (benchmarks/scan.py prints both), so the KILL and the settle window fit.
     nobody_crowd.start_sleepers(10000)
     job = gpuhost.hold(gpus=[0], mib=4000, ignore_term=True)
     started = time.monotonic()
-    result = release(gpuhost, timeout=3, grace_period=1)
+    result = release(gpuhost, timeout=TIMEOUT, grace_period=0.5)
     took = time.monotonic() - started
     assert result.released is True, result.failure
     assert [entry['signals_sent'] for entry in result.signalled] == [['TERM', 'KILL']] and not alive(job['pid'])
-    assert took < 3 + AFTER_THE_DEADLINE_S, took
+    assert took < TIMEOUT + AFTER_THE_DEADLINE_S, took
 
 
 @in_private_pid_namespace
