@@ -63,7 +63,8 @@ options:
         owns it. It is created 0700 when missing (its parent must exist); one that is a symbolic
         link, another user's or writable by group or others, or below a directory another user
         could replace it in, is not used, with a warning, and then nothing is remembered (the
-        kernel log is read in full each time, and health counts every message of this boot).
+        kernel log is read from its start each time, within its bounds, and health counts every
+        message of this boot).
       - The directory is opened from C(/) one component at a time, by descriptor, for each read
         and write, and its files are read and replaced through that descriptor; a directory
         swapped for a symbolic link after the check is never written through.

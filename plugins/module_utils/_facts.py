@@ -14,7 +14,7 @@ __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import action_causes, fallen_off_bus, health_facts
-from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
+from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_kernel_log
 from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import add_device_nodes, caps_instances, pending_change
 from ansible_collections.gpuops.nvidia.plugins.module_utils._modules import module_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import expand_devices, find_holders, uninspectable_warning
@@ -113,9 +113,10 @@ def holder_facts(device_patterns, protect):
 def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, timeout=None,
                  kernel_log=None, holder_warnings=True, expected_gpus=None, snapshot=None, state=None,
                  history=None, mig=False):
-    """Return (ansible_facts, warnings). kernel_log: a file to read Xid errors from instead of
-    journalctl -k or dmesg. holder_warnings: False leaves out the warnings about unmatched
-    globs and uninspectable processes, for callers that give their own. expected_gpus: raise
+    """Return (ansible_facts, warnings). kernel_log: a /dev/kmsg record source to read Xid errors
+    from instead of journalctl -k or dmesg (nvidia_kernel_log: what the read says of the host).
+    holder_warnings: False leaves out the warnings about unmatched globs and uninspectable
+    processes, for callers that give their own. expected_gpus: raise
     GpuopsError when fewer GPUs can be read. snapshot: the GPUs as the reader read them just
     before, instead of reading them again. A GPU the kernel log says has fallen off the bus is lost.
     state: the host's _state.StateDir (None: /run/gpuops), where the kernel log's last read and
@@ -126,9 +127,10 @@ def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_
         snapshot = reader.read(timeout=timeout)
     state = state if state is not None else StateDir.for_host()
     boot = boot_id()
-    xid_events, log_warnings = read_xid_events(kernel_log, 10.0 if timeout is None else timeout, state=state, boot=boot)
-    unusable = state.unusable_warning('the kernel log is read in full each time and health counts every message '
-                                      'of this boot')
+    xid_events, log_warnings, kernel_report = read_kernel_log(kernel_log, 10.0 if timeout is None else timeout,
+                                                              state=state, boot=boot)
+    unusable = state.unusable_warning('the kernel log is read from its start each time (within its bounds) and health '
+                                      'counts every message of this boot')
     log_warnings = ([unusable] if unusable else []) + log_warnings
     mark_fallen(snapshot.gpus + snapshot.missing, fallen_off_bus(xid_events))
     check_expected_gpus(snapshot.gpus + snapshot.missing, expected_gpus)
@@ -143,6 +145,7 @@ def gather_facts(reader, device_patterns, protect, memory_threshold_mib=DEFAULT_
         'nvidia_gpu_backend': reader.backend,
         'nvidia_device_holders': holders,
         'nvidia_module_holders': module_holders(getattr(reader, 'host_root', '/')),
+        'nvidia_kernel_log': kernel_report,
     }
     if history is None:  # beside the state the caller gave, else the host's own
         history = History.for_host(state_dir=state.path) if state is not None else History.for_host()

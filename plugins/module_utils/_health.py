@@ -220,6 +220,13 @@ def _fact_event(event, cured_at):
     }
 
 
+def own_fault(gpu):
+    """Whether the GPU's own reads say the driver is stuck on it: a read that hung in the driver
+    (driver_hung), the driver's word that it requires a reset, its recovery action."""
+    return bool(gpu.get('reset_required') or str(gpu.get('error') or '').startswith(DRIVER_HUNG)
+                or gpu.get('driver_recovery_action') not in (None, 'none'))
+
+
 def health_facts(gpu, xid_events, cured_at=None):
     """The health dict of one GPU. xid_events: every message on the host (summarised), or None
     if unknown; cured_at: when the GPU was last cured in this boot (epoch seconds), or None."""
@@ -227,9 +234,11 @@ def health_facts(gpu, xid_events, cured_at=None):
     if xid_events is None:
         events = None
     else:
-        # The driver's hang that names no GPU is every GPU's (_kernel_log.HOST_BUS).
+        # The driver's hang that names no GPU (_kernel_log.HOST_BUS) is a GPU's only where the
+        # GPU's own reads bear it out: a line alone, whoever wrote it, convicts no GPU.
+        host = own_fault(gpu)
         events = [_fact_event(e, cured_at) for e in xid_events
-                  if (key is not None and e['bus'] == key) or (e['bus'] is None and e.get('kind') == HUNG)]
+                  if (key is not None and e['bus'] == key) or (host and e['bus'] is None and e.get('kind') == HUNG)]
     counted = [event for event in events or () if event['since_cure']]
     return {
         'xid_events': events,

@@ -324,6 +324,10 @@ DEADLINE = 'deadline'
 # start, among the first descriptors (read in ascending order), and they are mapped too (the maps
 # are read whole). A process read in part is named (Scan.partial), never taken for clean.
 DESCRIPTORS_READ_AT_MOST = 1024
+# Beyond that, a pass reads at most this many more descriptors in all, for whichever processes
+# come first (about 0.1 s): an application that raised its own limit is read whole, a flood of
+# descriptors is not. What is left unread is still named (Scan.partial).
+SPARE_DESCRIPTORS = 65536
 # The clock is read once per this many descriptors: about a millisecond of stat calls.
 CLOCK_EVERY_DESCRIPTORS = 256
 # /proc/PID/maps is read in chunks of this size, the clock read after each, up to the bound: far
@@ -333,11 +337,13 @@ MAPS_READ_AT_MOST = 4 << 20
 
 
 class _Deadline:
-    """The scan's deadline (None: none) on its clock."""
+    """The scan's deadline (None: none) on its clock, and the descriptors it may still read past
+    each process's DESCRIPTORS_READ_AT_MOST."""
 
     def __init__(self, deadline, clock):
         self.deadline = deadline
         self.clock = clock
+        self.spare_descriptors = SPARE_DESCRIPTORS
 
     def passed(self):
         return self.deadline is not None and self.clock() >= self.deadline
@@ -364,7 +370,9 @@ def _walk_fds(dir_fd, fd_dir, nodes, deadline):
         with os.scandir(dir_fd) as entries:
             for count, entry in enumerate(entries, 1):
                 if count > DESCRIPTORS_READ_AT_MOST:
-                    return found, True, TOO_MANY_DESCRIPTORS
+                    if deadline.spare_descriptors <= 0:
+                        return found, True, TOO_MANY_DESCRIPTORS
+                    deadline.spare_descriptors -= 1
                 if count % CLOCK_EVERY_DESCRIPTORS == 0 and deadline.passed():
                     return found, True, DEADLINE
                 try:

@@ -45,6 +45,10 @@ def under_root(path, host_root='/'):
     return os.path.join(host_root, path.lstrip('/'))
 
 
+# The most read of one of the host's small files (a PCI id, the driver's information on a GPU).
+SMALL_FILE_MAX = 65536
+
+
 def device_patterns(patterns, host_root='/'):
     """Device globs resolved under host_root: the glob characters of host_root itself are escaped."""
     if not host_root or os.path.normpath(host_root) == '/':
@@ -54,9 +58,10 @@ def device_patterns(patterns, host_root='/'):
 
 
 def _read_text(path):
+    """A small file of sysfs or /proc/driver (at most SMALL_FILE_MAX bytes of it), or None."""
     try:
         with open(path, 'rb') as handle:
-            return handle.read().decode('utf-8', 'replace')
+            return handle.read(SMALL_FILE_MAX).decode('utf-8', 'replace')
     except (IOError, OSError):
         return None
 

@@ -9,10 +9,17 @@
 """The driver's messages in the kernel log (Xid errors, GPUs fallen off the bus or that failed to
 initialise), summarised per GPU and message, and read incrementally.
 
+Only what the kernel wrote counts: journald's kernel transport (journalctl -k), dmesg restricted
+to the kernel's facility, or /dev/kmsg's records of facility 0 (the kernel files what userspace
+writes there as user facility). A syslog file (/var/log/kern.log) is refused: any local user can
+`logger -t kernel -p kern.err` a line that rsyslog writes exactly as the kernel's.
+
 An Xid storm (hundreds of thousands of the same line in one boot) must cost nothing: each GPU's
 messages are kept as one entry per code (count, first and last time, the last few texts), and
-what was read is remembered in the state directory (_state), with where the reading ended: a
-file's offset, journald's cursor. The next read starts there.
+what was read is remembered in the state directory (_state), with where the reading ended:
+journald's cursor, /dev/kmsg's sequence number, a record file's offset. The next read starts
+there. Every read is bounded in bytes, time and memory (READ_MAX_BYTES, CHUNK_BYTES,
+JOURNAL_MAX_BYTES): what is beyond the bound is skipped from the oldest part, and said.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -21,9 +28,11 @@ __metaclass__ = type
 
 import calendar
 import collections
+import errno
 import hashlib
 import os
 import re
+import stat
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, GpuopsError
@@ -75,22 +84,43 @@ SYSLOG_TIME_RE = re.compile(r'^([A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2})\s')
 UPTIME_RE = re.compile(r'\[\s*(\d+\.\d+)\]')
 # dmesg -T / --ctime: [Wed Jul 31 23:14:18 2024]
 CTIME_RE = re.compile(r'\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4})\]')
-# A file may hold lines that are not the kernel's: in a syslog file (/var/log/kern.log, syslog)
-# any local user's `logger -p kern.err 'NVRM: Xid ...'` lands beside the driver's. A driver line
-# read from a file counts only when what comes before "NVRM:" says the kernel wrote it: syslog's
-# time and host, then the tag "kernel:" (the default templates of rsyslog and syslog-ng), or
-# nothing but what dmesg itself prints (its stamp: seconds since boot, -T's time, --time-format
-# iso; -x's facility and level). journalctl -k and dmesg, the default sources, are the kernel's.
-FROM_KERNEL_RE = re.compile(
-    r'^(?:(?:[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}|\d{4}-\d{2}-\d{2}T\S+) \S+ )?kernel:\s*(?:\[\s*\d+\.\d+\]\s*)?$'
-    r'|^\s*(?:[a-z]+\s*:\s*[a-z]+\s*:\s*)?(?:\[[^\]]*\]|\d{4}-\d{2}-\d{2}T[0-9:.,+-]+)?\s*$')
+UPTIME_ONLY_RE = re.compile(r'^\d+\.\d+$')
 ISO_PARTS_RE = re.compile(r'^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:[.,]\d+)?(Z|[+-]\d{2}:?\d{2})?$')
 
-# The commands that print the kernel log, tried in order. journalctl -k is this boot only;
-# --show-cursor ends its output with "-- cursor: ...", where the next read starts (--after-cursor).
+# The commands that print the kernel log, tried in order. journalctl -k is this boot only, and the
+# kernel transport only; --show-cursor ends its output with "-- cursor: ...", where the next read
+# starts (--after-cursor). dmesg only the kernel's facility: what root's userspace writes to
+# /dev/kmsg is the user facility.
 JOURNAL_COMMAND = ['journalctl', '-k', '-o', 'short-iso', '--no-pager', '-q', '--show-cursor']
-KERNEL_LOG_COMMANDS = (JOURNAL_COMMAND, ['dmesg', '--time-format', 'iso'])
+KERNEL_LOG_COMMANDS = (JOURNAL_COMMAND, ['dmesg', '--facility=kern', '--time-format', 'iso'])
 CURSOR_PREFIX = '-- cursor: '
+
+# Bounds of one read. A record file is read in chunks of CHUNK_BYTES, the position saved after
+# each, at most READ_MAX_BYTES of new records (more is skipped from the oldest). A command's
+# output is kept to its newest JOURNAL_MAX_BYTES (journalctl's cursor is at its end). With these,
+# a read stays well under 256 MiB of memory whatever the log holds.
+CHUNK_BYTES = 16 * 1024 * 1024
+READ_MAX_BYTES = 64 * 1024 * 1024
+JOURNAL_MAX_BYTES = 32 * 1024 * 1024
+MIB = 1024 * 1024
+
+# /dev/kmsg (Documentation/ABI/testing/dev-kmsg): one record per read(), "PRIO,SEQ,USEC,FLAGS[,...];
+# MESSAGE", then continuation lines " KEY=VALUE"; PRIO is facility << 3 | level, the kernel's
+# own facility 0. A read needs a buffer as long as the longest record (CONSOLE_EXT_LOG_MAX, 8192).
+KMSG_DEVICE = (1, 11)
+KMSG_RECORD_MAX = 16384
+KMSG_RECORD_RE = re.compile(r'([0-9]{1,10}),([0-9]{1,20}),([0-9]{1,20}),[^;\n]*;')
+# The time of a record: microseconds since boot (line_time gives them as seconds).
+KMSG_TIME_RE = re.compile(r'^[0-7],[0-9]{1,20},([0-9]{1,20}),[^;]*;')
+# What is left of a text of records once every line that is not the kernel's (PRIO 0-7) with
+# a driver message ("NVRM: ") is cut, in one pass; the text must begin with a newline.
+NOT_KERNEL_DRIVER_LINE_RE = re.compile(r'\n(?![0-7],[^\n]*NVRM: )[^\n]*')
+# The same for a command's output: every line without "NVRM: " is cut.
+NOT_DRIVER_LINE_RE = re.compile(r'\n(?![^\n]*NVRM: )[^\n]*')
+# How far after a driver message's first line its words may come (MESSAGE_LINES lines).
+MESSAGE_SPAN = 65536
+SAFE_SOURCES = ("The sources only the kernel writes are journald's kernel transport (leave kernel_log unset: "
+                "journalctl -k, then dmesg --facility=kern) and /dev/kmsg")
 
 # Texts kept per GPU and message, the newest; and how long each may be.
 TEXTS_KEPT = 3
@@ -101,12 +131,31 @@ STATE_VERSION = 1
 
 
 def line_time(prefix):
-    """The time stamp in the part of a log line before "NVRM:", as the log prints it, or None."""
+    """The time stamp in the part of a log line before "NVRM:", as the log prints it, or None; a
+    /dev/kmsg record's as seconds since boot."""
+    match = KMSG_TIME_RE.match(prefix)
+    if match:
+        return '%d.%06d' % divmod(int(match.group(1)), 1000000)
     match = SYSLOG_TIME_RE.match(prefix) or ISO_TIME_RE.search(prefix) or CTIME_RE.search(prefix)
     if match:
         return match.group(1)
     match = UPTIME_RE.search(prefix)
     return match.group(1) if match else None
+
+
+def stamp(prefix, btime=None):
+    """(time, epoch seconds or None) of a log line's prefix: the time as the log prints it, or,
+    where it prints seconds since boot and btime is known, as ISO 8601 in UTC."""
+    text = line_time(prefix)
+    seconds = epoch(text, btime)
+    if seconds is not None and UPTIME_ONLY_RE.match(text):
+        text = _iso_utc(seconds)
+    return text, seconds
+
+
+def _iso_utc(seconds):
+    whole, micro = divmod(int(round(seconds * 1000000)), 1000000)
+    return time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(whole)) + '.%06d+00:00' % micro
 
 
 def epoch(stamp, boot_time=None, now=None):
@@ -126,7 +175,7 @@ def epoch(stamp, boot_time=None, now=None):
         if form.endswith('%Y'):
             return time.mktime(parsed)
         return _syslog_epoch(parsed, now)
-    if boot_time is not None and re.match(r'^\d+\.\d+$', stamp):
+    if boot_time is not None and UPTIME_ONLY_RE.match(stamp):
         return boot_time + float(stamp)
     return None
 
@@ -252,8 +301,7 @@ class Summary:
         for key, texts in last.items():
             entry = entries[key]
             entry['texts'] = [text[:TEXT_MAX] for text in texts]
-            entry['last_time'] = line_time(entry.pop('_prefix'))
-            entry['last_epoch'] = epoch(entry['last_time'], btime)
+            entry['last_time'], entry['last_epoch'] = stamp(entry.pop('_prefix'), btime)
         return self
 
     def add_text(self, text, btime=None):
@@ -355,7 +403,7 @@ def _gpu_messages(text):
     """(position, scan() tuple) of the driver's messages about a GPU without an Xid number."""
     for match in GPU_MESSAGE_IN_TEXT_RE.finditer(text):
         start = text.rfind('\n', 0, match.start()) + 1
-        lines = text[start:].split('\n', MESSAGE_LINES)[:MESSAGE_LINES]
+        lines = text[start:start + MESSAGE_SPAN].split('\n', MESSAGE_LINES)[:MESSAGE_LINES]
         message = _one_message(lines)
         if message is not None:
             yield start, message
@@ -377,9 +425,9 @@ def _one_message(lines):
 
 
 def _entry(key, prefix, btime):
-    first = line_time(prefix)
+    first, seconds = stamp(prefix, btime)
     return {'bus': key[0], 'kind': key[1], 'code': key[2], 'count': 0, 'first_time': first,
-            'first_epoch': epoch(first, btime), 'last_time': first, 'last_epoch': None, 'texts': []}
+            'first_epoch': seconds, 'last_time': first, 'last_epoch': None, 'texts': []}
 
 
 def summarize(lines, btime=None):
@@ -390,26 +438,66 @@ def summarize(lines, btime=None):
 # -- reading, incrementally ------------------------------------------------------------------
 
 def _run(argv, timeout):
-    """(text, None) of what argv printed, or (None, why not)."""
-    runner = Runner(argv[0], timeout, env=dict(SYSTEMD_PAGER='', SYSTEMD_COLORS='0'))
+    """(text, bytes of its oldest output passed over, None) of what argv printed, or (None, 0, why not)."""
+    runner = Runner(argv[0], timeout, env=dict(SYSTEMD_PAGER='', SYSTEMD_COLORS='0'), max_output=JOURNAL_MAX_BYTES,
+                    keep_last=True)
     try:
         rc, stdout, stderr = runner.run(argv[1:])
     except CommandTimeout:
-        return None, '%s did not finish within %s s' % (argv[0], timeout)
+        return None, 0, '%s did not finish within %s s' % (argv[0], timeout)
     except GpuopsError as exc:
-        return None, str(exc)
+        return None, 0, str(exc)
     if rc != 0:
         said = stderr.strip().splitlines()
-        return None, '%s exited with %d%s' % (argv[0], rc, (': ' + said[0]) if said else '')
-    return stdout, None
+        return None, 0, '%s exited with %d%s' % (argv[0], rc, (': ' + said[0]) if said else '')
+    if runner.skipped_bytes:
+        stdout = stdout.partition('\n')[2]  # the first line is cut
+    return stdout, runner.skipped_bytes, None
+
+
+def driver_lines(text):
+    """The lines of text that carry a driver message ("NVRM: "), found in one pass."""
+    return NOT_DRIVER_LINE_RE.sub('', '\n' + text)
+
+
+def kernel_driver_records(text):
+    """The records of a text of /dev/kmsg records (whole lines) that the kernel wrote (facility 0)
+    and that carry a driver message, found in one pass; every other line is cut."""
+    return NOT_KERNEL_DRIVER_LINE_RE.sub('', '\n' + text)
+
+
+def last_sequence(text):
+    """The sequence number of the last record in a text of /dev/kmsg records, or None."""
+    for line in reversed(text[-2 * KMSG_RECORD_MAX:].split('\n')):
+        match = KMSG_RECORD_RE.match(line)
+        if match:
+            return int(match.group(2))
+    return None
+
+
+def _unseen(text, after):
+    """text from its first record whose sequence number is above after (records come in order)."""
+    if after is None:
+        return text
+    start = 0
+    while start < len(text):
+        end = text.find('\n', start)
+        end = len(text) if end < 0 else end + 1
+        match = KMSG_RECORD_RE.match(text, start, end)
+        if match and int(match.group(2)) > after:
+            return text[start:]
+        start = end
+    return ''
 
 
 class KernelLog:
     """Reads the kernel log into a Summary, from where the last read on this host ended.
 
-    kernel_log: a file to read instead of journalctl -k, then dmesg; state: a _state.StateDir (or
-    None: every read starts from the beginning); boot: this boot's id, which the state is kept
-    under (journalctl -k is this boot's log)."""
+    kernel_log: a /dev/kmsg record source to read instead of journalctl -k, then dmesg: /dev/kmsg
+    itself, or a file of its records (a simulated host's) that only root (or this user) can write;
+    state: a _state.StateDir (or None: every read starts from the beginning); boot: this boot's id,
+    which the state is kept under (journalctl -k is this boot's log). After read(), skipped_bytes
+    says how much new text was passed over, the oldest, to keep within the bounds."""
 
     def __init__(self, kernel_log=None, state=None, boot=None, commands=KERNEL_LOG_COMMANDS, btime=None):
         self.kernel_log = kernel_log
@@ -418,14 +506,16 @@ class KernelLog:
         self.commands = commands
         self.btime = boot_time() if btime is None else btime
         self.warnings = []
+        self.skipped_bytes = 0
 
     def read(self, timeout=10.0):
         """The Summary, or None when no kernel log could be read (self.warnings says why)."""
-        if self.kernel_log:
-            return self._read_file(self.kernel_log)
         if timeout is not None and timeout < CALL_FLOOR_S:
             self.warnings.append('no time was left within the timeout to read the kernel log; xid_events are unknown')
             return None
+        deadline = time.monotonic() + (10.0 if timeout is None else timeout)
+        if self.kernel_log:
+            return self._read_kmsg(self.kernel_log, deadline)
         problems = []
         for argv in self.commands:
             summary, problem = self._read_command(argv, timeout)
@@ -433,7 +523,7 @@ class KernelLog:
                 return summary
             problems.append(problem)
         self.warnings.append('the kernel log could not be read (%s); xid_events are unknown. Run with '
-                             'privilege escalation or set kernel_log' % '; '.join(problems))
+                             'privilege escalation or set kernel_log to /dev/kmsg' % '; '.join(problems))
         return None
 
     # -- what was read before ------------------------------------------------------------
@@ -456,27 +546,101 @@ class KernelLog:
             self.state.save(self._name(source), {'version': STATE_VERSION, 'source': source, 'boot_id': self.boot,
                                                  'position': position, 'entries': summary.dump()})
 
-    # -- a file ------------------------------------------------------------------------------
-    def _read_file(self, path):
-        source = 'file:' + os.path.realpath(path)
-        summary, position = self._load(source)
+    def _skipped(self, count, where, bound):
+        self.skipped_bytes += count
+        self.warnings.append('the kernel log (%s) had more new text than the %d MiB read at most per run: the oldest %d '
+                             'bytes were skipped and their messages are not counted' % (where, bound // MIB, count))
+
+    # -- /dev/kmsg, or a file of its records -----------------------------------------------
+    def _read_kmsg(self, path, deadline):
         try:
-            with open(path, 'rb') as handle:
-                st = os.fstat(handle.fileno())
-                offset = _resume_at(position, st)
-                if offset == 0:
-                    summary = Summary()
-                handle.seek(offset)
-                data = handle.read()
+            before = os.stat(path)
+            problem = refused(path, before)
+            if problem is None:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, 'O_CLOEXEC', 0))
+        except (IOError, OSError) as exc:
+            problem = 'kernel_log: cannot read %s (%s)' % (path, getattr(exc, 'strerror', None) or exc)
+        if problem is not None:
+            self.warnings.append(problem + '; xid_events are unknown')
+            return None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+                self.warnings.append('kernel_log: %s changed while it was opened; xid_events are unknown' % path)
+                return None
+            if stat.S_ISCHR(st.st_mode):
+                return self._read_device(fd, path, deadline)
+            return self._read_records(fd, path, st, deadline)
         except (IOError, OSError) as exc:
             self.warnings.append('kernel_log: cannot read %s (%s); xid_events are unknown'
                                  % (path, getattr(exc, 'strerror', None) or exc))
             return None
-        # Up to the last whole line: a line being written is read next time.
-        end = data.rfind(b'\n') + 1 if not data.endswith(b'\n') else len(data)
-        summary.add_text(from_kernel(data[:end].decode('utf-8', 'replace')), self.btime)
-        self._save(source, summary, {'dev': st.st_dev, 'ino': st.st_ino, 'offset': offset + end})
+        finally:
+            os.close(fd)
+
+    def _read_records(self, fd, path, st, deadline):
+        """A file of /dev/kmsg records, read on from the offset and sequence number of the last read."""
+        if not _starts_as_records(fd):
+            self.warnings.append(not_records_warning(path))
+            return None
+        source = 'kmsg-file:' + os.path.realpath(path)
+        summary, position = self._load(source)
+        offset = _resume_at(position, st)
+        seen = position.get('seq') if offset and isinstance(position.get('seq'), int) else None
+        if not offset:
+            summary = Summary()
+        if st.st_size - offset > READ_MAX_BYTES:
+            start = _line_start(fd, st.st_size - READ_MAX_BYTES)
+            self._skipped(start - offset, path, READ_MAX_BYTES)
+            offset = start
+        while offset < st.st_size and not self._late(deadline, path, 'byte %d of %d' % (offset, st.st_size)):
+            data = os.pread(fd, min(CHUNK_BYTES, st.st_size - offset), offset)
+            # Whole lines: a record being written is read next time; a line longer than a chunk is no record.
+            end = data.rfind(b'\n') + 1 or (len(data) if len(data) == CHUNK_BYTES else 0)
+            if not end:
+                break
+            text = data[:end].decode('latin-1')
+            del data
+            summary.add_text(kernel_driver_records(_unseen(text, seen)), self.btime)
+            newest = last_sequence(text)
+            seen = seen if newest is None else newest
+            offset += end
+            del text
+            self._save(source, summary, {'dev': st.st_dev, 'ino': st.st_ino, 'offset': offset, 'seq': seen})
+        self._save(source, summary, {'dev': st.st_dev, 'ino': st.st_ino, 'offset': offset, 'seq': seen})
         return summary
+
+    def _read_device(self, fd, path, deadline):
+        """/dev/kmsg itself: every record in the ring after the sequence number of the last read."""
+        source = 'kmsg:' + os.path.realpath(path)
+        summary, position = self._load(source)
+        seen = position.get('seq') if isinstance(position, dict) and isinstance(position.get('seq'), int) else None
+        os.lseek(fd, 0, os.SEEK_SET)  # from the oldest record in the ring
+        kept, size = [], 0
+        for count, record in enumerate(_kmsg_records(fd), 1):
+            if count % 1024 == 0 and self._late(deadline, path, 'record %s' % seen):
+                break
+            match = KMSG_RECORD_RE.match(record)
+            if match is None or (seen is not None and int(match.group(2)) <= seen):
+                continue
+            seen = int(match.group(2))
+            if record[0] in '01234567' and record[1] == ',' and 'NVRM: ' in record:
+                kept.append(record.partition('\n')[0])
+                size += len(kept[-1])
+            if size > CHUNK_BYTES:
+                summary.add_text('\n'.join(kept), self.btime)
+                kept, size = [], 0
+        summary.add_text('\n'.join(kept), self.btime)
+        self._save(source, summary, {'seq': seen})
+        return summary
+
+    def _late(self, deadline, path, where):
+        """Whether the deadline has passed (said once, with where the read got to)."""
+        if time.monotonic() <= deadline:
+            return False
+        self.warnings.append('kernel_log: %s was read up to %s within the time left; the rest is read next time'
+                             % (path, where))
+        return True
 
     # -- a command -----------------------------------------------------------------------
     def _read_command(self, argv, timeout):
@@ -484,28 +648,80 @@ class KernelLog:
         source = 'command:' + ' '.join(argv)
         summary, position = self._load(source)
         cursor = position.get('cursor') if isinstance(position, dict) and '--show-cursor' in argv else None
-        text, problem = _run(argv + ['--after-cursor', cursor] if cursor else argv, timeout)
+        text, skipped, problem = _run(argv + ['--after-cursor', cursor] if cursor else argv, timeout)
         if text is None and cursor:
             # The journal no longer has that entry (rotated, vacuumed): from the beginning.
             summary, cursor = Summary(), None
-            text, problem = _run(argv, timeout)
+            text, skipped, problem = _run(argv, timeout)
         if text is None:
             return None, problem
+        if skipped:
+            self._skipped(skipped, argv[0], JOURNAL_MAX_BYTES)
         text, new_cursor = _split_cursor(text)
         if not cursor:
             if not text.strip():
                 return None, '%s printed nothing' % argv[0]
             summary = Summary()
-        summary.add_text(text, self.btime)
+        summary.add_text(driver_lines(text), self.btime)
         self._save(source, summary, {'cursor': new_cursor or cursor} if '--show-cursor' in argv else None)
         return summary, None
 
 
-def from_kernel(text):
-    """text without the driver lines that something other than the kernel wrote (FROM_KERNEL_RE)."""
-    lines = text.split('\n')
-    kept = [line for line in lines if line.find('NVRM: ') < 0 or FROM_KERNEL_RE.match(line[:line.find('NVRM: ')])]
-    return '\n'.join(kept) if len(kept) != len(lines) else text
+def refused(path, st):
+    """Why kernel_log path (its os.stat) is no source to read, or None: it must be /dev/kmsg, or
+    a regular file of its records that only root (or this user) can write."""
+    if stat.S_ISCHR(st.st_mode):
+        if (os.major(st.st_rdev), os.minor(st.st_rdev)) == KMSG_DEVICE:
+            return None
+        return 'kernel_log: %s is a character device but not /dev/kmsg (1:11)' % path
+    if not stat.S_ISREG(st.st_mode):
+        return 'kernel_log: %s is neither /dev/kmsg nor a file of its records' % path
+    if st.st_uid not in (0, os.geteuid()):
+        return ('kernel_log: %s is owned by uid %d: only a file of kernel records that root (or this user) owns is '
+                'read. %s' % (path, st.st_uid, SAFE_SOURCES))
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return ('kernel_log: %s can be written by its group or others (mode %04o): anyone could add a line that '
+                'reads as the kernel\'s. %s' % (path, stat.S_IMODE(st.st_mode), SAFE_SOURCES))
+    return None
+
+
+def not_records_warning(path):
+    return ("kernel_log: %s is not read: it does not hold /dev/kmsg records (PRIO,SEQ,USEC,FLAGS;MESSAGE). A syslog "
+            "file such as /var/log/kern.log proves nothing: any local user can `logger -t kernel -p kern.err` a line "
+            "that rsyslog writes exactly as the kernel's. %s; xid_events are unknown" % (path, SAFE_SOURCES))
+
+
+def _starts_as_records(fd):
+    """Whether the first line of a file that is not empty is a /dev/kmsg record (an empty file is)."""
+    head = os.pread(fd, KMSG_RECORD_MAX, 0).decode('latin-1').lstrip('\n')
+    return not head or KMSG_RECORD_RE.match(head) is not None
+
+
+def _line_start(fd, offset):
+    """The offset of the first line that begins at or after offset."""
+    while offset > 0:
+        data = os.pread(fd, KMSG_RECORD_MAX, offset - 1)
+        newline = data.find(b'\n')
+        if not data or newline >= 0:
+            return offset + newline if data else offset
+        offset += len(data)
+    return offset
+
+
+def _kmsg_records(fd):
+    """The records /dev/kmsg gives from where fd is, as text, up to the newest."""
+    while True:
+        try:
+            data = os.read(fd, KMSG_RECORD_MAX)
+        except OSError as exc:
+            if exc.errno in (errno.EPIPE, errno.EINTR):
+                continue  # EPIPE: overwritten before it was read; the next one follows
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                return
+            raise
+        if not data:
+            return
+        yield data.decode('latin-1')
 
 
 def _split_cursor(text):
@@ -543,11 +759,33 @@ def _valid_entries(entries):
     return entries
 
 
-def read_xid_events(kernel_log=None, timeout=10.0, commands=KERNEL_LOG_COMMANDS, state=None, boot=None):
-    """(events, warnings): the summarised messages (Summary.events()), or None when no kernel log
-    could be read. kernel_log: a file to read instead of running journalctl -k, then dmesg; state:
-    the state directory that remembers where the last read ended."""
+def read_kernel_log(kernel_log=None, timeout=10.0, commands=KERNEL_LOG_COMMANDS, state=None, boot=None):
+    """(events, warnings, report): the summarised messages (Summary.events()), or None when no
+    kernel log could be read; report: what the read says of the host (the nvidia_kernel_log fact):
+    skipped_bytes, the new text passed over to keep within the bounds, and host_events, the
+    driver's messages that name no GPU. kernel_log: a /dev/kmsg record source to read instead of
+    running journalctl -k, then dmesg; state: the state directory that remembers where the last
+    read ended."""
     log = KernelLog(kernel_log, state, boot, commands)
     summary = log.read(timeout)
-    warnings = log.warnings + (list(state.warnings) if state is not None else [])
-    return (summary.events() if summary is not None else None), warnings
+    events = summary.events() if summary is not None else None
+    host_events = [dict((key, event[key]) for key in HOST_EVENT_KEYS) for event in events or () if event['bus'] is None]
+    warnings = log.warnings + [host_warning(event) for event in host_events]
+    warnings += list(state.warnings) if state is not None else []
+    return events, warnings, {'skipped_bytes': log.skipped_bytes, 'host_events': host_events}
+
+
+HOST_EVENT_KEYS = ('kind', 'count', 'first_time', 'time', 'text')
+
+
+def host_warning(event):
+    """The words for a driver message that names no GPU: reported, and held against no GPU."""
+    return ('the kernel log says the NVIDIA driver hung (%s; %d lines this boot, the last at %s) without naming a GPU: '
+            'no GPU is held at fault for it unless its own reads say so (a read that hangs in the driver, the '
+            "driver's word that it requires a reset, its recovery action)" % (HUNG_TEXT, event['count'], event['time']))
+
+
+def read_xid_events(kernel_log=None, timeout=10.0, commands=KERNEL_LOG_COMMANDS, state=None, boot=None):
+    """(events, warnings) of read_kernel_log."""
+    events, warnings, dummy = read_kernel_log(kernel_log, timeout, commands, state, boot)
+    return events, warnings

@@ -35,6 +35,8 @@ TABLE_ROW_RE = re.compile(r'^\|\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*\|\s*(\d+)MiB\
 PROCESS_ROW_RE = re.compile(r'^\|\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+\S+\s+.*?\s(\d+)MiB\s*\|$')
 MIG_NAME_RE = re.compile(r'MIG (\S+)\s*$')
 CAPS_MINOR_RE = re.compile(r'^DeviceFileMinor:\s*(\d+)\s*$', re.M)
+# The most read of a capabilities access file (the driver writes two short lines).
+CAPS_FILE_MAX = 4096
 CAPABILITIES = '/proc/driver/nvidia/capabilities'
 CAPS_GI_RE = re.compile(r'^gi(\d+)$')
 CAPS_CI_RE = re.compile(r'^ci(\d+)$')
@@ -199,7 +201,7 @@ def caps_minor(path):
     """The DeviceFileMinor of a capabilities access file; None when it cannot be read."""
     try:
         with open(path) as f:
-            match = CAPS_MINOR_RE.search(f.read())
+            match = CAPS_MINOR_RE.search(f.read(CAPS_FILE_MAX))
     except (IOError, OSError):
         return None
     return int(match.group(1)) if match else None

@@ -42,10 +42,13 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, MIN_TIMEOUT_S, GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import is_gone, read_process
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import escalation
-from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner, sigterm_deferred
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import PROC_FILE_MAX, Runner, sigterm_deferred
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import system_log
 
 MPS_CONTROL = 'nvidia-cuda-mps-control'
+# The most read of a process's environment (the kernel allows a few MiB; the variables looked for
+# are among the first a daemon's unit sets).
+ENVIRON_MAX = 1024 * 1024
 
 # The units NVIDIA ships for the clients that hold the GPUs, and the MPS control daemon.
 DEFAULT_STOP_UNITS = [
@@ -115,7 +118,7 @@ def systemd_cgroup(pid, proc='/proc'):
     one; None if unknown."""
     try:
         with open(os.path.join(proc, str(pid), 'cgroup')) as handle:
-            lines = handle.read().splitlines()
+            lines = handle.read(PROC_FILE_MAX).splitlines()
     except (IOError, OSError):
         return None
     found = dict((parts[1], parts[2]) for parts in (line.split(':', 2) for line in lines) if len(parts) == 3)
@@ -525,9 +528,12 @@ def _environ(pid, name, proc='/proc'):
     """The value of name in pid's environment (as it started), or None."""
     try:
         with open(os.path.join(proc, str(pid), 'environ'), 'rb') as handle:
-            entries = handle.read().split(b'\0')
+            data = handle.read(ENVIRON_MAX + 1)
     except (IOError, OSError):
         return None
+    entries = data.split(b'\0')
+    if len(data) > ENVIRON_MAX:
+        entries = data[:ENVIRON_MAX].split(b'\0')[:-1]  # the last one read is cut
     prefix = name.encode('ascii') + b'='
     for entry in entries:
         if entry.startswith(prefix):

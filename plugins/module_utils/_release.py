@@ -440,8 +440,10 @@ class Release:
         self.last_scan = None  # the latest Scan: the one that says what holds the GPUs now
         self.clean_seen = {}  # pid -> start time of the processes read whole and holding nothing
         self.start_tick = boot_ticks()
+        self.scan_s = 0.0  # how long the last scan of /proc took
         self.unread_may_hold = []  # the processes read in part that may hold the scope, as last seen
         self.foreign_now = []  # the foreign holders of the scope at the end
+        self.foreign_from_start = set()  # the foreign holders of the first observation
         self.unreadable = set()
         self.read_error = None
         self.read_error_permanent = False
@@ -581,8 +583,9 @@ class Release:
     def _read_in_part_of_the_job(self, scan, found):
         """The processes of the job (its cgroup, or its user's in no live job) whose descriptors
         could not all be read: targets, as holders of every node in scope (a descriptor may sit past
-        any bound). The others read in part are noted (unread_may_hold): never signalled, and the
-        GPUs are not called released while one of them, in no other job, may hold them."""
+        any bound). The others of regular users in no other job are noted (unread_may_hold): never
+        signalled, and the GPUs are not called released while one of them may hold them. (A system
+        account's daemon with many descriptors is named in unreadable alone: it is no tenant.)"""
         taken, unread = [], []
         have = set(holder.pid for holder in found)
         own = ancestors(os.getpid(), self.proc)
@@ -596,7 +599,7 @@ class Release:
             if self.jobs is not None and self.jobs.is_own(holder, job):
                 holder.job = job
                 taken.append(holder)
-            elif self.jobs is None or not self.jobs.is_other(job):
+            elif (self.jobs is None or not self.jobs.is_other(job)) and not is_system(holder, self.proc):
                 unread.append(entry)
         self.unread_may_hold = unread
         return taken
@@ -682,6 +685,7 @@ class Release:
         scan = scan_holders(self.paths, self.options.protect, self.proc, self.deadline, self.clock, after,
                             known=self.clean_seen)
         self.budget.spend('scans of /proc', started)
+        self.scan_s = self.clock() - started
         # Only a process that was there before the release began is not read again: one started
         # since may be a holder's fork caught before it opened a node.
         old = dict((pid, tick) for pid, tick in scan.clean.items() if tick < self.start_tick - TICK_SKEW)
@@ -824,11 +828,15 @@ class Release:
             return False
         return all(self._gpu_clean(gpu) for gpu in self._scope(snapshot))
 
-    def _only_unread_left(self, holders):
-        """True when waiting cannot help: nothing is left to signal, and a process read in part that
-        is never signalled keeps the scope from being called released. (A foreign holder is waited
-        for: a daemon may let go of a descriptor it was handed.)"""
-        return bool(self.unread_may_hold) and not any(not holder.protected for holder in holders)
+    def _only_left_alone(self, holders):
+        """True when waiting cannot help: nothing is left to signal, and a process that is never
+        signalled keeps the scope from being called released: one read in part, or a foreign holder
+        that held the scope before the release began. (One that turned up since may be a holder's
+        respawn that the driver does not place yet: it is waited for.)"""
+        if any(not holder.protected for holder in holders):
+            return False
+        return bool(self.unread_may_hold) or any(_key(holder) in self.foreign_from_start
+                                                 for holder in holders if holder.foreign)
 
     def _spared_on(self, gpu):
         """The holders the job's release leaves alone that hold gpu, when it is judged as a whole."""
@@ -1028,7 +1036,8 @@ class Release:
             wake = min(wake, self._quiet_read_due())
         if self.unheld_since is not None and self._orphans_due() > now:
             wake = min(wake, self._orphans_due())
-        return min(wake, self.signal_deadline)
+        # Past the signal deadline only the settle window is waited for (_only_settling_left).
+        return min(wake, self.signal_deadline if now < self.signal_deadline else self.deadline)
 
     def _pause(self, until):
         """Sleep until then, waking early when a target exits (pidfds)."""
@@ -1158,6 +1167,7 @@ class Release:
     def _run(self, result):
         snapshot, holders = self._observe(force_read=True, full=True)
         self.first_snapshot = snapshot
+        self.foreign_from_start = set(_key(holder) for holder in holders if holder.foreign)
         if self.read_error_permanent or (snapshot is None and self.options.expected_gpus is not None):
             # Waiting cannot fix it, and without a read nothing can be proved (nor how many GPUs
             # the host has): stop before any signal.
@@ -1211,9 +1221,11 @@ class Release:
                     (not self.targets or now >= self.last_exit + self.options.settle_time):
                 break
             if self._only_lost_left(snapshot, holders) or self._only_respawns_left(now, holders) \
-                    or self._only_spared_left(snapshot, holders) or self._only_unread_left(holders) \
+                    or self._only_spared_left(snapshot, holders) or self._only_left_alone(holders) \
                     or self.read_error_permanent or self._orphaned_for_good(now, snapshot, holders):
                 break
+            if now >= self.signal_deadline and self._only_settling_left(holders):
+                continue
             if now >= self.signal_deadline:
                 if self._finish_ladders(now):
                     self._pause(min(self.deadline, self.clock() + FINAL_EXIT_S))
@@ -1230,6 +1242,14 @@ class Release:
 
         self._report(result, snapshot, holders)
         self._escalate(result, snapshot)
+
+    def _only_settling_left(self, holders):
+        """True when every target is gone and only the settle window is left, and it ends early
+        enough for a scan and a read after it within the timeout: the signalling is over, so the
+        share kept for the last read is free for the window (a host of many processes reaches it late)."""
+        if not self.targets or self.last_exit is None or any(not holder.protected for holder in holders):
+            return False
+        return self.last_exit + self.options.settle_time + self.scan_s + CALL_FLOOR_S <= self.deadline
 
     def _orphaned_for_good(self, now, snapshot, holders):
         """True when memory that no process holds has stayed held for ORPHAN_WAIT_S (longer than a

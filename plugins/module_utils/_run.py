@@ -13,6 +13,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import collections
 import contextlib
 import errno
 import io
@@ -33,6 +34,17 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import Gpuop
 # ("uvm_gpu_retain_by_uuid+0x1e/0x40 [nvidia_uvm]", as hung-task reports print it), or a wchan
 # named as the driver's functions are (os_acquire_mutex, _nv012345rm, nvidia_ioctl, uvm_ioctl).
 NVIDIA_SYMBOL_RE = re.compile(r'\[nvidia[a-z_-]*\]|^(?:nvidia_|nv_|_nv[0-9]|os_|rm_|uvm_)', re.MULTILINE)
+# The most a program's standard output may print (Runner.max_output): every program the collection
+# runs prints kilobytes; one that prints more is stopped, or only its last this many are kept.
+OUTPUT_MAX = 64 * 1024 * 1024
+# The most of its standard error kept (the last of it: where it says why it failed).
+STDERR_MAX = 1024 * 1024
+# The most read of a small file of /proc (stat, wchan, stack).
+PROC_FILE_MAX = 65536
+
+
+class OutputTooLarge(GpuopsError):
+    """The program printed more than Runner.max_output and was stopped."""
 
 
 class CommandTimeout(GpuopsError):
@@ -79,14 +91,14 @@ def process_state(pid, proc='/proc'):
     empty), or None when it cannot be read."""
     try:
         with open('%s/%d/stat' % (proc, pid), 'rb') as handle:
-            state = handle.read().rsplit(b')', 1)[1].split()[0].decode('ascii', 'replace')
+            state = handle.read(PROC_FILE_MAX).rsplit(b')', 1)[1].split()[0].decode('ascii', 'replace')
     except (IOError, OSError, IndexError):
         return None
     found = {'pid': pid, 'state': state, 'wchan': '', 'nvidia': False}
     for name in ('wchan', 'stack'):  # the stack is root's only, and not on every kernel
         try:
             with open('%s/%d/%s' % (proc, pid, name), 'rb') as handle:
-                text = handle.read(65536).decode('utf-8', 'replace').strip()
+                text = handle.read(PROC_FILE_MAX).decode('utf-8', 'replace').strip()
         except (IOError, OSError):
             continue
         found['wchan'] = found['wchan'] or (text if name == 'wchan' and text != '0' else '')
@@ -112,7 +124,9 @@ class Runner:
     /proc/self/fd/N, a directory it runs in); cwd: where it runs; term_grace: when the deadline
     passes, the program's process group gets SIGTERM first and this many seconds to exit (to
     undo what it changed, in its finally blocks) before everything left is killed;
-    CommandTimeout all the same, saying so.
+    CommandTimeout all the same, saying so. max_output: the most bytes its standard output may
+    print; past it the program is killed and OutputTooLarge raised, or, with keep_last, only the
+    last max_output bytes are kept (skipped_bytes: how many were passed over in the last run).
     """
 
     POLL_S = 0.05
@@ -123,7 +137,7 @@ class Runner:
     TIMEOUT_NOTE = ''
 
     def __init__(self, path, timeout=10.0, name=None, hint=None, env=None, unset=(), pass_fds=(), cwd=None,
-                 term_grace=0.0):
+                 term_grace=0.0, max_output=OUTPUT_MAX, keep_last=False):
         self.path = path
         self.timeout = timeout
         self.name = name or os.path.basename(path)
@@ -133,6 +147,10 @@ class Runner:
         self.pass_fds = tuple(pass_fds)
         self.cwd = cwd
         self.term_grace = term_grace
+        self.max_output = max_output
+        self.keep_last = keep_last
+        self.skipped_bytes = 0  # the last run's standard output passed over (keep_last)
+        self.overflowed = False  # the last run printed more than max_output and was killed
         self.stopped = False  # the last run got SIGTERM at its deadline (term_grace)
         self.stuck = None  # the last run's program past its deadline, in D state (CommandTimeout.stuck)
 
@@ -197,6 +215,8 @@ class Runner:
             proc.stdout.close()
             proc.stderr.close()
         stdout, stderr = (data.decode('utf-8', 'replace') for data in (stdout, stderr))
+        if self.overflowed:
+            raise OutputTooLarge('%s printed more than %d bytes and was stopped' % (' '.join(words), self.max_output))
         if not finished or self.stopped:
             how = 'was stopped (SIGTERM; it exited within %.1f s)' % self.term_grace if finished else 'was killed'
             raise CommandTimeout('%s did not answer within %.1f s and %s%s' % (
@@ -205,10 +225,13 @@ class Runner:
 
     def _collect(self, proc, deadline):
         """(stdout, stderr, True): its output in bytes, once the program has exited and is reaped;
-        (what it wrote so far, False) after killing it when deadline passes first. With
-        term_grace, SIGTERM comes first (self.stopped), and the kill that much later."""
-        chunks = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
-        self.stopped, self.stuck = False, None
+        (what it wrote so far, False) after killing it when deadline passes first, or when it
+        prints more than max_output (self.overflowed) unless keep_last. With term_grace, SIGTERM
+        comes first (self.stopped), and the kill that much later."""
+        out = _Output(self.max_output, self.keep_last)
+        err = _Output(min(self.max_output, STDERR_MAX), True)
+        outputs = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+        self.stopped, self.stuck, self.overflowed, self.skipped_bytes = False, None, False, 0
         selector = selectors.DefaultSelector()
         try:
             for pipe in (proc.stdout, proc.stderr):
@@ -226,9 +249,10 @@ class Runner:
                     # Asked first: a program that restores what it changed does so in its finally.
                     _signal_group(proc.pid, signal.SIGTERM)
                     self.stopped, deadline, left = True, deadline + self.term_grace, self.term_grace
-                if not exited and left <= 0:
+                if out.overflowed or (not exited and left <= 0):
+                    self.overflowed = out.overflowed
                     self._abandon(proc)
-                    return b''.join(chunks[proc.stdout.fileno()]), b''.join(chunks[proc.stderr.fileno()]), False
+                    return out.data(), err.data(), False
                 if selector.get_map():
                     # Once it has exited, all it wrote is in the pipes: take what is there and
                     # stop; a process it left behind may keep the pipes open (and busy) for ever.
@@ -240,7 +264,7 @@ class Runner:
                     for key, dummy in ready:
                         data = os.read(key.fd, 65536)
                         if data:
-                            chunks[key.fd].append(data)
+                            outputs[key.fd].add(data)
                         else:
                             selector.unregister(key.fileobj)
                 else:  # both pipes closed: it is about to exit
@@ -248,10 +272,11 @@ class Runner:
                     delay = min(delay * 2, self.POLL_S)
         finally:
             selector.close()
+            self.skipped_bytes = out.skipped
         if not reaped:  # unreaped, its pid still names its group: kill what it left there
             _kill_group(proc.pid)
         proc.wait()
-        return b''.join(chunks[proc.stdout.fileno()]), b''.join(chunks[proc.stderr.fileno()]), True
+        return out.data(), err.data(), True
 
     def _abandon(self, proc):
         # Its descendants are found first (one may have left the group with setsid), then the
@@ -272,6 +297,37 @@ class Runner:
                 state['survived_kill'] = True
         if state is not None and (state['state'] == 'D' or state.get('survived_kill')):
             self.stuck = state
+
+
+class _Output:
+    """What a program printed on one pipe, at most limit bytes: past it, overflowed; or, with
+    keep_last, the oldest bytes are dropped (skipped: how many)."""
+
+    def __init__(self, limit, keep_last):
+        self.limit = limit
+        self.keep_last = keep_last
+        self.chunks = collections.deque()
+        self.size = 0
+        self.skipped = 0
+        self.overflowed = False
+
+    def add(self, data):
+        self.chunks.append(data)
+        self.size += len(data)
+        while self.keep_last and self.size > self.limit:
+            cut = min(len(self.chunks[0]), self.size - self.limit)
+            if cut == len(self.chunks[0]):
+                self.chunks.popleft()
+            else:
+                self.chunks[0] = self.chunks[0][cut:]
+            self.size -= cut
+            self.skipped += cut
+        self.overflowed = self.size > self.limit
+
+    def data(self):
+        data = b''.join(self.chunks)
+        self.chunks.clear()
+        return data
 
 
 class Forked:
@@ -437,7 +493,7 @@ def _stat_fields(pid, proc='/proc'):
     """(ppid, starttime) of pid from /proc, or None."""
     try:
         with open('%s/%d/stat' % (proc, pid), 'rb') as handle:
-            fields = handle.read().rsplit(b')', 1)[1].split()
+            fields = handle.read(PROC_FILE_MAX).rsplit(b')', 1)[1].split()
         return int(fields[1]), int(fields[19])
     except (IOError, OSError, IndexError, ValueError):
         return None

@@ -181,11 +181,13 @@ options:
     default: [nvidia-dcgm.service, nvidia-dcgm-exporter.service, dcgm-exporter.service, nvsm*.service, nvidia-cuda-mps-control]
   kernel_log:
     description:
-      - A file to read the kernel's Xid messages from for the GPUs' health (a GPU whose health
+      - Where to read the kernel's Xid messages from for the GPUs' health (a GPU whose health
         calls for a reset, a reboot or a person is not clean) and the reasons to reset, instead of
-        C(journalctl -k) or C(dmesg) (O(gpuops.nvidia.nvidia_device_release#module:kernel_log)).
-        The default, C(journalctl -k), holds only the kernel's own lines; in a file a local user
-        can write a line tagged C(kernel) with C(logger).
+        C(journalctl -k) (journald's kernel transport) or C(dmesg --facility=kern). It names
+        C(/dev/kmsg), or a root-owned file of its records
+        (O(gpuops.nvidia.nvidia_device_release#module:kernel_log)).
+        A syslog file such as C(/var/log/kern.log) is refused, as any local user can write a line
+        there that reads exactly as the kernel's.
     type: path
   bug_report_dir:
     description:

@@ -254,11 +254,14 @@ options:
     default: 7.0
   kernel_log:
     description:
-      - A file to read the kernel's Xid messages from for the GPUs' health (RV(released),
-        RV(gpu_states[].recovery_action)) and the reasons to reset, instead of C(journalctl -k), then
-        C(dmesg), as in M(gpuops.nvidia.nvidia_gpu_facts). The default, C(journalctl -k), holds only
-        the kernel's own messages; in a file, a line counts only when syslog says the kernel sent it
-        (its C(kernel) tag), which a user who tags a C(logger) line C(kernel) can imitate.
+      - Where to read the kernel's Xid messages from for the GPUs' health (RV(released),
+        RV(gpu_states[].recovery_action)) and the reasons to reset, instead of C(journalctl -k)
+        (journald's kernel transport), then C(dmesg --facility=kern). It names C(/dev/kmsg) (its records
+        of the kernel's facility), or a root-owned file of its records, as in
+        M(gpuops.nvidia.nvidia_gpu_facts) (O(gpuops.nvidia.nvidia_gpu_facts#module:kernel_log)).
+      - A syslog file such as C(/var/log/kern.log) is refused with a warning, and no health is read
+        from it, as any local user can C(logger -t kernel -p kern.err) a line there that reads exactly
+        as the kernel's.
     type: path
   bug_report_dir:
     description:
@@ -1107,12 +1110,14 @@ elapsed_s:
   sample: 1.52
 unreadable:
   description: The processes whose descriptors or mappings the last scan of C(/proc) could read only in
-    part, so that what they hold beyond that is unknown to it. A process has at most 1024 of its
-    descriptors read (the usual soft limit of open files) and 4 MiB of its mappings, and no
-    process is read past the deadline, so no process can stall the release. Such a process of the
-    job (with O(job), in its cgroup, or of O(job.uid) in no live job) is taken for a holder of every GPU in
-    scope and released. Any other, unless another job's, may hold a GPU in scope; it is never
-    signalled, and the GPUs are not called released (RV(released) false, the failure names it).
+    part, so that what they hold beyond that is unknown to it. A process has 1024 of its
+    descriptors read (the usual soft limit of open files), and a scan reads 65536 more in all for
+    the processes that have more; 4 MiB of a process's mappings are read, and no process is read
+    past the deadline, so no process can stall the release. Such a process of the job (with
+    O(job), in its cgroup, or of O(job.uid) in no live job) is taken for a holder of every GPU in
+    scope and released. Any other of a regular user, unless another job's, may hold a GPU in scope;
+    it is never signalled, and the GPUs are not called released (RV(released) false, the failure
+    names it). One of a system account is named here alone.
   returned: always
   type: list
   elements: dict

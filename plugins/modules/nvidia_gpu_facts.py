@@ -58,24 +58,24 @@ options:
     default: 10
   kernel_log:
     description:
-      - "A file to read the kernel's C(NVRM:) lines (Xid errors, GPUs fallen off the bus) from,
-        such as C(/var/log/kern.log)."
-      - When not set, the module runs C(journalctl -k) (this boot only; later runs go on from
-        the cursor kept in O(state_dir)), and C(dmesg) when that gives nothing. Reading either
-        may need privilege escalation; when no kernel log can be read,
-        RV(ansible_facts.nvidia_gpus[].health.xid_events) is null and the module warns.
-      - A file is read on from the offset where the last read ended (a rotated or truncated
-        file from its start).
-      - In a file, a driver line counts only when the log says the kernel wrote it, by syslog's time
-        and host then the tag C(kernel) (the default templates of rsyslog and syslog-ng), or by only
-        what C(dmesg) prints before it (its stamp, C(-T), C(--time-format iso), C(-x)). A line a user
-        wrote with C(logger) carries their tag and is ignored. A user who tags a line C(kernel)
-        themselves cannot be told from the kernel in a text file; the default, C(journalctl -k),
-        holds only the kernel's lines (the kernel's own transport). Where a file must be used,
-        prefer one the syslog daemon fills only from the C(kern) facility (Debian's
-        C(/var/log/kern.log)) over C(/var/log/syslog) or C(/var/log/messages); systemd-journald
-        gives a user's message asking for the C(kern) facility the C(user) facility instead,
-        though a daemon that reads C(/dev/log) itself may not.
+      - "Where to read the kernel's C(NVRM:) messages (Xid errors, GPUs fallen off the bus) from
+        instead of the default: C(/dev/kmsg), or a regular file of its records (C(PRIO,SEQ,USEC,FLAGS;MESSAGE),
+        one a line, as a simulated host writes them) owned by root (or the user the module runs
+        as) and writable by no group or other user."
+      - When not set, the module runs C(journalctl -k) (journald's kernel transport, this boot only;
+        later runs go on from the cursor kept in O(state_dir)), and C(dmesg --facility=kern) when
+        that gives nothing. Reading either may need privilege escalation; when no kernel log can
+        be read, RV(ansible_facts.nvidia_gpus[].health.xid_events) is null and the module warns.
+      - Only what the kernel wrote counts. In C(/dev/kmsg) that is the records of facility 0;
+        what userspace (root) writes there is filed as the user facility and is not counted. Its
+        records are read on from the sequence number of the last read, a file of records from its
+        offset (a rotated or truncated file from its start).
+      - A syslog file such as C(/var/log/kern.log) is refused with a warning (and
+        RV(ansible_facts.nvidia_gpus[].health.xid_events) is null), as any local user can
+        C(logger -t kernel -p kern.err) a line that the syslog daemon writes exactly as the kernel's.
+      - A read takes at most 64 MiB of new records, in 16 MiB chunks, the position saved after
+        each; more new text than that is skipped from the oldest, with a warning and
+        RV(ansible_facts.nvidia_kernel_log.skipped_bytes).
     type: path
 seealso:
   - module: gpuops.nvidia.nvidia_device_release
@@ -99,13 +99,13 @@ EXAMPLES = r'''
       - /dev/nvidia[0-9]*
     timeout: 5
 
-# journalctl -k, the default, holds only what the kernel wrote (_TRANSPORT=kernel). Name a file
-# only on a host without the journal: there a line counts only when syslog tags it kernel, and a
-# local user can write one (logger -t kernel). kern.log filled from kern.* alone is the better file.
-- name: Read Xid errors from a log file, through NVML
+# journalctl -k, the default, holds only what the kernel wrote (_TRANSPORT=kernel). On a host
+# without the journal, read /dev/kmsg itself: its records of the kernel's facility are the
+# kernel's alone. A syslog file (/var/log/kern.log) is refused: anyone can write a line there.
+- name: Read Xid errors from /dev/kmsg, through NVML
   gpuops.nvidia.nvidia_gpu_facts:
     backend: nvml
-    kernel_log: /var/log/kern.log
+    kernel_log: /dev/kmsg
 
 - name: GPUs that need more than an application restart
   ansible.builtin.debug:
@@ -231,7 +231,10 @@ ansible_facts:
                   one entry per kind and Xid code, in the order of their first appearance (a
                   storm of one Xid is one entry with its count).
                 - The driver's messages that it hung (kind C(driver_hung)) count for the GPU
-                  whose bus id they name, and for every GPU when they name none.
+                  whose bus id they name. One that names none is the host's
+                  (RV(ansible_facts.nvidia_kernel_log.host_events)), and counts for a GPU only
+                  where its own reads bear it out (a read that hangs in the driver, the driver's
+                  word that it requires a reset, its recovery action).
                 - Null when no kernel log could be read (see O(kernel_log)).
               type: list
               elements: dict
@@ -260,9 +263,9 @@ ansible_facts:
                   type: str
                 time:
                   description:
-                    - When the last of them was logged, as the log prints it (ISO 8601 from
-                      C(journalctl -k) and C(dmesg), the syslog or seconds-since-boot stamp of a
-                      O(kernel_log) file).
+                    - When the last of them was logged, in ISO 8601 (as C(journalctl -k) and
+                      C(dmesg) print it; for a C(/dev/kmsg) record, the boot time plus its
+                      microseconds since boot, in UTC).
                     - Null when the line has no time stamp.
                   type: str
                   sample: "2025-03-05T12:34:56+0000"
@@ -540,6 +543,42 @@ ansible_facts:
         - {name: nvidia_modeset, refcnt: 1, via: null}
         - {name: nvidia_uvm, refcnt: 0, via: null}
         - {name: nvidia_drm, refcnt: 0, via: nvidia_modeset}
+    nvidia_kernel_log:
+      description: What the read of the kernel log says of the host rather than of a GPU.
+      returned: success
+      type: dict
+      contains:
+        skipped_bytes:
+          description:
+            - The bytes of new kernel log passed over in this read, the oldest, because there
+              was more than a read takes (64 MiB of records, the newest 32 MiB of
+              C(journalctl)'s output); their messages are not counted. 0 when none.
+          type: int
+          sample: 0
+        host_events:
+          description:
+            - The driver's messages that name no GPU (its assertions of a full-chip reset that
+              hung, C(GPU0) being the driver's own number), summarised as
+              RV(ansible_facts.nvidia_gpus[].health.xid_events) is. No GPU is held at fault for
+              them unless its own reads say so.
+          type: list
+          elements: dict
+          contains:
+            kind:
+              description: What the message is (C(driver_hung)).
+              type: str
+            count:
+              description: How many times the log has it.
+              type: int
+            first_time:
+              description: When the first of them was logged.
+              type: str
+            time:
+              description: When the last of them was logged.
+              type: str
+            text:
+              description: The last one's words after C(NVRM:).
+              type: str
 '''
 
 from ansible.module_utils.basic import AnsibleModule

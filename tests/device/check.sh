@@ -96,7 +96,7 @@ if [[ -n $SIM ]]; then
     export PATH="$SIM/bin:$PATH"
     export LD_LIBRARY_PATH="$SIM/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     HOST_ROOT=$SIM
-    KERNEL_LOG_ARG=", \"kernel_log\": \"$SIM/var/lib/gpusim/kern.log\""
+    KERNEL_LOG_ARG=", \"kernel_log\": \"$SIM/dev/kmsg\""
     say "test mode: simulated GPU host under $SIM"
 fi
 SMI=$(command -v nvidia-smi) || die "nvidia-smi not found on PATH: is the NVIDIA driver installed?"

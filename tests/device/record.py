@@ -337,10 +337,17 @@ def checks(run_dir, holder_pid, index=0, threshold=None, smi_path='nvidia-smi', 
           'state %s, processes %s' % ((gpu or {}).get('state'), pids), skip=not compute_holder)
     release = release or {}
     signalled = [entry.get('pid') for entry in release.get('signalled') or []]
-    check('release: %s and released' % ('changed' if compute_holder else 'unchanged'),
-          not release.get('failed') and release.get('changed') is compute_holder and release.get('released') is True,
-          'failed %s, changed %s, released %s, msg %s' % (
-              release.get('failed'), release.get('changed'), release.get('released'), release.get('msg')))
+    if compute_holder:
+        check('release: changed and released',
+              not release.get('failed') and release.get('changed') is True and release.get('released') is True,
+              'failed %s, changed %s, released %s, msg %s' % (
+                  release.get('failed'), release.get('changed'), release.get('released'), release.get('msg')))
+    else:
+        # A GPU a foreign holder keeps open is not released: the message names the holder.
+        check('release: unchanged, and not released while holder %d holds GPU %d' % (holder_pid, index),
+              release.get('changed') is False and release.get('released') is False
+              and 'held by pid %d' % holder_pid in str(release.get('msg')),
+              'changed %s, released %s, msg %s' % (release.get('changed'), release.get('released'), release.get('msg')))
     if compute_holder:
         check('release: holder %d signalled' % holder_pid, holder_pid in signalled, 'signalled %s' % signalled)
         check('holder %d gone' % holder_pid, pid_gone(holder_pid), '/proc/%d' % holder_pid)

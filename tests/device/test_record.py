@@ -166,15 +166,17 @@ def test_checks_fail_when_the_holder_survives_and_memory_stays(gpuhost, tmp_path
 
 
 def test_checks_skip_the_compute_check_for_a_holder_of_device_files(gpuhost, tmp_path):
-    # Root's process with the device files open and no CUDA context is left alone (a foreign holder).
+    # Root's process with the device files open and no CUDA context is left alone (a foreign holder),
+    # and the GPU it holds is not released.
     free = {'index': 0, 'state': 'free', 'memory_used_mib': 1, 'processes': []}
     holder = os.getpid()
-    write_run(tmp_path, free, {'changed': False, 'released': True, 'signalled': [],
+    write_run(tmp_path, free, {'changed': False, 'released': False, 'failed': True, 'signalled': [],
+                               'msg': 'GPUs not released: GPU 0: 1 MiB used, held by pid %d (python3, ...)' % holder,
                                'foreign_holders': [{'pid': holder, 'reason': 'foreign_holder'}]}, free)
     results = record.checks(str(tmp_path), holder, smi_path=gpuhost.smi_path, compute_holder=False)
     assert [(verdict, name) for verdict, name, dummy in results] == [
         ('PASS', 'facts before: GPU 0 read'), ('SKIP', 'facts before: GPU 0 not free, holder %d listed' % holder),
-        ('PASS', 'release: unchanged and released'),
+        ('PASS', 'release: unchanged, and not released while holder %d holds GPU 0' % holder),
         ('PASS', 'release: holder %d left alone as a foreign holder' % holder),
         ('PASS', 'facts after: GPU 0 free'), ('PASS', 'nvidia-smi: GPU 0 memory.used at or below 32 MiB')]
     write_run(tmp_path, free, {'changed': True, 'released': True, 'signalled': [{'pid': holder}]}, free)

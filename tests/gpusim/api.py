@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from gpusim import hold as _hold
+from gpusim import kmsg as _kmsg
 from gpusim import messages
 from gpusim import modules as _modules
 from gpusim import mig as _mig
@@ -141,7 +142,9 @@ class Host:
 
     @property
     def kernel_log(self):
-        return self.paths.kernel_log
+        """The kernel log, a file of /dev/kmsg records (gpusim.kmsg): what the modules' kernel_log
+        names for this host."""
+        return self.paths.kmsg
 
     @property
     def state_dir(self):
@@ -226,9 +229,9 @@ class Host:
                 os.unlink(os.path.join(p.dev, n))
         _hold.write_holder_script(os.path.join(p.lib, "holder.py"))
         # A fresh boot: an empty kernel log, but for the probe of the GPUs that fell off the bus.
-        with open(p.kernel_log, "w") as f:
-            for g in state["fallen"]:
-                f.write(self._fallen_lines(g["pci_bus_id"]))
+        _kmsg.create(p.kmsg)
+        for g in state["fallen"]:
+            _kmsg.append(p.kmsg, self._fallen_records(g["pci_bus_id"]))
         if p.root != "/":
             self._write_host_tree(state)
         tmp = p.smi + ".tmp"
@@ -313,15 +316,21 @@ class Host:
             write_json(self.paths.state, state)
 
     @staticmethod
-    def _fallen_lines(pci_bus_id):
+    def _fallen_records(pci_bus_id):
         import time
 
         from gpusim import messages as M
 
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        when = _kmsg.usec(time.time())
         bus, pci_id = _sysfs_bus(pci_bus_id), "10de:" + GPU_PCI_DEVICE[2:]
-        return "".join(M.KERNEL_LINE.format(time=stamp, text=text.format(bus=bus, pci_id=pci_id)) + "\n"
-                       for text in M.FALLEN_OFF_BUS_AT_BOOT)
+        found = []
+        for text in M.FALLEN_OFF_BUS_AT_BOOT:
+            if text.startswith("NVRM: "):
+                found.append(_kmsg.kernel(text.format(bus=bus, pci_id=pci_id), when))
+            else:
+                found.append(_kmsg.kernel(text.format(bus=bus), when, _kmsg.LEVEL_WARNING,
+                                          [line.format(bus=bus) for line in M.PROBE_FAILED_DICT]))
+        return found
 
     # -- workloads -----------------------------------------------------------------------
     def hold(self, gpus="all", mib=0, util=0, name=None, ignore_term=False, children=0,
@@ -567,12 +576,10 @@ class Host:
         where = bus[4:-2].lower()
         if gpu_instance is not None:
             where += " GPU-I:%02d" % int(gpu_instance)
-        text = text if text is not None else M.XID_TEXTS.get(code, M.XID_TEXT_OTHER)
-        end = time.time() if when is None else when
-        with open(self.paths.kernel_log, "a") as f:
-            # A storm: the same line, a second apart (stamps repeat within a second on real hosts too).
-            for n in range(count - 1, -1, -1):
-                f.write(M.XID_LINE.format(time=self._stamp(end - n), bus=where, code=code, text=text) + "\n")
+        text = M.XID_MESSAGE.format(bus=where, code=code, text=text if text is not None else M.XID_TEXTS.get(code, M.XID_TEXT_OTHER))
+        end = _kmsg.usec(time.time() if when is None else when)
+        # A storm: the same record, a second apart (none before the boot).
+        _kmsg.append(self.paths.kmsg, [_kmsg.kernel(text, max(0, end - n * 1000000)) for n in range(count - 1, -1, -1)])
 
     def _log_fallen(self, state, gpu, when, form):
         from gpusim import messages as M
@@ -580,28 +587,22 @@ class Host:
         if form not in ("probe", "line"):
             raise ValueError("form must be probe or line")
         bus = [g for g in state["gpus"] if g["index"] == gpu][0]["pci_bus_id"][4:].lower()
-        stamp = self._stamp(when)
         lines = M.FALLEN_PROBE if form == "probe" else M.FALLEN_LINE
-        with open(self.paths.kernel_log, "a") as f:
-            for line in lines:
-                f.write(M.KERNEL_LINE.format(time=stamp, text=line.format(bus=bus)) + "\n")
+        self._log_lines([line.format(bus=bus) for line in lines], when)
 
     def _log_lines(self, lines, when, count=1):
-        """The kernel's lines in the kernel log, count times over, at when."""
-        from gpusim import messages as M
-
-        stamp = self._stamp(when)
-        with open(self.paths.kernel_log, "a") as f:
-            for dummy in range(count):
-                for line in lines:
-                    f.write(M.KERNEL_LINE.format(time=stamp, text=line) + "\n")
-
-    @staticmethod
-    def _stamp(when):
+        """The kernel's records of lines in the kernel log, count times over, at when."""
         import time
 
-        when = time.time() if when is None else when
-        return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(when))
+        time_us = _kmsg.usec(time.time() if when is None else when)
+        _kmsg.append(self.paths.kmsg, [_kmsg.kernel(line, time_us) for dummy in range(count) for line in lines])
+
+    def write_kmsg(self, line, when=None):
+        """What root's `echo LINE > /dev/kmsg` does: a record of the user facility (a "<N>" prefix
+        sets the level, and a facility other than the kernel's); never the kernel's own."""
+        import time
+
+        _kmsg.append(self.paths.kmsg, [_kmsg.from_user(line, _kmsg.usec(time.time() if when is None else when))])
 
     # -- conveniences for tests ----------------------------------------------------------
     def smi(self, *args, timeout=30):

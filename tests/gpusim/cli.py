@@ -173,6 +173,8 @@ def _parser():
     c.add_argument("--refcnt", type=int, default=0)
     c.add_argument("--blocks-reset", action="store_true",
                    help="nvidia-smi refuses a GPU reset while it is loaded, as with an idle nvidia_drm")
+    c = cmd("kmsg", help="write a line to the kernel log as root's `echo LINE > /dev/kmsg` does (user facility)")
+    c.add_argument("line", help='the line; a "<N>" prefix sets the level (and a facility other than the kernel\'s)')
     cmd("ps", help="allocation records, with alive")
     cmd("stop", help="SIGKILL everything this root started; wait until gone")
     c = cmd("smi", help="run the fake nvidia-smi in-process (arguments after --)")
@@ -269,6 +271,8 @@ def main(argv=None):
             host.load_module(args.name, args.holds, args.refcnt, args.blocks_reset)
         elif args.cmd == "ps":
             print(json.dumps(host.ps(), indent=1))
+        elif args.cmd == "kmsg":
+            host.write_kmsg(args.line)
         elif args.cmd == "stop":
             host.stop()
         elif args.cmd == "smi":

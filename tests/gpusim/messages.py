@@ -61,10 +61,10 @@ RESET_NEEDS_ID = "The -r/--gpu-reset option requires the -i/--id option to speci
 # Values that real drivers print in place of a field.
 NA_VALUES = ("[N/A]", "[Not Supported]", "[Insufficient Permissions]", "[Unknown Error]")
 
-# Kernel log lines, as `journalctl -k -o short-iso` prints them. The Xid texts follow real
-# reports (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors; published dmesg output).
-XID_LINE = "{time} gpusim kernel: NVRM: Xid (PCI:{bus}): {code}, {text}"
-KERNEL_LINE = "{time} gpusim kernel: {text}"
+# The driver's messages in the kernel log, as /dev/kmsg gives them (see gpusim.kmsg for the
+# records around them). The Xid texts follow real reports (NVIDIA's Xid catalogue,
+# docs.nvidia.com/deploy/xid-errors; published dmesg output).
+XID_MESSAGE = "NVRM: Xid (PCI:{bus}): {code}, {text}"
 # A GPU that falls off the bus while the driver probes it: no Xid, three lines
 # (kernel_xid/K06 NVIDIA/NVSentinel#155, K07), {bus} as 0000:b3:00.0; and the one-line form (K09).
 FALLEN_PROBE = (
@@ -103,8 +103,6 @@ XID_TEXTS = {
 }
 XID_TEXT_OTHER = "pid='<unknown>', name=<unknown>, Ch 00000008"
 
-# Any other kernel log line, in the same form.
-KERNEL_LINE = "{time} gpusim kernel: {text}"
 # A GPU whose probe finds it gone at boot: no Xid, the device is not attached (no minor number,
 # no /proc/driver/nvidia/gpus entry). Real syslog: shared/real-samples/kernel_xid/K07 (H100,
 # 525.125.06); the same three NVRM lines in dmesg: K06 (NVIDIA/NVSentinel#155, 570.158.01).
@@ -115,6 +113,8 @@ FALLEN_OFF_BUS_AT_BOOT = (
     "nvidia: probe of {bus} failed with error -1",
     "NVRM: The NVIDIA probe routine failed for 1 device(s).",
 )
+# The driver core's line (dev_warn) carries the device in the record's dictionary.
+PROBE_FAILED_DICT = ("SUBSYSTEM=pci", "DEVICE=+pci:{bus}")
 
 # /proc/driver/nvidia/gpus/<bus id>/information, as the driver writes it
 # (NVIDIA/open-gpu-kernel-modules kernel-open/nvidia/nv-procfs.c, nv_procfs_read_gpu_info:

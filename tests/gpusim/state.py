@@ -65,8 +65,10 @@ class Paths:
         # The simulated libnvidia-ml.so.1 (`gpusim nvml`); with ROOT "/" it stays out of the
         # real library directories, so only a process given LD_LIBRARY_PATH loads it.
         self.nvml_dir = os.path.join(self.lib, "lib") if self.root == "/" else os.path.join(self.root, "lib")
-        # The simulated kernel log (`gpusim fault xid`), in journalctl -k -o short-iso form.
-        self.kernel_log = os.path.join(self.lib, "kern.log")
+        # The simulated kernel log (`gpusim fault xid`, `gpusim kmsg`): a file of /dev/kmsg records
+        # (gpusim.kmsg) at ROOT/dev/kmsg; with ROOT "/" beside the state (the real /dev/kmsg is the kernel's).
+        self.kmsg = os.path.join(self.lib if self.root == "/" else self.dev, "kmsg")
+        self.kernel_log = self.kmsg
         # The PCI bus and the driver's per-GPU entries. With ROOT "/" these are the kernel's own
         # /sys and /proc, which gpusim does not write.
         self.pci_devices = os.path.join(self.root, "sys", "bus", "pci", "devices")

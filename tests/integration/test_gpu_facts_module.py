@@ -169,26 +169,42 @@ def test_gpu_that_fell_off_the_bus_at_boot_is_lost(gpuhost_factory):
     assert 'GPU 00000000:5D:00.0 is lost' in result['warning_text']
 
 
-def test_a_users_logger_line_in_a_syslog_file_is_not_the_drivers(gpuhost, tmp_path):
-    # /var/log/kern.log as rsyslog's default file template writes it: a user's `logger -p kern.err`
-    # lines (tag: the user's name, name[pid] with logger -i, root's), each an Xid that would call for
-    # a reboot or a reset, and the kernel's own line (tag kernel:, its [seconds] stamp) for GPU 2.
+def test_a_syslog_file_is_refused_and_a_users_kmsg_record_is_not_the_drivers(gpuhost, tmp_path):
+    # /var/log/kern.log as rsyslog's default file template writes it: a user's `logger -t kernel -p
+    # kern.err` line reads exactly as the kernel's own. Before: its Xid 79 made GPU 1 need a reboot.
     bus = dict((gpu['index'], gpu['pci_bus_id'][4:-2].lower()) for gpu in gpuhost.state['gpus'])
     log = tmp_path / 'kern.log'
-    log.write_text('\n'.join([
-        "Dec  2 08:00:01 node01 alice: NVRM: Xid (PCI:%s): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
-        % bus[1],
-        "Dec  2 08:00:02 node01 alice[4242]: NVRM: Xid (PCI:%s): 119, pid='<unknown>', name=<unknown>, Timeout" % bus[3],
-        '2026-12-02T08:00:03.123456+00:00 node01 root: NVRM: GPU %s.0: GPU has fallen off the bus.' % bus[4],
-        "Dec  2 08:00:04 node01 kernel: [  123.456789] NVRM: Xid (PCI:%s): 48, pid='<unknown>', name=<unknown>, "
-        "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer" % bus[2], '']))
+    log.write_text("Dec  2 08:00:01 node01 kernel: NVRM: Xid (PCI:%s): 79, pid='<unknown>', name=<unknown>, GPU has "
+                   "fallen off the bus.\n" % bus[1])
     result, proc = run_facts(gpuhost, kernel_log=str(log))
     assert proc.returncode == 0, proc.stdout
     gpus = result['ansible_facts']['nvidia_gpus']
-    assert [gpu['state'] for gpu in gpus] == ['free'] * len(gpus)
+    assert [(gpu['state'], gpu['health']['xid_events'], gpu['health']['recovery_action']) for gpu in gpus] == [
+        ('free', None, 'none')] * len(gpus)
+    assert 'is not read: it does not hold /dev/kmsg records' in result['warning_text']
+    # The host's kernel log (/dev/kmsg records): root's `echo '<3>NVRM: ...' > /dev/kmsg` is the user
+    # facility; the kernel's own record (GPU 2, Xid 48) counts.
+    gpuhost.write_kmsg("<3>NVRM: Xid (PCI:%s): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus." % bus[1])
+    gpuhost.write_kmsg('<3>NVRM: nvAssertFailedNoLog: Assertion failed: (status == NV_OK) || '
+                       '(status == NV_ERR_GPU_IN_FULLCHIP_RESET) @ rs_client.c:844')
+    gpuhost.fault('xid', gpu=2, code=48)
+    result, proc = run_facts(gpuhost, kernel_log=gpuhost.kernel_log)
+    gpus = result['ansible_facts']['nvidia_gpus']
     assert [(gpu['index'], gpu['health']['recovery_action']) for gpu in gpus if gpu['health']['recovery_action'] != 'none'] \
         == [(2, 'inspect')]
     assert [(event['code'], event['count']) for event in gpus[2]['health']['xid_events']] == [(48, 1)]
+    assert result['ansible_facts']['nvidia_kernel_log'] == {'skipped_bytes': 0, 'host_events': []}
+
+
+def test_a_hung_driver_line_naming_no_gpu_is_the_hosts_and_convicts_no_gpu(gpuhost):
+    gpuhost.fault('driver-hung', count=3)
+    result, proc = run_facts(gpuhost, kernel_log=gpuhost.kernel_log)
+    assert proc.returncode == 0, proc.stdout
+    facts = result['ansible_facts']
+    assert [gpu['health']['recovery_action'] for gpu in facts['nvidia_gpus']] == ['none'] * 8
+    [event] = facts['nvidia_kernel_log']['host_events']
+    assert (event['kind'], event['count']) == ('driver_hung', 12) and 'NV_ERR_GPU_IN_FULLCHIP_RESET' in event['text']
+    assert 'without naming a GPU: no GPU is held at fault for it' in result['warning_text']
 
 
 def test_expected_gpus_fails_naming_the_gpus_seen(gpuhost_factory):

@@ -4,13 +4,17 @@ import os
 import sys
 import re
 import signal
+import stat
 import subprocess
 import time
 
 import pytest
 
+from gpusim import kmsg
 from gpusim import messages as M
 from gpusim.state import HGX_BUS_IDS
+
+GPUSIM_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FIELDS = ("index,uuid,name,pci.bus_id,memory.total,memory.used,memory.free,utilization.gpu,"
           "temperature.gpu,persistence_mode,compute_mode,driver_version,count")
@@ -208,9 +212,9 @@ def test_kernel_log_mig_xid_and_fallen_off_the_bus(gpuhost):
     gpuhost.fault("xid", gpu=0, code=94, gpu_instance=5)
     gpuhost.fault("fallen", gpu=1)
     gpuhost.fault("fallen", gpu=2, form="line")
-    with open(gpuhost.kernel_log) as f:
-        lines = [line.split(" kernel: ", 1)[1] for line in f.read().splitlines()]
-    assert lines == [
+    records = kmsg.records(gpuhost.kernel_log)
+    assert [(facility, seq) for facility, level, seq, dummy, dummy in records] == [(0, n) for n in range(5)]
+    assert [message for dummy, dummy, dummy, dummy, message in records] == [
         "NVRM: Xid (PCI:0000:18:00 GPU-I:05): 94, pid=4242, name=python3, Contained: SM (0x1). RST: No, D-RST: No",
         "NVRM: The NVIDIA GPU 0000:2a:00.0",
         "NVRM: (PCI ID: 10de:2335) installed in this system has",
@@ -311,8 +315,9 @@ def test_minors_and_a_gpu_that_fell_off_the_bus(gpuhost_factory):
     info = open(os.path.join(driver, "0000:3a:00.0", "information")).read()
     assert "Bus Location: \t 0000:3a:00.0\nDevice Minor: \t 0\n" in info
     log = open(host.kernel_log).read()
-    assert "NVRM: The NVIDIA GPU 0000:2a:00.0\n" in log and "probe of 0000:2a:00.0 failed with error -1" in log
-    assert "Xid" not in log
+    assert ";NVRM: The NVIDIA GPU 0000:2a:00.0\n" in log and "probe of 0000:2a:00.0 failed with error -1\n" in log
+    assert " SUBSYSTEM=pci\n DEVICE=+pci:0000:2a:00.0\n" in log and "Xid" not in log
+    assert set(facility for facility, dummy, dummy, dummy, dummy in kmsg.records(host.kernel_log)) == {0}
     rec = host.hold(gpus=[0], mib=64)
     assert host.dev_path(0) in {os.readlink("/proc/%d/fd/%s" % (rec["pid"], fd)) for fd in os.listdir("/proc/%d/fd" % rec["pid"])}
     with pytest.raises(ValueError, match="minors"):
@@ -345,7 +350,38 @@ def test_recovery_action_on_drivers_from_565(gpuhost_factory):
 
 def test_an_xid_storm_on_request(gpuhost):
     gpuhost.fault("xid", gpu=0, code=95, count=2000)
+    records = kmsg.records(gpuhost.kernel_log)
+    assert len(records) == 2000 and all(message.startswith("NVRM: Xid (PCI:0000:18:00): 95, ") for *dummy, message in records)
+    # A second apart, ending now, none before this boot.
+    times = [time_us for dummy, dummy, dummy, time_us, dummy in records]
+    assert times == sorted(times) and times[-1] - times[-2] == 1000000 and times[0] >= 0
+    assert abs(kmsg.boot_time() + times[-1] / 1e6 - time.time()) < 60
+
+
+def test_the_kernel_log_is_a_ring_of_kmsg_records_with_the_kernels_facility(gpuhost):
+    gpuhost.fault("xid", gpu=1, code=79, when=time.time() - 5)
+    gpuhost.fault("driver-hung")
+    assert os.path.realpath(gpuhost.kernel_log) == os.path.join(gpuhost.root, "dev", "kmsg")
+    assert stat.S_IMODE(os.stat(gpuhost.kernel_log).st_mode) == 0o644
+    # Root's `echo > /dev/kmsg`: the user facility, whatever facility its prefix names, unless another.
+    gpuhost.write_kmsg("<3>NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.")
+    gpuhost.write_kmsg("plain\\text\twith a tab")
+    gpuhost.write_kmsg("<30>daemon line")
+    records = kmsg.records(gpuhost.kernel_log)
+    assert [(facility, level, seq) for facility, level, seq, dummy, dummy in records] == [
+        (0, 3, 0), (0, 3, 1), (0, 3, 2), (0, 3, 3), (0, 3, 4), (1, 3, 5), (1, 4, 6), (3, 6, 7)]
+    assert records[6][4] == "plain\\x5ctext\\x09with a tab"
     with open(gpuhost.kernel_log) as handle:
-        lines = handle.read().splitlines()
-    assert len(lines) == 2000 and all("NVRM: Xid (PCI:0000:18:00): 95, " in line for line in lines)
-    assert lines[0] < lines[-1]
+        assert handle.read().splitlines()[5] == "11,5,%d,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus." % records[5][3]
+    # A fresh boot: an empty ring, a file of its own.
+    inode = os.stat(gpuhost.kernel_log).st_ino
+    gpuhost.init()
+    assert kmsg.records(gpuhost.kernel_log) == [] and os.stat(gpuhost.kernel_log).st_ino != inode
+
+
+def test_the_cli_writes_a_kmsg_line_as_root_would(gpuhost):
+    r = subprocess.run([sys.executable, "-m", "gpusim", "kmsg", "--root", gpuhost.root, "<3>NVRM: Xid (PCI:0000:18:00): 13, x"],
+                       capture_output=True, text=True, check=False, env=dict(os.environ, PYTHONPATH=GPUSIM_PARENT))
+    assert r.returncode == 0, r.stderr
+    assert [(facility, level, message) for facility, level, dummy, dummy, message in kmsg.records(gpuhost.kernel_log)] == [
+        (1, 3, "NVRM: Xid (PCI:0000:18:00): 13, x")]

@@ -103,9 +103,11 @@ def test_health_facts_match_events_by_bus_and_keep_unknown_as_null():
     assert unknown['xid_events'] is None and unknown['recovery_action'] == 'none'
 
 
-def test_reads_a_kernel_log_file(tmp_path):
-    log = tmp_path / 'kern.log'
-    log.write_text('\n'.join(['boot', JOURNAL, 'noise', SYSLOG]) + '\n')
+def test_reads_a_file_of_kernel_records(tmp_path):
+    log = tmp_path / 'kmsg'
+    log.write_text(''.join('%d,%d,1000000,-;%s\n' % (prio, seq, text[text.find('NVRM: '):] if 'NVRM' in text else text)
+                           for seq, (prio, text) in enumerate([(6, 'boot'), (3, JOURNAL), (6, 'noise'), (3, SYSLOG)])))
+    log.chmod(0o644)
     events, warnings = read_xid_events(str(log))
     assert [e['code'] for e in events] == [79, 31] and warnings == []
     events, warnings = read_xid_events(str(tmp_path / 'missing.log'))

@@ -36,7 +36,7 @@ INFORMATION = ("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 312\n"
                "Bus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
                "Bus Location: \t 0000:%s:00.0\nDevice Minor: \t %d\nGPU Excluded:\t %s\n")
 
-# shared/real-samples/kernel_xid/K07 (syslog), verbatim.
+# tests/unit/fixtures/real_samples/kernel_xid/K07 (syslog), verbatim.
 K07 = """Jan  3 07:39:45 ubuntu kernel: [17257.355375] NVRM: The NVIDIA GPU 0000:5d:00.0
 Jan  3 07:39:45 ubuntu kernel: [17257.355375] NVRM: (PCI ID: 10de:2330) installed in this system has
 Jan  3 07:39:45 ubuntu kernel: [17257.355375] NVRM: fallen off the bus and is not responding to commands.

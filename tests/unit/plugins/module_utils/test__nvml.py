@@ -275,8 +275,8 @@ def test_process_list_failure_is_a_warning():
 
 
 def test_memory_is_nvml_v2_used_with_reserved_beside_it():
-    # Real readings (real-samples Q09): v1 `used` is reserved + allocated, hundreds of MiB on
-    # an idle GPU; nvidia-smi and v2 show allocated only.
+    # Real readings (fastfetch-cli/fastfetch#1658, mayooot/detect-gpu#3): v1 `used` is reserved +
+    # allocated, hundreds of MiB on an idle GPU; nvidia-smi and v2 show allocated only.
     fake = FakeNvml()
     snapshot = read(fake)
     assert [(g['memory_used_mib'], g['memory_reserved_mib'], g['memory_free_mib']) for g in snapshot.gpus] == [

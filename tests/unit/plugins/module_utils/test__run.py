@@ -15,7 +15,13 @@ import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _kernel_log as _health
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner, process_state
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import (
+    OUTPUT_MAX,
+    CommandTimeout,
+    OutputTooLarge,
+    Runner,
+    process_state,
+)
 from processes import gone, kill_left, read_pid
 
 
@@ -85,6 +91,27 @@ def test_the_kernel_log_reader_runs_through_the_runner(tmp_path):
 def test_the_kernel_log_reader_names_a_program_that_does_not_run(tmp_path):
     events, warnings = _health.read_xid_events(None, 1, commands=([str(tmp_path / 'journalctl')],))
     assert events is None and 'journalctl not found or not executable' in warnings[0]
+
+
+def test_a_program_that_prints_more_than_its_bound_is_stopped(tmp_path):
+    # Before: its output was kept whole, however large (a flood of lines read into memory).
+    pidfile = str(tmp_path / 'child.pid')
+    path = program(tmp_path, 'sinfo', 'sleep 30 & echo $! > %s; yes "a line of output"' % pidfile)
+    try:
+        with pytest.raises(OutputTooLarge, match=r'^sinfo -h printed more than 100000 bytes and was stopped$'):
+            Runner(path, 20, max_output=100000).run(['-h'])
+        assert gone(read_pid(pidfile))
+    finally:
+        kill_left(pidfile)
+    assert OUTPUT_MAX == 64 * 1024 * 1024 and Runner('nvidia-smi').max_output == OUTPUT_MAX
+
+
+def test_with_keep_last_only_the_newest_output_is_kept_and_the_rest_counted(tmp_path):
+    path = program(tmp_path, 'journalctl', 'seq 1 100000; echo "-- cursor: c100000"')
+    runner = Runner(path, 20, max_output=1000, keep_last=True)
+    rc, stdout, stderr = runner.run([])
+    assert rc == 0 and len(stdout) == 1000 and stdout.endswith('99999\n100000\n-- cursor: c100000\n')
+    assert runner.skipped_bytes == len(''.join('%d\n' % n for n in range(1, 100001))) + 19 - 1000
 
 
 def test_what_the_program_leaves_running_in_a_session_of_its_own_is_killed(tmp_path):

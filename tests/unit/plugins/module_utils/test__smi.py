@@ -146,7 +146,7 @@ def test_apps_with_commas_in_process_name():
 
 
 def test_apps_unknown_process_names_are_null():
-    # real-samples smi_compute_apps/A02 (a container host), in the queried field order.
+    # tests/unit/fixtures/real_samples/smi_compute_apps/A02 (a container host), in the queried field order.
     text = ('4, [Insufficient Permissions], [N/A], GPU-0e7f33ad-cc4a-7a1a-e9a4-7dd69f9032ab, 00000000:01:00.0\n'
             '50983, [Not Found], [N/A], GPU-0e7f33ad-cc4a-7a1a-e9a4-7dd69f9032ab, 00000000:01:00.0\n'
             '40170, /opt/rh/rh-python38/root/usr/bin/python3, 185, GPU-0e7f33ad-cc4a-7a1a-e9a4-7dd69f9032ab, 00000000:01:00.0\n')

@@ -342,9 +342,11 @@ def test_kernel_log_samples(name, tmp_path):
     assert [(e['bus'], e['code'], e['time'], e['gpu_instance']) for e in events] == expected
     assert recovery_action(events) == action
     assert parse_fallen_off_bus(lines) == fallen == fallen_off_bus(events)
-    # The same through a kernel_log file.
+    # The same through a kernel_log file: the sample's driver messages as the kernel's records.
     path = tmp_path / name
-    path.write_text(sample('kernel_xid', name))
+    path.write_text(''.join('3,%d,%d,-;%s\n' % (seq, seq, line[line.find('NVRM: '):] if 'NVRM: ' in line else line)
+                            for seq, line in enumerate(lines)))
+    path.chmod(0o644)
     from_file, warnings = read_xid_events(str(path))
     # ... summarised: one entry per GPU and message, counted, in order of first appearance.
     kinds = [(e['bus'], e['kind'], e['code']) for e in events]

@@ -31,6 +31,7 @@ from ansible_collections.gpuops.nvidia.plugins.plugin_utils import (
     _sequence,
     _slurm_hook,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _jobs
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command, drain_reason
 from gpusim.state import is_alive as alive
 from processes import gone
@@ -820,19 +821,41 @@ def test_an_xid_79_in_the_kernels_words_asks_for_a_reboot(gpuhost, hook, tmp_pat
     assert report['reboot_requested'] is True and report['escalation'] is None and stamp.exists()
 
 
-def test_a_hung_driver_in_the_kernel_log_asks_for_a_reboot_and_says_why(gpuhost, hook, tmp_path):
-    # The driver's assertions of a full-chip reset that hung name no bus id: every GPU needs the
-    # reboot, nothing is reset, and the reason says driver_hung and what helps.
+def test_a_hung_driver_line_that_names_no_gpu_asks_for_nothing_by_itself(gpuhost, hook, tmp_path):
+    # Before: the driver's assertions of a full-chip reset that hung, which name no bus id, made every
+    # GPU need a reboot and the hook asked for one, on a line anyone who can write the log could add.
+    gpuhost.fault('driver-hung', count=50)
+    stamp = tmp_path / 'state' / 'reboot-requested'
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp),
+                               gpu_reset_kernel_log=gpuhost.kernel_log, gpu_reset_allow_gpu_reset=True)
+    assert rc == 0 and command is None, report['reason']
+    assert set(gpu['recovery_action'] for gpu in report['gpus']) == set(['none'])
+    assert 'reboot_requested' not in report and not stamp.exists()
+
+
+def test_a_hung_driver_in_the_kernel_log_asks_for_a_reboot_where_a_gpus_own_read_bears_it_out(gpuhost, hook, tmp_path):
+    # GPU 5 reads as requiring a reset while the driver asserts it hung in a full-chip reset: a
+    # reset would hang in it too; the reboot is asked for, and nothing is reset.
+    gpuhost.fault('reset-required', gpu=5)
     gpuhost.fault('driver-hung', count=50)
     stamp = tmp_path / 'state' / 'reboot-requested'
     rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp),
                                gpu_reset_kernel_log=gpuhost.kernel_log, gpu_reset_allow_gpu_reset=True)
     assert rc == _hook_status.RUNNER_DRAINED, report['reason']
     assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and command[-1] == 'gpu07', command
-    assert set(gpu['recovery_action'] for gpu in report['gpus']) == set(['reboot'])
-    assert 'driver_hung: the kernel log says the NVIDIA driver hung (NV_ERR_GPU_IN_FULLCHIP_RESET) since the last ' \
-           'cure; only a reboot frees it' in report['reason']
+    assert [(gpu['index'], gpu['recovery_action']) for gpu in report['gpus'] if gpu['recovery_action'] != 'none'] == [
+        (5, 'reboot')]
     assert report['reboot_requested'] is True and report['escalation'] is None
+
+
+def test_what_roots_userspace_writes_to_kmsg_asks_for_nothing(gpuhost, hook, tmp_path):
+    # `echo '<3>NVRM: Xid ...: 79, ...' > /dev/kmsg` is filed as the user facility: not the driver's word.
+    gpuhost.write_kmsg("<3>NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    stamp = tmp_path / 'state' / 'reboot-requested'
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp),
+                               gpu_reset_kernel_log=gpuhost.kernel_log, gpu_reset_allow_gpu_reset=True)
+    assert rc == 0 and command is None, report['reason']
+    assert set(gpu['recovery_action'] for gpu in report['gpus']) == set(['none']) and not stamp.exists()
 
 
 def test_an_xid_that_calls_for_a_reset_gets_one_through_the_hook_where_allowed(gpuhost, hook):
@@ -910,7 +933,7 @@ def test_slurmds_pid_table_names_each_jobs_processes():
              '4200     43       extern   -       -\n'
              'garbage line\n'
              '1        44       0        0       0\n')
-    assert _hook_job.parse_listpids(table) == {'42': [4021, 4100], '43': [4200]}
+    assert _jobs.parse_listpids(table) == {'42': [4021, 4100], '43': [4200]}
 
 
 @pytest.fixture
