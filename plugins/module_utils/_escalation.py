@@ -163,8 +163,12 @@ class Escalation:
 
     def _other_jobs_block_reset(self, result, snapshot, todo):
         """True when a process the job's release leaves alone holds a GPU to reset: a reset would
-        end that job, so it is not tried, and the GPU is not released."""
+        end that job, so it is not tried, and the GPU is not released. Whose each process is, is
+        read again now (slurmd's list too): a job may have started since the signals."""
         gpus = [gpu for gpu in self.release._scope(snapshot) if gpu.get('index') in todo]
+        problem = self.release.jobs.refresh() if self.release.jobs is not None else None
+        if problem:
+            self.release._warn('scontrol listpids could not be read again before the reset (%s)' % problem)
         spared = [holder for holder in self.release._discover(snapshot) if holder.spared
                   if any(self.release._blocks(holder, gpu) for gpu in gpus)]
         if not spared:
