@@ -20,6 +20,7 @@ import threading
 
 import pytest
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders
 from gpusim.cgroups import available, enter, job_cgroup
 from gpusim.state import is_alive as alive
 from integration.test_release_adversarial import public_host, release, start  # noqa: F401 (public_host: a fixture)
@@ -149,9 +150,24 @@ def high_fd_holder(path, cgroup=None, host=None):
     return proc
 
 
+@pytest.fixture
+def no_spare_descriptors(monkeypatch):
+    """Each process read up to its own bound alone, as when a flood has used the scan's spare pool."""
+    monkeypatch.setattr(_holders, 'SPARE_DESCRIPTORS', 0)
+
+
+@in_private_pid_namespace
+def test_a_descriptor_past_the_bound_is_found_through_the_spare_pool(public_host):
+    hidden = high_fd_holder(public_host.dev_path(0))
+    result = release(public_host, gpus=[0], timeout=5)
+    assert gone(hidden.pid)
+    assert [entry['pid'] for entry in result.signalled] == [hidden.pid] and result.unreadable == []
+    assert result.released is True, result.failure
+
+
 @in_private_pid_namespace
 @cgroups_v1
-def test_a_jobs_leftover_that_hides_its_descriptor_past_the_bound_is_released(public_host):
+def test_a_jobs_leftover_that_hides_its_descriptor_past_the_bound_is_released(public_host, no_spare_descriptors):
     hidden = high_fd_holder(public_host.dev_path(0), job_cgroup(5, uid=nobody()), public_host)
     result = release(public_host, job=job(5, uid=nobody(), live={}), gpus=[0], timeout=5)
     assert gone(hidden.pid)
@@ -160,7 +176,8 @@ def test_a_jobs_leftover_that_hides_its_descriptor_past_the_bound_is_released(pu
 
 
 @in_private_pid_namespace
-def test_a_process_read_in_part_that_may_hold_the_gpu_keeps_it_from_being_called_released(public_host):
+def test_a_process_read_in_part_that_may_hold_the_gpu_keeps_it_from_being_called_released(public_host,
+                                                                                         no_spare_descriptors):
     hidden = high_fd_holder(public_host.dev_path(0))
     result = release(public_host, job=job(5, uid=4242, live={}), gpus=[0], timeout=5)
     assert hidden.poll() is None and result.signalled == []
