@@ -1244,12 +1244,14 @@ class Release:
         self._escalate(result, snapshot)
 
     def _only_settling_left(self, holders):
-        """True when every target is gone and only the settle window is left, and it ends early
-        enough for a scan and a read after it within the timeout: the signalling is over, so the
-        share kept for the last read is free for the window (a host of many processes reaches it late)."""
+        """True while every target is gone and the settle window, not yet over, is all that is left,
+        and it ends early enough for a scan and a read after it within the timeout: the signalling is
+        over, so the share kept for the last read is free for the window (a host of many processes
+        reaches it late). Once the window is over the loop ends, clean or not."""
         if not self.targets or self.last_exit is None or any(not holder.protected for holder in holders):
             return False
-        return self.last_exit + self.options.settle_time + self.scan_s + CALL_FLOOR_S <= self.deadline
+        settled = self.last_exit + self.options.settle_time
+        return self.clock() < settled and settled + self.scan_s + CALL_FLOOR_S <= self.deadline
 
     def _orphaned_for_good(self, now, snapshot, holders):
         """True when memory that no process holds has stayed held for ORPHAN_WAIT_S (longer than a
