@@ -14,6 +14,7 @@ import shlex
 
 from ansible import constants as C
 from ansible.errors import AnsibleError
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.unsafe_proxy import wrap_var
 
@@ -23,7 +24,8 @@ from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import SINFO_
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import HostError, finish, run_drain
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import DRAIN_COMMAND, PREFIX, SETTINGS_SPEC, unknown_variables
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import (
+    DRAIN_COMMAND, PREFIX, SETTINGS_SPEC, nearest_variable, unknown_variables)
 
 ROLE = 'gpu_reset'
 # What a module's result holds for Ansible rather than for the sequence.
@@ -39,6 +41,21 @@ WRITE_AT_MOST = 96 * 1024
 BRAKE_LOCK = 'gpu_reset-brake.lock'
 # Seconds sinfo may take for the brake.
 SINFO_S = 10
+# Set by the playbook reset_gpus.yml, which fails the hosts itself once every serial batch has
+# run: here a host that is not clean (or misconfigured) is recorded in the result, not failed.
+DEFER_FAILURE = PREFIX + '_defer_failure'
+
+
+def typo_warning(name):
+    """The warning for a gpu_reset_* variable that is no setting, naming the nearest one."""
+    nearest = nearest_variable(name)
+    return '%s is no setting of gpu_reset (%s); it is ignored' % (
+        printable(name, 80), 'a typo of %s?' % nearest if nearest else 'a typo?')
+
+
+def warning_text(warning):
+    """A module's warning as text: ansible-core 2.19 passes it on as an object with its event."""
+    return getattr(getattr(warning, 'event', None), 'msg', warning)
 
 
 class ConnectionHost:
@@ -97,10 +114,18 @@ class ActionModule(ActionBase):
         result['changed'] = bool(run.release and run.release.get('changed')) or bool(report.get('drained'))
         if self._task.diff and run.release and run.release.get('diff'):
             result['diff'] = run.release['diff']
-        self._passed_on.setdefault('warnings', []).extend(
-            '%s is no setting of gpu_reset (a typo?); it is ignored' % printable(name, 80)
-            for name in unknown_variables(task_vars))
+        self._passed_on.setdefault('warnings', []).extend(typo_warning(name) for name in unknown_variables(task_vars))
+        host = printable(str(task_vars.get('inventory_hostname')), 80)
+        self._passed_on['warnings'] = ['%s: %s' % (host, warning_text(warning)) for warning in self._passed_on['warnings']]
         result.update((key, values) for key, values in self._passed_on.items() if values)
+        if not boolean(task_vars.get(DEFER_FAILURE, False), strict=False):
+            self._fail(result, run, report)
+        return result
+
+    @staticmethod
+    def _fail(result, run, report):
+        """Fail the task of a misconfigured host, or of one that is not clean unless assert_clean
+        is off."""
         if run.misconfigured:
             # Wrong settings fail the task whatever assert_clean says: nothing was read, so there is
             # nothing to judge. Ansible names the host; the same words on many hosts are said once.
@@ -110,7 +135,6 @@ class ActionModule(ActionBase):
             result['failed'] = True
             result['msg'] = '%s%s%s' % (printable(report['host']), ' is not clean: ' if report['gpus_after'] else ': ',
                                         report['reason'])
-        return result
 
     def _setting_name(self):
         """How the settings are named in messages: by the role's variables in the role."""

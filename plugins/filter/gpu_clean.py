@@ -40,8 +40,7 @@ options:
 requirements:
   - jmespath (the Python library, on the controller)
 seealso:
-  - plugin: gpuops.nvidia.gpu_reset_verdict
-    plugin_type: filter
+  - module: gpuops.nvidia.gpu_reset
 '''
 
 EXAMPLES = r'''

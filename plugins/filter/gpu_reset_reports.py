@@ -47,7 +47,7 @@ EXAMPLES = r'''
 
 RETURN = r'''
 _value:
-  description: Each host's report (see P(gpuops.nvidia.gpu_reset_verdict#filter)), by host name.
+  description: Each host's report (the result of M(gpuops.nvidia.gpu_reset)), by host name.
   type: dict
 '''
 

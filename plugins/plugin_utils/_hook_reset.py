@@ -61,20 +61,12 @@ class ModuleRunner:
         when it gives none (stopped at the deadline, with what it started, or a crash)."""
         if self.check_mode:
             args = dict(args, _ansible_check_mode=True)
-        with tempfile.NamedTemporaryFile('w', prefix='gpuops-args-', suffix='.json', delete=False) as handle:
+        # The arguments in a file without a name (O_TMPFILE), which the module reads as
+        # /proc/self/fd/N: a hook killed meanwhile (SIGKILL runs no finally) leaves no file behind.
+        with tempfile.TemporaryFile('w+') as handle:
             json.dump({'ANSIBLE_MODULE_ARGS': args}, handle)
-        runner = Runner(sys.executable, name='gpuops.nvidia.%s' % name, term_grace=self.grace, env={
-            'PYTHONPATH': COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else '')})
-        try:
-            rc, stdout, stderr = runner.run(['-m', MODULES + name, handle.name],
-                                            timeout=max(self.ends - self.grace - time.monotonic(), 1))
-        except CommandTimeout as exc:
-            raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped%s' % (
-                name, exc.timeout, ' (SIGTERM, then SIGKILL after %.1f s)' % self.grace if self.grace else ''))
-        except GpuopsError as exc:
-            raise ModuleError(str(exc))
-        finally:
-            os.unlink(handle.name)
+            handle.flush()
+            rc, stdout, stderr = self._run(name, handle.fileno())
         out = stdout.strip()
         try:
             result = json.loads(out[out.index('{'):])
@@ -83,6 +75,19 @@ class ModuleRunner:
         if not isinstance(result, dict):
             raise ModuleError('gpuops.nvidia.%s gave no result (rc %d)' % (name, rc))
         return result
+
+    def _run(self, name, args_fd):
+        """(rc, stdout, stderr) of the module, its arguments read from the descriptor args_fd."""
+        runner = Runner(sys.executable, name='gpuops.nvidia.%s' % name, term_grace=self.grace, pass_fds=(args_fd,), env={
+            'PYTHONPATH': COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else '')})
+        try:
+            return runner.run(['-m', MODULES + name, '/proc/self/fd/%d' % args_fd],
+                              timeout=max(self.ends - self.grace - time.monotonic(), 1))
+        except CommandTimeout as exc:
+            raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped%s' % (
+                name, exc.timeout, ' (SIGTERM, then SIGKILL after %.1f s)' % self.grace if self.grace else ''))
+        except GpuopsError as exc:
+            raise ModuleError(str(exc))
 
 
 class NodeHost:

@@ -15,6 +15,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import difflib
+
 from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import DEFAULT_STOP_UNITS
 
 PREFIX = 'gpu_reset_'
@@ -78,8 +80,21 @@ def defaults(spec=None):
     return dict((name, option.get('default')) for name, option in (spec or SETTINGS_SPEC).items())
 
 
+def known_variables():
+    """Every gpu_reset_* variable with a meaning: the settings and OTHER_VARIABLES."""
+    return set(PREFIX + name for name in SETTINGS_SPEC) | OTHER_VARIABLES
+
+
 def unknown_variables(names):
     """The gpu_reset_* names among names that no spec knows (gpu_reset__* are the role's own)."""
-    known = set(PREFIX + name for name in SETTINGS_SPEC) | OTHER_VARIABLES
+    known = known_variables()
     return sorted(name for name in names if name.startswith(PREFIX) and not name.startswith(PREFIX + '_')
                   and name not in known)
+
+
+def nearest_variable(name):
+    """The known variable that name is most likely a typo of, or None. Compared without the
+    prefix, which every name shares."""
+    suffixes = sorted(known[len(PREFIX):] for known in known_variables())
+    close = difflib.get_close_matches(name[len(PREFIX):], suffixes, n=1)
+    return PREFIX + close[0] if close else None

@@ -29,11 +29,23 @@ def plain_env():
     return env
 
 
+def installed_copy(home):
+    """A copy of the collection installed where ansible-galaxy installs by default
+    (~/.ansible/collections), its files linked to the checkout's."""
+    root = home / '.ansible' / 'collections' / 'ansible_collections' / 'gpuops' / 'nvidia'
+    root.mkdir(parents=True)
+    for name in ('galaxy.yml', 'meta', 'plugins', 'roles', 'playbooks'):
+        os.symlink(os.path.join(REPO, name), str(root / name))
+
+
 @pytest.mark.parametrize('where', ['.', 'examples'])
-def test_ansible_doc_finds_the_collection_with_nothing_exported(where):
+def test_ansible_doc_finds_the_collection_with_nothing_exported(where, tmp_path):
+    """From the checkout, its ansible.cfg files name the checkout before any installed copy."""
+    installed_copy(tmp_path)
+    env = dict(plain_env(), HOME=str(tmp_path))
     for args in (['gpuops.nvidia.nvidia_device_release'], ['-t', 'role', 'gpuops.nvidia.gpu_reset']):
         proc = subprocess.run([os.path.join(BIN, 'ansible-doc')] + args, cwd=os.path.join(REPO, where),
-                              env=plain_env(), capture_output=True, text=True, timeout=120, check=False)
+                              env=env, capture_output=True, text=True, timeout=120, check=False)
         assert proc.returncode == 0 and 'was not found' not in proc.stderr, proc.stderr
         assert os.path.join('.build', 'collections') in proc.stdout
 

@@ -324,8 +324,9 @@ def test_orphaned_memory_without_escalation_fails_naming_the_gpu(fleet):
     assert report['reason'].startswith('GPU 3: 8193 MiB held with no process left (orphaned memory')
     assert 'gpu_reset_allow_gpu_reset' in report['reason']
     assert 'GPU 3: 8193 MiB held' in run.line('orphan_off')[0]
-    # The host fails in the role's task, with the reason, and the summary says it again.
-    assert run.failures['orphan_off'] == ['orphan_off is not clean: ' + report['reason']]
+    # The host fails once, after the summary, in one line: its reason, not its whole report.
+    assert run.failures['orphan_off'] == [report['reason']]
+    assert run.tasks['orphan_off'][-1] == 'Fail the hosts that are not clean'
 
 
 def test_orphaned_memory_with_escalation_resets_and_restores_persistence(fleet):
@@ -681,6 +682,43 @@ def test_target_matching_nothing_fails(tmp_path):
     assert run.summary is None
 
 
+def test_a_rolling_reset_runs_every_batch_and_names_each_host_that_failed(gpuhost_factory, tmp_path):
+    """One host per batch: gpu02 fails and gpu04 cannot be reached, each in a batch of its own,
+    after which Ansible would end the play; every later batch still runs, the summary names both
+    hosts and why, each fails in one short line and the run exits non-zero. With
+    gpu_reset_max_fail_percentage=0 the batches after a failed one are not run, and say so."""
+    names = ('gpu01', 'gpu02', 'gpu03', 'gpu05')
+    hosts = dict((name, gpuhost_factory(name, gpus=2)) for name in names)
+    jobs = dict((name, hosts[name].hold(gpus=[0], mib=1024)['pid']) for name in ('gpu01', 'gpu03', 'gpu05'))
+    hosts['gpu02'].fault('lost', gpu=1)
+    inventory_hosts = dict((name, host_vars(hosts[name], tmp_path, name)) for name in names)
+    # Nothing listens on port 9 of this machine: ssh is refused at once.
+    inventory_hosts['gpu04'] = dict(ansible_connection='ssh', ansible_host='127.0.0.1', ansible_port=9,
+                                    ansible_ssh_common_args='-o ConnectTimeout=5 -o BatchMode=yes')
+    inventory = tmp_path / 'inventory.yml'
+    inventory.write_text(json.dumps({'gpu_hosts': {'hosts': dict(sorted(inventory_hosts.items()))}}))
+    run = playbook(inventory, tmp_path / 'reports', '-e', 'gpu_reset_serial=1')
+    assert run.rc == 2, run.out
+    for name in ('gpu01', 'gpu03', 'gpu05'):
+        assert run.reports[name]['outcome'] == 'released', run.out
+        assert not alive(jobs[name])
+    assert run.out.count('TASK [Summary]') == 1, run.out
+    assert run.summary[0] == '4 of 5 host(s): 0 clean, 3 released, 1 failed', run.summary
+    assert run.line('gpu02')[0].startswith('FAILED') and 'GPU 1 lost' in run.line('gpu02')[0], run.summary
+    assert run.line('gpu04')[0].startswith('UNREACHED gpu04  ') and 'port 9' in run.line('gpu04')[0], run.summary
+    assert run.failures == {'gpu02': [run.reports['gpu02']['reason']], 'gpu04': ['no report, see the summary above']}
+    assert dict((name, run.recap[name]['failed']) for name in sorted(inventory_hosts)) == dict(
+        gpu01='0', gpu02='1', gpu03='0', gpu04='1', gpu05='0')
+
+    run = playbook(inventory, tmp_path / 'reports-stopped', '-e', 'gpu_reset_serial=1', '-e',
+                   'gpu_reset_max_fail_percentage=0', '--limit', 'gpu01,gpu02,gpu03')
+    assert run.rc == 2, run.out
+    assert sorted(run.reports) == ['gpu01', 'gpu02'], run.out
+    assert run.summary[0] == '2 of 3 host(s): 1 clean, 0 released, 1 failed', run.summary
+    assert run.line('gpu03') == ['NOT RUN   gpu03  no result: the play ended before the role ran on it'], run.summary
+    assert sorted(run.failures) == ['gpu02', 'gpu03'], run.out
+
+
 def test_drain_command_words_reach_it_as_they_are(gpuhost_factory, tmp_path):
     # The drain runs through the host's shell (raw, no Python needed), every word quoted.
     host = gpuhost_factory(gpus=1)
@@ -760,11 +798,11 @@ def test_misconfigured_host_fails_before_anything_is_signalled(gpuhost_factory, 
         gpu_reset_drain_command=['touch', str(tmp_path / 'drained')])}}}))
     run = playbook(inventory, tmp_path / 'reports')
     assert run.rc == 2
-    # One failure, at the task the setting is for, naming it; no second, generic one after.
+    # One failure, after the summary, naming the setting; no second, generic one.
     assert run.failures == {'node': ['gpu_reset is misconfigured: gpu_reset_timeout ' + problem]}, run.out
     assert run.recap['node']['failed'] == '1'
     assert run.out.count('[ERROR]') == 1 and 'see the summary above' not in run.out, run.out
-    assert 'after 0.0 s' not in run.out and 'ok: [node]' not in run.out, run.out
+    assert 'after 0.0 s' not in run.out and run.tasks['node'][-1] == 'Fail the hosts that are not clean', run.out
     assert alive(job) and not (tmp_path / 'drained').exists()
     # Its report is written all the same.
     assert run.reports['node']['signalled'] == [] and run.reports['node']['drained'] is False
@@ -772,8 +810,8 @@ def test_misconfigured_host_fails_before_anything_is_signalled(gpuhost_factory, 
 
 def test_the_playbook_runs_without_a_warning(gpuhost_factory, tmp_path):
     """The collection's own playbook prints no warning and no deprecation, with a --limit too (its
-    once-per-run play then says no "skipping: no hosts matched"); a deprecated filter still warns
-    where it is used."""
+    once-per-run play then says no "skipping: no hosts matched"); a removed filter is named as
+    removed where it is used, saying what to use instead."""
     hosts = dict(hung=gpuhost_factory('hung', gpus=2), clean=gpuhost_factory('clean', gpus=1))
     hosts['hung'].hold(gpus=[0, 1], mib=1024)
     inventory = tmp_path / 'inventory.yml'
@@ -791,14 +829,14 @@ def test_the_playbook_runs_without_a_warning(gpuhost_factory, tmp_path):
         assert run.summary[0] == summary, run.out
         for noise in ('[WARNING]', '[DEPRECATION WARNING]', 'skipping: no hosts matched'):
             assert noise not in run.out, run.out
-    used = tmp_path / 'deprecated.yml'
+    used = tmp_path / 'removed.yml'
     used.write_text(json.dumps([{'hosts': 'localhost', 'gather_facts': False, 'tasks': [
         {'ansible.builtin.debug': {'msg': "{{ {'timeout': 0} | gpuops.nvidia.gpu_reset_problems }}"}}]}]))
     proc = subprocess.run([os.path.join(BIN, 'ansible-playbook'), '-i', 'localhost,', str(used)], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stderr.count('[DEPRECATION WARNING]') == 1, proc.stderr
-    assert 'gpuops.nvidia.gpu_reset_problems" has been deprecated' in proc.stderr, proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert ("'gpuops.nvidia.gpu_reset_problems' filter plugin has been removed. The action gpuops.nvidia.gpu_reset "
+            "checks the role's settings itself") in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
 def test_bad_clean_query_fails_the_host_naming_the_setting(gpuhost_factory, tmp_path):
@@ -813,9 +851,9 @@ def test_bad_clean_query_fails_the_host_naming_the_setting(gpuhost_factory, tmp_
     assert run.rc == 2
     assert 'gpu_reset_clean_query must be a JMESPath expression or null, it is empty' in run.line('empty')[0]
     assert 'gpu_reset_clean_query must give true or false, it gave 2' in run.line('number')[0]
-    # The misconfigured host failed at its first task, once; how long that took says nothing.
+    # Each host failed once, with its reason; how long the misconfigured one took says nothing.
     assert run.failures['empty'] == [run.reports['empty']['reason']] and ' after ' not in run.line('empty')[0]
-    assert run.failures['number'] == ['number is not clean: ' + run.reports['number']['reason']]
+    assert run.failures['number'] == [run.reports['number']['reason']]
     # judged before the release: nothing was signalled
     assert alive(job) and run.reports['number']['signalled'] == []
 
@@ -881,8 +919,11 @@ def test_a_task_appended_to_the_role_runs_only_where_the_host_is_not_failed(gpuh
         'ansible.builtin.debug': {'msg': 'finished {{ inventory_hostname }} {{ gpu_reset_result.outcome }}'}})
     env = ansible_env()
     env['ANSIBLE_COLLECTIONS_PATH'] = collections
-    command = [os.path.join(BIN, 'ansible-playbook'), '-i', str(inventory),
-               os.path.join(collections, 'ansible_collections', 'gpuops', 'nvidia', 'playbooks', 'reset_gpus.yml'),
+    # The role in a play of its own (the playbook reset_gpus.yml fails the hosts after the role).
+    play = tmp_path / 'play.yml'
+    play.write_text(json.dumps([{'hosts': 'gpu_hosts', 'gather_facts': False, 'become': False,
+                                 'roles': ['gpuops.nvidia.gpu_reset']}]))
+    command = [os.path.join(BIN, 'ansible-playbook'), '-i', str(inventory), str(play),
                '-e', 'gpu_reset_report_dir=%s' % (tmp_path / 'reports')]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
     run = Run(proc, str(tmp_path / 'reports'))
@@ -1062,7 +1103,8 @@ def test_a_mistyped_variable_is_named_in_a_warning(gpuhost_factory, tmp_path):
         host, tmp_path, 'node', gpu_reset_timout=600)}}}))
     run = playbook(inventory, tmp_path / 'reports')
     assert run.rc == 0 and run.reports['node']['outcome'] == 'clean', run.out
-    assert 'gpu_reset_timout is no setting of gpu_reset (a typo?); it is ignored' in ' '.join(run.out.split())
+    assert ('node: gpu_reset_timout is no setting of gpu_reset (a typo of gpu_reset_timeout?); it is ignored'
+            in ' '.join(run.out.split())), run.out
 
 
 def test_the_probe_runs_in_the_release_and_a_failed_probe_fails_the_host(gpuhost_factory, tmp_path):

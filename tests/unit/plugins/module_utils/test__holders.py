@@ -175,8 +175,8 @@ def test_discovery_agrees_with_fuser(devroot, spawn):
         assert set(h.pid for h in holders if path in h.devices) == fuser_pids([path]), path
 
 
-# NVIDIA's own holders that its tooling stops around a GPU reset (real-samples holders/H01 on a
-# DGX Station, H04 from mig-parted's hooks) and the MPS control daemon: protected by default.
+# NVIDIA's own holders that its tooling stops around a GPU reset (fuser on a DGX Station, and
+# NVIDIA/mig-parted's deployments/systemd/hooks.sh) and the MPS control daemon: protected by default.
 @pytest.mark.parametrize('program', ['nvsm_core', 'nvidia-device-plugin', 'gpu-feature-discovery',
                                      'nvidia-cuda-mps-control', 'gnome-shell'])
 def test_nvidias_other_daemons_are_protected_by_default(devroot, spawn, program):

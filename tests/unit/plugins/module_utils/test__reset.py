@@ -17,7 +17,8 @@ import time
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, flr_refused, would_reset
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiRunner
 
-SAMPLES = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', '..', 'shared', 'real-samples')
+SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       'fixtures', 'real_samples')
 BUS = {0: '00000000:18:00.0', 1: '00000000:2A:00.0', 2: '00000000:3A:00.0'}
 
 # Persistence mode Enabled everywhere; a reset of GPU 0 alone is refused naming GPU 1 with it,
@@ -131,7 +132,7 @@ def test_persistence_that_cannot_be_restored_is_reported(tmp_path):
 
 
 def test_the_platforms_refusal_is_told_from_a_client_that_holds_the_gpu():
-    """The refusal's form is that of real-samples/smi_errors/E10 (NVSentinel#1690); the words
+    """The refusal's form is that of the real sample smi_errors/E10 (NVSentinel#1690); the words
     in place of "In use by another client" are what AWS bare metal gives (Unknown Error) and
     NVML's strings for a reset the device or the VM does not allow."""
     text = 'The following GPUs could not be reset:\n  GPU 00000000:18:00.0: %s\n'

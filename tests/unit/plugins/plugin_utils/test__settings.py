@@ -14,7 +14,7 @@ import yaml
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import convert, settings_problems
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import (
-    PREFIX, SETTINGS_SPEC, defaults, unknown_variables)
+    PREFIX, SETTINGS_SPEC, defaults, nearest_variable, unknown_variables)
 
 ROLE = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'roles', 'gpu_reset')
 
@@ -154,6 +154,17 @@ def test_a_typo_is_named_and_the_other_variables_are_not():
     names = ['gpu_reset_timout', 'gpu_reset_timeout', 'gpu_reset_result', 'gpu_reset__release', 'gpu_reset_serial',
              'gpu_reset_sliced', 'other', 'gpu_reset_probe_mib']
     assert unknown_variables(names) == ['gpu_reset_timout']
+
+
+@pytest.mark.parametrize('typo, nearest', [
+    ('gpu_reset_timout', 'gpu_reset_timeout'),
+    ('gpu_reset_singals', 'gpu_reset_signals'),
+    ('gpu_reset_serail', 'gpu_reset_serial'),
+    ('gpu_reset_memory_threshold', 'gpu_reset_memory_threshold_mib'),
+    ('gpu_reset_foo', None),
+])
+def test_a_typo_is_told_the_nearest_variable(typo, nearest):
+    assert nearest_variable(typo) == nearest
 
 
 def test_a_malformed_job_is_refused_on_the_controller_naming_the_variable():
