@@ -11,10 +11,14 @@
 #   stress       stress [STAGE] [pytest arguments...]: STAGE (default all) while stress-ng --cpu N
 #                (N: the machine's cores) keeps every core busy beside it, stopped however the
 #                stage ends: the suite shown to pass on a loaded machine
-# Usage: scripts/test.sh [unit|integration|sanity|lint|molecule|all|stress [STAGE]] [pytest arguments...]
+# Usage: scripts/test.sh [unit|integration|sanity|lint|molecule|all|stress [STAGE]] [--fail-fast]
+#                       [pytest arguments...]
 #        (default all; the pytest arguments go to the unit and integration stages: a file, a
 #        directory or a node id among them, from the repository root, runs only that, in place of
 #        the stage's own directories; `all` takes options only)
+# Every stage runs, also after one failed (--fail-fast: none after the first that fails); the
+# last lines name each stage's result (passed, failed, not run) and time, and the command exits
+# non-zero when a stage failed.
 # Before anything else it says what it will install or change (scripts/test.sh --help prints
 # it); everything else it writes stays in this checkout (.venv*, .build: the tools' caches, the
 # collection link, ansible-test's home), and nothing is left in /dev, /etc/containers, ~/.ansible
@@ -85,6 +89,14 @@ ensure_monitoring() {
 
 is_stage() { case $1 in unit | integration | sanity | lint | molecule | all) return 0 ;; esac; return 1; }
 
+# --fail-fast, anywhere among the arguments (pytest has no option of that name): stop at the first
+# stage that fails; by default every stage runs.
+fail_fast='' kept=()
+for arg in "$@"; do
+  if [ "$arg" = --fail-fast ]; then fail_fast=1; else kept+=("$arg"); fi
+done
+set -- ${kept[@]+"${kept[@]}"}
+
 stage=all stress=''
 if [ $# -gt 0 ]; then
   case $1 in
@@ -127,17 +139,59 @@ ensure_commands fuser:psmisc ps:procps gcc:gcc git:git rsync:rsync shellcheck:sh
 ensure_venv "$REPO/.venv" "$REPO/requirements/test.txt"
 link_collection
 
-# pytest with the arguments given, over the stage's own directories unless they name what to run.
+# pytest-xdist's workers: GPUOPS_TEST_WORKERS (a number, or 0 for none: every test in pytest's
+# own process), by default twice the machine's cores, since most tests wait on processes, grace
+# periods and daemons rather than on the CPU.
+test_workers() {
+  local workers=${GPUOPS_TEST_WORKERS:-$(($(nproc) * 2))}
+  case $workers in
+    '' | *[!0-9]*) echo "GPUOPS_TEST_WORKERS must be a number of workers (0: none), not '$workers'" >&2; return 2 ;;
+  esac
+  echo "$workers"
+}
+
+# Whether the pytest arguments turn pytest-xdist off (-p no:xdist): no -n for pytest then.
+xdist_off() {
+  local arg previous=''
+  for arg in "$@"; do
+    case $previous$arg in -pno:xdist | -p=no:xdist) return 0 ;; esac
+    previous=''
+    [ "$arg" != -p ] || previous=-p
+  done
+  return 1
+}
+
+# pytest with the arguments given, over the stage's own directories unless they name what to run,
+# in two runs: every test but those marked alone, on test_workers workers (--dist loadgroup: the
+# tests of one xdist_group on one worker, in turn; see tests/conftest.py), then those marked
+# alone, one at a time with nothing beside them. The arguments go to both (-n N among them
+# overrides the workers of the first; -p no:xdist, none). Fails when either run failed; nothing
+# to run in one of them is no failure.
 run_pytest() {
   local count=$1
   shift
   local own=("${@:1:count}")
   shift "$count"
-  if names_tests "$@"; then
-    python -m pytest -p no:cacheprovider "$@"
-  else
-    python -m pytest -p no:cacheprovider "$@" "${own[@]}"
+  local targets=() parallel=() serial=() workers rc=0 rc_alone=0
+  names_tests "$@" || targets=("${own[@]}")
+  workers=$(test_workers) || return 2
+  if ! xdist_off "$@"; then
+    serial=(-n 0)
+    [ "$workers" -eq 0 ] || parallel=(-n "$workers" --dist loadgroup)
   fi
+  python -m pytest -p no:cacheprovider ${parallel[@]+"${parallel[@]}"} --alone=skip "$@" \
+    ${targets[@]+"${targets[@]}"} || rc=$?
+  # 2, 3, 4: interrupted, pytest's own error, a usage error: the second run would fare no better.
+  case $rc in 0 | 1 | 5) ;; *) return "$rc" ;; esac
+  say "pytest: the tests marked alone, one at a time"
+  python -m pytest -p no:cacheprovider --alone=only "$@" ${targets[@]+"${targets[@]}"} \
+    ${serial[@]+"${serial[@]}"} || rc_alone=$?
+  # 5: no test was collected (or every one deselected) in that run.
+  if [ "$rc" -eq 5 ] && [ "$rc_alone" -eq 5 ]; then return 5; fi
+  [ "$rc" -eq 5 ] && rc=0
+  [ "$rc_alone" -eq 5 ] && rc_alone=0
+  [ "$rc" -ne 0 ] && return "$rc"
+  return "$rc_alone"
 }
 
 stage_unit() {
@@ -179,11 +233,9 @@ stage_lint() (
     ansible-doc "gpuops.nvidia.$name" >/dev/null
     echo "gpuops.nvidia.$name renders"
   done
-  # Each filter by its documentation: in its own file, or in a .yml file beside the file that
-  # holds its code (gpu_reset_deprecated.py, which documents nothing itself).
-  for filter in plugins/filter/*.py plugins/filter/*.yml; do
-    case $filter in *.py) grep -q '^DOCUMENTATION' "$filter" || continue ;; esac
-    name=$(basename "${filter%.*}")
+  for filter in plugins/filter/*.py; do
+    grep -q '^DOCUMENTATION' "$filter" || continue
+    name=$(basename "$filter" .py)
     ansible-doc -t filter "gpuops.nvidia.$name" >/dev/null
     echo "filter gpuops.nvidia.$name renders"
   done
@@ -230,10 +282,7 @@ stage_lint() (
     GALAXY_IMPORTER_TMP_ROOT_DIR="$importer/tmp" GALAXY_IMPORTER_ANSIBLE_LOCAL_TMP="$importer/ansible-tmp" \
     python -m galaxy_importer.main "$tarball" >"$importer/output.txt" 2>&1) || {
       cat "$importer/output.txt"; echo "galaxy-importer failed" >&2; exit 1; }
-  # One finding is the importer's own: it runs flake8 on the YAML documentation of a filter that
-  # has no Python file of its name (the deprecated filters' plugins/filter/NAME.yml), as Python.
-  if grep -E '^(WARNING|ERROR|CRITICAL|Traceback)' "$importer/output.txt" |
-    grep -Ev '^WARNING: plugins/filter/[a-z0-9_]+\.yml:[0-9]+:[0-9]+: E999 SyntaxError: ' >&2; then
+  if grep -E '^(WARNING|ERROR|CRITICAL|Traceback)' "$importer/output.txt" >&2; then
     echo "galaxy-importer reported the findings above (full output: $importer/output.txt)" >&2
     exit 1
   fi
@@ -267,7 +316,6 @@ stop_stress() {
 }
 if [ -n "$stress" ]; then
   trap stop_stress EXIT
-  trap 'exit 130' INT
   trap 'exit 143' TERM HUP
   cores=$(nproc)
   say "stress-ng --cpu $cores beside the $stage stage"
@@ -277,19 +325,63 @@ if [ -n "$stress" ]; then
   stress_pid=$!
 fi
 
-case $stage in
-  unit) stage_unit "$@" ;;
-  integration) stage_integration "$@" ;;
-  sanity) stage_sanity ;;
-  lint) stage_lint ;;
-  molecule) stage_molecule ;;
-  all)
-    stage_unit "$@"
-    stage_integration "$@"
-    stage_sanity
-    stage_lint
-    stage_molecule
-    ;;
-esac
+# Each stage in a subshell of its own, errexit on: a stage that fails stops there, and the next
+# stage runs all the same (unless --fail-fast). Its result and time are kept for the summary.
+declare -A result=() took=()
+run_stage() {
+  local name=$1 started rc
+  shift
+  started=$SECONDS
+  set +e
+  (
+    set -e
+    case $name in
+      unit) stage_unit "$@" ;;
+      integration) stage_integration "$@" ;;
+      sanity) stage_sanity ;;
+      lint) stage_lint ;;
+      molecule) stage_molecule ;;
+    esac
+  )
+  rc=$?
+  set -e
+  took[$name]=$((SECONDS - started))
+  if [ "$rc" -eq 0 ]; then result[$name]=passed; else result[$name]=failed; fi
+}
 
-say "${stress:+stress: }$stage: all checks passed"
+# The last lines: each stage, passed, failed or not run, with its time in minutes:seconds.
+summarise() {
+  local name failed=0
+  say "${stress:+stress: }$stage: stages"
+  for name in "${stages[@]}"; do
+    if [ -n "${took[$name]:-}" ]; then
+      printf '    %-12s %-8s %d:%02d\n' "$name" "${result[$name]}" $((took[$name] / 60)) $((took[$name] % 60))
+    else
+      printf '    %-12s not run\n' "$name"
+    fi
+    [ "${result[$name]:-}" != failed ] || failed=$((failed + 1))
+  done
+  if [ -n "$interrupted" ]; then
+    say "${stress:+stress: }$stage: interrupted"
+  elif [ "$failed" -gt 0 ]; then
+    say "${stress:+stress: }$stage: $failed stage(s) failed"
+  else
+    say "${stress:+stress: }$stage: all checks passed"
+  fi
+  [ "$failed" -eq 0 ]
+}
+
+if [ "$stage" = all ]; then stages=(unit integration sanity lint molecule); else stages=("$stage"); fi
+# A Ctrl-C ends the stage that runs (its programs get it too) and runs no further stage.
+interrupted=''
+trap 'interrupted=1' INT
+for name in "${stages[@]}"; do
+  [ -z "$interrupted" ] || break
+  run_stage "$name" "$@"
+  [ -z "$fail_fast" ] || [ "${result[$name]}" = passed ] || break
+done
+stop_stress
+rc=0
+summarise || rc=1
+[ -z "$interrupted" ] || rc=130
+exit "$rc"

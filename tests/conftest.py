@@ -17,6 +17,84 @@ os.environ['ANSIBLE_COLLECTIONS_PATH'] = os.path.join(
 from gpusim.api import Host  # noqa: E402
 from processes import await_ready  # noqa: E402
 
+# Fixtures shared by the tests of one module or class (a fleet's playbook run, a Slurm cluster, a
+# download): their tests run on one pytest-xdist worker, which sets the fixture up once.
+SHARED_SCOPES = ('module', 'class')
+
+
+def pytest_addoption(parser):
+    parser.addoption('--alone', choices=('only', 'skip'), default=None,
+                     help='only: run just the tests marked alone; skip: every other test (scripts/test.sh '
+                          'runs the others in parallel, then these on their own)')
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        'markers', 'alone: a test that must have the machine to itself (it starts thousands of processes, '
+                   'which every other test would have to scan, or measures a budget that they would eat '
+                   'into); scripts/test.sh runs these after the others, one at a time')
+
+
+def _shares_a_fixture(item):
+    """Whether item uses a module- or class-scoped fixture of these tests (not pytest's own)."""
+    info = getattr(item, '_fixtureinfo', None)
+    if info is None:
+        return False
+    for name in info.names_closure:
+        for fixturedef in info.name2fixturedefs.get(name, ()):
+            if fixturedef.scope in SHARED_SCOPES and fixturedef.baseid:
+                return True
+    return False
+
+
+def _group_names(item):
+    """The names of item's xdist_group marks, as pytest-xdist reads them."""
+    return sorted(set(str(mark.args[0] if mark.args else mark.kwargs.get('name', 'default'))
+                      for mark in item.iter_markers('xdist_group')))
+
+
+def _name_groups(config, items):
+    """pytest-xdist's loadgroup scheduler knows a test's group by its node id, NODEID@GROUP, which
+    xdist 3.8 sets in its workers as item._nodeid: pytest 9.2 no longer reads that (its node ids
+    are structured; pytest-dev/pytest-xdist#1386), and every group's tests would be spread over
+    the workers, the Slurm tests' clusters side by side. Named here where xdist did not; an error
+    where neither can, rather than groups silently ignored."""
+    if not hasattr(config, 'workerinput') or not getattr(config.option, 'loadgroup', False):
+        return
+    for item in items:
+        names = _group_names(item)
+        suffix = '@' + '_'.join(names)
+        if not names or item.nodeid.endswith(suffix):
+            continue
+        try:
+            item._id = type(item._id).parse(item.nodeid + suffix)
+        except AttributeError:
+            pass
+        if not item.nodeid.endswith(suffix):
+            raise pytest.UsageError('pytest-xdist cannot keep %s in its xdist_group (%s) with this pytest: run '
+                                    'without -n (GPUOPS_TEST_WORKERS=0)' % (item.nodeid, suffix[1:]))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config, items):
+    """--alone: keep the tests marked alone (only) or the others (skip). Under pytest-xdist
+    (--dist loadgroup), a test that uses a module- or class-scoped fixture of these tests goes into
+    the xdist_group of its module, unless it names a group of its own. Before every other
+    implementation of this hook; after them, each grouped test named for its group."""
+    which = config.getoption('alone')
+    if which:
+        keep = [item for item in items if (item.get_closest_marker('alone') is not None) == (which == 'only')]
+        if len(keep) != len(items):
+            kept = set(keep)
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+            items[:] = keep
+    for item in items:
+        if item.get_closest_marker('xdist_group') is None and _shares_a_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split('::', 1)[0]))
+    result = yield
+    _name_groups(config, items)
+    return result
+
 
 @pytest.fixture
 def gpuhost_factory(tmp_path):

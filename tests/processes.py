@@ -80,6 +80,9 @@ def in_private_pid_namespace(test):
         if os.getuid() != 0 or not shutil.which('unshare'):
             pytest.skip('needs root and unshare(1) for a private PID namespace')
         node = os.environ['PYTEST_CURRENT_TEST'].rsplit(' ', 1)[0]
+        # pytest-xdist's --dist loadgroup names a test of an xdist_group NODEID@GROUP: the test is NODEID.
+        if node.rfind('@') > node.rfind(']'):
+            node = node.rsplit('@', 1)[0]
         proc = subprocess.run(['unshare', '-pf', '--mount-proc', sys.executable, '-m', 'pytest', '-q',
                                '-p', 'no:cacheprovider', node],
                               env=dict(os.environ, **{INSIDE: '1'}), capture_output=True, text=True,

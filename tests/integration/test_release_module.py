@@ -69,8 +69,10 @@ def test_orphaned_memory_fails_within_seconds_not_the_timeout(gpuhost, tmp_path)
     started = time.monotonic()
     result, proc = run_release(gpuhost, tmp_path, host_root=gpuhost.root, devices=['/dev/nvidia*'], timeout=60)
     # The driver frees a dead process's memory within seconds (ORPHAN_WAIT_S, 5 s): before, the
-    # release waited out the whole timeout.
-    assert time.monotonic() - started < 10
+    # release waited out the whole timeout. The release's own time is bounded tightly; the whole
+    # run's (Ansible's start-up with it, slower beside the other tests) far from the 60 s timeout.
+    assert result['elapsed_s'] < 10, result['elapsed_s']
+    assert time.monotonic() - started < 30
     assert proc.returncode != 0 and result['failed'] is True and result['released'] is False
     assert result['orphaned_gpus'] == [2] and not alive(job['pid'])
     assert result['msg'].startswith('GPUs not released: GPU 2: 4097 MiB held with no process left (orphaned memory')

@@ -22,6 +22,11 @@ from crowd import Crowd
 from gpusim.state import is_alive as alive
 from integration.test_release_adversarial import in_private_pid_namespace, release
 
+# 10,000 processes of its own, which every other test's scan of /proc would meet (the private PID
+# namespace hides none of them from the machine's /proc), and a bound on the release's time that
+# a busy machine would eat into: scripts/test.sh runs these tests after the others, one at a time.
+pytestmark = pytest.mark.alone
+
 # A scan of 10,000 processes takes about 0.5 s on a quiet 2-core machine and several seconds on a
 # loaded one: the timeout leaves room for both (benchmarks/scan.py measures the scan itself).
 TIMEOUT = 10
@@ -77,9 +82,11 @@ def test_fifty_tenants_of_twenty_thousand_descriptors_are_named_not_waited_for(g
     assert result.released is False
     assert 'could not all be read: it may hold a GPU in scope' in result.failure, result.failure
     assert [entry['pid'] for entry in result.signalled] == [job['pid']] and not alive(job['pid'])
+    # The scan's spare pool (SPARE_DESCRIPTORS) reads the first few of them whole; the others are named.
     tenants = sorted(proc.pid for proc in nobody_crowd.starters)
-    assert [entry['pid'] for entry in result.unreadable] == tenants
+    unread = [entry['pid'] for entry in result.unreadable]
+    assert set(unread) <= set(tenants) and len(unread) >= 40, (unread, tenants)
     assert set((entry['user'], entry['why']) for entry in result.unreadable) == set([('nobody', 'too_many_descriptors')])
-    assert any('50 process(es) were read only in part (more than %d descriptors' % DESCRIPTORS_READ_AT_MOST in warning
-               for warning in result.warnings), result.warnings
+    assert any('%d process(es) were read only in part (more than %d descriptors' % (len(unread), DESCRIPTORS_READ_AT_MOST)
+               in warning for warning in result.warnings), result.warnings
     assert took < TIMEOUT + AFTER_THE_DEADLINE_S, took

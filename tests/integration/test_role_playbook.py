@@ -815,8 +815,10 @@ def test_the_playbook_runs_without_a_warning(gpuhost_factory, tmp_path):
     hosts = dict(hung=gpuhost_factory('hung', gpus=2), clean=gpuhost_factory('clean', gpus=1))
     hosts['hung'].hold(gpus=[0, 1], mib=1024)
     inventory = tmp_path / 'inventory.yml'
+    # The release's time is not what is tested here: room for a busy machine (the file's 3 s left
+    # the kernel log unread beside other tests, which the role rightly warns about).
     inventory.write_text(json.dumps({'gpu_hosts': {'hosts': dict(
-        (name, host_vars(host, tmp_path, name)) for name, host in hosts.items())}}))
+        (name, host_vars(host, tmp_path, name, gpu_reset_timeout=30)) for name, host in hosts.items())}}))
     # Ansible's warnings as a new user gets them: none turned off.
     env = ansible_env()
     for name in ('ANSIBLE_LOCALHOST_WARNING', 'ANSIBLE_INVENTORY_UNPARSED_WARNING'):

@@ -19,6 +19,10 @@ import pytest
 from conftest import PROLOG_EPILOG_TIMEOUT
 from gpusim.state import is_alive as alive
 
+# One Slurm cluster at a time on this machine (slurmd's cgroups, the node named after the host): every
+# test of tests/slurm runs on one pytest-xdist worker (scripts/test.sh: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('slurm')
+
 # A site's Prolog or Epilog: it writes down the job, its environment and working directory, and
 # exits with the status in the file STATUS (0 when there is none).
 SITE_SCRIPT = '''#!/bin/sh

@@ -20,6 +20,10 @@ from conftest import BUDGET_S, PROLOG_EPILOG_TIMEOUT, Cluster, slurm_commands
 from gpusim.api import Host
 from gpusim.state import is_alive as alive
 
+# One Slurm cluster at a time on this machine (slurmd's cgroups, the node named after the host): every
+# test of tests/slurm runs on one pytest-xdist worker (scripts/test.sh: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('slurm')
+
 EXTRA_NODES = ('gpb1', 'gpb2', 'gpb3')
 GPUS = 2
 # Chooses the node's settings; slurmd gives a Prolog and an Epilog SLURMD_NODENAME.

@@ -17,6 +17,10 @@ import pytest
 from conftest import PROLOG_EPILOG_TIMEOUT
 from gpusim.state import is_alive as alive
 
+# One Slurm cluster at a time on this machine (slurmd's cgroups, the node named after the host): every
+# test of tests/slurm runs on one pytest-xdist worker (scripts/test.sh: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('slurm')
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Seconds between two health checks, and how long a test waits for the next one that says what
 # it waits for (a run of the sequence on a drained node included).

@@ -16,6 +16,10 @@ import yaml
 
 from conftest import PROLOG_EPILOG_TIMEOUT
 
+# One Slurm cluster at a time on this machine (slurmd's cgroups, the node named after the host): every
+# test of tests/slurm runs on one pytest-xdist worker (scripts/test.sh: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('slurm')
+
 INTERVAL_S = 5
 WAIT_S = 60
 

@@ -13,6 +13,10 @@ from conftest import PROLOG_EPILOG_TIMEOUT
 from gpusim.state import is_alive as alive
 from processes import gone
 
+# One Slurm cluster at a time on this machine (slurmd's cgroups, the node named after the host): every
+# test of tests/slurm runs on one pytest-xdist worker (scripts/test.sh: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('slurm')
+
 # gres.conf lists nvidia3 first, ...: Slurm's GPU p is the device node nvidia<GRES_ORDER[p]>.
 GRES_ORDER = [3, 1, 0, 2, 7, 6, 5, 4]
 # The GPU of index i has minor number MINORS[i] (its /dev/nvidiaN).

@@ -18,6 +18,10 @@ from gpusim.state import is_alive as alive
 from processes import gone
 from test_slurm_hooks import TESTS, read_json
 
+# One Slurm cluster at a time on this machine (slurmd's cgroups, the node named after the host): every
+# test of tests/slurm runs on one pytest-xdist worker (scripts/test.sh: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('slurm')
+
 # The GPU instance ids gpusim (as a driver) gives two 1g instances of a GPU: Slurm's places 0 and 1.
 GIS = (7, 8)
 CAPS = '{gres_dir}/nvidia-caps/nvidia-cap%d'

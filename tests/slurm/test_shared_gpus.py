@@ -15,7 +15,10 @@ from gpusim.state import is_alive as alive
 from processes import gone
 from test_slurm_hooks import hold_command, memory, read_json
 
-pytestmark = pytest.mark.skipif(available(1) is not None, reason='proctrack/cgroup on cgroup v1: %s' % available(1))
+# One Slurm cluster at a time on this machine (slurmd's cgroups, the node named after the host): every
+# test of tests/slurm runs on one pytest-xdist worker (scripts/test.sh: --dist loadgroup).
+pytestmark = [pytest.mark.xdist_group('slurm'),
+              pytest.mark.skipif(available(1) is not None, reason='proctrack/cgroup on cgroup v1: %s' % available(1))]
 
 
 @pytest.fixture(scope='module')

@@ -20,6 +20,10 @@ from conftest import BUDGET_S, PLAYBOOK_BUDGET_S, PROLOG_EPILOG_TIMEOUT
 from gpusim.state import is_alive as alive
 from processes import gone
 
+# One Slurm cluster at a time on this machine (slurmd's cgroups, the node named after the host): every
+# test of tests/slurm runs on one pytest-xdist worker (scripts/test.sh: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('slurm')
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -10,7 +10,13 @@ so that no health check runs beside the Prolog it reads."""
 import os
 import time
 
+import pytest
+
 from conftest import PROLOG_EPILOG_TIMEOUT
+
+# One Slurm cluster at a time on this machine (slurmd's cgroups, the node named after the host): every
+# test of tests/slurm runs on one pytest-xdist worker (scripts/test.sh: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('slurm')
 
 
 def test_a_gpu_only_a_reboot_cures_asks_slurm_for_a_reboot(node):

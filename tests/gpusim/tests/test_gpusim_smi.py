@@ -254,12 +254,25 @@ def test_fault_driver_not_loaded_no_devices_mismatch(gpuhost):
     assert gpuhost.smi("-L").returncode == 0
 
 
+def ignores(pid, *signals):
+    """Whether process pid ignores every one of signals (SigIgn in its /proc status)."""
+    try:
+        with open("/proc/%d/status" % pid) as handle:
+            mask = int(next(line for line in handle if line.startswith("SigIgn:")).split()[1], 16)
+    except (OSError, StopIteration):
+        return False
+    return all(mask & (1 << (number - 1)) for number in signals)
+
+
 def test_fault_hang_ignores_term(gpuhost):
     gpuhost.fault("hang", seconds=0.8)
     t0 = time.monotonic()
     p = subprocess.Popen([gpuhost.smi_path, "--query-gpu=index", "--format=csv,noheader"],
                          stdout=subprocess.PIPE, text=True)
-    time.sleep(0.4)
+    # Signalled once it hangs, however long its start takes on a busy machine (before, TERM ends it).
+    until = time.monotonic() + 30
+    while not ignores(p.pid, signal.SIGTERM, signal.SIGINT) and time.monotonic() < until:
+        time.sleep(0.01)
     p.send_signal(signal.SIGTERM)
     p.send_signal(signal.SIGINT)
     out, _unused = p.communicate(timeout=10)

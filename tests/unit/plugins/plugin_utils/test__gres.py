@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._gres import (
     MAX_BYTES, GresError, expand, gpu_files, gres_conf_path, job_gpu_indexes, logical_lines, node_minor,
     shared_gpu_indexes)
@@ -227,7 +228,10 @@ def test_a_mig_gres_is_its_instance_by_the_minors_of_its_caps_nodes(mig_host):
     assert job_gpu_indexes([1], 'gpu07', str(path), host.root)[0] == ['1:8:0']
     indexes, note = job_gpu_indexes([0, 2], 'gpu07', str(path), host.root)
     assert indexes == [0, '1:7:0']
-    assert note.endswith('2 is %s/dev/nvidia0,%s,%s (GPU minor 0), MIG instance 1:7:0' % (host.root, caps(host, 7), caps(host, 7, 0)))
+    # The note names the files in at most 300 characters: a long temporary directory (a pytest-xdist
+    # worker's) cuts the three paths short.
+    named = printable('%s/dev/nvidia0,%s,%s' % (host.root, caps(host, 7), caps(host, 7, 0)), 300)
+    assert note.endswith('2 is %s (GPU minor 0), MIG instance 1:7:0' % named), note
 
 
 def test_a_gres_of_a_gpu_instances_node_alone_is_the_gpu_instance(mig_host):
