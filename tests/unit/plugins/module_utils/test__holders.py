@@ -348,6 +348,7 @@ def crowded(tmp_path):
 
 def test_a_process_past_the_descriptor_bound_is_read_in_part_and_named(devroot, crowded, monkeypatch):
     monkeypatch.setattr(_holders, 'DESCRIPTORS_READ_AT_MOST', 40)
+    monkeypatch.setattr(_holders, 'SPARE_DESCRIPTORS', 0)
     proc, only = crowded(100, devroot / 'nvidia0')
     scan = scan_holders([str(devroot / 'nvidia0')], proc=only)
     assert scan.complete is True and scan.holders == []
@@ -367,8 +368,17 @@ def test_a_process_under_the_bound_is_read_whole(devroot, crowded, monkeypatch):
     assert _holders.partial_warning(scan) is None
 
 
+def test_a_process_past_the_bound_is_read_whole_while_the_scans_spare_pool_lasts(devroot, crowded, monkeypatch):
+    monkeypatch.setattr(_holders, 'DESCRIPTORS_READ_AT_MOST', 40)
+    monkeypatch.setattr(_holders, 'SPARE_DESCRIPTORS', 100)
+    proc, only = crowded(100, devroot / 'nvidia0')
+    scan = scan_holders([str(devroot / 'nvidia0')], proc=only)
+    assert [holder.pid for holder in scan.holders] == [proc.pid] and scan.partial == []
+
+
 def test_a_mapped_node_is_found_whatever_the_descriptors_hide(devroot, crowded, monkeypatch):
     monkeypatch.setattr(_holders, 'DESCRIPTORS_READ_AT_MOST', 40)
+    monkeypatch.setattr(_holders, 'SPARE_DESCRIPTORS', 0)
     proc, only = crowded(100, devroot / 'nvidia1', 'map')
     scan = scan_holders([str(devroot / 'nvidia1')], proc=only)
     assert [(holder.pid, holder.devices) for holder in scan.holders] == [(proc.pid, [str(devroot / 'nvidia1')])]
