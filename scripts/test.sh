@@ -19,6 +19,8 @@
 # Every stage runs, also after one failed (--fail-fast: none after the first that fails); the
 # last lines name each stage's result (passed, failed, not run) and time, and the command exits
 # non-zero when a stage failed.
+# pytest runs in parallel (pytest-xdist): GPUOPS_TEST_WORKERS workers, twice the cores by default
+# (0: none, as does -p no:xdist); the tests marked alone run after the others, one at a time.
 # Before anything else it says what it will install or change (scripts/test.sh --help prints
 # it); everything else it writes stays in this checkout (.venv*, .build: the tools' caches, the
 # collection link, ansible-test's home), and nothing is left in /dev, /etc/containers, ~/.ansible
@@ -140,10 +142,10 @@ ensure_venv "$REPO/.venv" "$REPO/requirements/test.txt"
 link_collection
 
 # pytest-xdist's workers: GPUOPS_TEST_WORKERS (a number, or 0 for none: every test in pytest's
-# own process), by default twice the machine's cores, since most tests wait on processes, grace
-# periods and daemons rather than on the CPU.
+# own process), by default one a core: the tests that wait on processes, grace periods and daemons
+# overlap, and those that bound a release's time are not starved of the CPU.
 test_workers() {
-  local workers=${GPUOPS_TEST_WORKERS:-$(($(nproc) * 2))}
+  local workers=${GPUOPS_TEST_WORKERS:-$(nproc)}
   case $workers in
     '' | *[!0-9]*) echo "GPUOPS_TEST_WORKERS must be a number of workers (0: none), not '$workers'" >&2; return 2 ;;
   esac

@@ -323,7 +323,8 @@ options:
       - A process of another job is never signalled, whatever it holds, listed in O(job.live_jobs)
         or not (a job that ended is ended by slurmstepd; one Slurm started during this job's Epilog is on
         no list read before it); it is reported in RV(other_jobs). Whose a process is, is read again
-        right before each round of signals (its cgroup; slurmd's list, with O(job.scontrol)). On a GPU of O(job.shared_gpus) only the job's own processes are signalled
+        right before each round of signals (its cgroup; slurmd's list, with O(job.scontrol)).
+        On a GPU of O(job.shared_gpus) only the job's own processes are signalled
         (in its cgroup, or, when O(job.live_jobs) is given, in no live job and of O(job.uid)); such a GPU is judged for the job
         alone while another job's process is on it (none of the job's processes left, whatever
         memory the others use), it is never reset then, and C(nvidia-cuda-mps-server) or

@@ -166,10 +166,10 @@ def reset_for_job(args, settings, started):
     sys.stdout.write(json.dumps(result) + '\n')
     unread = result.get('unreadable') or []
     if unread:
-        sys.stderr.write('gpu_reset: the descriptors of %d process(es) could not all be read: %s\n' % (
-            len(unread), printable(', '.join('pid %s (user %s, %s: %s)' % (entry.get('pid'), entry.get('user'),
-                                                                             entry.get('comm'), entry.get('why'))
-                                             for entry in unread[:5]), 400)))
+        named = ', '.join('pid %s (user %s, %s: %s)' % (entry.get('pid'), entry.get('user'), entry.get('comm'), entry.get('why'))
+                          for entry in unread[:5])
+        sys.stderr.write('gpu_reset: the descriptors of %d process(es) could not all be read: %s\n'
+                         % (len(unread), printable(named, 400)))
     if args.observe:
         # Slurm drains a node whose Prolog fails: observe mode leaves it in service whatever it found.
         if result['outcome'] in ('failed', 'would_release'):

@@ -119,11 +119,6 @@ else
     step "$PYTHON" -m venv --system-site-packages "$OUT/venv" >>"$OUT/venv.log" 2>&1 \
         || die "could not make a venv with $PYTHON -m venv (see $OUT/venv.log; Debian needs python3-venv)"
     APY="$OUT/venv/bin/python"
-    # --system-site-packages shares the base interpreter's packages only: where $PYTHON is itself a
-    # venv (PyTorch's own, say), its packages (torch, nvidia-ml-py) are shared through a .pth file.
-    "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
-        >"$("$APY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpuops-device-check.pth" \
-        || die "could not share $PYTHON's packages with the venv"
     if [[ -n $WHEELS ]]; then
         [[ -d $WHEELS ]] || die "WHEELS=$WHEELS is not a directory"
         step "$APY" -m pip install --no-index --find-links "$WHEELS" ansible-core >>"$OUT/venv.log" 2>&1 \
@@ -134,6 +129,12 @@ else
         step "$APY" -m pip install ansible-core >>"$OUT/venv.log" 2>&1 \
             || die "pip install ansible-core failed (no network?): give WHEELS=<dir of wheels> (see tests/device/README.md); log in $OUT/venv.log"
     fi
+    # --system-site-packages shares the base interpreter's packages only: where $PYTHON is itself a
+    # venv (PyTorch's own, say), its packages (torch, nvidia-ml-py) are shared through a .pth file,
+    # once ansible-core is installed (the venv's own come first).
+    "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
+        >"$("$APY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpuops-device-check.pth" \
+        || die "could not share $PYTHON's packages with the venv"
 fi
 "$APY" -c 'import ansible' 2>/dev/null || die "$APY cannot import ansible"
 say "ansible-core $("$APY" -c 'import ansible.release as r; print(r.__version__)')"

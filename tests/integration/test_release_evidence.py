@@ -23,8 +23,12 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders
 from gpusim.cgroups import available, enter, job_cgroup
 from gpusim.state import is_alive as alive
-from integration.test_release_adversarial import public_host, release, start  # noqa: F401 (public_host: a fixture)
+from integration import test_release_adversarial as adversarial
+from integration.test_release_adversarial import release, start
 from processes import await_ready, gone, in_private_pid_namespace
+
+# The simulated host every user can reach (its device nodes 0666), for the tenants run as nobody.
+public_host = adversarial.public_host
 
 cgroups_v1 = pytest.mark.skipif(available(1) is not None, reason='job cgroups v1: %s' % available(1))
 
@@ -176,8 +180,8 @@ def test_a_jobs_leftover_that_hides_its_descriptor_past_the_bound_is_released(pu
 
 
 @in_private_pid_namespace
-def test_a_process_read_in_part_that_may_hold_the_gpu_keeps_it_from_being_called_released(public_host,
-                                                                                         no_spare_descriptors):
+def test_a_process_read_in_part_that_may_hold_the_gpu_keeps_it_from_being_called_released(
+        public_host, no_spare_descriptors):
     hidden = high_fd_holder(public_host.dev_path(0))
     result = release(public_host, job=job(5, uid=4242, live={}), gpus=[0], timeout=5)
     assert hidden.poll() is None and result.signalled == []
