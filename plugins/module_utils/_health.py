@@ -223,8 +223,8 @@ def _fact_event(event, cured_at):
 def own_fault(gpu):
     """Whether the GPU's own reads say the driver is stuck on it: a read that hung in the driver
     (driver_hung), the driver's word that it requires a reset, its recovery action."""
-    return bool(gpu.get('reset_required') or str(gpu.get('error') or '').startswith(DRIVER_HUNG)
-                or gpu.get('driver_recovery_action') not in (None, 'none'))
+    hung = str(gpu.get('error') or '').startswith(DRIVER_HUNG)
+    return bool(gpu.get('reset_required') or hung or gpu.get('driver_recovery_action') not in (None, 'none'))
 
 
 def health_facts(gpu, xid_events, cured_at=None):

@@ -958,8 +958,7 @@ class Release:
         ladder = self.options.signals
         last = len(ladder) - 1
         final = []
-        due = [target for target in self.targets.values() if target.step <= last and target.due <= now
-               and target.not_permitted is None and not target.ref.exited()]
+        due = [target for target in self.targets.values() if self._due(target, now)]
         for target in self._confirm_jobs(due):
             if target.step == last and ladder[last][0] == 'KILL':
                 final.append(target)
@@ -970,6 +969,11 @@ class Release:
             target.due = now + self._grace(now, len(ladder) - target.step)
         if final:
             self._freeze_and_kill(final, now)
+
+    def _due(self, target, now):
+        """Whether target's next signal is due now: it has one left, it is alive, and may be signalled."""
+        return target.step < len(self.options.signals) and target.due <= now and \
+            target.not_permitted is None and not target.ref.exited()
 
     def _freeze_and_kill(self, group, now):
         """SIGSTOP the group, then any process forked meanwhile, and SIGKILL them all.
