@@ -88,8 +88,8 @@ def known_variables():
 def unknown_variables(names):
     """The gpu_reset_* names among names that no spec knows (gpu_reset__* are the role's own)."""
     known = known_variables()
-    return sorted(name for name in names if name.startswith(PREFIX) and not name.startswith(PREFIX + '_')
-                  and name not in known)
+    ours = [name for name in names if name.startswith(PREFIX) and not name.startswith(PREFIX + '_')]
+    return sorted(name for name in ours if name not in known)
 
 
 def nearest_variable(name):
