@@ -170,10 +170,14 @@ class JobScope:
 
     def refresh(self, timeout=LISTPIDS_TIMEOUT_S):
         """Read slurmd's list of the jobs' pids again (with scontrol); None, or why it could not be
-        read, when the list is then unknown (no pid counts as listed under any job)."""
+        read, when the list is then unknown (no pid counts as listed under any job). A list that was
+        never known (live_jobs None) is only read again: its failure changes nothing."""
         if not self.scontrol:
             return None
+        known = self.live is not None
         live, problem = read_listpids(self.scontrol, timeout)
+        if live is None and not known:
+            return None
         self._list(live)
         return problem
 

@@ -117,6 +117,13 @@ def test_a_list_that_cannot_be_read_again_lists_no_pid(tmp_path):
     assert jobs.job_of(400) is None and jobs.live is None
 
 
+def test_a_list_never_known_that_still_cannot_be_read_changes_nothing(tmp_path):
+    proc = proc_with(tmp_path, 400)
+    scontrol = fake_scontrol(tmp_path, 'echo "scontrol: not found" >&2; exit 127')
+    jobs = JobScope(check_job({'id': '5', 'uid': 1000, 'scontrol': scontrol}), proc)
+    assert jobs.refresh() is None and jobs.live is None
+
+
 def test_a_process_of_the_job_is_its_cgroups_or_its_users_in_no_live_job():
     jobs = JobScope(check_job({'id': '5', 'uid': 1000, 'live_jobs': {}}), '/nonexistent')
     assert jobs.is_own(Holder(2000), '5')
