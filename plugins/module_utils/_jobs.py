@@ -159,9 +159,11 @@ class JobScope:
         self.scontrol = job.get('scontrol')
         self.proc = proc
         self.own = set(own)  # the release and its ancestors: never a job's process
+        self.ever_listed = False  # whether slurmd's list was ever known to this release
         self._list(job['live_jobs'])
 
     def _list(self, live):
+        self.ever_listed = self.ever_listed or live is not None
         self.live = live
         self.listed = {}
         for job_id, pids in (live or {}).items():
@@ -174,9 +176,8 @@ class JobScope:
         never known (live_jobs None) is only read again: its failure changes nothing."""
         if not self.scontrol:
             return None
-        known = self.live is not None
         live, problem = read_listpids(self.scontrol, timeout)
-        if live is None and not known:
+        if live is None and not self.ever_listed:
             return None
         self._list(live)
         return problem
