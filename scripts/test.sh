@@ -19,8 +19,8 @@
 # Every stage runs, also after one failed (--fail-fast: none after the first that fails); the
 # last lines name each stage's result (passed, failed, not run) and time, and the command exits
 # non-zero when a stage failed.
-# pytest runs in parallel (pytest-xdist): GPUOPS_TEST_WORKERS workers, twice the cores by default
-# (0: none, as does -p no:xdist); the tests marked alone run after the others, one at a time.
+# pytest runs in parallel (pytest-xdist): GPUOPS_TEST_WORKERS workers, one a core by default (0:
+# none, as does -p no:xdist); the tests marked alone run after the others, one at a time.
 # Before anything else it says what it will install or change (scripts/test.sh --help prints
 # it); everything else it writes stays in this checkout (.venv*, .build: the tools' caches, the
 # collection link, ansible-test's home), and nothing is left in /dev, /etc/containers, ~/.ansible
