@@ -21,6 +21,7 @@ import sys
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import named_unread
 from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import read_listpids
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_reset import reboot_stamp, reset
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_slurm import SLURM_CALL_S
@@ -166,10 +167,8 @@ def reset_for_job(args, settings, started):
     sys.stdout.write(json.dumps(result) + '\n')
     unread = result.get('unreadable') or []
     if unread:
-        named = ', '.join('pid %s (user %s, %s: %s)' % (entry.get('pid'), entry.get('user'), entry.get('comm'), entry.get('why'))
-                          for entry in unread[:5])
         sys.stderr.write('gpu_reset: the descriptors of %d process(es) could not all be read: %s\n'
-                         % (len(unread), printable(named, 400)))
+                         % (len(unread), printable(named_unread(unread), 400)))
     if args.observe:
         # Slurm drains a node whose Prolog fails: observe mode leaves it in service whatever it found.
         if result['outcome'] in ('failed', 'would_release'):

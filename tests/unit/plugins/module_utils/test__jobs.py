@@ -158,6 +158,8 @@ def test_on_a_shared_gpu_only_the_jobs_own_processes_may_be_signalled():
     ({'id': True}, 'job.id must be a Slurm job id'),
     ({'id': '5', 'uid': 'root'}, 'job.uid must be a user id'),
     ({'id': '5', 'shared_gpus': [0, -1]}, 'job.shared_gpus must be a list of GPU indexes'),
+    ({'id': '5', 'scontrol': ''}, 'job.scontrol must be the scontrol program'),
+    ({'id': '5', 'scontrol': 42}, 'job.scontrol must be the scontrol program'),
     ({'id': '5', 'live_jobs': [6]}, 'job.live_jobs must map job ids'),
     ({'id': '5', 'live_jobs': {'6': [0]}}, r'job.live_jobs\[6\] must be a list of pids'),
     ({'id': '5', 'color': 'red'}, r'job: unknown key\(s\) color'),
