@@ -292,10 +292,13 @@ stage_lint() (
     cat "$importer/output.txt"; echo "galaxy-importer did not complete" >&2; exit 1; }
   echo "galaxy-importer: no warnings, no errors"
 
-  say "antsibull-docs lint-collection-docs --plugin-docs"
+  say "antsibull-docs lint-collection-docs --plugin-docs --check-extra-docs-refs"
+  # The plugins' and roles' documentation, and the guides of docs/docsite (extra-docs.yml,
+  # links.yml, rst/): their RST, and the modules, options and roles they name.
   # antsibull's default logging writes ~/antsibull.log: a home of its own here.
   mkdir -p "$BUILD/antsibull-home"
-  HOME="$BUILD/antsibull-home" antsibull-docs lint-collection-docs --plugin-docs "$COLLECTIONS/ansible_collections/gpuops/nvidia"
+  HOME="$BUILD/antsibull-home" antsibull-docs lint-collection-docs --plugin-docs --check-extra-docs-refs \
+    "$COLLECTIONS/ansible_collections/gpuops/nvidia"
   echo "antsibull-docs: no findings"
 )
 

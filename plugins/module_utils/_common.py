@@ -133,6 +133,10 @@ CALL_FLOOR_S = 0.5
 # The shortest timeout of a release or a probe: a read of the GPUs at the start and one at the end,
 # each given at least CALL_FLOOR_S, with the time between for the work.
 MIN_TIMEOUT_S = 4 * CALL_FLOOR_S
+# The last read of the GPUs, which reports the state at the end, may take this long after
+# the signalling stops; the signalling stops that much before the timeout. Twice a call's floor
+# (CALL_FLOOR_S): the read starts a little after the signalling stops, and may be two calls.
+READ_MIN_S = 2 * CALL_FLOOR_S
 
 
 class NoTimeLeft(GpuopsError):

@@ -6,15 +6,15 @@
 # This module_utils is PRIVATE and should only be used by this collection. Breaking
 # changes can occur at any time.
 
-"""The release's escalation (reset_orphaned): the GPUs a release leaves needing a reset, reset.
+"""The release's escalation, the module nvidia_device_reset's: the GPUs a release leaves needing
+a reset (_reset_plan), reset.
 
-A GPU needs one when its memory stays held with no process holding it, when its health or the
-driver calls for one, or when its MIG mode change waits for one. The GPUs a job's other processes,
-a foreign holder or a MIG instance in use keep are not reset, nor those held for a person (their
-history). The protected holders are stopped around the reset (_quiesce), the driver's modules
-reloaded when the platform refuses it (reset_reload_modules), the NVLink fabric waited for; then
-the release reads everything again and judges it. Imported by the release only when
-reset_orphaned is on.
+What is decided at the reset, read again: the GPUs a job's other processes, a foreign holder or a
+MIG instance in use keep are not reset. The protected holders are stopped around the reset
+(_quiesce), the driver's modules reloaded when the platform refuses it (reset_reload_modules),
+the NVLink fabric waited for; then the release reads everything again and judges it. Nothing of
+the release imports it: the module hands Escalation to the release (Release(escalation=...)), so
+that a host with no GPU to reset never loads it.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -25,17 +25,18 @@ import os
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
+from ansible_collections.gpuops.nvidia.plugins.module_utils._bug_report import DEFAULT_TIMEOUT_S as BUG_REPORT_TIMEOUT_S
 from ansible_collections.gpuops.nvidia.plugins.module_utils._bug_report import collect as collect_bug_report, program_next_to
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, READ_MIN_S, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._fabric import wait_for_fabric
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import driver_hung, reset_causes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._history import History
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import ancestors
-from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import instance_name, instances_in_use, layout, pending_change, reset_changes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import layout, pending_change, reset_changes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._modules import describe as describe_modules, module_holders
-from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import Quiesce, quiesced_reset
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release import READ_MIN_S, _foreign_why, _spared_why
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import ORPHANED, GpuReset, would_reset
+from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import DEFAULT_STOP_UNITS, Quiesce, quiesced_reset
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reset_plan import in_use, not_released, read_mig_before
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import system_log
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiRunner
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
@@ -43,6 +44,20 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateD
 # What helps when a foreign holder keeps a GPU that needs a reset open.
 FOREIGN_RETRY = ('the driver refuses a reset while any process has the GPU\'s node open: a descriptor queued on D-Bus '
                  'is dropped after its pending_fd_timeout (150 s by default), so try again then, or restart that daemon')
+
+
+def reset_argument_spec():
+    """The options of nvidia_device_reset besides the release's (release_argument_spec)."""
+    return dict(
+        reset_due=dict(type='list', elements='dict', options=dict(
+            index=dict(type='int', required=True),
+            reasons=dict(type='list', elements='str', required=True),
+        )),
+        reset_reload_modules=dict(type='bool', default=False),
+        bug_report_dir=dict(type='path'),
+        bug_report_timeout=dict(type='float', default=BUG_REPORT_TIMEOUT_S),
+        reset_stop_units=dict(type='list', elements='str', default=list(DEFAULT_STOP_UNITS)),
+    )
 
 
 class Escalation:
@@ -57,10 +72,10 @@ class Escalation:
         self.mig_before = {}
         self.mig_blocked = []
 
-    def run(self, result, snapshot):
-        """Reset the GPUs that need it (_to_reset), wait for their NVLink fabric, then read
-        everything again; evidence (nvidia-bug-report.sh) when that fails."""
-        todo = self._to_reset(result, snapshot)
+    def run(self, result, snapshot, todo):
+        """Reset the GPUs todo ({index: [why]}, _reset_plan) that still need it now, wait for their
+        NVLink fabric, then read everything again; evidence (nvidia-bug-report.sh) when that fails."""
+        todo = self._still_free(result, snapshot, todo)
         if not todo:
             return
         foreign = [holder for holder in self.release.foreign_seen.values()
@@ -69,7 +84,7 @@ class Escalation:
             return
         if result.survivors or foreign:
             blocking = ['pid %d' % survivor['pid'] for survivor in result.survivors]
-            blocking.extend(_foreign_why(holder, self.release.proc) for holder in foreign)
+            blocking.extend(_reason.foreign_why(holder, self.release.proc) for holder in foreign)
             self.release._warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
                 ', '.join(str(index) for index in sorted(todo)), ', '.join(blocking)))
             if foreign:
@@ -115,14 +130,38 @@ class Escalation:
             # Evidence of what the driver did; a reset not tried has none.
             escalation['bug_report'] = self._bug_report()
 
-    def preview(self, result, snapshot):
+    def preview(self, result, snapshot, todo):
         """Check mode: what run would do (result.escalation), nothing done."""
-        todo = self._to_reset(result, snapshot)
+        todo = self._still_free(result, snapshot, todo)
         if todo:
             result.escalation = would_reset(todo)
             result.escalation['quiesced'] = self._quiesce(snapshot, todo).report()
             result.changed = True
             self._would_reload(result.escalation, snapshot)
+
+    def _still_free(self, result, snapshot, todo):
+        """todo as it stands at the reset, read again now: only GPUs in scope that the driver places
+        no process on, whose memory is still held when that was the only reason, and on which no MIG
+        instance is in use (mig_blocked; each GPU's MIG layout is kept in mig_before for the report)."""
+        gpus = dict((gpu.get('index'), gpu) for gpu in self.release._scope(snapshot)
+                    if gpu.get('index') in todo and 'mig_instance' not in gpu)
+        busy = sorted(index for index, gpu in gpus.items() if gpu.get('processes'))
+        if busy:
+            self.release._warn('reset_due: GPU %s not reset: the driver places a process on it now' % ', '.join(str(index) for index in busy))
+        freed = [index for index, gpu in gpus.items() if todo[index] == [ORPHANED] and self.release._gpu_clean(gpu)]
+        todo = dict((index, todo[index]) for index in gpus if index not in busy and index not in freed)
+        if not todo:
+            return todo
+        self.mig_before, warnings = read_mig_before(self.release, [gpus[index] for index in sorted(todo)])
+        for warning in warnings:
+            self.release._warn('MIG before the reset: %s' % warning)
+        for index in sorted(todo):
+            used = in_use(self.mig_before.get(index), self.options.memory_threshold_mib)
+            if used and index not in self.release.job_scoped:
+                self.mig_blocked.append('GPU %s needs a reset (%s), not attempted: %s' % (index, ', '.join(todo.pop(index)), used))
+        if self.mig_blocked:
+            not_released(result, '; '.join(self.mig_blocked))
+        return todo
 
     def _reload_modules(self, escalation, snapshot, runner):
         """reset_reload_modules: the platform refused the reset of some GPUs; reload the driver's
@@ -174,18 +213,16 @@ class Escalation:
         if not spared:
             return False
         why = 'GPU %s needs a reset, not attempted: %s would lose the GPU' % (
-            ', '.join(str(index) for index in sorted(todo)), ', '.join(_spared_why(holder) for holder in spared))
-        result.released = False
-        result.failure = '%s; %s' % (result.failure, why) if result.failure else 'GPUs not released: %s' % why
+            ', '.join(str(index) for index in sorted(todo)), ', '.join(_reason.spared_why(holder) for holder in spared))
+        not_released(result, why)
         return True
 
     def _foreign_blocks_reset(self, result, todo, foreign):
         """A GPU that needs a reset is not released while a foreign holder keeps its node open."""
         why = '%s, not attempted: held by %s; %s' % (
             '; '.join('GPU %s needs a reset (%s)' % (index, ', '.join(reasons)) for index, reasons in sorted(todo.items())),
-            ', '.join(_foreign_why(holder, self.release.proc) for holder in foreign), FOREIGN_RETRY)
-        result.released = False
-        result.failure = '%s; %s' % (result.failure, why) if result.failure else 'GPUs not released: %s' % why
+            ', '.join(_reason.foreign_why(holder, self.release.proc) for holder in foreign), FOREIGN_RETRY)
+        not_released(result, why)
 
     def _after_reset(self, escalation, snapshot, todo):
         """What is still wrong after the reset that the GPUs' readings do not show: a fabric not
@@ -225,7 +262,8 @@ class Escalation:
 
     def _bug_report(self):
         """nvidia-bug-report.sh into bug_report_dir, within bug_report_timeout."""
-        report = collect_bug_report(self.options.bug_report_dir, self.options.bug_report_timeout,
+        timeout = BUG_REPORT_TIMEOUT_S if self.options.bug_report_timeout is None else self.options.bug_report_timeout
+        report = collect_bug_report(self.options.bug_report_dir, timeout,
                                     program_next_to(self.options.nvidia_smi_path))
         system_log('gpuops.nvidia: %s' % report['message'])
         if not report['ok']:
@@ -237,7 +275,8 @@ class Escalation:
         gpus = [gpu for gpu in self.release._scope(snapshot) if gpu.get('index') in todo]
         blocking = [(holder, [gpu.get('index') for gpu in gpus if self.release._blocks(holder, gpu)])
                     for holder in self.release._discover(snapshot) if holder.protected]
-        return Quiesce([(holder, held) for holder, held in blocking if held], self.options.reset_stop_units,
+        units = DEFAULT_STOP_UNITS if self.options.reset_stop_units is None else self.options.reset_stop_units
+        return Quiesce([(holder, held) for holder, held in blocking if held], units,
                        self.release.signal_deadline, self.clock, self.release.proc, own=ancestors(os.getpid(), self.release.proc))
 
     def _record_cures(self, escalation, snapshot):
@@ -250,76 +289,6 @@ class Escalation:
         record_cure(state, uuids, time.time(), 'reset', boot_id())
         for warning in state.warnings:
             self.release._warn(warning)
-
-    def _to_reset(self, result, snapshot):
-        """{index: [why]} of the GPUs in scope a reset is for, with no process left on them:
-        orphaned memory, and what the driver and the GPU's health call for (_health.reset_causes); never
-        one the kernel log says the driver hung on (a reset would hang in it too)."""
-        hung = set(index for index, (dummy, health) in self.release._health(snapshot).items() if driver_hung(health))
-        todo = dict((index, [ORPHANED]) for index in result.orphaned_gpus if index not in hung)
-        causes = self._reset_causes(snapshot)
-        for gpu in self.release._scope(snapshot):
-            index = gpu.get('index')
-            if index not in causes or gpu.get('processes') or index in self.release.job_scoped or 'mig_instance' in gpu:
-                continue
-            todo[index] = todo.get(index, []) + causes[index]
-        return self._hold(result, snapshot, self._mig_to_reset(result, snapshot, todo, causes))
-
-    def _mig_to_reset(self, result, snapshot, todo, causes):
-        """todo with the GPUs whose MIG mode change waits for a reset (idle, with no process), less
-        those with a MIG instance in use (a process on it, or its memory over the threshold): a reset
-        would end what runs there (mig_blocked says so of each that needs one; causes: {index: [why]}
-        of those). Reads each GPU's MIG layout (mig_before), for the reset's report."""
-        scope = [gpu for gpu in self.release._scope(snapshot)
-                 if gpu.get('index') is not None and not gpu.get('error') and 'mig_instance' not in gpu]
-        # Within the timeout, past the signalling's share: without it no reset is tried.
-        left = self.release.deadline - self.clock()
-        migs, warnings = self.release.reader.read_mig(scope, timeout=left) if left > CALL_FLOOR_S else ({}, ['no time left'])
-        self.mig_before = dict((index, fact) for index, fact in migs.items() if fact)
-        self.mig_blocked = []
-        for gpu in scope:
-            index = gpu['index']
-            pending, used = pending_change(self.mig_before.get(index)), self._instances_in_use(index)
-            why = todo.get(index) or causes.get(index)
-            if used and why and index not in self.release.job_scoped:
-                todo.pop(index, None)
-                self.mig_blocked.append('GPU %s needs a reset (%s), not attempted: %s' % (index, ', '.join(why), used))
-            elif pending and used:
-                self.release._warn('GPU %s: %s, not applied: %s' % (index, pending, used))
-            elif pending and not gpu.get('processes') and index not in self.release.job_scoped:
-                todo[index] = todo.get(index, []) + [pending]
-        if self.mig_blocked:
-            result.released = False
-            why = '; '.join(self.mig_blocked)
-            result.failure = '%s; %s' % (result.failure, why) if result.failure else 'GPUs not released: %s' % why
-        for warning in warnings if todo else ():
-            self.release._warn('MIG before the reset: %s' % warning)
-        return todo
-
-    def _instances_in_use(self, index):
-        """'MIG instance in use: GI 7 CI 0 (MIG-...) [pid 42, 700 MiB used]', or '' when no MIG
-        instance of GPU index is in use."""
-        used = instances_in_use(self.mig_before.get(index), self.options.memory_threshold_mib)
-        return 'MIG instance in use: %s' % ', '.join('%s [%s]' % (instance_name(instance), ', '.join(why))
-                                                     for instance, why in used) if used else ''
-
-    def _hold(self, result, snapshot, todo):
-        """todo without the GPUs whose fault came back after hold_after_cures cures within
-        hold_window_days (their history): those are held for a person (result.held), not reset."""
-        history = History.for_host(self.options.host_root, self.options.state_dir)
-        uuids = dict((gpu.get('index'), gpu.get('uuid')) for gpu in snapshot.gpus)
-        result.held = []
-        for index in sorted(todo):
-            why = history.hold_reason(uuids.get(index), index, 'needs a reset (%s)' % ', '.join(todo[index]),
-                                      self.options.hold_after_cures, self.options.hold_window_days)
-            if why:
-                result.held.append({'index': index, 'uuid': uuids.get(index), 'reason': why})
-                del todo[index]
-        if result.held and not self.release.check_mode:
-            history.record([(held['uuid'], held['index'], held['reason']) for held in result.held], 'cure_failed')
-        for warning in history.warnings:
-            self.release._warn(warning)
-        return todo
 
     def _record_history(self, escalation, snapshot, todo):
         """Each GPU reset in its history: reset (and a cure) when the reset worked, reset_failed
@@ -336,13 +305,3 @@ class Escalation:
             history.record(gpus, 'reset_failed', error=printable(escalation.get('message') or '', 200))
         for warning in history.warnings:
             self.release._warn(warning)
-
-    def _reset_causes(self, snapshot):
-        """{index: [why]} of the GPUs in scope whose health calls for a reset: the driver's word
-        and the kernel log's Xids since the GPU's last cure, read as nvidia_gpu_facts reads them."""
-        causes = {}
-        for index, (known, health) in self.release._health(snapshot).items():
-            why = reset_causes(known, health)
-            if why:
-                causes[index] = why
-        return causes

@@ -773,3 +773,19 @@ def cgroup(pid, proc='/proc'):
         if parts[1] == 'name=systemd':
             found = parts[2]
     return found
+
+
+CONTAINER_RE = re.compile(r'(?:docker|cri-containerd|crio|libpod)-([0-9a-f]{12,64})\.scope$|^([0-9a-f]{64})$')
+
+
+def supervisor(holder, proc='/proc'):
+    """Who (re)started holder: its parent, and the systemd unit or container of its cgroup."""
+    parent = read_process(holder.ppid, proc) if holder.ppid else None
+    out = {'pid': holder.ppid, 'name': parent.comm if parent else None, 'unit': None, 'container': None}
+    for part in (cgroup(holder.pid, proc) or '').split('/'):
+        match = CONTAINER_RE.search(part)
+        if match:
+            out['container'] = match.group(1) or match.group(2)
+        elif part.endswith('.service') or part.endswith('.scope'):
+            out['unit'] = part
+    return out

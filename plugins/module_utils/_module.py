@@ -16,6 +16,7 @@ __metaclass__ = type
 from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import MissingLibraryError, select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Terminated, sigterm_raises
 
 
 def run_with_reader(module, work, options=None):
@@ -34,3 +35,22 @@ def run_with_reader(module, work, options=None):
         module.fail_json(msg=exc.library, exception=exc.exception)
     except GpuopsError as exc:
         module.fail_json(msg=str(exc))
+
+
+def exit_with_release(module, run, what):
+    """Exit the module with a release's result: run() -> (ReleaseResult, warnings) under
+    sigterm_raises, so that a SIGTERM (the Slurm hook stopping it at its deadline) ends the release
+    through its finally blocks - the units stopped for a reset are started again, the lock is let
+    go. what: 'release' or 'reset', for the message of that SIGTERM."""
+    try:
+        with sigterm_raises():
+            result, warnings = run()
+    except Terminated:
+        module.fail_json(msg='the %s was stopped by SIGTERM before its end; the units it had stopped for a GPU reset, '
+                             'if any, were asked to start again before it exited' % what)
+    for warning in warnings + result.warnings:
+        module.warn(warning)
+    values = result.dump(diff=module._diff)
+    if result.failure:
+        module.fail_json(msg=result.failure, **values)
+    module.exit_json(**values)

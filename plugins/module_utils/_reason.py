@@ -15,7 +15,15 @@ __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DRIVER_HUNG, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS, action_causes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import supervisor
 from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import instance_name
+
+
+# Why a holder was left alone although it is no protected daemon: a root or system process that
+# the driver does not place on any GPU and that belongs to no job (a daemon handed a descriptor).
+FOREIGN_HOLDER = 'foreign_holder'
+# Why a GPU is reset: its memory stays held with no process left.
+ORPHANED = 'orphaned memory'
 
 
 def gpu_problem(gpu, reset_required, orphaned_memory, dirty, why=(), reset_remedy='', orphan_remedy='', health=None):
@@ -139,3 +147,20 @@ def no_time_to_restore(gpus, units, reserve, left, floor):
     return ('GPU %s not reset: %s would be stopped for it, and starting them again may take %.0f s, which leaves '
             'less than the %.1f s a reset needs of the %.1f s left of the timeout; nothing was stopped (a longer '
             'timeout leaves the time)' % (gpus, units, reserve, floor, max(left, 0.0)))
+
+
+def foreign_why(holder, proc='/proc'):
+    """Why a foreign holder (FOREIGN_HOLDER) is left alone, and what lets it go."""
+    unit = supervisor(holder, proc)['unit']
+    return ('pid %d (%s, user %s%s, holding %s; %s: a root or system process that the driver places on no GPU and '
+            'that belongs to no job, never signalled; it lets go when %s)' % (
+                holder.pid, printable(holder.comm), holder.user, ', unit %s' % printable(unit) if unit else '',
+                ', '.join(printable(path) for path in holder.devices) or 'no GPU node', FOREIGN_HOLDER,
+                'unit %s stops or closes the descriptor' % printable(unit) if unit else
+                'it closes the descriptor or exits: see what handed it one'))
+
+
+def spared_why(holder):
+    """Why the job's release leaves a holder alone: another job's, or one it may not touch."""
+    job = 'job %s' % holder.job if holder.job else 'no job'
+    return 'pid %d (%s, user %s, %s; %s)' % (holder.pid, printable(holder.comm), holder.user, job, holder.spared)

@@ -29,10 +29,10 @@ import signal
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
-from ansible_collections.gpuops.nvidia.plugins.module_utils._bug_report import DEFAULT_TIMEOUT_S as DEFAULT_BUG_REPORT_TIMEOUT_S
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     CALL_FLOOR_S,
     DEFAULT_MEMORY_THRESHOLD_MIB,
+    READ_MIN_S,
     Budget,
     GpuopsError,
     NoTimeLeft,
@@ -51,9 +51,9 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
     load_holder,
     named_unread,
     partial_warning,
-    read_process,
     real_and_effective_uid,
     scan_holders,
+    supervisor,
     uid_min,
     uninspectable_warning,
     unread_processes,
@@ -71,10 +71,10 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import RELEASE_PROBE_SPEC, probe_after_release, probe_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reset_plan import due_entries, not_released, reset_plan
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, load_cures
 from ansible_collections.gpuops.nvidia.plugins.module_utils._history import (
     HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, History, check_hold_options)
-from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import DEFAULT_STOP_UNITS
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     NotPermittedError,
     ProcessRef,
@@ -100,10 +100,6 @@ POLL_GROWTH = 2
 # While memory that no process holds waits for the driver, nothing on the host can free it sooner:
 # the reads grow further apart, up to this.
 UNHELD_POLL_MAX_S = 1.0
-# The last read of the GPUs, which reports the state at the end, may take this long after
-# the signalling stops; the signalling stops that much before the timeout. Twice a call's floor
-# (CALL_FLOOR_S): the read starts a little after the signalling stops, and may be two calls.
-READ_MIN_S = 1.0
 # After the last signals at the deadline, how long to wait for the processes to exit before
 # the final reading.
 FINAL_EXIT_S = 0.2
@@ -133,9 +129,6 @@ HEALTH_KEYS = ('remapped_rows_pending', 'remapped_rows_failure', 'retired_pages_
 
 REGEX_HINT_RE = re.compile(r'\.[*+]|[\\^$+(){}|]')
 REASONS = ('uninterruptible', 'zombie', 'respawned', 'ignored_signals', 'not_permitted')
-# Why a holder was left alone although it is no protected daemon: a root or system process that
-# the driver does not place on any GPU and that belongs to no job (a daemon handed a descriptor).
-FOREIGN_HOLDER = 'foreign_holder'
 # Why released is false although the GPUs read clean: the settle window did not fit in the timeout.
 NOT_SETTLED = 'not_settled'
 
@@ -155,13 +148,9 @@ def release_argument_spec():
         lock_file=dict(type='path'),
         facts_after=dict(type='bool', default=False),
         reset_orphaned=dict(type='bool', default=False),
-        reset_reload_modules=dict(type='bool', default=False),
         hold_after_cures=dict(type='int', default=HOLD_AFTER_CURES),
         hold_window_days=dict(type='float', default=HOLD_WINDOW_DAYS),
         kernel_log=dict(type='path'),
-        bug_report_dir=dict(type='path'),
-        bug_report_timeout=dict(type='float', default=DEFAULT_BUG_REPORT_TIMEOUT_S),
-        reset_stop_units=dict(type='list', elements='str', default=list(DEFAULT_STOP_UNITS)),
         job=dict(type='dict', options=dict(
             id=dict(type='str', required=True),
             uid=dict(type='int'),
@@ -183,7 +172,7 @@ class ReleaseOptions:
                  wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
                  facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
                  nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None, kernel_log=None,
-                 bug_report_dir=None, bug_report_timeout=DEFAULT_BUG_REPORT_TIMEOUT_S, reset_stop_units=None,
+                 bug_report_dir=None, bug_report_timeout=None, reset_stop_units=None,
                  job=None, probe=None, hold_after_cures=HOLD_AFTER_CURES, hold_window_days=HOLD_WINDOW_DAYS,
                  reset_reload_modules=False):
         check_hold_options(hold_after_cures, hold_window_days)
@@ -215,7 +204,8 @@ class ReleaseOptions:
         self.kernel_log = kernel_log
         self.bug_report_dir = bug_report_dir
         self.bug_report_timeout = bug_report_timeout
-        self.reset_stop_units = list(DEFAULT_STOP_UNITS if reset_stop_units is None else reset_stop_units)
+        # None: the reset's own defaults (_escalation).
+        self.reset_stop_units = None if reset_stop_units is None else list(reset_stop_units)
         self.warnings = ['extra_protect: %r looks like a regular expression; protect names are exact names or '
                          'shell globs (e.g. python*), so it matches only a process named exactly that' % (name,)
                          for name in protect if REGEX_HINT_RE.search(name)]
@@ -233,7 +223,7 @@ class ReleaseOptions:
             nvidia_smi_path=params.get('nvidia_smi_path') or 'nvidia-smi', expected_gpus=params.get('expected_gpus'),
             state_dir=params.get('state_dir'), kernel_log=params.get('kernel_log'),
             bug_report_dir=params.get('bug_report_dir'),
-            bug_report_timeout=params.get('bug_report_timeout', DEFAULT_BUG_REPORT_TIMEOUT_S),
+            bug_report_timeout=params.get('bug_report_timeout'),
             reset_stop_units=params.get('reset_stop_units'), job=params.get('job'), probe=params.get('probe'),
             hold_after_cures=params.get('hold_after_cures', HOLD_AFTER_CURES),
             hold_window_days=params.get('hold_window_days', HOLD_WINDOW_DAYS),
@@ -312,21 +302,6 @@ def _holders_text(holders):
     return ''.join(lines)
 
 
-def _foreign_why(holder, proc='/proc'):
-    unit = supervisor(holder, proc)['unit']
-    return ('pid %d (%s, user %s%s, holding %s; %s: a root or system process that the driver places on no GPU and '
-            'that belongs to no job, never signalled; it lets go when %s)' % (
-                holder.pid, printable(holder.comm), holder.user, ', unit %s' % printable(unit) if unit else '',
-                ', '.join(printable(path) for path in holder.devices) or 'no GPU node', FOREIGN_HOLDER,
-                'unit %s stops or closes the descriptor' % printable(unit) if unit else
-                'it closes the descriptor or exits: see what handed it one'))
-
-
-def _spared_why(holder):
-    job = 'job %s' % holder.job if holder.job else 'no job'
-    return 'pid %d (%s, user %s, %s; %s)' % (holder.pid, printable(holder.comm), holder.user, job, holder.spared)
-
-
 def raise_fd_limit():
     """Raise this process's open files limit to its hard limit; return the limit in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -343,22 +318,6 @@ def boot_ticks():
     """Clock ticks since boot now, in the unit of a process's start time."""
     with open('/proc/uptime') as handle:
         return int(float(handle.read().split()[0]) * os.sysconf('SC_CLK_TCK'))
-
-
-CONTAINER_RE = re.compile(r'(?:docker|cri-containerd|crio|libpod)-([0-9a-f]{12,64})\.scope$|^([0-9a-f]{64})$')
-
-
-def supervisor(holder, proc='/proc'):
-    """Who (re)started holder: its parent, and the systemd unit or container of its cgroup."""
-    parent = read_process(holder.ppid, proc) if holder.ppid else None
-    out = {'pid': holder.ppid, 'name': parent.comm if parent else None, 'unit': None, 'container': None}
-    for part in (cgroup(holder.pid, proc) or '').split('/'):
-        match = CONTAINER_RE.search(part)
-        if match:
-            out['container'] = match.group(1) or match.group(2)
-        elif part.endswith('.service') or part.endswith('.scope'):
-            out['unit'] = part
-    return out
 
 
 class ReleaseResult:
@@ -388,6 +347,8 @@ class ReleaseResult:
         self.held = []
         # {uuid: _history.summarize} of the GPUs in scope; None when not read.
         self.history = None
+        # The GPUs that need a reset, for nvidia_device_reset: [{index, reasons}].
+        self.reset_due = []
 
     def dump(self, diff=False):
         out = dict(changed=self.changed, released=self.released, signalled=self.signalled,
@@ -401,6 +362,7 @@ class ReleaseResult:
         if self.probe is not None:
             out['probe'] = self.probe
         out['held'] = self.held
+        out['reset_due'] = self.reset_due
         if self.history is not None:
             out['history'] = self.history
         if diff:
@@ -412,8 +374,12 @@ class Release:
     """One release run. reader: a GpuReader; options: ReleaseOptions."""
 
     def __init__(self, reader, options, check_mode=False, signaller=None, proc='/proc',
-                 clock=time.monotonic, sleep=time.sleep, smi_runner=None):
+                 clock=time.monotonic, sleep=time.sleep, smi_runner=None, escalation=None):
         self.reader = reader
+        # The reset of the GPUs reset_orphaned finds needing one (_escalation.Escalation, module
+        # nvidia_device_reset); None: they are named in reset_due, for that module.
+        self.escalation = escalation
+        self.due = None  # {index: [why]}: the GPUs the reset is for, named by an earlier release
         self.smi_runner = smi_runner
         self.options = options
         self.check_mode = check_mode
@@ -1070,8 +1036,11 @@ class Release:
                               'is the NVIDIA driver loaded?); nothing was signalled' % ', '.join(unmatched))
         return paths
 
-    def run(self):
+    def run(self, due=None):
+        """The release; with due ({index: [why]}, the reset_due of an earlier release): only the
+        reset of those GPUs that still need it, read again now, nothing signalled."""
         started = self.clock()
+        self.due = due
         self.budget = Budget('the release', self.options.timeout, self.clock)
         self.deadline = started + self.options.timeout
         self.signal_deadline = self.deadline - READ_MIN_S
@@ -1096,7 +1065,10 @@ class Release:
                 lock = ReleaseLock(self.options.lock_file)
                 lock.acquire(self.deadline, self.clock, self.sleep)
                 self.budget.spend('waiting for the lock', started)
-            self._run(result)
+            if due is None:
+                self._run(result)
+            else:
+                self._reset_only(result, due)
         finally:
             if lock is not None:
                 lock.release()
@@ -1280,21 +1252,43 @@ class Release:
         return due if self.reset_deadline is None else min(due, self.reset_deadline)
 
     def _escalate(self, result, snapshot):
-        """With reset_orphaned: reset the GPUs that need it, wait for their NVLink fabric, then read
-        everything again (_escalation.Escalation.run)."""
+        """With reset_orphaned: the GPUs that need a reset (_reset_plan), reset by the escalation
+        when the release has one, else named in result.reset_due and not released."""
         if not self.options.reset_orphaned or snapshot is None:
             return
-        from ansible_collections.gpuops.nvidia.plugins.module_utils._escalation import Escalation
-
-        Escalation(self).run(result, snapshot)
+        todo = reset_plan(self, result, snapshot)
+        if self.escalation is not None:
+            self.escalation(self).run(result, snapshot, todo)
+        elif todo:
+            result.reset_due = due_entries(todo)
+            not_released(result, '; '.join('GPU %s needs a reset (%s)' % (index, ', '.join(why))
+                                           for index, why in sorted(todo.items())))
 
     def _would_escalate(self, result, snapshot):
-        """Check mode with reset_orphaned: what the escalation would do (_escalation.Escalation.preview)."""
+        """Check mode with reset_orphaned: what the escalation would do, or which GPUs it would be for."""
         if not self.options.reset_orphaned:
             return
-        from ansible_collections.gpuops.nvidia.plugins.module_utils._escalation import Escalation
+        todo = reset_plan(self, result, snapshot)
+        if self.escalation is not None:
+            self.escalation(self).preview(result, snapshot, todo)
+        else:
+            result.reset_due = due_entries(todo)
 
-        Escalation(self).preview(result, snapshot)
+    def _reset_only(self, result, due):
+        """The reset of the GPUs due that still need it: the host read again now, nothing signalled
+        (a holder of the job still there keeps its GPU from the reset)."""
+        snapshot, holders = self._observe(force_read=True, full=True)
+        self.first_snapshot = snapshot
+        if snapshot is None:
+            raise GpuopsError('%s; nothing was reset' % self.read_error)
+        self._check_gpus(snapshot)
+        result.gpus_before = self._memory(snapshot)
+        result.diff['before'] = _holders_text(holders)
+        self._report(result, snapshot, holders)
+        if self.check_mode:
+            self.escalation(self).preview(result, snapshot, due)
+        else:
+            self.escalation(self).run(result, snapshot, due)
 
     def _history(self, snapshot):
         """{uuid: the newest events and counts per window} of the GPUs in scope."""
@@ -1334,10 +1328,10 @@ class Release:
     def _unhealthy(self, index, health):
         """Whether a GPU's health leaves it not clean after this release: a reset, a reboot or a
         person (_health.NOT_CLEAN_ACTIONS). With reset_orphaned, a reset is the escalation's to do
-        and to judge (on a GPU other jobs do not use)."""
+        and to judge (on a GPU other jobs do not use, and one of those due when they are named)."""
         action = health.get('recovery_action')
         if action == 'reset_gpu' and self.options.reset_orphaned and index not in self.job_scoped \
-                and index not in self._instance_only():
+                and index not in self._instance_only() and (self.due is None or index in self.due):
             return False
         return action in NOT_CLEAN_ACTIONS
 
@@ -1427,7 +1421,7 @@ class Release:
                 result.failure = self._failure(snapshot, scope, result)
 
     def _foreign(self, holder):
-        return dict(_describe(holder), reason=FOREIGN_HOLDER, unit=supervisor(holder, self.proc)['unit'])
+        return dict(_describe(holder), reason=_reason.FOREIGN_HOLDER, unit=supervisor(holder, self.proc)['unit'])
 
     def _other_job(self, holder, scope):
         return dict(_describe(holder), job_id=holder.job, why=holder.spared,
@@ -1473,8 +1467,8 @@ class Release:
                     'pid %s (%s, reported by the driver)' % (process.get('pid'), printable(process.get('name')))
                     for process in reported]
             foreign = [holder for holder in self.foreign_now if self._blocks(holder, gpu)]
-            why += [_foreign_why(holder, self.proc) for holder in foreign]
-            why += [_spared_why(holder) for holder in self._spared_on(gpu)]
+            why += [_reason.foreign_why(holder, self.proc) for holder in foreign]
+            why += [_reason.spared_why(holder) for holder in self._spared_on(gpu)]
             health = healths.get(index, (None, None))[1]
             problem = _reason.gpu_problem(
                 gpu, gpu_state(gpu) == 'reset_required', index in result.orphaned_gpus,
@@ -1499,11 +1493,12 @@ class Release:
         return 'GPUs not released within %s: %s' % (seconds(self.options.timeout), '; '.join(problems))
 
 
-def release(reader, options, check_mode=False, signaller=None, proc='/proc'):
-    """Run one release, then (options.probe) the probe of the GPUs it released; returns a
-    ReleaseResult. A failed probe is said in result.probe, not as the release's failure."""
-    releaser = Release(reader, options, check_mode=check_mode, signaller=signaller, proc=proc)
-    result = releaser.run()
+def release(reader, options, check_mode=False, signaller=None, proc='/proc', escalation=None, due=None):
+    """Run one release (with due: only the reset of those GPUs, Release.run), then (options.probe)
+    the probe of the GPUs it released; returns a ReleaseResult. A failed probe is said in
+    result.probe, not as the release's failure."""
+    releaser = Release(reader, options, check_mode=check_mode, signaller=signaller, proc=proc, escalation=escalation)
+    result = releaser.run(due)
     if result.held:
         result.released = False
         result.failure = '; '.join([held['reason'] for held in result.held] + ([result.failure] if result.failure else []))

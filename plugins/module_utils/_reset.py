@@ -30,6 +30,7 @@ import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import EXIT_CODES, GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import bus_ids_in, normalize_bus_id
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import sigterm_deferred
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import system_log
 
@@ -37,8 +38,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import syst
 RESTORE_MIN_S = 5.0
 # The longest text of nvidia-smi quoted in a message.
 QUOTE_MAX = 600
-# Why a GPU is reset unless said otherwise.
-ORPHANED = 'orphaned memory'
 # What nvidia-smi says of a GPU whose reset the platform refused: "The following GPUs could not
 # be reset:" and a line "  GPU 00000000:1A:00.0: <NVML's words>" (the form of
 # real-samples/smi_errors/E10). "Unknown Error" is what AWS bare metal and EKS give on every GPU,

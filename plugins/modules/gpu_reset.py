@@ -21,8 +21,8 @@ description:
     M(gpuops.nvidia.nvidia_gpu_facts) and stops there when the query holds.
   - Otherwise it releases the GPUs with M(gpuops.nvidia.nvidia_device_release), which reads them
     first itself and signals nothing on a clean host; on the usual path that one module call is
-    all. With O(allow_gpu_reset), the release ends by resetting the GPUs whose memory stays held
-    with no process left.
+    all. With O(allow_gpu_reset), the release names the GPUs that need a reset, and only then
+    M(gpuops.nvidia.nvidia_device_reset) resets them, reading them again first.
   - A reset (O(allow_gpu_reset)) is said in the report's C(escalation) - which GPUs, why each,
     nvidia-smi's words, the NVLink fabric after it, and what is still wrong (C(problems)).
   - It reads the GPUs again only when the release did not leave them clean (once), or when your
@@ -140,7 +140,8 @@ options:
       - Reset the GPUs that need a reset (C(nvidia-smi --gpu-reset)) - memory held with no
         process left, the driver's word, pending remapped rows, an Xid whose catalogue action is
         a GPU reset - and wait for their NVLink fabric after it
-        (O(gpuops.nvidia.nvidia_device_release#module:reset_orphaned)).
+        (O(gpuops.nvidia.nvidia_device_release#module:reset_orphaned), then
+        M(gpuops.nvidia.nvidia_device_reset)).
     type: bool
     default: false
   reload_modules:
@@ -150,7 +151,7 @@ options:
         every GPU of the host is idle and no process holds a device node; a module that will not
         unload stops it, and what was unloaded is loaded back. The report's C(escalation.module_reload)
         says what was done
-        (O(gpuops.nvidia.nvidia_device_release#module:reset_reload_modules)).
+        (O(gpuops.nvidia.nvidia_device_reset#module:reset_reload_modules)).
     type: bool
     default: false
   hold_after_cures:
@@ -160,7 +161,7 @@ options:
         not reset or rebooted again - the host fails, naming the GPU, the fault and the cures
         tried, and the Slurm hook drains the node for a person (C(gpu_reset(hold)) reason, never
         resumed by the health check). Once held, a GPU stays held until its history is cleared
-        (see the collection's README). Between 1 and 100
+        (R(the Slurm guide, ansible_collections.gpuops.nvidia.docsite.guide_slurm)). Between 1 and 100
         (O(gpuops.nvidia.nvidia_device_release#module:hold_after_cures)).
     type: int
     default: 2
@@ -175,7 +176,7 @@ options:
         GPUs, as shell globs, started again after it; C(nvidia-cuda-mps-control) lets the MPS
         control daemon outside any service quit. V([]) allows none, and the reset is then not
         attempted while they hold the GPUs
-        (O(gpuops.nvidia.nvidia_device_release#module:reset_stop_units)).
+        (O(gpuops.nvidia.nvidia_device_reset#module:reset_stop_units)).
     type: list
     elements: str
     default: [nvidia-dcgm.service, nvidia-dcgm-exporter.service, dcgm-exporter.service, nvsm*.service, nvidia-cuda-mps-control]
@@ -192,7 +193,7 @@ options:
   bug_report_dir:
     description:
       - Where C(nvidia-bug-report.sh) writes its report when a GPU reset fails; not set, none is
-        made (O(gpuops.nvidia.nvidia_device_release#module:bug_report_dir)).
+        made (O(gpuops.nvidia.nvidia_device_reset#module:bug_report_dir)).
     type: path
   bug_report_timeout:
     description:
@@ -305,7 +306,8 @@ options:
   textfile_dir:
     description:
       - The node_exporter textfile collector directory on the host, for C(gpu_reset.prom) (the
-        gauges are listed in the collection's README). Not in check mode. Metrics that cannot be
+        gauges are listed in R(the monitoring guide, ansible_collections.gpuops.nvidia.docsite.guide_monitoring)).
+        Not in check mode. Metrics that cannot be
         written fail the host, saying why.
     type: path
 notes:

@@ -131,8 +131,8 @@ options:
 requirements:
   - The NVIDIA driver's C(libcuda.so.1) on the managed host (no CUDA toolkit).
 notes:
-  - What the probe proves, what it does not, and what it costs are in the collection's README,
-    section "Proof by allocation".
+  - What the probe proves, what it does not, and what it costs are in
+    R(the probe guide, ansible_collections.gpuops.nvidia.docsite.guide_probe).
   - The probe's context and allocation show for a moment as a compute process on each GPU, as
     any CUDA program's would.
 seealso:

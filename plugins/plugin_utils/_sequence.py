@@ -9,9 +9,10 @@
 """The gpu_reset sequence on one host, the only one: for the action gpuops.nvidia.gpu_reset
 (the role's one task) and for the Slurm hook.
 
-check the settings -> read first (only with a clean query of your own) -> release (its GPU
-reset included) -> verify (a bounded loop, only when needed) -> judge -> prove by allocation
-(only when asked, and only GPUs judged clean) -> finish (_finish.py: drain, metrics, report).
+check the settings -> read first (only with a clean query of your own) -> release -> reset
+(only the GPUs the release names in reset_due, with allow_gpu_reset) -> verify (a bounded loop,
+only when needed) -> judge -> prove by allocation (only when asked, and only GPUs judged clean)
+-> finish (_finish.py: drain, metrics, report).
 
 Each step is a function over one Run. The modules run through one seam, run_module(name, args):
 in the action it is Ansible's _execute_module on the host; in the hook a subprocess on the node
@@ -33,6 +34,7 @@ from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import MISC
 
 READ_FIRST = 'Read the GPUs and who holds them'
 RELEASE = 'Release the GPUs'
+RESET = 'Reset the GPUs that need it'
 VERIFY = 'Read the GPUs and check that they are clean'
 PROVE = 'Prove the GPUs by allocation'
 
@@ -43,7 +45,11 @@ VERIFY_DELAY_S = 1.0
 
 RELEASE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'gpus', 'signals',
                    'grace_period', 'timeout', 'memory_threshold_mib', 'extra_protect', 'lock_file', 'kernel_log',
-                   'bug_report_dir', 'bug_report_timeout', 'job', 'hold_after_cures', 'hold_window_days')
+                   'job', 'hold_after_cures', 'hold_window_days')
+# The reset's own, besides the release's.
+RESET_OPTIONS = ('bug_report_dir', 'bug_report_timeout')
+# The modules whose failed result that judged the GPUs (released false) is no error: the verdict says why.
+RELEASING = ('nvidia_device_release', 'nvidia_device_reset')
 # kernel_log: the facts judge the GPUs' health from the same kernel log as the release.
 FACTS_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'extra_protect',
                  'memory_threshold_mib', 'timeout', 'kernel_log')
@@ -94,7 +100,7 @@ class Run:
         except ModuleError as exc:
             self.error = '%s: %s' % (step, exc)
             return None
-        if result.get('failed') and not (module == 'nvidia_device_release' and 'released' in result):
+        if result.get('failed') and not (module in RELEASING and 'released' in result):
             # A release that judged the GPUs (released false) is no error: the verdict says why.
             self.error = task_error({'task': step, 'result': result, 'python': self.python})
             return None
@@ -123,16 +129,36 @@ class Run:
     def release_args(self):
         args = self._pick(RELEASE_OPTIONS)
         args['reset_orphaned'] = self.options['allow_gpu_reset']
-        args['reset_stop_units'] = self.options['stop_units']
-        args['reset_reload_modules'] = self.options['reload_modules']
-        left = self.left()
-        if left is not None and 'bug_report_timeout' in args:
-            # After the release's own timeout, within what is left of the run.
-            args['bug_report_timeout'] = max(1, min(float(args['bug_report_timeout']), left - float(args['timeout']) - 1))
         # For a query of your own, and for check mode's reason.
         args['facts_after'] = self.options['clean_query'] is not None or self.check_mode
         probe = self.release_probe(float(args['timeout']))
         if probe is not None:
+            args['probe'] = probe
+        return args
+
+    def reset_args(self, release):
+        """The reset's: the release's options, the GPUs it named, and what is left of its timeout
+        (None when too little is left of the run)."""
+        args = self.release_args()
+        del args['reset_orphaned']
+        args.update(self._pick(RESET_OPTIONS))
+        args['reset_due'] = release['reset_due']
+        args['reset_stop_units'] = self.options['stop_units']
+        args['reset_reload_modules'] = self.options['reload_modules']
+        timeout = max(MIN_TIMEOUT_S, float(args['timeout']) - float(release.get('elapsed_s') or 0))
+        left = self.left()
+        if left is not None:
+            if left - 1 < MIN_TIMEOUT_S:
+                return None
+            timeout = min(timeout, left - 1)
+        args['timeout'] = round(timeout, 3)
+        if left is not None and 'bug_report_timeout' in args:
+            # After the reset's own timeout, within what is left of the run.
+            args['bug_report_timeout'] = max(1, min(float(args['bug_report_timeout']), left - timeout - 1))
+        probe = self.release_probe(timeout)
+        if probe is None:
+            args.pop('probe', None)
+        else:
             args['probe'] = probe
         return args
 
@@ -223,6 +249,40 @@ def release(run):
     run.release = run.call(RELEASE, 'nvidia_device_release', run.release_args())
 
 
+def reset(run):
+    """Only where the release named GPUs that need a reset (allow_gpu_reset): their reset, by a
+    module of its own that reads them again first (so that a clean host never loads its code)."""
+    release = run.release
+    if release is None or not release.get('reset_due'):
+        return
+    args = run.reset_args(release)
+    if args is None:
+        run.error = '%s: not started, %s; %s' % (RESET, run.budget.used(), release.get('msg') or 'failed')
+        return
+    result = run.call(RESET, 'nvidia_device_reset', args)
+    if result is not None:
+        run.release = after_reset(release, result)
+
+
+def after_reset(release, reset):
+    """The release's result as the reset leaves it: the reset's reading and verdict, with what the
+    release signalled and found before it (its GPUs held for a person stay not released)."""
+    merged = dict(reset)
+    merged['signalled'] = list(release.get('signalled') or []) + list(reset.get('signalled') or [])
+    merged['gpus_before'] = release.get('gpus_before')
+    merged['changed'] = bool(release.get('changed') or reset.get('changed'))
+    merged['held'] = list(release.get('held') or []) + list(reset.get('held') or [])
+    merged['reset_due'] = release.get('reset_due')
+    merged['elapsed_s'] = round(float(release.get('elapsed_s') or 0) + float(reset.get('elapsed_s') or 0), 3)
+    if 'diff' in release and 'diff' in reset:
+        merged['diff'] = dict(reset['diff'], before=release['diff'].get('before'))
+    if release.get('held'):
+        merged['released'] = False
+        merged['failed'] = True
+        merged['msg'] = '; '.join([held['reason'] for held in release['held']] + ([reset['msg']] if reset.get('msg') else []))
+    return merged
+
+
 def verify(run):
     """Read again only when the release did not leave the GPUs clean (once: waiting cannot help),
     or when your clean query does not hold yet on what it read last (a few reads)."""
@@ -300,7 +360,7 @@ def prove(run):
         failed(report, PROVE, probe.get('msg', 'failed'))
 
 
-STEPS = (check_settings, read_first, release, verify)
+STEPS = (check_settings, read_first, release, reset, verify)
 
 
 def run(host_run):

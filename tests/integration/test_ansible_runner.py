@@ -36,7 +36,7 @@ RESET_TASK = 'Put the GPUs back into a clean state'
 
 
 # The playbook of an AWX project: AWX runs a playbook of the project, which imports the
-# collection's (README.md, "At scale").
+# collection's (docs/docsite/rst/guide_scale.rst, "AWX and job slicing").
 PROJECT_PLAYBOOK = """---
 - name: Reset the GPUs
   ansible.builtin.import_playbook: gpuops.nvidia.reset_gpus

@@ -25,7 +25,12 @@ def run_release(host, tmp_path, **options):
     args = dict(nvidia_smi_path=host.smi_path, host_root=host.root, kernel_log=host.kernel_log,
                 state_dir=host.state_dir, lock_file=str(tmp_path / 'release.lock'), grace_period=0.3, timeout=30)
     args.update(options)
-    return run_module('nvidia_device_release', args)
+    return run_module(releasing_module(args), args)
+
+
+def releasing_module(args):
+    """nvidia_device_reset for a release that may reset (the release and its reset in one call)."""
+    return 'nvidia_device_reset' if args.pop('reset_orphaned', False) else 'nvidia_device_release'
 
 
 def instances_of(result, index):
@@ -125,9 +130,9 @@ def test_a_gpu_with_an_instance_in_use_is_never_reset(gpuhost, tmp_path):
 def test_the_mig_layout_around_a_reset_is_read_through_nvml_too(gpuhost, tmp_path):
     gpuhost.install_nvml()
     before = gpuhost.mig(2, ['3g.71gb'], pending='disabled')
-    result, proc = run_module('nvidia_device_release', dict(
+    result, proc = run_module('nvidia_device_reset', dict(
         backend='nvml', nvidia_smi_path=gpuhost.smi_path, host_root=gpuhost.root, state_dir=gpuhost.state_dir,
-        lock_file=str(tmp_path / 'release.lock'), timeout=30, reset_orphaned=True), env=gpuhost.env(nvml=True))
+        lock_file=str(tmp_path / 'release.lock'), timeout=30), env=gpuhost.env(nvml=True))
     assert proc.returncode == 0, proc.stdout
     entry = result['escalation']['mig'][0]
     assert (entry['index'], entry['before']['instances'][0]['uuid']) == (2, before['instances'][0]['uuid'])

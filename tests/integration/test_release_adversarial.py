@@ -27,6 +27,7 @@ import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_PROTECT, GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._escalation import Escalation
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release import Release, ReleaseOptions
 from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import Signaller
 from gpusim.api import Host
@@ -82,7 +83,9 @@ def release(host, **options):
         options.setdefault('state_dir', host.state_dir)
     logged = []
     reader, dummy = select_reader('nvidia-smi', host.smi_path, 10)
-    result = Release(reader, ReleaseOptions(**options), signaller=Signaller(logged.append)).run()
+    # With reset_orphaned, the release and its reset, as nvidia_device_reset runs them.
+    result = Release(reader, ReleaseOptions(**options), signaller=Signaller(logged.append),
+                     escalation=Escalation if options.get('reset_orphaned') else None).run()
     result.logged = logged
     return result
 

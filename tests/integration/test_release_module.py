@@ -23,7 +23,9 @@ def run_release(host, tmp_path, *flags, **options):
         # Found by its devices alone, the host keeps its state in its own directory, not the machine's.
         args['state_dir'] = host.state_dir
     args.update(options)
-    return run_module('nvidia_device_release', args, *flags)
+    # A release that may reset is the release and its reset in one call.
+    module = 'nvidia_device_reset' if args.pop('reset_orphaned', False) else 'nvidia_device_release'
+    return run_module(module, args, *flags)
 
 
 def test_hung_job_released_through_ansible(gpuhost, tmp_path):

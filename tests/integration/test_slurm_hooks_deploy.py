@@ -4,15 +4,17 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """What the role slurm_hooks installs on a node, here: its pins against requirements/constraints.txt,
-README's playbook against the Molecule scenario that runs it (extensions/molecule/deploy), the
-virtual environment's installer on a wheel directory made here, the collection's artifact
-installed with ansible-galaxy, and the role's checks of the node's Python."""
+README's playbook (and the Slurm guide's copy of it) against the Molecule scenario that runs it
+(extensions/molecule/deploy), the virtual environment's installer on a wheel directory made here,
+the collection's artifact installed with ansible-galaxy, and the role's checks of the node's
+Python."""
 
 import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
 import zipfile
 
 import yaml
@@ -60,6 +62,14 @@ def readme_playbook():
     return yaml.safe_load(re.search(r'```yaml\n(.*?)```', section, re.S).group(1))
 
 
+def guide_playbook():
+    """The playbook of the guide "Slurm: the hooks on every GPU node" (its first yaml block)."""
+    with open(os.path.join(REPO, 'docs', 'docsite', 'rst', 'guide_slurm.rst')) as handle:
+        text = handle.read()
+    block = re.search(r'^\.\. code-block:: yaml\n\n((?:[ \t]+[^\n]*\n|\n)+)', text, re.M).group(1)
+    return yaml.safe_load(textwrap.dedent(block))
+
+
 def shape(plays):
     """What each play runs, without its variables."""
     return [(play['gather_facts'], play.get('roles'), [task.get('ansible.builtin.import_role')
@@ -73,6 +83,10 @@ def test_readme_shows_the_playbook_the_molecule_scenario_runs():
     assert shown[0]['roles'] == ['gpuops.nvidia.slurm_hooks']
     assert shown[1]['tasks'][0]['ansible.builtin.import_role'] == {'name': 'gpuops.nvidia.slurm_hooks',
                                                                    'tasks_from': 'slurm_conf'}
+
+
+def test_the_slurm_guide_shows_the_playbook_of_the_readme():
+    assert guide_playbook() == readme_playbook()
 
 
 def make_wheel(directory, name, version):

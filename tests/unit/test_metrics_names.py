@@ -3,9 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The gauges' names and labels as operators consume them: README's "Monitoring" table, the
-template gpu_reset.prom.j2 (as the Slurm hook renders it and as the role does) and the alert
-rules of examples/prometheus agree, so that a rename cannot go unnoticed."""
+"""The gauges' names and labels as operators consume them: the table of the guide "Monitoring and
+alerts" (docs/docsite/rst/guide_monitoring.rst), the template gpu_reset.prom.j2 (as the Slurm
+hook renders it and as the role does) and the alert rules of examples/prometheus agree, so that a
+rename cannot go unnoticed."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -22,9 +23,11 @@ from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import metri
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEMPLATE = os.path.join(REPO, 'roles', 'gpu_reset', 'templates', 'gpu_reset.prom.j2')
 RULES = os.path.join(REPO, 'examples', 'prometheus', 'gpuops.rules.yml')
-SECTION = '## Monitoring'
-# A row of README's table: | `name` | labels | meaning |
-ROW_RE = re.compile(r'^\| `(gpu_reset_[a-z_]+)` \| ([^|]*) \|')
+GUIDE = os.path.join(REPO, 'docs', 'docsite', 'rst', 'guide_monitoring.rst')
+SECTION = 'The gauges\n----------\n'
+# A row of the guide's list-table: "* - ``name``", then "- labels" on the next line.
+ROW_RE = re.compile(r'^\s*\* - ``(gpu_reset_[a-z_]+)``\s*$')
+CELL_RE = re.compile(r'^\s+- (.*)$')
 # A sample line of the text format: name, {labels} (optional), value.
 SAMPLE_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -46,19 +49,24 @@ RESULT = {
 HOOK = {'budget_s': 60.0, 'duration_s': 4.5}
 
 
-def readme_gauges():
-    """{name: set of labels} of README's Monitoring table."""
-    with open(os.path.join(REPO, 'README.md')) as handle:
+def guide_gauges():
+    """{name: set of labels} of the gauges' table of the guide "Monitoring and alerts"."""
+    with open(GUIDE) as handle:
         text = handle.read()
-    assert SECTION + '\n' in text, 'README.md has no "%s" section' % SECTION
-    section = text[text.index(SECTION + '\n') + len(SECTION):]
-    section = section[:section.index('\n## ')] if '\n## ' in section else section
+    assert SECTION in text, '%s has no section "%s"' % (GUIDE, SECTION.splitlines()[0])
+    section = text[text.index(SECTION) + len(SECTION):]
+    # The section ends where the next title's underline is.
+    end = re.search(r'\n[^\n]+\n-{3,}\n', section)
+    section = section[:end.start()] if end else section
+    lines = section.splitlines()
     found = {}
-    for line in section.splitlines():
+    for number, line in enumerate(lines):
         match = ROW_RE.match(line)
         if match:
             assert match.group(1) not in found, '%s is listed twice' % match.group(1)
-            found[match.group(1)] = set(re.findall(r'`([a-z_]+)`', match.group(2)))
+            labels = CELL_RE.match(lines[number + 1])
+            assert labels, 'the row of %s has no labels cell' % match.group(1)
+            found[match.group(1)] = set(re.findall(r'``([a-z_]+)``', labels.group(1)))
     return found
 
 
@@ -107,14 +115,15 @@ def test_every_gauge_is_a_documented_gauge_of_the_gpu_reset_prefix():
     types = template_types()
     assert types and set(types.values()) == {'gauge'}
     assert all(re.match(r'^gpu_reset_[a-z_]+$', name) for name in types), sorted(types)
-    documented = readme_gauges()
+    documented = guide_gauges()
     assert sorted(documented) == sorted(types), (
-        'README.md "Monitoring" and gpu_reset.prom.j2 disagree: only in README %s, only in the template %s'
+        'the guide "Monitoring and alerts" and gpu_reset.prom.j2 disagree: only in the guide %s, '
+        'only in the template %s'
         % (sorted(set(documented) - set(types)), sorted(set(types) - set(documented))))
 
 
 def test_the_labels_are_the_documented_ones(tmp_path):
-    documented = readme_gauges()
+    documented = guide_gauges()
     rendered = samples(rendered_by_the_hook(tmp_path))
     assert sorted(rendered) == sorted(documented), 'a gauge is missing from a full render'
     for name, label_sets in rendered.items():
@@ -142,7 +151,7 @@ def test_the_role_renders_the_same_gauges_but_the_hooks():
     text = rendered_by_the_role()
     rendered = samples(text)
     hook_only = {'gpu_reset_hook_budget_seconds', 'gpu_reset_hook_duration_seconds'}
-    assert sorted(rendered) == sorted(set(readme_gauges()) - hook_only)
+    assert sorted(rendered) == sorted(set(guide_gauges()) - hook_only)
     assert 'gpu_reset_gpu_reset_timestamp_seconds{gpu="1",pci_bus_id="00000000:2A:00.0"} 1767225600.5\n' in text
 
 

@@ -19,6 +19,7 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _signals
 from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_PROTECT, GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._escalation import Escalation
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import Holder, start_time
 from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release import (
@@ -32,6 +33,11 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import (
     wait_exited,
 )
 from gpusim.state import is_alive as alive
+
+
+def escalation(options):
+    """The reset of a release with reset_orphaned, as nvidia_device_reset runs it."""
+    return Escalation if options.get('reset_orphaned') else None
 
 
 class Run:
@@ -53,7 +59,7 @@ class Run:
             options.setdefault('state_dir', self.host.state_dir)
         reader, dummy = select_reader('auto', smi_path or self.host.smi_path, 10)
         return Release(reader, ReleaseOptions(**options), check_mode=check_mode,
-                       signaller=Signaller(self.logged.append)).run()
+                       signaller=Signaller(self.logged.append), escalation=escalation(options)).run()
 
 
 @pytest.fixture
@@ -436,7 +442,8 @@ def counted_release(host, tmp_path, **options):
     reader, dummy = select_reader('nvidia-smi', smi, 10)
     options = dict(dict(devices=['/dev/nvidia*'], host_root=host.root, protect=DEFAULT_PROTECT, timeout=60,
                         lock_file=str(tmp_path / 'release.lock'), nvidia_smi_path=smi), **options)
-    result = Release(HostReader(reader, host.root), ReleaseOptions(**options), signaller=Signaller(lambda line: None)).run()
+    result = Release(HostReader(reader, host.root), ReleaseOptions(**options), signaller=Signaller(lambda line: None),
+                     escalation=escalation(options)).run()
     return result, [argv[0].split('=')[0] for argv in host.smi_calls(log)]
 
 

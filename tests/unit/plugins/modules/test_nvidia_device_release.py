@@ -18,24 +18,34 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import start_time
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader, SmiRunner
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
-from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_device_release
+from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_device_release, nvidia_device_reset
 from gpusim.state import is_alive as alive
 
 RETURN_KEYS = set(['changed', 'released', 'signalled', 'protected', 'survivors', 'orphaned_gpus',
                    'gpus_before', 'gpus_after', 'elapsed_s'])
 
 
+# The options of the reset alone: a release given one is nvidia_device_reset's.
+RESET_OPTIONS = set(['reset_reload_modules', 'bug_report_dir', 'bug_report_timeout', 'reset_stop_units'])
+
+
 def run_module(capsys, host, tmp_path, **args):
     """Run main() in-process; return the JSON it printed. Without host_root, the host is given
-    its own state directory (the kernel log's last read, the GPUs' cures), not the machine's."""
+    its own state directory (the kernel log's last read, the GPUs' cures), not the machine's.
+    A release that may reset (reset_orphaned=True, or an option of the reset's) is the release
+    followed by its reset in one call: nvidia_device_reset's main() without reset_due."""
     params = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob],
                   lock_file=str(tmp_path / 'release.lock'))
     if 'host_root' not in args:
         params['state_dir'] = host.state_dir
     params.update(args)
+    module = nvidia_device_release
+    if params.get('reset_orphaned') or RESET_OPTIONS & set(params):
+        module = nvidia_device_reset
+        params.pop('reset_orphaned', None)
     with patch_module_args(params):
         with pytest.raises(SystemExit):
-            nvidia_device_release.main()
+            module.main()
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     # Once controller code is imported (other tests do), ansible-core shows module warnings

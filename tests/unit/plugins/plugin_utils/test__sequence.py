@@ -82,7 +82,8 @@ def test_a_clean_host_is_one_release_and_nothing_else():
     # Options that are not set are left to the module's defaults.
     assert 'gpus' not in args and 'lock_file' not in args and 'expected_gpus' not in args
     assert args['reset_orphaned'] is False and args['facts_after'] is False and args['timeout'] == 60
-    assert args['reset_reload_modules'] is False
+    # The reset's options are the reset module's, which a clean host never runs.
+    assert not set(['reset_reload_modules', 'reset_stop_units', 'bug_report_dir', 'bug_report_timeout']) & set(args)
     # The release proves what it released itself: no module call of its own for the probe.
     assert args['probe'] == dict(mib=1024, missing_library='skip', cuda_library='libcuda.so.1', level='allocation')
     kept = ('probed', 'library_missing', 'gpus', 'duration_ms', 'verified')
@@ -247,8 +248,41 @@ def test_module_warnings_are_kept_once():
     assert run.warnings == ['w1', 'w2']
 
 
-def test_reload_modules_is_passed_to_the_release_as_reset_reload_modules():
-    modules = Modules(nvidia_device_release=[release(True)])
+DUE = [{'index': 0, 'reasons': ['orphaned memory']}]
+
+
+def test_reload_modules_is_passed_to_the_reset_as_reset_reload_modules():
+    modules = Modules(nvidia_device_release=[release(False, reset_due=DUE)], nvidia_device_reset=[release(True, changed=True)])
     sequence(modules, allow_gpu_reset=True, reload_modules=True)
-    args = modules.calls[0][1]
-    assert args['reset_orphaned'] is True and args['reset_reload_modules'] is True
+    assert modules.calls[0][1]['reset_orphaned'] is True and 'reset_reload_modules' not in modules.calls[0][1]
+    args = modules.calls[1][1]
+    assert args['reset_reload_modules'] is True and args['reset_due'] == DUE and 'reset_orphaned' not in args
+
+
+def test_the_reset_runs_only_where_the_release_names_a_gpu_and_gets_what_is_left_of_its_timeout():
+    modules = Modules(nvidia_device_release=[release(False, changed=True, reset_due=DUE, elapsed_s=20.0,
+                                                     signalled=[{'pid': 42}], gpus_before=[gpu(0, 900)])],
+                      nvidia_device_reset=[release(True, gpus_after=[gpu(0, 1)])])
+    report, run = sequence(modules, allow_gpu_reset=True, stop_units=['nvidia-dcgm.service'])
+    assert modules.names == ['nvidia_device_release', 'nvidia_device_reset']
+    assert report['steps'] == ['Release the GPUs', 'Reset the GPUs that need it']
+    args = modules.calls[1][1]
+    assert args['timeout'] == 40.0 and args['reset_stop_units'] == ['nvidia-dcgm.service']
+    # The report is the reset's reading, with what the release signalled before it.
+    assert report['outcome'] == 'released' and run.release['signalled'] == [{'pid': 42}]
+    assert run.release['gpus_before'] == [gpu(0, 900)] and run.release['elapsed_s'] == 20.5
+
+
+def test_a_gpu_held_for_a_person_stays_not_released_after_the_reset_of_another():
+    held = [{'index': 1, 'uuid': 'GPU-1', 'reason': 'GPU 1 held for a person: its fault came back'}]
+    modules = Modules(nvidia_device_release=[release(False, reset_due=DUE, held=held)],
+                      nvidia_device_reset=[release(True, changed=True)], nvidia_gpu_facts=[facts(1, 900)])
+    report, run = sequence(modules, allow_gpu_reset=True)
+    assert run.release['released'] is False and run.release['msg'].startswith('GPU 1 held for a person')
+    assert report['outcome'] == 'failed'
+
+
+def test_no_reset_without_a_gpu_that_needs_one():
+    modules = Modules(nvidia_device_release=[release(False, reset_due=[])], nvidia_gpu_facts=[facts(900)])
+    sequence(modules, allow_gpu_reset=True)
+    assert 'nvidia_device_reset' not in modules.names
