@@ -30,6 +30,7 @@ from collections import namedtuple
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
 
 COMM_LEN = 15  # the kernel truncates /proc/PID/comm to 15 characters
+NAME_MAX = 255  # the longest file name: a longer argv[0] names no program
 
 # Device nodes the NVIDIA drivers create: /dev/nvidiaN, nvidiactl, nvidia-uvm(-tools),
 # nvidia-modeset, nvidia-nvlink, nvidia-nvswitchN/ctl, nvidia-vgpuN, and the capability
@@ -44,6 +45,39 @@ DEFAULT_UID_MIN = 1000
 ProcInfo = namedtuple('ProcInfo', 'ppid uid comm cmdline exe starttime state session threads')
 
 
+def _basename(path):
+    """The last part of path, without the ' (deleted)' an upgrade leaves on /proc/PID/exe, as text
+    (bytes that are no UTF-8 become U+FFFD, as in comm and cmdline); '' for none."""
+    if not path:
+        return ''
+    if path.endswith(' (deleted)'):
+        path = path[:-len(' (deleted)')]
+    return os.path.basename(path).encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')
+
+
+def display_name(comm, exe=None, argv0=None):
+    """The name to show for a process whose /proc/PID/comm is comm.
+
+    The kernel keeps 15 bytes of a name (nvidia-persistenced reads nvidia-persiste): a comm that
+    long may have been cut, and then the basename of its executable (exe, /proc/PID/exe), else of
+    its argv[0], is shown when it starts with comm. Both are the process's or its user's choice:
+    either is trusted for no more than that it starts with comm (and is no longer than a file
+    name), else comm is shown. Every other comm is shown as it is. The name is what the process
+    calls itself, for messages only: callers quote it with printable()."""
+    if not comm or len(comm.encode('utf-8', 'replace')) < COMM_LEN:
+        return comm
+    for path in (exe, argv0):
+        name = _basename(path)
+        if name.startswith(comm) and len(name) <= NAME_MAX:
+            return name
+    return comm
+
+
+def _argv0(cmdline):
+    """argv[0] of a command line as read_process joins it (arguments separated by spaces)."""
+    return cmdline.split(' ', 1)[0] if cmdline else ''
+
+
 class Holder:
     """A process holding device nodes, identified by (pid, starttime)."""
 
@@ -54,6 +88,7 @@ class Holder:
         self.comm = comm
         self.cmdline = cmdline
         self.exe = exe
+        self.name = display_name(comm, exe, _argv0(cmdline))  # comm, whole where the kernel cut it
         self.starttime = starttime
         self.state = state
         self.session = session
@@ -83,8 +118,7 @@ class Holder:
     def names(self):
         """Every name this process goes by: comm, argv[0] and executable basenames."""
         names = set([self.comm])
-        argv0 = self.cmdline.split(' ', 1)[0] if self.cmdline else ''
-        for name in (os.path.basename(argv0), self.exe_name):
+        for name in (os.path.basename(_argv0(self.cmdline)), self.exe_name):
             if name:
                 names.add(name)
         return names
@@ -107,6 +141,7 @@ class Holder:
             'pid': self.pid,
             'user': self.user,
             'comm': self.comm,
+            'name': self.name,
             'cmdline': self.cmdline,
             'devices': list(self.devices),
             'protected': self.protected,
@@ -470,7 +505,7 @@ Partial = namedtuple('Partial', 'pid comm why uid')
 
 
 class Scan:
-    """One pass over /proc: the holders found, (pid, comm) of the processes whose descriptors
+    """One pass over /proc: the holders found, (pid, process_name) of the processes whose descriptors
     could not be read (kernel threads, which hold no device, left out), and the Partial of those
     read only in part (holders among them too, when what was read holds a node).
 
@@ -542,7 +577,7 @@ def scan_holders(devices, protect=(), proc='/proc', deadline=None, clock=time.mo
         read = _holdings(pid, proc, nodes, timer)
         if read is None:
             if not _kernel_thread(pid, proc):
-                scan.unreadable.append((pid, _comm(pid, proc)))
+                scan.unreadable.append((pid, process_name(pid, proc)))
             continue
         held, why = read
         if why is not None:
@@ -606,7 +641,7 @@ def partial_warning(scan):
 
 
 def find_holders(devices, protect=(), proc='/proc'):
-    """(holders, unreadable): every process holding one of the device paths, and (pid, comm) of
+    """(holders, unreadable): every process holding one of the device paths, and (pid, name) of
     the processes whose descriptors could not be inspected (permission denied; see
     uninspectable_warning). See scan_holders."""
     scan = scan_holders(devices, protect, proc)
@@ -634,6 +669,31 @@ def _comm(pid, proc='/proc'):
         return '?'
 
 
+ARGV0_READ_AT_MOST = 4096  # PATH_MAX: a longer argv[0] is no program's path
+
+
+def process_name(pid, proc='/proc'):
+    """The display_name of pid, read from /proc for itself (a process whose descriptors cannot be
+    read): its comm, its executable where that can be read, and its argv[0] (4 KiB at most)."""
+    comm = _comm(pid, proc)
+    if len(comm.encode('utf-8', 'replace')) < COMM_LEN:
+        return comm
+    base = os.path.join(proc, str(pid))
+    try:
+        exe = os.readlink(os.path.join(base, 'exe'))
+    except OSError:
+        exe = None
+    try:
+        with open(os.path.join(base, 'cmdline'), 'rb') as handle:
+            head = handle.read(ARGV0_READ_AT_MOST + 1)
+    except (IOError, OSError):
+        head = b''
+    argv0, end, dummy = head.partition(b'\0')
+    if not end and len(head) > ARGV0_READ_AT_MOST:
+        argv0 = b''
+    return display_name(comm, exe, argv0.decode('utf-8', 'replace'))
+
+
 # CAP_SYS_PTRACE lets root read every process's descriptors (linux/capability.h).
 CAP_SYS_PTRACE = 19
 NAMED_AT_MOST = 5
@@ -654,13 +714,13 @@ def can_inspect_every_process(status='/proc/self/status'):
 
 
 def uninspectable_warning(unreadable, purpose='see', status='/proc/self/status'):
-    """The warning about the processes whose descriptors could not be read ((pid, comm) pairs),
+    """The warning about the processes whose descriptors could not be read ((pid, name) pairs),
     naming them and the remedy; None when there is none or when no remedy exists (root with
     CAP_SYS_PTRACE). purpose: what the remedy allows, 'see' or 'release' (every holder)."""
     unreadable = sorted(set(unreadable))
     if not unreadable or can_inspect_every_process(status):
         return None
-    named = ', '.join('pid %s (%s)' % (pid, printable(comm)) for pid, comm in unreadable[:NAMED_AT_MOST])
+    named = ', '.join('pid %s (%s)' % (pid, printable(name)) for pid, name in unreadable[:NAMED_AT_MOST])
     if len(unreadable) > NAMED_AT_MOST:
         named += ' and %d more' % (len(unreadable) - NAMED_AT_MOST)
     if os.geteuid() == 0:
@@ -781,7 +841,8 @@ CONTAINER_RE = re.compile(r'(?:docker|cri-containerd|crio|libpod)-([0-9a-f]{12,6
 def supervisor(holder, proc='/proc'):
     """Who (re)started holder: its parent, and the systemd unit or container of its cgroup."""
     parent = read_process(holder.ppid, proc) if holder.ppid else None
-    out = {'pid': holder.ppid, 'name': parent.comm if parent else None, 'unit': None, 'container': None}
+    name = display_name(parent.comm, parent.exe, _argv0(parent.cmdline)) if parent else None
+    out = {'pid': holder.ppid, 'name': name, 'unit': None, 'container': None}
     for part in (cgroup(holder.pid, proc) or '').split('/'):
         match = CONTAINER_RE.search(part)
         if match:

@@ -169,12 +169,12 @@ class Blocker:
         self.why = None     # why nothing may be done, when action is None
 
     def describe(self):
-        return 'pid %d (%s, unit %s)' % (self.holder.pid, printable(self.holder.comm),
+        return 'pid %d (%s, unit %s)' % (self.holder.pid, printable(self.holder.name),
                                          printable(self.unit) if self.unit else 'none')
 
     def to_dict(self):
-        return {'pid': self.holder.pid, 'comm': self.holder.comm, 'unit': self.unit, 'gpus': self.gpus,
-                'action': self.action}
+        return {'pid': self.holder.pid, 'comm': self.holder.comm, 'name': self.holder.name, 'unit': self.unit,
+                'gpus': self.gpus, 'action': self.action}
 
 
 class Quiesce:

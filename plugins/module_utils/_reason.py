@@ -154,7 +154,7 @@ def foreign_why(holder, proc='/proc'):
     unit = supervisor(holder, proc)['unit']
     return ('pid %d (%s, user %s%s, holding %s; %s: a root or system process that the driver places on no GPU and '
             'that belongs to no job, never signalled; it lets go when %s)' % (
-                holder.pid, printable(holder.comm), holder.user, ', unit %s' % printable(unit) if unit else '',
+                holder.pid, printable(holder.name), holder.user, ', unit %s' % printable(unit) if unit else '',
                 ', '.join(printable(path) for path in holder.devices) or 'no GPU node', FOREIGN_HOLDER,
                 'unit %s stops or closes the descriptor' % printable(unit) if unit else
                 'it closes the descriptor or exits: see what handed it one'))
@@ -163,4 +163,4 @@ def foreign_why(holder, proc='/proc'):
 def spared_why(holder):
     """Why the job's release leaves a holder alone: another job's, or one it may not touch."""
     job = 'job %s' % holder.job if holder.job else 'no job'
-    return 'pid %d (%s, user %s, %s; %s)' % (holder.pid, printable(holder.comm), holder.user, job, holder.spared)
+    return 'pid %d (%s, user %s, %s; %s)' % (holder.pid, printable(holder.name), holder.user, job, holder.spared)

@@ -296,7 +296,7 @@ def _holders_text(holders):
     lines = []
     for holder in holders:
         lines.append('%d %s %s [%s]%s\n' % (
-            holder.pid, holder.user, printable(holder.cmdline or holder.comm, 200), ', '.join(holder.devices),
+            holder.pid, holder.user, printable(holder.cmdline or holder.name, 200), ', '.join(holder.devices),
             ' (%s)' % holder.spared if holder.spared else ' (foreign)' if holder.foreign
             else ' (protected)' if holder.protected else ''))
     return ''.join(lines)
@@ -909,7 +909,7 @@ class Release:
         tick = boot_ticks() if target.signalled_tick is None else target.signalled_tick
         try:
             sent = self.signaller.send(target.ref, name, number, holder.user,
-                                       holder.cmdline or holder.comm, holder.devices)
+                                       holder.cmdline or holder.name, holder.devices)
         except NotPermittedError as exc:
             target.not_permitted = exc.uid if exc.uid is not None else holder.uid
             return False
@@ -1429,7 +1429,7 @@ class Release:
 
     @staticmethod
     def _why(survivor):
-        text = 'pid %d (%s, %s' % (survivor['pid'], printable(survivor['comm']), survivor['reason'])
+        text = 'pid %d (%s, %s' % (survivor['pid'], printable(survivor.get('name') or survivor['comm']), survivor['reason'])
         owner = survivor.get('supervisor')
         if owner:
             text += ' by pid %s %s' % (owner['pid'], printable(owner['name'] or ''))

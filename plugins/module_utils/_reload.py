@@ -149,7 +149,7 @@ class ModuleReload:
         if not holders:
             return None
         return 'processes hold the driver\'s device nodes: %s' % ', '.join(
-            'pid %d (%s)' % (holder.pid, printable(holder.comm)) for holder in holders)
+            'pid %d (%s)' % (holder.pid, printable(holder.name)) for holder in holders)
 
     # -- acting ----------------------------------------------------------------------------
     def _left(self, at_least=0.0):

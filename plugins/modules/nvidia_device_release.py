@@ -169,6 +169,13 @@ signalled:
     comm:
       description: The process name as the kernel keeps it (at most 15 characters).
       type: str
+    name:
+      description: The process name to show in messages. It is C(comm), unless C(comm) is 15
+        characters long (the kernel cuts a name there, so C(nvidia-persistenced) reads
+        C(nvidia-persiste)); then it is the basename of the executable, or else of C(argv[0]), that
+        starts with C(comm), and C(comm) when neither does. The process chose it, as it chose
+        C(comm).
+      type: str
     cmdline:
       description: The command line, arguments separated by spaces.
       type: str
@@ -198,6 +205,7 @@ signalled:
     - pid: 4242
       user: alice
       comm: python3
+      name: python3
       cmdline: python3 train.py --local-rank 0
       devices: [/dev/nvidia-uvm, /dev/nvidia0, /dev/nvidiactl]
       signals_sent: [TERM]
@@ -219,6 +227,13 @@ protected:
     comm:
       description: The process name as the kernel keeps it.
       type: str
+    name:
+      description: The process name to show in messages. It is C(comm), unless C(comm) is 15
+        characters long (the kernel cuts a name there, so C(nvidia-persistenced) reads
+        C(nvidia-persiste)); then it is the basename of the executable, or else of C(argv[0]), that
+        starts with C(comm), and C(comm) when neither does. The process chose it, as it chose
+        C(comm).
+      type: str
     cmdline:
       description: The command line.
       type: str
@@ -230,6 +245,7 @@ protected:
     - pid: 1201
       user: root
       comm: nvidia-persiste
+      name: nvidia-persistenced
       cmdline: /usr/bin/nvidia-persistenced --user nvidia-persistenced
       devices: [/dev/nvidia-uvm, /dev/nvidia0, /dev/nvidiactl]
 foreign_holders:
@@ -254,6 +270,7 @@ foreign_holders:
     - pid: 845
       user: root
       comm: dbus-daemon
+      name: dbus-daemon
       cmdline: /usr/bin/dbus-daemon --system
       devices: [/dev/nvidia0]
       reason: foreign_holder
@@ -286,6 +303,7 @@ other_jobs:
     - pid: 5120
       user: alice
       comm: python3
+      name: python3
       cmdline: python3 train.py
       devices: [/dev/nvidia0, /dev/nvidiactl]
       job_id: "4711"
@@ -305,6 +323,13 @@ survivors:
       type: str
     comm:
       description: The process name as the kernel keeps it.
+      type: str
+    name:
+      description: The process name to show in messages. It is C(comm), unless C(comm) is 15
+        characters long (the kernel cuts a name there, so C(nvidia-persistenced) reads
+        C(nvidia-persiste)); then it is the basename of the executable, or else of C(argv[0]), that
+        starts with C(comm), and C(comm) when neither does. The process chose it, as it chose
+        C(comm).
       type: str
     cmdline:
       description: The command line.

@@ -244,6 +244,7 @@ escalation:
       contains:
         held_by:
           description: Each protected process holding a GPU to be reset, with C(pid), C(comm),
+            C(name) (as in RV(gpuops.nvidia.nvidia_device_release#module:protected[].name)),
             C(unit) (its systemd unit, null for none), C(gpus) and C(action) (V(stop), V(quit)
             for the MPS control daemon, or null when nothing may be done about it).
           type: list

@@ -503,6 +503,13 @@ ansible_facts:
         comm:
           description: The process name as the kernel keeps it (at most 15 characters).
           type: str
+        name:
+          description: The process name to show in messages. It is C(comm), unless C(comm) is 15
+            characters long (the kernel cuts a name there, so C(nvidia-persistenced) reads
+            C(nvidia-persiste)); then it is the basename of the executable, or else of C(argv[0]), that
+            starts with C(comm), and C(comm) when neither does. The process chose it, as it chose
+            C(comm).
+          type: str
         cmdline:
           description: The command line, arguments separated by spaces.
           type: str
@@ -517,6 +524,7 @@ ansible_facts:
         - pid: 1201
           user: root
           comm: nvidia-persiste
+          name: nvidia-persistenced
           cmdline: /usr/bin/nvidia-persistenced --user nvidia-persistenced
           devices: [/dev/nvidia0, /dev/nvidiactl]
           protected: true

@@ -187,6 +187,12 @@ def _remedy(attempted, reset_ok, output, allow_gpu_reset, separator):
     return ''
 
 
+def _name(process):
+    """A process's name in a report: its whole name where the kernel cut its comm (the modules'
+    name), else its comm."""
+    return process.get('name') or process.get('comm')
+
+
 def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False, signalled=(),
            escalation=None, allow_gpu_reset=False):
     """Why a host is not clean: each dirty GPU and each stray holder, '; '-joined."""
@@ -195,7 +201,7 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
         lines.extend(printable(line) for line in str(error).splitlines())
     if check_mode and not error and signalled:
         lines.append('check mode: would signal %d process(es): %s' % (
-            len(signalled), ', '.join('pid %s (%s)' % (p.get('pid'), printable(p.get('comm'))) for p in signalled)))
+            len(signalled), ', '.join('pid %s (%s)' % (p.get('pid'), printable(_name(p))) for p in signalled)))
     attempted, reset_ok, output = _escalation(escalation)
     problems = list((escalation or {}).get('problems') or [])
     lines.extend(problems)
@@ -211,7 +217,7 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
         health = gpu.get('health') if (gpu.get('health') or {}).get('recovery_action') in NOT_CLEAN_ACTIONS else None
         if gpu.get('error') or used is None or over or held or reported or health:
             count += 1
-        why = ['pid %s (%s, %s)' % (s.get('pid'), printable(s.get('comm')), s.get('reason')) for s in held]
+        why = ['pid %s (%s, %s)' % (s.get('pid'), printable(_name(s)), s.get('reason')) for s in held]
         why += [_reason.reported(p) for p in reported]
         problem = _reason.gpu_problem(
             gpu, gpu.get('state') == 'reset_required', over and gpu.get('state') == 'orphaned_memory' and not held,
@@ -227,7 +233,7 @@ def reason(final, survivors, memory_threshold_mib, error=None, check_mode=False,
         if not holder.get('protected') and holder.get('pid') not in blocking:
             count += 1
             lines.append(_reason.still_holds('pid %s (%s, user %s)' % (
-                holder.get('pid'), printable(holder.get('comm')), holder.get('user')), holder.get('devices')))
+                holder.get('pid'), printable(_name(holder)), holder.get('user')), holder.get('devices')))
     if not check_mode and not error and count == 0:
         lines.append('the GPUs do not pass gpu_reset_clean_query')
     return '; '.join(line.strip() for line in lines if line.strip())
@@ -508,7 +514,7 @@ def summary_line(report, width=0):
     if outcome == 'released':
         text = '%d process(es) stopped' % len(signalled)
         if signalled:
-            names = _unique(process.get('comm') for process in signalled)
+            names = _unique(printable(_name(process)) for process in signalled)
             signals = _unique(name for process in signalled for name in process.get('signals_sent') or [])
             text += ' (%s; %s)' % (', '.join(names), '+'.join(signals))
         if report.get('escalation'):
@@ -518,7 +524,7 @@ def summary_line(report, width=0):
     if outcome == 'would_release':
         text = 'would signal %d process(es)' % len(signalled)
         if signalled:
-            text += ' (%s)' % ', '.join(_unique(process.get('comm') for process in signalled))
+            text += ' (%s)' % ', '.join(_unique(printable(_name(process)) for process in signalled))
         return 'checked   %s  %s, %s' % (host, text, _gpu_count(report))
     # A misconfigured host ran nothing: how long it took says nothing.
     timed = report.get('duration_s') is not None and not misconfigured(report)

@@ -48,6 +48,7 @@ def test_hung_job_facts(gpuhost):
     holders = dict((h['pid'], h) for h in facts['nvidia_device_holders'])
     daemon = [h for h in holders.values() if h['protected']]
     assert [h['comm'] for h in daemon] == ['nvidia-persiste']
+    assert [h['name'] for h in daemon] == ['nvidia-persistenced']  # the kernel's comm, whole
     ranks = [h for h in holders.values() if not h['protected']]
     assert len(ranks) == 8
     assert set(gpu['processes'][0]['pid'] for gpu in gpus) == set(h['pid'] for h in ranks)

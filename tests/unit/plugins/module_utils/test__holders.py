@@ -18,14 +18,18 @@ import tempfile
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _reason
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_PROTECT, GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import (
+    Holder,
     ancestors,
+    display_name,
     expand_devices,
     find_holders,
+    process_name,
     scan_holders,
     start_time,
+    supervisor,
     uninspectable_warning,
 )
 from processes import await_ready
@@ -411,3 +415,134 @@ def test_a_deadline_inside_one_process_leaves_the_next_unreached(devroot, crowde
         os.symlink('/proc/%d' % pid, str(both / str(pid)))
     scan = scan_holders([str(devroot / 'nvidia0')], proc=str(both), deadline=2, clock=counting_clock())
     assert scan.complete is False  # the clock passed the deadline before the second process
+
+
+# Holds the file named on its command line, its comm set to argv[1] (the kernel keeps 15 bytes),
+# says ready and waits.
+RENAMED = r"""
+import ctypes, os, sys, time
+ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)
+fd = os.open(sys.argv[2], os.O_RDWR)
+print('ready', flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def renamed():
+    """start(argv0, comm, path): this Python (its executable keeps its own name) run under argv[0]
+    argv0, its comm set to comm, holding path open; every one is killed at teardown."""
+    procs = []
+
+    def start(argv0, comm, path):
+        # argv[0] names no Python: its prefix is given, as gpusim does for its daemons.
+        env = dict(os.environ, PYTHONHOME='%s:%s' % (sys.base_prefix, sys.base_exec_prefix))
+        argv = [argv0, '-c', RENAMED, comm, str(path)]
+        proc = subprocess.Popen(argv, executable=os.path.realpath(sys.executable), stdout=subprocess.PIPE, env=env)
+        procs.append(proc)
+        await_ready(proc, argv)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def holder_of(pid, path):
+    holders, dummy = find_holders([str(path)])
+    found = [holder for holder in holders if holder.pid == pid]
+    assert len(found) == 1, holders
+    return found[0]
+
+
+def test_a_name_the_kernel_cut_is_shown_whole_from_the_executable(devroot, spawn):
+    daemon = spawn([devroot / 'nvidia0'], exe='nvidia-persistenced')  # comm: the program's name, cut
+    holder = holder_of(daemon.pid, devroot / 'nvidia0')
+    assert (holder.comm, holder.exe_name, holder.name) == ('nvidia-persiste', 'nvidia-persistenced', 'nvidia-persistenced')
+    listed = holder.to_dict()
+    assert (listed['comm'], listed['name']) == ('nvidia-persiste', 'nvidia-persistenced')
+    assert process_name(daemon.pid) == 'nvidia-persistenced'
+
+
+def test_a_name_the_kernel_cut_is_shown_whole_from_argv0_when_the_executable_is_another(devroot, renamed):
+    daemon = renamed('/usr/bin/nvidia-persistenced', 'nvidia-persistenced', devroot / 'nvidia0')
+    holder = holder_of(daemon.pid, devroot / 'nvidia0')
+    assert holder.comm == 'nvidia-persiste' and holder.exe_name.startswith('python')
+    assert holder.name == 'nvidia-persistenced'
+    assert process_name(daemon.pid) == 'nvidia-persistenced'
+    holder.spared = 'another_job'
+    assert _reason.spared_why(holder).startswith('pid %d (nvidia-persistenced, user ' % daemon.pid)
+
+
+@pytest.mark.parametrize('argv0, comm, expected', [
+    # An argv[0] that does not start with the comm says nothing of the process's name.
+    ('/usr/bin/trustme', 'nvidia-persistenced', 'nvidia-persiste'),
+    ('/usr/bin/nvidia-persist', 'nvidia-persistenced', 'nvidia-persiste'),
+    # Longer than any file name: no program's.
+    ('nvidia-persiste' + 'x' * 300, 'nvidia-persistenced', 'nvidia-persiste'),
+    # A comm under 15 bytes is whole whatever argv[0] says.
+    ('/usr/bin/trainer-of-models', 'trainer', 'trainer'),
+    # One that starts with the comm is shown as it is: messages quote it.
+    ('nvidia-persistenced\x1b]0;owned\x07\n', 'nvidia-persistenced', 'nvidia-persistenced\x1b]0;owned\x07\n'),
+])
+def test_argv0_is_trusted_for_no_more_than_starting_with_the_comm(devroot, renamed, argv0, comm, expected):
+    proc = renamed(argv0, comm, devroot / 'nvidia0')
+    holder = holder_of(proc.pid, devroot / 'nvidia0')
+    assert holder.comm == comm[:15] and holder.name == expected
+    holder.spared = 'another_job'
+    said = _reason.spared_why(holder)
+    assert '\x1b' not in said and '\n' not in said and '\x07' not in said
+    assert said.startswith('pid %d (%s, user ' % (proc.pid, expected.replace('\x1b', '\\x1b').replace(
+        '\x07', '\\x07').replace('\n', '\\x0a')))
+
+
+@pytest.mark.parametrize('comm, exe, argv0, expected', [
+    ('nvidia-persiste', '/usr/bin/nvidia-persistenced', 'nvidia-persistence', 'nvidia-persistenced'),
+    ('nvidia-persiste', '/usr/bin/nvidia-persistenced (deleted)', None, 'nvidia-persistenced'),
+    ('nvidia-persiste', '/usr/bin/python3', '/usr/bin/nvidia-persistenced', 'nvidia-persistenced'),
+    ('nvidia-persiste', None, None, 'nvidia-persiste'),
+    ('nvidia-persiste', '/usr/bin/nvidia-persiste', '', 'nvidia-persiste'),
+    ('nvidia-persiste', b'/usr/bin/nvidia-persistenced\xff'.decode('utf-8', 'surrogateescape'), None,
+     u'nvidia-persistenced\ufffd'),
+    ('python3', '/usr/bin/python3.11', 'python3-with-a-long-name', 'python3'),
+    # 15 bytes, fewer characters: cut by the kernel all the same.
+    (u'\u00f1' * 7 + 'a', u'/opt/' + u'\u00f1' * 7 + 'abc', None, u'\u00f1' * 7 + 'abc'),
+    ('', '/usr/bin/anything', 'anything', ''),
+    (None, '/usr/bin/anything', 'anything', None),
+])
+def test_display_name(comm, exe, argv0, expected):
+    assert display_name(comm, exe, argv0) == expected
+    if comm is not None:
+        assert Holder(9, 1, 0, comm, argv0 or '', exe, 1, 'S', 9, 1, []).name == expected
+
+
+def fake_process(proc, pid, comm, cmdline=None, exe=None, ppid=0):
+    """/proc/PID of a process that is not there: its stat, comm, cmdline and exe link."""
+    base = proc / str(pid)
+    base.mkdir(parents=True)
+    fields = ['S', str(ppid), str(pid), str(pid)] + ['0'] * 13 + ['1', '0', '100']
+    (base / 'stat').write_text('%d (%s) %s\n' % (pid, comm, ' '.join(fields)))
+    (base / 'comm').write_text(comm + '\n')
+    if cmdline is not None:
+        (base / 'cmdline').write_bytes(cmdline)
+    if exe is not None:
+        os.symlink(exe, str(base / 'exe'))
+
+
+def test_the_name_of_a_process_read_for_itself_reads_a_bounded_argv0(tmp_path):
+    proc = tmp_path / 'proc'
+    fake_process(proc, 10, 'nvidia-persiste', b'/usr/bin/nvidia-persistenced\0--verbose\0')
+    fake_process(proc, 11, 'nvidia-persiste', b'/' * 4100 + b'nvidia-persistenced')  # no NUL in 4 KiB
+    fake_process(proc, 12, 'nvidia-persiste', b'/x/nvidia-persistenced', exe='/usr/bin/nvidia-persistenced-2')
+    fake_process(proc, 13, 'nvidia-persiste')
+    names = [process_name(pid, str(proc)) for pid in (10, 11, 12, 13, 14)]
+    assert names == ['nvidia-persistenced', 'nvidia-persiste', 'nvidia-persistenced-2', 'nvidia-persiste', '?']
+
+
+def test_a_supervisor_is_named_whole(tmp_path):
+    proc = tmp_path / 'proc'
+    fake_process(proc, 1, 'nvidia-persiste', b'nvidia-persistenced\0', exe='/usr/bin/nvidia-persistenced (deleted)')
+    holder = Holder(20, 1, 0, 'python3', 'python3 x.py', None, 1, 'S', 20, 1, ['/dev/nvidia0'])
+    assert supervisor(holder, str(proc)) == {'pid': 1, 'name': 'nvidia-persistenced', 'unit': None, 'container': None}

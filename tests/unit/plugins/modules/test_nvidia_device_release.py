@@ -341,7 +341,8 @@ def test_reset_orphaned_held_by_a_daemon_in_no_unit_is_not_attempted(capsys, gpu
     assert 'GPU 3 not reset: held by pid %d (nv-hostengine, unit none), never stopped' % hostengine in escalation['message']
     assert 'the GPU reset failed: GPU 3 not reset: held by pid %d' % hostengine in result['msg']
     assert escalation['quiesced']['held_by'] == [
-        {'pid': hostengine, 'comm': 'nv-hostengine', 'unit': None, 'gpus': [3], 'action': None}]
+        {'pid': hostengine, 'comm': 'nv-hostengine', 'name': 'nv-hostengine', 'unit': None, 'gpus': [3],
+         'action': None}]
     assert escalation['quiesced']['stopped'] == [] and escalation['quiesced']['refusal'] == escalation['message']
     assert gpuhost.memory_used()[3] == 4097 and persistence(gpuhost, 3) == 'Enabled'
     assert alive(hostengine)
