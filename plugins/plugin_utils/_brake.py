@@ -47,7 +47,7 @@ STATE_FLAGS = '*~#!%$@^-'
 SINFO_FORMAT = '%N|%t|%H|%E'
 SINFO_ENV = {'SLURM_TIME_FORMAT': '%s'}
 ISO_TIME_RE = re.compile(r'^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}$')
-NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$')
+NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z')
 
 
 class BrakeUnreadable(Exception):

@@ -24,7 +24,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 SLURM_CALL_S = 10
 # A Slurm node name as the health check and a reboot request accept it: one name, never a list or a
 # range (a,b; n[1-4]).
-NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$')
+NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z')
 
 
 class SlurmUnreadable(Exception):

@@ -23,6 +23,7 @@ RUNNER_NOT_DRAINED = 11
 # Not clean, and left in service: the fleet brake held (too many nodes drained by gpu_reset).
 RUNNER_BRAKE_HELD = 12
 # The health check's statuses besides 0 (nothing to do, or resumed) and RUNNER_DRAINED/NOT_DRAINED
-# (not clean, kept drained with the new reason): Slurm's answers could not be read, or the resume failed.
-HEALTH_UNREADABLE = 12
+# (not clean, kept drained with the new reason): the resume failed, or Slurm's answers could not be
+# read. None is RUNNER_BRAKE_HELD's: the hook's log says each in its own words.
 HEALTH_RESUME_FAILED = 13
+HEALTH_UNREADABLE = 14

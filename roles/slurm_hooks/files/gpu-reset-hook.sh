@@ -281,7 +281,7 @@ fi
   fi
   echo "=== $what: exit $rc after $(($(date +%s) - started)) s"
   case $rc in
-    0 | 10 | 11 | 12) exit "$rc" ;;
+    0 | 10 | 11 | 12 | 13 | 14) exit "$rc" ;;
     124 | 137) exit 124 ;;
     *) exit 20 ;;
   esac
@@ -302,6 +302,8 @@ case $rc in
   12) status=0; echo "the fleet brake holds: the node is not clean but stays in service (see the reason above)" >>"$log" ;;
   10) status=1 ;;
   11) status=1 why="found the GPUs not clean and could not drain the node with the reason" ;;
+  13) status=2 why="could not resume the node (scontrol update state=resume failed)" ;;
+  14) status=2 why="could not read Slurm's answers about the node" ;;
   124) status=3 why="gave up after ${budget} s" ;;
   *) status=2 why=$(python_problem); why=${why:-could not check the GPUs} ;;
 esac

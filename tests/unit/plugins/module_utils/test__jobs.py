@@ -16,7 +16,7 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import runs_root_owned_program
 from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import (
-    ANOTHER_JOB, MPS_IN_USE, NOT_THIS_JOB, JobScope, check_job, job_of_cgroups)
+    ANOTHER_JOB, MPS_IN_USE, NOT_THIS_JOB, JobScope, check_job, job_of_cgroups, parse_listpids)
 
 
 @pytest.mark.parametrize('text, job', [
@@ -84,6 +84,16 @@ def test_another_job_is_left_alone_wherever_it_is_listed_or_not():
     unknown = JobScope(check_job({'id': '5'}), '/nonexistent')
     assert unknown.why_left_alone(Holder(0), '4', [1], set()) == ANOTHER_JOB
     assert jobs.why_left_alone(Holder(0), '5', [1], set()) is None
+
+
+def test_slurmds_pid_table_names_each_jobs_processes():
+    table = ('PID      JOBID    STEPID   LOCALID GLOBALID\n'
+             '4021     42       batch    0       0\n'
+             '4100     42       0        0       0\n'
+             '4200     43       extern   -       -\n'
+             'garbage line\n'
+             '1        44       0        0       0\n')
+    assert parse_listpids(table) == {'42': [4021, 4100], '43': [4200]}
 
 
 def fake_scontrol(tmp_path, script):
