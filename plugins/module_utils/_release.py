@@ -165,69 +165,52 @@ def release_argument_spec():
     return spec
 
 
-class ReleaseOptions:
-    """Validated options of a release."""
+# The reset's own options (nvidia_device_reset's, _escalation.reset_argument_spec), carried by the
+# release's options for its escalation; None: the reset's defaults.
+RESET_OPTIONS = ('reset_reload_modules', 'bug_report_dir', 'bug_report_timeout', 'reset_stop_units')
 
-    def __init__(self, devices, gpus=None, signals=None, grace_period=5.0, protect=(),
-                 wait=True, timeout=60.0, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, lock_file=None,
-                 facts_after=False, settle_time=DEFAULT_SETTLE_S, host_root='/', reset_orphaned=False,
-                 nvidia_smi_path='nvidia-smi', expected_gpus=None, state_dir=None, kernel_log=None,
-                 bug_report_dir=None, bug_report_timeout=None, reset_stop_units=None,
-                 job=None, probe=None, hold_after_cures=HOLD_AFTER_CURES, hold_window_days=HOLD_WINDOW_DAYS,
-                 reset_reload_modules=False):
-        check_hold_options(hold_after_cures, hold_window_days)
-        self.reset_reload_modules = reset_reload_modules
-        self.hold_after_cures, self.hold_window_days = hold_after_cures, hold_window_days
-        parsed, gpus = check_release_options(devices, gpus, signals, grace_period, timeout, memory_threshold_mib,
-                                             protect, settle_time, expected_gpus)
-        check_escalation_options(bug_report_dir, bug_report_timeout, reset_stop_units)
-        self.job = check_job(job)
-        self.probe = probe
+
+class ReleaseOptions:
+    """Validated options of a release, by the names of release_argument_spec (and RESET_OPTIONS);
+    an option not given takes the spec's default."""
+
+    def __init__(self, devices, **given):
+        spec = release_argument_spec()
+        unknown = sorted(set(given) - set(spec) - set(RESET_OPTIONS))
+        if unknown:
+            raise TypeError('ReleaseOptions: no option %s' % ', '.join(unknown))
+        values = dict((name, option.get('default')) for name, option in spec.items())
+        values.update(dict.fromkeys(RESET_OPTIONS))
+        values.update(given)
+        protect = list(values['protect'] or ()) + list(values['extra_protect'] or ())
+        check_hold_options(values['hold_after_cures'], values['hold_window_days'])
+        self.hold_after_cures, self.hold_window_days = values['hold_after_cures'], values['hold_window_days']
+        self.signals, gpus = check_release_options(devices, values['gpus'], values['signals'], values['grace_period'],
+                                                   values['timeout'], values['memory_threshold_mib'], protect,
+                                                   values['settle_time'], values['expected_gpus'])
+        check_escalation_options(values['bug_report_dir'], values['bug_report_timeout'], values['reset_stop_units'])
+        self.job = check_job(values['job'])
+        self.probe = values['probe']
         # Device globs as found under host_root (a simulated host, or the host's /dev in a container).
-        self.devices = device_patterns(devices, host_root)
-        self.host_root = host_root
+        self.host_root = values['host_root'] or '/'
+        self.devices = device_patterns(devices, self.host_root)
         # Whole GPUs by index (None: every GPU), and the MIG instances named (N:G, N:G:C, MIG UUIDs).
         self.gpus, self.instances = split_gpus(gpus)
-        self.signals = parsed
-        self.grace_period = grace_period
-        self.protect = list(protect)
-        self.wait = wait
-        self.timeout = timeout
-        self.settle_time = settle_time
-        self.memory_threshold_mib = memory_threshold_mib
-        self.lock_file = lock_file
-        self.facts_after = facts_after
-        self.reset_orphaned = reset_orphaned
-        self.nvidia_smi_path = nvidia_smi_path
-        self.expected_gpus = expected_gpus
-        self.state_dir = state_dir
-        self.kernel_log = kernel_log
-        self.bug_report_dir = bug_report_dir
-        self.bug_report_timeout = bug_report_timeout
-        # None: the reset's own defaults (_escalation).
-        self.reset_stop_units = None if reset_stop_units is None else list(reset_stop_units)
+        self.protect = protect
+        for name in ('grace_period', 'wait', 'timeout', 'settle_time', 'memory_threshold_mib', 'lock_file', 'facts_after',
+                     'reset_orphaned', 'expected_gpus', 'state_dir', 'kernel_log') + RESET_OPTIONS:
+            setattr(self, name, values[name])
+        self.nvidia_smi_path = values['nvidia_smi_path'] or 'nvidia-smi'
         self.warnings = ['extra_protect: %r looks like a regular expression; protect names are exact names or '
                          'shell globs (e.g. python*), so it matches only a process named exactly that' % (name,)
                          for name in protect if REGEX_HINT_RE.search(name)]
 
     @classmethod
     def from_params(cls, params):
-        return cls(
-            params['devices'], gpus=params.get('gpus'), signals=params['signals'],
-            grace_period=params['grace_period'],
-            protect=list(params['protect']) + list(params.get('extra_protect') or []),
-            wait=params['wait'], timeout=params['timeout'], memory_threshold_mib=params['memory_threshold_mib'],
-            lock_file=params.get('lock_file'), facts_after=params.get('facts_after', False),
-            settle_time=params.get('settle_time', DEFAULT_SETTLE_S), host_root=params.get('host_root') or '/',
-            reset_orphaned=params.get('reset_orphaned', False),
-            nvidia_smi_path=params.get('nvidia_smi_path') or 'nvidia-smi', expected_gpus=params.get('expected_gpus'),
-            state_dir=params.get('state_dir'), kernel_log=params.get('kernel_log'),
-            bug_report_dir=params.get('bug_report_dir'),
-            bug_report_timeout=params.get('bug_report_timeout'),
-            reset_stop_units=params.get('reset_stop_units'), job=params.get('job'), probe=params.get('probe'),
-            hold_after_cures=params.get('hold_after_cures', HOLD_AFTER_CURES),
-            hold_window_days=params.get('hold_window_days', HOLD_WINDOW_DAYS),
-            reset_reload_modules=params.get('reset_reload_modules', False))
+        """The options of a module's parameters (its own, such as reset_due, left out)."""
+        names = set(release_argument_spec()) | set(RESET_OPTIONS)
+        return cls(params['devices'], **dict((name, value) for name, value in params.items()
+                                             if name in names and name != 'devices'))
 
 
 class Target:
