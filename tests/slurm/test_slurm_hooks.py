@@ -227,3 +227,12 @@ def test_control_characters_in_the_reason_reach_slurm_escaped(node):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_slurm_runs_with_the_hooks_clocks(node):
+    """The role's slurm.conf lines, as the real slurmctld reads them: Slurm gives a Prolog
+    PrologEpilogTimeout, and a batch job's launch (its Prolog included) as long before it is taken
+    for missing (BatchStartTimeout, 10 s by default)."""
+    config = node.bench.command('scontrol', 'show', 'config').stdout
+    values = dict(re.findall(r'^(PrologEpilogTimeout|BatchStartTimeout)\s*=\s*(\d+)', config, re.MULTILINE))
+    assert values == {'PrologEpilogTimeout': str(PROLOG_EPILOG_TIMEOUT), 'BatchStartTimeout': str(PROLOG_EPILOG_TIMEOUT)}, config
