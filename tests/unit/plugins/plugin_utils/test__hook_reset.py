@@ -330,3 +330,28 @@ def test_what_a_reboot_is_not_needed_for_is_drained(gpuhost, hook, tmp_path, reb
 def test_a_reboot_is_asked_for_one_node_only(node, tmp_path):
     assert 'not one node name' in _hook_reset.why_not_reboot(node, str(tmp_path / 'stamp'))
     assert _hook_reset.why_not_reboot('gpu07', str(tmp_path / 'stamp')) is None
+
+
+def test_a_reboot_stamp_in_a_directory_others_can_write_asks_for_no_reboot(gpuhost, hook, tmp_path):
+    """Where another user could plant or remove the stamp, a reboot cannot be remembered: no
+    reboot is asked for (it could loop), the node is drained for a person, saying why."""
+    shared = tmp_path / 'shared'
+    shared.mkdir()
+    os.chmod(str(shared), 0o777)
+    stamp = shared / 'reboot-requested'
+    assert 'could not be remembered' in _hook_reset.why_not_reboot('gpu07', str(stamp))
+    gpuhost.fault('lost', gpu=2, message='lost')
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
+    assert command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
+    assert 'a reboot could not be remembered' in command[3] and 'reboot_requested' not in report
+    assert not stamp.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='a link of another user is made by root')
+def test_a_link_planted_as_the_stamps_directory_is_not_followed(tmp_path):
+    target = tmp_path / 'elsewhere'
+    target.mkdir(mode=0o700)
+    (tmp_path / 'state').symlink_to(target)
+    os.lchown(str(tmp_path / 'state'), 65534, 65534)  # a link of another user's
+    result = _hook_reset.note_reboot({'reason': 'GPU 2 lost'}, str(tmp_path / 'state' / 'reboot-requested'))
+    assert 'the reboot could not be noted' in result['reason'] and not list(target.iterdir())
