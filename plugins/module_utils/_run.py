@@ -285,7 +285,7 @@ class Runner:
         if proc.returncode is not None or _exited(proc.pid) is None:
             return  # reaped: its pid may be another process's by now
         state = process_state(proc.pid, self.proc)
-        descendants = _descendants(proc.pid)
+        descendants = _stopped_descendants(proc.pid)
         _kill_group(proc.pid)
         _kill_all(descendants)
         try:
@@ -548,13 +548,35 @@ def _holders_of(fds):
     return found
 
 
+# Rounds of listing the descendants of a program being stopped: each stops those forked since the
+# last (a stopped process forks no more).
+STOP_ROUNDS = 5
+
+
+def _stopped_descendants(root):
+    """[(pid, starttime)] of root's descendants, stopped with root's group (SIGSTOP) round by round
+    until a listing finds none new: one that forked and left the group (setsid) between the listing
+    and the kill cannot outrun it."""
+    _signal_group(root, signal.SIGSTOP)
+    found = []
+    for dummy in range(STOP_ROUNDS):
+        new = [process for process in _descendants(root) if process not in found]
+        if not new:
+            break
+        for pid, starttime in new:
+            _kill_same(pid, starttime, signal.SIGSTOP)
+        found.extend(new)
+    return found
+
+
 def _kill_all(processes):
     for pid, starttime in processes:
         _kill_same(pid, starttime)
 
 
-def _kill_same(pid, starttime):
-    """SIGKILL pid if it is still the process that started at starttime (a pidfd where there is one)."""
+def _kill_same(pid, starttime, number=signal.SIGKILL):
+    """Send number (SIGKILL) to pid if it is still the process that started at starttime (a pidfd
+    where there is one)."""
     pidfd = None
     try:
         if hasattr(os, 'pidfd_open'):
@@ -563,9 +585,9 @@ def _kill_same(pid, starttime):
         if fields is None or fields[1] != starttime:
             return
         if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            signal.pidfd_send_signal(pidfd, number)
         else:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, number)
     except OSError:  # gone already
         pass
     finally:
