@@ -356,6 +356,10 @@ check_mode:
   description: Whether the run was in check mode.
   returned: always
   type: bool
+misconfigured:
+  description: Whether the host failed on its settings, before anything was read (RV(reason) names them).
+  returned: always
+  type: bool
 gpus_before:
   description: Memory used per GPU in scope before the release (index, memory_used_mib; a MIG instance
     in O(gpus) is an entry of its own, its mig_instance its GPU and compute instance and MIG UUID).

@@ -324,7 +324,7 @@ def judge(run):
                          error=run.error, gpus=options.get('gpus'), query=options.get('clean_query'),
                          memory_threshold_mib=options.get('memory_threshold_mib', 32),
                          allow_gpu_reset=bool(options.get('allow_gpu_reset')), check_mode=run.check_mode,
-                         started=run.started)
+                         started=run.started, misconfigured=run.misconfigured)
 
 
 # What the report keeps of a probe (verified: every GPU's last verification on the host, by UUID).

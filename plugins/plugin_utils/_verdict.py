@@ -275,7 +275,7 @@ def _what_it_said(output):
 
 def verdict(host, release=None, facts_before=None, facts=None, error=None, gpus=None,
             query=None, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, allow_gpu_reset=False,
-            check_mode=False, started=None, now=None):
+            check_mode=False, started=None, now=None, misconfigured=False):
     """The per-host report of the gpu_reset role.
 
     release: the registered result of nvidia_device_release (None when it did not run); its
@@ -284,7 +284,16 @@ def verdict(host, release=None, facts_before=None, facts=None, error=None, gpus=
     facts: nvidia_gpu_facts read after the release (waiting for clean).
     error: why the role could not finish (a misconfiguration, a module that failed): a text, or
     {task, result, python} of the task that failed (see task_error).
-    query: gpu_reset_clean_query (None: the release module's own test)."""
+    query: gpu_reset_clean_query (None: the release module's own test). misconfigured: the host
+    failed on its settings (error says which), said in the report as such."""
+    report = _verdict(host, release, facts_before, facts, error, gpus, query, memory_threshold_mib, allow_gpu_reset,
+                      check_mode, started, now)
+    report['misconfigured'] = bool(misconfigured)
+    return report
+
+
+def _verdict(host, release, facts_before, facts, error, gpus, query, memory_threshold_mib, allow_gpu_reset,
+             check_mode, started, now):
     release = plain(release) if isinstance(release, Mapping) else {}
     if isinstance(error, Mapping):
         error = task_error(plain(error))
@@ -503,7 +512,7 @@ def clean_line(found):
 
 def misconfigured(report):
     """Whether report is that of a host that failed on its settings, before anything was read."""
-    return str(report.get('reason') or '').startswith(MISCONFIGURED)
+    return report.get('misconfigured') is True
 
 
 def summary_line(report, width=0):

@@ -13,7 +13,8 @@ from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _verdict
 
 KEYS = ['host', 'outcome', 'reason', 'check_mode', 'gpus_before', 'gpus_after', 'gpus_free', 'gpus_held', 'signalled', 'survivors',
         'other_jobs', 'foreign_holders', 'unreadable',
-        'orphaned_gpus', 'escalation', 'held', 'history', 'gpus', 'release_s', 'started', 'duration_s', 'drained']
+        'orphaned_gpus', 'escalation', 'held', 'history', 'gpus', 'release_s', 'started', 'duration_s', 'drained',
+        'misconfigured']
 
 
 def gpu(index, used=1, state='free', error=None, processes=()):
@@ -265,10 +266,16 @@ def test_summary_of_100_hosts_with_95_clean_groups_them_in_one_line():
 
 def test_a_misconfigured_host_s_line_says_no_time():
     report = _verdict.verdict('gpu01', error='gpu_reset is misconfigured: gpu_reset_grace_period must be zero or more, '
-                              'got -1.0', started=0, now=0)
+                              'got -1.0', started=0, now=0, misconfigured=True)
     assert _verdict.misconfigured(report)
     assert _verdict.summary_line(report) == (
         'FAILED    gpu01  gpu_reset is misconfigured: gpu_reset_grace_period must be zero or more, got -1.0')
+
+
+def test_a_reason_that_only_reads_as_a_misconfiguration_is_none():
+    # The words may come from anywhere (a process's name in the reason): what the run knew decides.
+    report = _verdict.verdict('gpu01', error='gpu_reset is misconfigured: said by a process name', started=0, now=1)
+    assert not _verdict.misconfigured(report) and report['misconfigured'] is False
 
 
 def test_host_list_writes_numbered_names_in_ranges():
