@@ -65,7 +65,7 @@ def run(prolog_s, batch_start_timeout, alloc):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0])
     parser.add_argument('--prolog-s', default='25,75', help='Prolog durations, seconds, comma-separated')
     parser.add_argument('--batch-start-timeout', type=int, default=10, help="Slurm's BatchStartTimeout (its default: 10)")
     parser.add_argument('--no-alloc', action='store_true', help='without PrologFlags=Alloc')

@@ -94,7 +94,7 @@ def line(label, figures):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0])
     parser.add_argument('modules', nargs='*')
     parser.add_argument('--files', action='store_true', help='list the module_utils each module ships')
     parser.add_argument('--compare-with', metavar='DIR', help='another checkout, measured beside this one')

@@ -34,8 +34,9 @@ def test_the_data_is_made_of_plain_values():
                                     ('flags', (True, 1, 2.5, None)), ('seen', frozenset([3]))])
     plain = _jmespath.plain(data)
     assert plain == {'name': 'nvidia-persistenced', 'raw': 'x\ufffd', 'flags': [True, 1, 2.5, None], 'seen': [3]}
-    assert type(plain) is dict and [type(key) for key in plain] == [str] * 4
-    assert type(plain['name']) is str and type(plain['flags']) is list
+    # Plain types, not subclasses (an OrderedDict, a tagged str) that JMESPath or YAML would treat apart.
+    assert plain.__class__ is dict and [key.__class__ for key in plain] == [str] * 4
+    assert plain['name'].__class__ is str and plain['flags'].__class__ is list
 
 
 def test_a_value_jmespath_cannot_search_is_a_filter_error():
