@@ -43,7 +43,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 SLURM_V1_RE = re.compile(r'^/slurm(?:_[^/]+)?/uid_[0-9]+/job_([0-9]+)(?:/|$)')
 # v2 (the 0:: line): slurmstepd.scope in system.slice (or at the root), <node>_slurmstepd.scope for several.
 SLURM_V2_RE = re.compile(r'^(?:/system\.slice)?/(?:[^/]+_)?slurmstepd\.scope/job_([0-9]+)(?:/|$)')
-JOB_ID_RE = re.compile(r'^[0-9]{1,12}$')
+JOB_ID_RE = re.compile(r'^[0-9]{1,12}\Z')
 # What scontrol listpids says (exit 1) on a node where no job runs a step.
 NO_STEPS = 'No job steps exist on this node'
 # The most a read of scontrol listpids may take, and how much of its output is read.

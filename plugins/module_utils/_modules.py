@@ -26,7 +26,7 @@ import re
 DRIVER = 'nvidia'
 # Kernel module names: letters, digits, underscores and dashes; anything else in the directory
 # is not a module.
-MODULE_RE = re.compile(r'^[A-Za-z0-9_-]{1,64}$')
+MODULE_RE = re.compile(r'^[A-Za-z0-9_-]{1,64}\Z')
 # A host has a handful: more is not sysfs.
 MODULES_AT_MOST = 64
 

@@ -257,7 +257,7 @@ def select_gpus(snapshot, wanted):
 
 
 # A GPU's UUID as the driver prints it: the only text a child's CUDA_VISIBLE_DEVICES carries.
-UUID_PATTERN = re.compile(r'^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$')
+UUID_PATTERN = re.compile(r'^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\Z')
 
 
 def loadable(library):

@@ -31,11 +31,12 @@ import re
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIXES
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_slurm import NODE_NAME_RE
 
 DEFAULT_MAX_DRAINED = '10%'
 DEFAULT_DRAIN_RATE = '5/10m'
-MAX_DRAINED_RE = re.compile(r'^([0-9]{1,6})(%?)$')
-DRAIN_RATE_RE = re.compile(r'^([0-9]{1,6})/([0-9]{1,6})([smh])$')
+MAX_DRAINED_RE = re.compile(r'^([0-9]{1,6})(%?)\Z')
+DRAIN_RATE_RE = re.compile(r'^([0-9]{1,6})/([0-9]{1,6})([smh])\Z')
 UNIT_S = {'s': 1, 'm': 60, 'h': 3600}
 # Longer windows than a week say nothing about a burst: the count rule covers them.
 MAX_WINDOW_S = 7 * 24 * 3600
@@ -47,7 +48,6 @@ STATE_FLAGS = '*~#!%$@^-'
 SINFO_FORMAT = '%N|%t|%H|%E'
 SINFO_ENV = {'SLURM_TIME_FORMAT': '%s'}
 ISO_TIME_RE = re.compile(r'^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}$')
-NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z')
 
 
 class BrakeUnreadable(Exception):

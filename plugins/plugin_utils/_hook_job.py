@@ -97,7 +97,7 @@ def mig_uuids(environ=None):
 
 # -- the job the hook runs for, and the other jobs on the node ----------------------------------
 
-JOB_ID_RE = re.compile(r'^[0-9]{1,12}$')
+JOB_ID_RE = re.compile(r'^[0-9]{1,12}\Z')
 
 
 def job_setting(args, gpus, host_root, environ=None):

@@ -182,3 +182,9 @@ def test_a_malformed_job_is_refused_naming_the_part(job, said):
 def test_a_job_id_given_as_a_number_is_its_digits():
     assert check_job({'id': 42, 'live_jobs': {7: [os.getpid()]}}) == {
         'id': '42', 'uid': None, 'shared_gpus': [], 'live_jobs': {'7': set([os.getpid()])}, 'scontrol': None}
+
+
+@pytest.mark.parametrize('job_id', ['12\n', '12\n13', ''])
+def test_a_job_id_that_is_not_one_number_alone_is_refused(job_id):
+    with pytest.raises(GpuopsError):
+        check_job({'id': job_id})

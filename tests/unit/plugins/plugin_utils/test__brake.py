@@ -141,3 +141,13 @@ def test_a_node_where_no_job_can_run_is_drained_past_the_rate_saying_which_rule(
 @pytest.mark.parametrize('text, seconds', [('5/10m', 600), ('1/30s', 30), ('12/2h', 7200), ('1/168h', 7 * 24 * 3600)])
 def test_a_rate_window_is_seconds_minutes_or_hours(text, seconds):
     assert _brake.drain_rate_problem(text) is None and _brake.window_s(text) == seconds
+
+
+@pytest.mark.parametrize('text', ['10%\n', '5\n', '10%\nALL'])
+def test_a_cap_with_a_line_break_is_no_cap(text):
+    assert _brake.max_drained_problem(text)
+
+
+@pytest.mark.parametrize('rate', ['5/10m\n', '5/10m\nx'])
+def test_a_rate_with_a_line_break_is_no_rate(rate):
+    assert _brake.drain_rate_problem(rate)
