@@ -48,6 +48,18 @@ WITH_THE_DRIVER = 'reloaded with the driver'
 SYSTEM_DIRS = ('/usr/sbin', '/sbin')
 # Every node of the driver, its GPUs' and MIG instances' included.
 NODES = ('/dev/nvidia*', '/dev/nvidia-caps/*')
+# The nodes a reload leaves stale (a module loaded again gets a new character device major) and
+# modprobe does not make again, with the module they go with and how nvidia-modprobe(1), the
+# driver's own tool, makes them: the UVM nodes (-u -c 0), the modeset node (-m); each MIG
+# capability node from its procfs file (-f PATH, the file's DeviceFileMinor).
+UVM_NODES = ('/dev/nvidia-uvm', '/dev/nvidia-uvm-tools')
+MODESET_NODE = '/dev/nvidia-modeset'
+CAPS_DIR = '/dev/nvidia-caps'
+CAPS_PROC = '/proc/driver/nvidia/capabilities'
+# The most capability files read to find a node's (a GPU has at most a few dozen MIG instances).
+CAPS_FILES_AT_MOST = 4096
+CONTAINERS_NOTE = ('containers started before the reload keep the old device nodes: restart them '
+                   '(NVML and CUDA fail in them until then)')
 
 
 def _program(name, nvidia_smi_path):
@@ -113,6 +125,7 @@ class ModuleReload:
         self.reasons = dict((gpu.get('index'), [REFUSED if gpu.get('index') in self.refused else WITH_THE_DRIVER])
                             for gpu in self.gpus if gpu.get('index') is not None)
         self.unloaded, self.loaded, self.problems = [], [], []
+        self.nodes_made, self.nodes_missing, self.nodes_gone = [], [], []
         self.persistent = []
         self.restored = None
 
@@ -209,6 +222,69 @@ class ModuleReload:
             else:
                 self.loaded.append(name)
 
+    def _nodes(self):
+        """The host paths of the nodes a reload leaves stale, those there now."""
+        caps = under_root(CAPS_DIR, self.host_root)
+        found = list(UVM_NODES) + [MODESET_NODE] + [
+            os.path.join(CAPS_DIR, name) for name in (sorted(os.listdir(caps)) if os.path.isdir(caps) else [])]
+        return [node for node in found if os.path.exists(under_root(node, self.host_root))]
+
+    def _caps_files(self, wanted):
+        """{minor: host path of its capability procfs file} for the capability nodes wanted (minors)."""
+        found = {}
+        top = under_root(CAPS_PROC, self.host_root)
+        read = 0
+        for directory, dummy, names in os.walk(top):
+            for name in names:
+                read += 1
+                if read > CAPS_FILES_AT_MOST:
+                    return found
+                path = os.path.join(directory, name)
+                try:
+                    with open(path) as handle:
+                        minor = int(handle.read(4096).split('DeviceFileMinor:')[1].split()[0])
+                except (IOError, OSError, IndexError, ValueError):
+                    continue
+                if minor in wanted:
+                    found[minor] = CAPS_PROC + path[len(top):]
+        return found
+
+    def _make_nodes(self, nodes):
+        """Make again, with nvidia-modprobe, the nodes (host paths) that were there before the reload
+        whose modules were loaded again; those still missing after it are problems."""
+        calls = []
+        if any(node in UVM_NODES for node in nodes) and 'nvidia_uvm' in self.loaded:
+            calls.append(['-u', '-c', '0'])
+        if MODESET_NODE in nodes and 'nvidia_modeset' in self.loaded:
+            calls.append(['-m'])
+        caps = [node for node in nodes if node.startswith(CAPS_DIR + '/')]
+        if caps and DRIVER in self.loaded:
+            minors = dict((node, int(node.rsplit('nvidia-cap', 1)[1])) for node in caps if node.rsplit('nvidia-cap', 1)[-1].isdigit())
+            files = self._caps_files(set(minors.values()))
+            calls.extend(['-f', path] for minor, path in sorted(files.items()))
+            # A MIG instance the reload ended has no capability any more: its node is not made again.
+            self.nodes_gone = [node for node in caps if minors.get(node) not in files]
+        program = _program('nvidia-modprobe', self.nvidia_smi_path)
+        for args in calls:
+            try:
+                rc, stdout, stderr = Runner(program).run(args, timeout=self._left(LOAD_MIN_S))
+            except GpuopsError as exc:
+                self.problems.append('nvidia-modprobe %s: %s' % (' '.join(args), exc))
+                break
+            if rc != 0:
+                self.problems.append('nvidia-modprobe %s failed (exit %d): %s' % (' '.join(args), rc, _said(stdout, stderr)))
+        reloaded = [node for node in nodes if self._goes_with(node) in self.loaded and node not in self.nodes_gone]
+        self.nodes_missing = [node for node in reloaded if not os.path.exists(under_root(node, self.host_root))]
+        self.nodes_made = [node for node in reloaded if node not in self.nodes_missing] if calls else []
+        if self.nodes_missing:
+            self.problems.append('device nodes not made again after the reload: %s (nvidia-modprobe -u -c 0, -m, '
+                                 '-f /proc/driver/nvidia/capabilities/...)' % ', '.join(self.nodes_missing))
+
+    @staticmethod
+    def _goes_with(node):
+        """The module whose reload leaves node stale."""
+        return 'nvidia_uvm' if node in UVM_NODES else 'nvidia_modeset' if node == MODESET_NODE else DRIVER
+
     def _not_back(self, before):
         """What a GPU bound to nvidia before the reload lacks after it (bound, same minor)."""
         after = read_host(self.host_root)
@@ -234,6 +310,7 @@ class ModuleReload:
         if why:
             return self._entry(indexes, order, None, 'kernel modules not reloaded: %s' % why, attempted=False)
         before = read_host(self.host_root)
+        nodes = self._nodes()
         stopped = None
         self.log('gpuops.nvidia: reloading the kernel modules %s (the platform refused the reset of GPU %s)' % (
             ', '.join(order), ', '.join(str(index) for index in self.refused)))
@@ -246,6 +323,7 @@ class ModuleReload:
             finally:
                 self._load_back()
                 self._restore_persistence()
+                self._make_nodes(nodes)
         return self._outcome(indexes, order, stopped, before)
 
     def _outcome(self, indexes, order, stopped, before):
@@ -258,6 +336,10 @@ class ModuleReload:
             message = 'kernel modules %s unloaded and loaded again' % ', '.join(order)
         if self.problems:
             message += '; ' + '; '.join(self.problems)
+        if self.nodes_made:
+            message += '; device nodes made again: %s; %s' % (', '.join(self.nodes_made), CONTAINERS_NOTE)
+        if self.nodes_gone:
+            message += '; the capability nodes of MIG instances gone with the reload: %s' % ', '.join(self.nodes_gone)
         self.log('gpuops.nvidia: ' + message)
         return self._entry(indexes, order, stopped, message, ok=not stopped and not self.problems)
 
@@ -265,7 +347,8 @@ class ModuleReload:
         entry = escalation(sorted(indexes), ok, message, attempted=attempted, persistence_mode_off=self.persistent,
                            persistence_mode_restored=self.restored, reasons=self.reasons, refused=self.refused)
         entry.update(modules=list(order), unloaded=list(self.unloaded), loaded=list(self.loaded),
-                     stopped_by=stopped)
+                     stopped_by=stopped, device_nodes={'made': list(self.nodes_made), 'missing': list(self.nodes_missing),
+                                                       'gone': list(self.nodes_gone)})
         return entry
 
 

@@ -397,6 +397,17 @@ escalation:
           description: Why the reload stopped after it started (C(rmmod)'s refusal of a module in use,
             in its words); null when it did not stop.
           type: str
+        device_nodes:
+          description:
+            - The device nodes a reload leaves stale (a module loaded again gets a new device
+              major; C(modprobe) makes none of them again), made again with C(nvidia-modprobe), the
+              driver's own tool (beside O(nvidia_smi_path), else on C(PATH)) - C(-u -c 0) for
+              C(/dev/nvidia-uvm) and C(nvidia-uvm-tools), C(-m) for C(/dev/nvidia-modeset), C(-f) with
+              each MIG capability's procfs file for C(/dev/nvidia-caps/*).
+            - C(made) the nodes there again, C(missing) those not (the reload is then not ok), C(gone)
+              the capability nodes of MIG instances the reload ended. Containers started before the
+              reload keep the old nodes and must be restarted (the message says so).
+          type: dict
       sample:
         attempted: true
         ok: true
@@ -407,6 +418,7 @@ escalation:
         unloaded: [nvidia_modeset, nvidia_uvm, nvidia]
         loaded: [nvidia, nvidia_uvm, nvidia_modeset]
         stopped_by: null
+        device_nodes: {made: [/dev/nvidia-uvm, /dev/nvidia-uvm-tools], missing: [], gone: []}
         persistence_mode_off: [0, 1, 2, 3, 4, 5, 6, 7]
         persistence_mode_restored: true
     mig:

@@ -255,9 +255,9 @@ class Host:
         return self
 
     def _install_module_programs(self):
-        """modprobe and rmmod beside nvidia-smi (only under a ROOT of its own: the real ones are
-        never replaced)."""
-        for program in ("modprobe", "rmmod"):
+        """modprobe, rmmod and nvidia-modprobe beside nvidia-smi (only under a ROOT of its own: the
+        real ones are never replaced)."""
+        for program in ("modprobe", "rmmod", "nvidia-modprobe"):
             path = os.path.join(self.paths.bin, program)
             with open(path + ".tmp", "w") as f:
                 f.write(MODULE_SCRIPT.format(python=sys.executable, parent=_hold.PKG_PARENT, root=self.paths.root,

@@ -7,6 +7,13 @@ persistence mode ("rmmod: ERROR: Module nvidia is in use"). Unloading nvidia unb
 (their PCI driver link, /proc/driver/nvidia/gpus) and nvidia-smi says the driver is not loaded;
 modprobe loads a module after the module it depends on, and loading nvidia brings the GPUs back
 as a fresh driver does: the same minor numbers, persistence mode off, their memory freed.
+
+The device nodes a module's driver numbers anew when it is loaded again (its character device
+major is given afresh) are gone with it here, as stale as gone: /dev/nvidia-uvm and
+nvidia-uvm-tools with nvidia_uvm, /dev/nvidia-modeset with nvidia_modeset, the MIG capability
+nodes /dev/nvidia-caps/* with nvidia. modprobe makes none of them again; nvidia-modprobe does, as
+the driver's own tool: -u -c 0 (the UVM nodes), -m (modeset), -f PATH (the capability node of the
+procfs file PATH, its DeviceFileMinor).
 """
 
 import json
@@ -102,8 +109,60 @@ def rmmod(paths, name):
         if os.path.lexists(link):
             os.unlink(link)
     shutil.rmtree(os.path.join(base, name))
+    for node in _nodes_of(paths, name):
+        os.unlink(node)
     if name == DRIVER:
         _driver_unloaded(paths)
+    return 0, ""
+
+
+def _nodes_of(paths, name):
+    """The device nodes that go with module NAME (see above), those there."""
+    if name == "nvidia_uvm":
+        found = [os.path.join(paths.dev, node) for node in ("nvidia-uvm", "nvidia-uvm-tools")]
+    elif name == "nvidia_modeset":
+        found = [os.path.join(paths.dev, "nvidia-modeset")]
+    elif name == DRIVER:
+        caps = os.path.join(paths.dev, "nvidia-caps")
+        found = [os.path.join(caps, node) for node in (os.listdir(caps) if os.path.isdir(caps) else [])]
+    else:
+        found = []
+    return [node for node in found if os.path.lexists(node)]
+
+
+def nvidia_modprobe(paths, argv):
+    """(exit code, message) of nvidia-modprobe ARGV: -u -c 0 (the UVM nodes, nvidia_uvm loaded), -m
+    (the modeset node, nvidia_modeset loaded), -f PATH (the capability node of the procfs file PATH
+    under the host's root, nvidia loaded)."""
+    made = []
+    args = list(argv)
+    while args:
+        flag = args.pop(0)
+        if flag == "-u":
+            if not is_loaded(paths, "nvidia_uvm"):
+                return 1, "nvidia-modprobe: nvidia_uvm is not loaded"
+            made += [os.path.join(paths.dev, "nvidia-uvm"), os.path.join(paths.dev, "nvidia-uvm-tools")]
+        elif flag == "-c":
+            args.pop(0) if args else None
+        elif flag == "-m":
+            if not is_loaded(paths, "nvidia_modeset"):
+                return 1, "nvidia-modprobe: nvidia_modeset is not loaded"
+            made.append(os.path.join(paths.dev, "nvidia-modeset"))
+        elif flag == "-f" and args:
+            proc_file = os.path.join(paths.root, args.pop(0).lstrip("/"))
+            try:
+                with open(proc_file) as f:
+                    minor = int(f.read().split("DeviceFileMinor:")[1].split()[0])
+            except (OSError, IndexError, ValueError):
+                return 1, "nvidia-modprobe: cannot read the capability file %s" % proc_file
+            made.append(os.path.join(paths.dev, "nvidia-caps", "nvidia-cap%d" % minor))
+        else:
+            return 1, "nvidia-modprobe: unknown option %s" % flag
+    for node in made:
+        os.makedirs(os.path.dirname(node), exist_ok=True)
+        if not os.path.exists(node):
+            with open(node, "wb") as f:
+                f.write(b"\0" * 4096)
     return 0, ""
 
 
@@ -164,8 +223,13 @@ def _bus(pci_bus_id):
 
 
 def main(root, program, argv=None):
-    """rmmod NAME... or modprobe NAME, as the simulated host's programs."""
+    """rmmod NAME..., modprobe NAME or nvidia-modprobe OPTIONS, as the simulated host's programs."""
     argv = sys.argv[1:] if argv is None else argv
+    if program == "nvidia-modprobe":
+        rc, said = nvidia_modprobe(Paths(root), argv)
+        if rc != 0:
+            sys.stderr.write(said + "\n")
+        sys.exit(rc)
     names = [arg for arg in argv if not arg.startswith("-")]
     if not names:
         sys.stderr.write("%s: ERROR: missing module name.\n" % program)

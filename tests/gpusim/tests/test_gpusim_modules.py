@@ -60,3 +60,13 @@ def test_unloading_nvidia_unbinds_the_gpus_and_loading_it_brings_them_back_fresh
 def test_modprobe_of_a_module_it_does_not_know(gpuhost):
     assert run(gpuhost, "modprobe", "nvidia_fs") == (1, "modprobe: FATAL: Module nvidia_fs not found in directory "
                                                         "/lib/modules/6.8.0-gpusim")
+
+
+def test_a_reloaded_module_leaves_its_nodes_to_nvidia_modprobe(gpuhost):
+    uvm = os.path.join(gpuhost.root, "dev", "nvidia-uvm")
+    assert os.path.exists(uvm)
+    assert run(gpuhost, "rmmod", "nvidia_uvm") == (0, "") and not os.path.exists(uvm)
+    assert run(gpuhost, "nvidia-modprobe", "-u", "-c", "0") == (1, "nvidia-modprobe: nvidia_uvm is not loaded")
+    assert run(gpuhost, "modprobe", "nvidia_uvm") == (0, "") and not os.path.exists(uvm)  # modprobe makes no node
+    assert run(gpuhost, "nvidia-modprobe", "-u", "-c", "0") == (0, "") and os.path.exists(uvm)
+    assert os.path.exists(os.path.join(gpuhost.root, "dev", "nvidia-uvm-tools"))

@@ -14,7 +14,7 @@ __metaclass__ = type
 import os
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reload import ModuleReload, unload_order, would_reload
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reload import CONTAINERS_NOTE, ModuleReload, unload_order, would_reload
 from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiRunner
 from gpusim import modules as sim_modules
 
@@ -58,7 +58,11 @@ def test_the_reload_unloads_in_order_loads_back_in_reverse_and_the_gpus_come_bac
     assert entry['attempted'] is True and entry['ok'] is True, entry
     assert entry['unloaded'] == ['nvidia_uvm', 'nvidia_drm', 'nvidia_modeset', 'nvidia'] == entry['modules']
     assert entry['loaded'] == ['nvidia', 'nvidia_modeset', 'nvidia_drm', 'nvidia_uvm']
-    assert entry['message'] == 'kernel modules nvidia_uvm, nvidia_drm, nvidia_modeset, nvidia unloaded and loaded again'
+    assert entry['message'] == ('kernel modules nvidia_uvm, nvidia_drm, nvidia_modeset, nvidia unloaded and loaded again; '
+                                'device nodes made again: /dev/nvidia-uvm; ' + CONTAINERS_NOTE)
+    # modprobe made no node again: nvidia-modprobe did the UVM node, stale after its module's reload.
+    assert entry['device_nodes'] == {'made': ['/dev/nvidia-uvm'], 'missing': [], 'gone': []}
+    assert os.path.exists(os.path.join(gpuhost.root, 'dev', 'nvidia-uvm'))
     assert entry['flr_refused'] == [3] and entry['stopped_by'] is None
     assert loaded(gpuhost) == ['nvidia', 'nvidia_drm', 'nvidia_modeset', 'nvidia_uvm']
     # A fresh driver: memory freed, persistence mode off, then restored where it was on.
@@ -76,7 +80,8 @@ def test_a_module_that_will_not_unload_stops_the_reload_and_what_was_unloaded_is
     assert entry['unloaded'] == ['nvidia_uvm', 'nvidia_drm'] and entry['loaded'] == ['nvidia_drm', 'nvidia_uvm']
     assert entry['stopped_by'] == 'rmmod nvidia_modeset failed (exit 1): rmmod: ERROR: Module nvidia_modeset is in use'
     assert entry['message'] == ('kernel modules not reloaded: rmmod nvidia_modeset failed (exit 1): rmmod: ERROR: Module '
-                                'nvidia_modeset is in use; loaded back: nvidia_drm, nvidia_uvm')
+                                'nvidia_modeset is in use; loaded back: nvidia_drm, nvidia_uvm; device nodes made again: '
+                                '/dev/nvidia-uvm; ' + CONTAINERS_NOTE)
     assert loaded(gpuhost) == ['nvidia', 'nvidia_drm', 'nvidia_modeset', 'nvidia_uvm']
     assert sorted(os.listdir(os.path.join(gpuhost.root, 'sys', 'module', 'nvidia_modeset', 'holders'))) == ['nvidia_drm']
     assert persistence(gpuhost) == ['Enabled'] * 8 and entry['persistence_mode_restored'] is True
@@ -119,3 +124,27 @@ def test_nothing_is_unloaded_when_modprobe_could_not_load_it_back(gpuhost):
     assert entry['attempted'] is False and entry['unloaded'] == []
     assert entry['message'] == "kernel modules not reloaded: modprobe at %r is not executable (mode 0644)" % modprobe
     assert loaded(gpuhost) == ['nvidia', 'nvidia_modeset', 'nvidia_uvm']
+
+
+def test_without_nvidia_modprobe_the_nodes_a_reload_leaves_stale_are_named_and_the_reload_is_not_ok(gpuhost, tmp_path):
+    os.unlink(os.path.join(gpuhost.root, 'bin', 'nvidia-modprobe'))
+    entry = reload(gpuhost)
+    assert entry['attempted'] is True and entry['ok'] is False
+    assert entry['device_nodes'] == {'made': [], 'missing': ['/dev/nvidia-uvm'], 'gone': []}
+    assert 'device nodes not made again after the reload: /dev/nvidia-uvm' in entry['message']
+
+
+def test_the_mig_capability_nodes_are_made_again_from_their_procfs_files(gpuhost, tmp_path):
+    """The MIG config and monitor capabilities outlive a reload: their nodes are made again. The
+    instances the reload ended (a driver loaded again has none) have no capability left: their
+    nodes are said gone, not missing."""
+    instance = gpuhost.mig(2, ['3g.71gb'])['instances'][0]
+    caps = sorted(os.listdir(os.path.join(gpuhost.root, 'dev', 'nvidia-caps')))
+    entry = reload(gpuhost)
+    assert entry['ok'] is True, entry['message']
+    left = sorted(os.listdir(os.path.join(gpuhost.root, 'dev', 'nvidia-caps')))
+    assert left == ['nvidia-cap1', 'nvidia-cap2'] and set(left) < set(caps), caps
+    nodes = entry['device_nodes']
+    assert nodes['made'] == ['/dev/nvidia-uvm', '/dev/nvidia-caps/nvidia-cap1', '/dev/nvidia-caps/nvidia-cap2']
+    assert sorted(nodes['gone']) == sorted('/dev/nvidia-caps/' + name for name in set(caps) - set(left)) and not nodes['missing']
+    assert 'MIG instances gone with the reload' in entry['message'] and instance['uuid']

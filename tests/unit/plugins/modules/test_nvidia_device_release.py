@@ -265,7 +265,8 @@ def test_a_reset_the_platform_refuses_is_cured_by_a_module_reload_when_asked(cap
     assert result.get('failed') is not True and result['released'] is True, result
     escalation = result['escalation']
     assert escalation['ok'] is True and escalation['flr_refused'] == []
-    assert escalation['message'].endswith('; kernel modules nvidia_modeset, nvidia_uvm, nvidia unloaded and loaded again')
+    assert '; kernel modules nvidia_modeset, nvidia_uvm, nvidia unloaded and loaded again; device nodes made again: ' \
+        '/dev/nvidia-uvm; containers started before the reload' in escalation['message']
     reload = escalation['module_reload']
     assert reload['ok'] is True and reload['flr_refused'] == [3] and reload['gpus'] == list(range(8))
     assert reload['unloaded'] == ['nvidia_modeset', 'nvidia_uvm', 'nvidia'] and reload['loaded'] == ['nvidia', 'nvidia_uvm', 'nvidia_modeset']
