@@ -23,6 +23,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,7 @@ def measure(checkout, names):
     finally:
         finder._remove()
         sys.path.remove(root)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def line(label, figures):
