@@ -158,7 +158,7 @@ class Escalation:
         for index in sorted(todo):
             used = in_use(self.mig_before.get(index), self.options.memory_threshold_mib)
             if used and index not in self.release.job_scoped:
-                self.mig_blocked.append('GPU %s needs a reset (%s), not attempted: %s' % (index, ', '.join(todo.pop(index)), used))
+                self.mig_blocked.append(_reason.reset_not_attempted(index, todo.pop(index), used))
         if self.mig_blocked:
             not_released(result, '; '.join(self.mig_blocked))
         return todo

@@ -164,3 +164,8 @@ def spared_why(holder):
     """Why the job's release leaves a holder alone: another job's, or one it may not touch."""
     job = 'job %s' % holder.job if holder.job else 'no job'
     return 'pid %d (%s, user %s, %s; %s)' % (holder.pid, printable(holder.name), holder.user, job, holder.spared)
+
+
+def reset_not_attempted(index, why, because):
+    """'GPU 3 needs a reset (orphaned memory), not attempted: <because>' (why: [reason])."""
+    return 'GPU %s needs a reset (%s), not attempted: %s' % (index, ', '.join(why), because)

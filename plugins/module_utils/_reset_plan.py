@@ -24,7 +24,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health import driver_hung, reset_causes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._history import History
 from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import instance_name, instances_in_use, pending_change
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED, reset_not_attempted
 
 
 def reset_plan(release, result, snapshot):
@@ -81,7 +81,7 @@ def _mig_to_reset(release, result, snapshot, todo, causes):
         why = todo.get(index) or causes.get(index)
         if used and why and index not in release.job_scoped:
             todo.pop(index, None)
-            blocked.append('GPU %s needs a reset (%s), not attempted: %s' % (index, ', '.join(why), used))
+            blocked.append(reset_not_attempted(index, why, used))
         elif pending and used:
             release._warn('GPU %s: %s, not applied: %s' % (index, pending, used))
         elif pending and not gpu.get('processes') and index not in release.job_scoped:

@@ -157,17 +157,32 @@ class StateDir:
         """Write value (a JSON object) to the state file name, atomically; False when it could not."""
         if not self.usable:
             return False
-        path = os.path.join(self.path, name)
         try:
             data = json.dumps(value, sort_keys=True, separators=(',', ':')).encode('utf-8')
         except (TypeError, ValueError) as exc:
-            self._warn('cannot write the state file %s (%s)' % (path, exc))
+            self._warn('cannot write the state file %s (%s)' % (os.path.join(self.path, name), exc))
             return False
-        dirfd = self._opened()
+        return self.write(name, data)
+
+    def write(self, name, data):
+        """Write data (bytes) to the file name, atomically; False, with a warning, when it could not."""
+        dirfd = self._opened() if self.usable else None
         if dirfd is None:
             return False
         try:
-            return self._replace(dirfd, _plain(name), data, path)
+            return self._replace(dirfd, _plain(name), data, os.path.join(self.path, name))
+        finally:
+            os.close(dirfd)
+
+    def mtime(self, name):
+        """When the file name was last written (the file itself, never a link's target), or None."""
+        dirfd = self._opened() if self.usable else None
+        if dirfd is None:
+            return None
+        try:
+            return os.stat(_plain(name), dir_fd=dirfd, follow_symlinks=False).st_mtime
+        except OSError:
+            return None
         finally:
             os.close(dirfd)
 

@@ -228,11 +228,7 @@ protected:
       description: The process name as the kernel keeps it.
       type: str
     name:
-      description: The process name to show in messages. It is C(comm), unless C(comm) is 15
-        characters long (the kernel cuts a name there, so C(nvidia-persistenced) reads
-        C(nvidia-persiste)); then it is the basename of the executable, or else of C(argv[0]), that
-        starts with C(comm), and C(comm) when neither does. The process chose it, as it chose
-        C(comm).
+      description: The process name to show in messages, as RV(signalled[].name) says.
       type: str
     cmdline:
       description: The command line.
@@ -325,11 +321,7 @@ survivors:
       description: The process name as the kernel keeps it.
       type: str
     name:
-      description: The process name to show in messages. It is C(comm), unless C(comm) is 15
-        characters long (the kernel cuts a name there, so C(nvidia-persistenced) reads
-        C(nvidia-persiste)); then it is the basename of the executable, or else of C(argv[0]), that
-        starts with C(comm), and C(comm) when neither does. The process chose it, as it chose
-        C(comm).
+      description: The process name to show in messages, as RV(signalled[].name) says.
       type: str
     cmdline:
       description: The command line.

@@ -21,9 +21,9 @@ import tempfile
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._dirfd import DirRefused, open_private_dir
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import is_driver_hung
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _sequence
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import SINFO_ENV, BrakeUnreadable, sinfo_argv
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command
@@ -162,10 +162,10 @@ def why_not_reboot(node, stamp, boot=None, now=None):
     REBOOT_AT_MOST_EVERY_S ago, did not cure the GPUs: a person looks."""
     if not NODE_NAME_RE.match(node) or node.upper() == 'ALL':
         return '%s is not one node name that scontrol reboot may be given' % printable(node, 100)
-    try:
-        asked = asked_at(stamp)
-    except DirRefused as exc:
-        return 'a reboot could not be remembered: the directory of %s %s' % (printable(stamp, 200), exc)
+    directory = stamp_dir(stamp)
+    if not directory.usable:
+        return 'a reboot could not be remembered: the directory of %s %s' % (printable(stamp, 200), directory.problem)
+    asked = directory.mtime(os.path.basename(stamp))
     if asked is None:
         return None
     boot = boot_time() if boot is None else boot
@@ -240,53 +240,21 @@ def reboot_held(result, history, settings):
     return held
 
 
-# The reboot stamp's missing parent directories are made with this mode (its own is made 0700).
-STAMP_PARENTS_MODE = 0o755
-
-
 def stamp_dir(stamp):
-    """An fd on the reboot stamp's directory, reached and checked by descriptor (_dirfd: no other
-    user can swap it or a directory above it for a link); made when missing. DirRefused says why not."""
-    return open_private_dir(os.path.dirname(os.path.abspath(stamp)), parents_mode=STAMP_PARENTS_MODE)
-
-
-def asked_at(stamp):
-    """When the reboot was last asked for (the stamp's mtime, read in its checked directory without
-    following a link), or None when it never was."""
-    dirfd = stamp_dir(stamp)
-    try:
-        return os.stat(os.path.basename(stamp), dir_fd=dirfd, follow_symlinks=False).st_mtime
-    except OSError:
-        return None
-    finally:
-        os.close(dirfd)
+    """The reboot stamp's directory as a StateDir: reached and checked by descriptor (no other user
+    can swap it or a directory above it for a link), made when missing."""
+    return StateDir(os.path.dirname(os.path.abspath(stamp)), parents=True)
 
 
 def note_reboot(result, stamp):
-    """Note the reboot asked for in stamp (its reason), written in its checked directory: a new file,
-    then renamed over the stamp."""
-    name = os.path.basename(stamp)
-    tmp = '.%s.%d' % (name, os.getpid())
-    try:
-        dirfd = stamp_dir(stamp)
-    except DirRefused as exc:
-        result['reason'] = '%s; the reboot could not be noted: the directory of %s %s' % (result['reason'], printable(stamp, 200), exc)
-        return result
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
-        try:
-            os.write(fd, ('%s\n' % result['reason']).encode('utf-8', 'replace'))
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-    except OSError as exc:
-        result['reason'] = '%s; the reboot could not be noted in %s: %s' % (result['reason'], printable(stamp, 200), exc.strerror)
-        try:
-            os.unlink(tmp, dir_fd=dirfd)
-        except OSError:
-            pass
-    finally:
-        os.close(dirfd)
+    """Note the reboot asked for in stamp (its reason), written in its checked directory."""
+    directory = stamp_dir(stamp)
+    if not directory.usable:
+        result['reason'] = '%s; the reboot could not be noted: the directory of %s %s' % (
+            result['reason'], printable(stamp, 200), directory.problem)
+    elif not directory.write(os.path.basename(stamp), ('%s\n' % result['reason']).encode('utf-8', 'replace')):
+        result['reason'] = '%s; the reboot could not be noted in %s: %s' % (
+            result['reason'], printable(stamp, 200), '; '.join(directory.warnings))
     return result
 
 

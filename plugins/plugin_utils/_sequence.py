@@ -129,22 +129,14 @@ class Run:
     def release_args(self):
         args = self._pick(RELEASE_OPTIONS)
         args['reset_orphaned'] = self.options['allow_gpu_reset']
-        # For a query of your own, and for check mode's reason.
-        args['facts_after'] = self.options['clean_query'] is not None or self.check_mode
-        probe = self.release_probe(float(args['timeout']))
-        if probe is not None:
-            args['probe'] = probe
-        return args
+        return self._finished(args)
 
     def reset_args(self, release):
         """The reset's: the release's options, the GPUs it named, and what is left of its timeout
         (None when too little is left of the run)."""
-        args = self.release_args()
-        del args['reset_orphaned']
-        args.update(self._pick(RESET_OPTIONS))
-        args['reset_due'] = release['reset_due']
-        args['reset_stop_units'] = self.options['stop_units']
-        args['reset_reload_modules'] = self.options['reload_modules']
+        args = self._pick(RELEASE_OPTIONS + RESET_OPTIONS)
+        args.update(reset_due=release['reset_due'], reset_stop_units=self.options['stop_units'],
+                    reset_reload_modules=self.options['reload_modules'])
         timeout = max(MIN_TIMEOUT_S, float(args['timeout']) - float(release.get('elapsed_s') or 0))
         left = self.left()
         if left is not None:
@@ -155,10 +147,14 @@ class Run:
         if left is not None and 'bug_report_timeout' in args:
             # After the reset's own timeout, within what is left of the run.
             args['bug_report_timeout'] = max(1, min(float(args['bug_report_timeout']), left - timeout - 1))
-        probe = self.release_probe(timeout)
-        if probe is None:
-            args.pop('probe', None)
-        else:
+        return self._finished(args)
+
+    def _finished(self, args):
+        """args of a release (or its reset) with what both take: facts_after (for a query of your
+        own, and for check mode's reason) and the probe, within args' timeout."""
+        args['facts_after'] = self.options['clean_query'] is not None or self.check_mode
+        probe = self.release_probe(float(args['timeout']))
+        if probe is not None:
             args['probe'] = probe
         return args
 

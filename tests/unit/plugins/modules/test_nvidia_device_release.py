@@ -12,7 +12,6 @@ import os
 import time
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import start_time
@@ -20,6 +19,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReade
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
 from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_device_release, nvidia_device_reset
 from gpusim.state import is_alive as alive
+from module_main import run_main
 
 RETURN_KEYS = set(['changed', 'released', 'signalled', 'protected', 'survivors', 'orphaned_gpus',
                    'gpus_before', 'gpus_after', 'elapsed_s'])
@@ -43,15 +43,7 @@ def run_module(capsys, host, tmp_path, **args):
     if params.get('reset_orphaned') or RESET_OPTIONS & set(params):
         module = nvidia_device_reset
         params.pop('reset_orphaned', None)
-    with patch_module_args(params):
-        with pytest.raises(SystemExit):
-            module.main()
-    captured = capsys.readouterr()
-    result = json.loads(captured.out)
-    # Once controller code is imported (other tests do), ansible-core shows module warnings
-    # through its display on stderr instead of returning them.
-    result['warning_text'] = json.dumps(result.get('warnings', [])) + captured.err
-    return result
+    return run_main(capsys, module, params)
 
 
 @pytest.mark.parametrize('args, message', [

@@ -11,13 +11,11 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import json
-
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_device_release, nvidia_device_reset
 from gpusim.state import is_alive as alive
+from module_main import run_main
 
 ORPHANED = [{'index': 3, 'reasons': ['orphaned memory']}]
 
@@ -26,13 +24,7 @@ def run(capsys, module, host, tmp_path, **args):
     params = dict(nvidia_smi_path=host.smi_path, devices=[host.dev_glob], state_dir=host.state_dir,
                   lock_file=str(tmp_path / 'release.lock'), grace_period=0.3, timeout=10)
     params.update(args)
-    with patch_module_args(params):
-        with pytest.raises(SystemExit):
-            module.main()
-    captured = capsys.readouterr()
-    result = json.loads(captured.out)
-    result['warning_text'] = json.dumps(result.get('warnings', [])) + captured.err
-    return result
+    return run_main(capsys, module, params)
 
 
 def test_the_release_names_the_gpu_that_needs_a_reset_and_the_reset_resets_it(capsys, gpuhost, tmp_path):

@@ -11,22 +11,17 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import json
-
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_gpu_facts
+from module_main import run_main
 
 
 def run_module(capsys, host, **args):
     """Run main() in-process; return the JSON it printed."""
     params = dict(nvidia_smi_path=host.smi_path, backend='nvidia-smi', devices=[host.dev_glob], state_dir=host.state_dir)
     params.update(args)
-    with patch_module_args(params):
-        with pytest.raises(SystemExit):
-            nvidia_gpu_facts.main()
-    return json.loads(capsys.readouterr().out)
+    return run_main(capsys, nvidia_gpu_facts, params)
 
 
 def test_the_gpus_and_their_holders_are_facts_and_nothing_changes(capsys, gpuhost):
