@@ -61,13 +61,19 @@ def reset_argument_spec():
 
 
 class Escalation:
-    """The escalation of one Release (release: its observation, scope, budget and warnings)."""
+    """The escalation of one release, on a narrow seam. seen: the release's _observation.Observer
+    (what it read, its scope, options, budget and deadlines, where warnings go); reread(result):
+    read everything again and report it in result, returning the snapshot; smi_runner: how
+    nvidia-smi is run (tests); sleep: how to wait."""
 
-    def __init__(self, release):
-        self.release = release
-        self.options = release.options
-        self.clock = release.clock
-        self.budget = release.budget
+    def __init__(self, seen, reread, smi_runner=None, sleep=time.sleep):
+        self.seen = seen
+        self.reread = reread
+        self.smi_runner = smi_runner
+        self.sleep = sleep
+        self.options = seen.options
+        self.clock = seen.clock
+        self.budget = seen.budget
         # {index: mig fact} of the GPUs in scope before a reset, and the resets a MIG instance in use kept from.
         self.mig_before = {}
         self.mig_blocked = []
@@ -78,19 +84,19 @@ class Escalation:
         todo = self._still_free(result, snapshot, todo)
         if not todo:
             return
-        foreign = [holder for holder in self.release.foreign_seen.values()
-                   if any(self.release._blocks(holder, gpu) for gpu in self.release._scope(snapshot) if gpu.get('index') in todo)]
+        foreign = [holder for holder in self.seen.foreign_seen.values()
+                   if any(self.seen.blocks(holder, gpu) for gpu in self.seen.scope(snapshot) if gpu.get('index') in todo)]
         if self._other_jobs_block_reset(result, snapshot, todo):
             return
         if result.survivors or foreign:
             blocking = ['pid %d' % survivor['pid'] for survivor in result.survivors]
-            blocking.extend(_reason.foreign_why(holder, self.release.proc) for holder in foreign)
-            self.release._warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
+            blocking.extend(_reason.foreign_why(holder, self.seen.proc) for holder in foreign)
+            self.seen.warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
                 ', '.join(str(index) for index in sorted(todo)), ', '.join(blocking)))
             if foreign:
                 self._foreign_blocks_reset(result, todo, foreign)
             return
-        runner = self.release.smi_runner or SmiRunner(self.options.nvidia_smi_path)
+        runner = self.smi_runner or SmiRunner(self.options.nvidia_smi_path)
         bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
         # The reset ends when the signalling would (the read after it has the time left), less the
         # reserve for starting again the units stopped for it (Quiesce.restore_reserve).
@@ -101,23 +107,21 @@ class Escalation:
         self.budget.spend('the GPU reset', started)
         if escalation.get('flr_refused') and self.options.reset_reload_modules:
             self._reload_modules(escalation, snapshot, runner)
-        self.release.reboot_only.update(escalation.get('flr_refused') or ())
+        self.seen.reboot_only.update(escalation.get('flr_refused') or ())
         if escalation['attempted'] and not escalation['ok']:
             self._name_module_holders(escalation)
         for problem in escalation['quiesced']['problems']:
-            self.release._warn('reset_stop_units: %s' % problem)
+            self.seen.warn('reset_stop_units: %s' % problem)
         if escalation['ok']:
             started = self.clock()
             reloaded = (escalation.get('module_reload') or {}).get('ok')
             escalation['fabric'] = wait_for_fabric(runner, escalation['module_reload']['gpus'] if reloaded else escalation['gpus'],
-                                                   self.release.signal_deadline, self.clock, self.release.sleep)
+                                                   self.seen.signal_deadline, self.clock, self.sleep)
             self.budget.spend('waiting for the NVLink fabric', started)
         self._record_cures(escalation, snapshot)
         self._record_history(escalation, snapshot, todo)
         self._mig_after_reset(escalation, snapshot)
-        snapshot, holders = self.release._observe(force_read=True, final=True, full=True)
-        result.failure = None
-        self.release._report(result, snapshot, holders)
+        snapshot = self.reread(result)
         result.changed = result.changed or escalation['attempted'] or bool(escalation['quiesced']['stopped'])
         problems = escalation['problems'] = self._after_reset(escalation, snapshot, todo)
         if problems:
@@ -143,21 +147,21 @@ class Escalation:
         """todo as it stands at the reset, read again now: only GPUs in scope that the driver places
         no process on, whose memory is still held when that was the only reason, and on which no MIG
         instance is in use (mig_blocked; each GPU's MIG layout is kept in mig_before for the report)."""
-        gpus = dict((gpu.get('index'), gpu) for gpu in self.release._scope(snapshot)
+        gpus = dict((gpu.get('index'), gpu) for gpu in self.seen.scope(snapshot)
                     if gpu.get('index') in todo and 'mig_instance' not in gpu)
         busy = sorted(index for index, gpu in gpus.items() if gpu.get('processes'))
         if busy:
-            self.release._warn('reset_due: GPU %s not reset: the driver places a process on it now' % ', '.join(str(index) for index in busy))
-        freed = [index for index, gpu in gpus.items() if todo[index] == [ORPHANED] and self.release._gpu_clean(gpu)]
+            self.seen.warn('reset_due: GPU %s not reset: the driver places a process on it now' % ', '.join(str(index) for index in busy))
+        freed = [index for index, gpu in gpus.items() if todo[index] == [ORPHANED] and self.seen.gpu_clean(gpu)]
         todo = dict((index, todo[index]) for index in gpus if index not in busy and index not in freed)
         if not todo:
             return todo
-        self.mig_before, warnings = read_mig_before(self.release, [gpus[index] for index in sorted(todo)])
+        self.mig_before, warnings = read_mig_before(self.seen, [gpus[index] for index in sorted(todo)])
         for warning in warnings:
-            self.release._warn('MIG before the reset: %s' % warning)
+            self.seen.warn('MIG before the reset: %s' % warning)
         for index in sorted(todo):
             used = in_use(self.mig_before.get(index), self.options.memory_threshold_mib)
-            if used and index not in self.release.job_scoped:
+            if used and index not in self.seen.job_scoped:
                 self.mig_blocked.append(_reason.reset_not_attempted(index, todo.pop(index), used))
         if self.mig_blocked:
             not_released(result, '; '.join(self.mig_blocked))
@@ -172,14 +176,14 @@ class Escalation:
         every = dict((gpu.get('index'), ['a reload of the driver']) for gpu in snapshot.gpus if gpu.get('index') is not None)
         quiesce = self._quiesce(snapshot, every)
         reload = ModuleReload(runner, snapshot.gpus, escalation['flr_refused'], quiesce.work_deadline(),
-                              self.options.host_root, self.options.nvidia_smi_path, self.clock, proc=self.release.proc)
+                              self.options.host_root, self.options.nvidia_smi_path, self.clock, proc=self.seen.proc)
         started = self.clock()
         refusal = reload.refusal()
         entry = reload.run(every) if refusal else quiesced_reset(quiesce, reload, sorted(every))
         entry = escalation['module_reload'] = complete_entry(entry, quiesce.report())
         self.budget.spend('the kernel module reload', started)
         for problem in entry['quiesced']['problems']:
-            self.release._warn('reset_stop_units: %s' % problem)
+            self.seen.warn('reset_stop_units: %s' % problem)
         escalation['message'] += '; ' + entry['message']
         if entry['ok']:
             escalation['ok'], escalation['flr_refused'] = True, []
@@ -204,12 +208,12 @@ class Escalation:
         """True when a process the job's release leaves alone holds a GPU to reset: a reset would
         end that job, so it is not tried, and the GPU is not released. Whose each process is, is
         read again now (slurmd's list too): a job may have started since the signals."""
-        gpus = [gpu for gpu in self.release._scope(snapshot) if gpu.get('index') in todo]
-        problem = self.release.jobs.refresh() if self.release.jobs is not None else None
+        gpus = [gpu for gpu in self.seen.scope(snapshot) if gpu.get('index') in todo]
+        problem = self.seen.jobs.refresh() if self.seen.jobs is not None else None
         if problem:
-            self.release._warn('scontrol listpids could not be read again before the reset (%s)' % problem)
-        spared = [holder for holder in self.release._discover(snapshot) if holder.spared
-                  if any(self.release._blocks(holder, gpu) for gpu in gpus)]
+            self.seen.warn('scontrol listpids could not be read again before the reset (%s)' % problem)
+        spared = [holder for holder in self.seen.discover(snapshot) if holder.spared
+                  if any(self.seen.blocks(holder, gpu) for gpu in gpus)]
         if not spared:
             return False
         why = 'GPU %s needs a reset, not attempted: %s would lose the GPU' % (
@@ -221,7 +225,7 @@ class Escalation:
         """A GPU that needs a reset is not released while a foreign holder keeps its node open."""
         why = '%s, not attempted: held by %s; %s' % (
             '; '.join('GPU %s needs a reset (%s)' % (index, ', '.join(reasons)) for index, reasons in sorted(todo.items())),
-            ', '.join(_reason.foreign_why(holder, self.release.proc) for holder in foreign), FOREIGN_RETRY)
+            ', '.join(_reason.foreign_why(holder, self.seen.proc) for holder in foreign), FOREIGN_RETRY)
         not_released(result, why)
 
     def _after_reset(self, escalation, snapshot, todo):
@@ -233,7 +237,7 @@ class Escalation:
         refused = escalation.get('flr_refused') or ()
         problems.extend(_reason.reset_refused({'index': index}) for index in refused)
         if not escalation['ok']:
-            readable = dict((gpu.get('index'), gpu) for gpu in self.release._scope(snapshot) if not gpu.get('error'))
+            readable = dict((gpu.get('index'), gpu) for gpu in self.seen.scope(snapshot) if not gpu.get('error'))
             problems.extend(_reason.needs_reset(readable[index], why='; '.join(why))
                             for index, why in sorted(todo.items())
                             if index in readable and ORPHANED not in why and index not in refused)
@@ -248,10 +252,10 @@ class Escalation:
         if not before or not escalation.get('attempted'):
             return
         gpus = [gpu for gpu in snapshot.gpus if gpu.get('index') in before]
-        left = self.release.deadline - READ_MIN_S - self.clock()  # the read after the reset keeps its own
-        after, warnings = self.release.reader.read_mig(gpus, timeout=left) if left > CALL_FLOOR_S else ({}, ['no time left'])
+        left = self.seen.deadline - READ_MIN_S - self.clock()  # the read after the reset keeps its own
+        after, warnings = self.seen.reader.read_mig(gpus, timeout=left) if left > CALL_FLOOR_S else ({}, ['no time left'])
         for warning in warnings:
-            self.release._warn('MIG after the reset: %s' % warning)
+            self.seen.warn('MIG after the reset: %s' % warning)
         escalation['mig'] = []
         for gpu in gpus:
             index = gpu['index']
@@ -267,17 +271,17 @@ class Escalation:
                                     program_next_to(self.options.nvidia_smi_path))
         system_log('gpuops.nvidia: %s' % report['message'])
         if not report['ok']:
-            self.release._warn('bug_report_dir: %s' % report['message'])
+            self.seen.warn('bug_report_dir: %s' % report['message'])
         return report
 
     def _quiesce(self, snapshot, todo):
         """The stops around a reset of the GPUs todo: of the protected processes that hold them."""
-        gpus = [gpu for gpu in self.release._scope(snapshot) if gpu.get('index') in todo]
-        blocking = [(holder, [gpu.get('index') for gpu in gpus if self.release._blocks(holder, gpu)])
-                    for holder in self.release._discover(snapshot) if holder.protected]
+        gpus = [gpu for gpu in self.seen.scope(snapshot) if gpu.get('index') in todo]
+        blocking = [(holder, [gpu.get('index') for gpu in gpus if self.seen.blocks(holder, gpu)])
+                    for holder in self.seen.discover(snapshot) if holder.protected]
         units = DEFAULT_STOP_UNITS if self.options.reset_stop_units is None else self.options.reset_stop_units
         return Quiesce([(holder, held) for holder, held in blocking if held], units,
-                       self.release.signal_deadline, self.clock, self.release.proc, own=ancestors(os.getpid(), self.release.proc))
+                       self.seen.signal_deadline, self.clock, self.seen.proc, own=ancestors(os.getpid(), self.seen.proc))
 
     def _record_cures(self, escalation, snapshot):
         """Record on the host that the GPUs a successful reset reset are cured: their older Xid
@@ -288,7 +292,7 @@ class Escalation:
         state = StateDir.for_host(self.options.state_dir, self.options.host_root)
         record_cure(state, uuids, time.time(), 'reset', boot_id())
         for warning in state.warnings:
-            self.release._warn(warning)
+            self.seen.warn(warning)
 
     def _record_history(self, escalation, snapshot, todo):
         """Each GPU reset in its history: reset (and a cure) when the reset worked, reset_failed
@@ -304,4 +308,4 @@ class Escalation:
         else:
             history.record(gpus, 'reset_failed', error=printable(escalation.get('message') or '', 200))
         for warning in history.warnings:
-            self.release._warn(warning)
+            self.seen.warn(warning)

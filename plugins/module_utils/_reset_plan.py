@@ -27,29 +27,29 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import instance
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED, reset_not_attempted
 
 
-def reset_plan(release, result, snapshot):
+def reset_plan(seen, result, snapshot):
     """{index: [why]} of the GPUs in scope a reset is for, with no process left on them. Sets
     result.failure for a GPU a MIG instance in use keeps from its reset, and result.held for those
     held for a person (recorded in their history, except in check mode)."""
-    hung = set(index for index, (dummy, health) in release._health(snapshot).items() if driver_hung(health))
+    hung = set(index for index, (dummy, health) in seen.health(snapshot).items() if driver_hung(health))
     todo = dict((index, [ORPHANED]) for index in result.orphaned_gpus if index not in hung)
     causes = {}
-    for index, (known, health) in release._health(snapshot).items():
+    for index, (known, health) in seen.health(snapshot).items():
         why = reset_causes(known, health)
         if why:
             causes[index] = why
-    for gpu in release._scope(snapshot):
+    for gpu in seen.scope(snapshot):
         index = gpu.get('index')
-        if index not in causes or gpu.get('processes') or index in release.job_scoped or 'mig_instance' in gpu:
+        if index not in causes or gpu.get('processes') or index in seen.job_scoped or 'mig_instance' in gpu:
             continue
         todo[index] = todo.get(index, []) + causes[index]
-    return _hold(release, result, snapshot, _mig_to_reset(release, result, snapshot, todo, causes))
+    return _hold(seen, result, snapshot, _mig_to_reset(seen, result, snapshot, todo, causes))
 
 
-def read_mig_before(release, gpus):
+def read_mig_before(seen, gpus):
     """({index: MIG fact} of gpus that have MIG, warnings), within what is left of the timeout."""
-    left = release.deadline - release.clock()
-    migs, warnings = release.reader.read_mig(gpus, timeout=left) if left > CALL_FLOOR_S else ({}, ['no time left'])
+    left = seen.deadline - seen.clock()
+    migs, warnings = seen.reader.read_mig(gpus, timeout=left) if left > CALL_FLOOR_S else ({}, ['no time left'])
     return dict((index, fact) for index, fact in migs.items() if fact), warnings
 
 
@@ -67,48 +67,48 @@ def not_released(result, why):
     result.failure = '%s; %s' % (result.failure, why) if result.failure else 'GPUs not released: %s' % why
 
 
-def _mig_to_reset(release, result, snapshot, todo, causes):
+def _mig_to_reset(seen, result, snapshot, todo, causes):
     """todo with the GPUs whose MIG mode change waits for a reset (idle, with no process), less
     those with a MIG instance in use (a process on it, or its memory over the threshold): a reset
     would end what runs there (causes: {index: [why]} of those that need one for their health)."""
-    scope = [gpu for gpu in release._scope(snapshot)
+    scope = [gpu for gpu in seen.scope(snapshot)
              if gpu.get('index') is not None and not gpu.get('error') and 'mig_instance' not in gpu]
-    migs, warnings = read_mig_before(release, scope)
+    migs, warnings = read_mig_before(seen, scope)
     blocked = []
     for gpu in scope:
         index = gpu['index']
-        pending, used = pending_change(migs.get(index)), in_use(migs.get(index), release.options.memory_threshold_mib)
+        pending, used = pending_change(migs.get(index)), in_use(migs.get(index), seen.options.memory_threshold_mib)
         why = todo.get(index) or causes.get(index)
-        if used and why and index not in release.job_scoped:
+        if used and why and index not in seen.job_scoped:
             todo.pop(index, None)
             blocked.append(reset_not_attempted(index, why, used))
         elif pending and used:
-            release._warn('GPU %s: %s, not applied: %s' % (index, pending, used))
-        elif pending and not gpu.get('processes') and index not in release.job_scoped:
+            seen.warn('GPU %s: %s, not applied: %s' % (index, pending, used))
+        elif pending and not gpu.get('processes') and index not in seen.job_scoped:
             todo[index] = todo.get(index, []) + [pending]
     if blocked:
         not_released(result, '; '.join(blocked))
     for warning in warnings if todo else ():
-        release._warn('MIG before the reset: %s' % warning)
+        seen.warn('MIG before the reset: %s' % warning)
     return todo
 
 
-def _hold(release, result, snapshot, todo):
+def _hold(seen, result, snapshot, todo):
     """todo without the GPUs whose fault came back after hold_after_cures cures within
     hold_window_days (their history): those are held for a person (result.held), not reset."""
-    history = History.for_host(release.options.host_root, release.options.state_dir)
+    history = History.for_host(seen.options.host_root, seen.options.state_dir)
     uuids = dict((gpu.get('index'), gpu.get('uuid')) for gpu in snapshot.gpus)
     result.held = []
     for index in sorted(todo):
         why = history.hold_reason(uuids.get(index), index, 'needs a reset (%s)' % ', '.join(todo[index]),
-                                  release.options.hold_after_cures, release.options.hold_window_days)
+                                  seen.options.hold_after_cures, seen.options.hold_window_days)
         if why:
             result.held.append({'index': index, 'uuid': uuids.get(index), 'reason': why})
             del todo[index]
-    if result.held and not release.check_mode:
+    if result.held and not seen.check_mode:
         history.record([(held['uuid'], held['index'], held['reason']) for held in result.held], 'cure_failed')
     for warning in history.warnings:
-        release._warn(warning)
+        seen.warn(warning)
     return todo
 
 

@@ -542,12 +542,12 @@ def test_a_thousand_holders_do_not_exhaust_the_descriptors(gpuhost):
 
 @in_private_pid_namespace
 def test_no_busy_loop_while_the_driver_frees_the_memory(gpuhost, monkeypatch):
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _release
+    from ansible_collections.gpuops.nvidia.plugins.module_utils import _observation
     gpuhost.init(gpus=8, release_delay=2.0)
     gpuhost.hold(gpus=[4], mib=4000)
     scans = []
-    real = _release.scan_holders
-    monkeypatch.setattr(_release, 'scan_holders', lambda *args, **kwargs: scans.append(1) or real(*args, **kwargs))
+    real = _observation.scan_holders
+    monkeypatch.setattr(_observation, 'scan_holders', lambda *args, **kwargs: scans.append(1) or real(*args, **kwargs))
     result = release(gpuhost, grace_period=5, timeout=10)
     assert result.released is True, result.failure
     # Two seconds of waiting at one look every 0.25 s at most (and the rescans after an exit).
