@@ -29,6 +29,15 @@ PLAYBOOK_BUDGET_S = 45
 PROLOG_EPILOG_TIMEOUT = 60
 
 
+def _run_named(runs, match):
+    """The latest of runs that the end line match names (groups: mode, job or 'health'), else the last."""
+    mode, job = match.group(1) or match.group(3), match.group(2)
+    for run in reversed(runs):
+        if run.mode == mode and run.job == job:
+            return run
+    return runs[-1]
+
+
 class HookRun:
     """One run of the hook as its log tells it: mode, job, report (the module runner's), exit."""
 
@@ -72,13 +81,16 @@ class Cluster:
                     continue
                 if not runs:
                     continue
-                hook_end = re.match(r'=== (?:(?:prolog|epilog) job \S+|health check): hook exit (\d+)$', line)
+                # A health check runs beside a Prolog or an Epilog and logs to the same file: an
+                # end line names its run, and goes to that run, not to the one logged last.
+                hook_end = re.match(r'=== (?:(prolog|epilog) job (\S+)|(health) check): hook exit (\d+)$', line)
                 if hook_end:
-                    runs[-1].hook_exit = int(hook_end.group(1))
-                end = re.match(r'=== (?:(?:prolog|epilog) job \S+|health check): exit (\d+) after (\d+) s$', line)
+                    _run_named(runs, hook_end).hook_exit = int(hook_end.group(4))
+                end = re.match(r'=== (?:(prolog|epilog) job (\S+)|(health) check): exit (\d+) after (\d+) s$', line)
                 if end:
-                    runs[-1].exit = int(end.group(1))
-                    runs[-1].seconds = int(end.group(2))
+                    named = _run_named(runs, end)
+                    named.exit = int(end.group(4))
+                    named.seconds = int(end.group(5))
                 elif line.startswith('{"host"'):
                     runs[-1].report = json.loads(line)
                 runs[-1].lines.append(line)
