@@ -115,7 +115,7 @@ class Observer:
         self.proc = proc
         self.clock = clock
         self.warnings = warnings if warnings is not None else []
-        self.ladder = None
+        self.ladder = None  # the release's _ladder.Ladder; None: a reading outside a release (nothing signalled)
         self.budget = None
         self.deadline = None
         self.signal_deadline = None
@@ -419,14 +419,14 @@ class Observer:
         jobs = [holder for holder in holders if not holder.protected and self._is_job(holder, placements)]
         for holder in holders:
             if holder.protected or holder in jobs or self._belongs_to(holder, jobs) \
-                    or self.ladder.relative(holder) is not None:
+                    or (self.ladder is not None and self.ladder.relative(holder) is not None):
                 continue
             holder.protected = True
             holder.foreign = True
             self.foreign_seen.setdefault(process_key(holder), holder)
 
     def _is_job(self, holder, placements):
-        return any((holder.pid in placements, self.ladder.has(holder), holder.session == self.own_session,
+        return any((holder.pid in placements, self.ladder is not None and self.ladder.has(holder), holder.session == self.own_session,
                     not is_system(holder, self.proc), _breaks_lines(holder.pid, self.proc)))
 
     def _belongs_to(self, holder, jobs):
