@@ -33,7 +33,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._history import Hist
 from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import ancestors
 from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import layout, pending_change, reset_changes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._modules import describe as describe_modules, module_holders
-from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import DEFAULT_STOP_UNITS, Quiesce, quiesced_reset
+from ansible_collections.gpuops.nvidia.plugins.module_utils._quiesce import DEFAULT_STOP_UNITS, Quiesce, quiesced_reset, stop_units_option
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset import GpuReset, would_reset
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reset_plan import in_use, not_released, read_mig_before
@@ -56,7 +56,7 @@ def reset_argument_spec():
         reset_reload_modules=dict(type='bool', default=False),
         bug_report_dir=dict(type='path'),
         bug_report_timeout=dict(type='float', default=BUG_REPORT_TIMEOUT_S),
-        reset_stop_units=dict(type='list', elements='str', default=list(DEFAULT_STOP_UNITS)),
+        reset_stop_units=stop_units_option(),
     )
 
 

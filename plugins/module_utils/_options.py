@@ -27,6 +27,9 @@ DEFAULT_SIGNALS = ['TERM', 'KILL']
 # A threshold above this is no test of idle memory (a whole GPU of the smallest data-centre kind).
 MAX_MEMORY_THRESHOLD_MIB = 16384
 
+# The least probe_mib: the probe must allocate and write something.
+MIN_PROBE_MIB = 1
+
 # An entry of reset_stop_units: a unit name (systemd.unit(5)'s characters) with shell glob characters.
 STOP_UNIT_RE = re.compile(r'^[A-Za-z0-9:_.@\\*?\[\]-]{1,255}\Z')
 
@@ -89,8 +92,8 @@ def check_escalation_options(bug_report_dir=None, bug_report_timeout=120.0, rese
 
 def check_probe_mib(probe_mib):
     """GpuopsError when probe_mib is no size the probe can allocate."""
-    if probe_mib is None or probe_mib < 1:
-        raise GpuopsError('probe_mib must be 1 or more, got %s' % probe_mib)
+    if probe_mib is None or probe_mib < MIN_PROBE_MIB:
+        raise GpuopsError('probe_mib must be %d or more, got %s' % (MIN_PROBE_MIB, probe_mib))
 
 
 def check_probe_level(probe_level):

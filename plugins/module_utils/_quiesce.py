@@ -71,6 +71,12 @@ DEFAULT_STOP_UNITS = [
     MPS_CONTROL,
 ]
 
+
+def stop_units_option():
+    """The option reset_stop_units of nvidia_device_reset: the units that may be stopped around a reset."""
+    return dict(type='list', elements='str', default=list(DEFAULT_STOP_UNITS))
+
+
 # Daemons that hand the GPU over to nvidia-smi for a reset themselves and need no stopping: "two
 # daemons that do handshake explicitly with nvidia-smi for GPU reset, namely nvidia-fabricmanager
 # and nvidia-persistenced" (NVIDIA/deepops#633; the reset switches persistence mode off first).

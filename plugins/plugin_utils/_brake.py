@@ -33,7 +33,6 @@ import time
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIXES
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_slurm import NODE_NAME_RE
 
-DEFAULT_MAX_DRAINED = '10%'
 DEFAULT_DRAIN_RATE = '5/10m'
 MAX_DRAINED_RE = re.compile(r'^([0-9]{1,6})(%?)\Z')
 DRAIN_RATE_RE = re.compile(r'^([0-9]{1,6})/([0-9]{1,6})([smh])\Z')

@@ -26,7 +26,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import read_li
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_reset import reboot_stamp, reset
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_slurm import SLURM_CALL_S
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_status import RUNNER_BRAKE_HELD, RUNNER_DRAINED, RUNNER_NOT_DRAINED
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import PREFIX
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import PREFIX, SETTINGS_SPEC
 
 
 # One part of SLURM_JOB_GPUS: an index or a range of them, ASCII digits only.
@@ -152,6 +152,12 @@ def live_jobs(scontrol, seconds):
     return jobs
 
 
+def max_drained(args):
+    """The fleet brake's cap: --max-drained (GPU_RESET_MAX_DRAINED), else the spec's default, the
+    action's."""
+    return SETTINGS_SPEC['max_drained']['default'] if args.max_drained is None else args.max_drained
+
+
 def reset_for_job(args, settings, started):
     """The reset of the job's GPUs (every GPU outside a job) with settings, its report on stdout;
     the exit status (0 whatever it found, in observe mode). started: time.monotonic() when the
@@ -163,7 +169,7 @@ def reset_for_job(args, settings, started):
         settings[PREFIX + 'job'] = job_setting(args, gpus, settings.get(PREFIX + 'host_root'))
     result = reset(settings, args.node, args.scontrol, args.deadline - (time.monotonic() - started),
                    reboot_stamp=reboot_stamp(args), refused=problem, budget=(started, args.deadline),
-                   observe=args.observe, max_drained=args.max_drained, drain_rate=args.max_drain_rate)
+                   observe=args.observe, max_drained=max_drained(args), drain_rate=args.max_drain_rate)
     sys.stdout.write(json.dumps(result) + '\n')
     unread = result.get('unreadable') or []
     if unread:

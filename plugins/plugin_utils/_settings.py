@@ -45,7 +45,9 @@ ELEMENTS = {'int': 'whole numbers', 'str': 'strings', 'float': 'numbers'}
 # setting it is.
 MODULE_OPTION_RE = re.compile(r'^(devices|gpus|signals|grace_period|timeout|memory_threshold_mib|bug_report_dir|'
                               r'bug_report_timeout|reset_stop_units|probe_mib|hold_after_cures|hold_window_days)\b')
-SETTING_OF_OPTION = {'reset_stop_units': 'stop_units'}
+# The setting a module's option of another name is (the spec's passed(): reset_stop_units is stop_units).
+SETTING_OF_OPTION = dict((option['module'][1], setting) for setting, option in SETTINGS_SPEC.items()
+                         if option.get('module', (None, setting))[1] != setting)
 # The settings that are options of the release module, checked by the module's own rules.
 RELEASE_SETTINGS = ('devices', 'gpus', 'signals', 'grace_period', 'timeout', 'memory_threshold_mib')
 

@@ -127,7 +127,7 @@ def parse_args(argv):
     parser.add_argument('--max-drained', type=max_drained_argument,
                         help='the fleet brake (GPU_RESET_MAX_DRAINED): past this many nodes, or this percentage of '
                              "the cluster's (N%%), out of service for gpu_reset, a node that is not clean but can run "
-                             'jobs is left in service and reported')
+                             "jobs is left in service and reported (default: gpu_reset_max_drained's)")
     parser.add_argument('--max-drain-rate', type=drain_rate_argument,
                         help='the fleet brake\'s rate (GPU_RESET_MAX_DRAIN_RATE, with --max-drained): past N nodes '
                              'drained by gpu_reset within a window (N/W, W in s, m or h, such as 5/10m), as past the cap')

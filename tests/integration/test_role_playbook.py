@@ -436,15 +436,6 @@ def test_own_clean_query_is_judged_before_anything_is_signalled(fleet):
     assert report['gpus_after'] == [{'index': 0, 'memory_used_mib': 1}, {'index': 1, 'memory_used_mib': 1}]
 
 
-def test_role_threshold_default_is_the_modules_default():
-    with open(os.path.join(REPO, 'roles', 'gpu_reset', 'defaults', 'main.yml')) as f:
-        defaults = yaml.safe_load(f)
-    with open(os.path.join(REPO, 'roles', 'gpu_reset', 'meta', 'argument_specs.yml')) as f:
-        spec = yaml.safe_load(f)['argument_specs']['main']['options']
-    assert defaults['gpu_reset_memory_threshold_mib'] == DEFAULT_MEMORY_THRESHOLD_MIB
-    assert spec['gpu_reset_memory_threshold_mib']['default'] == DEFAULT_MEMORY_THRESHOLD_MIB
-
-
 HOOK = os.path.join(REPO, 'roles', 'slurm_hooks', 'files', 'gpu-reset-hook.sh')
 
 
@@ -538,22 +529,25 @@ def test_observe_mode_signals_nothing_drains_nothing_and_says_what_it_would_do(g
         assert 'observe mode: the node is left as it is' in log, log
 
 
-@pytest.mark.parametrize('value', ['ten', '10%%', '%5', '5%3'])
-def test_a_fleet_brake_that_is_neither_a_number_nor_a_percentage_is_named(gpuhost_factory, tmp_path, value):
-    """A broken setting: the hook does not check the GPUs, and drains the node saying why."""
+@pytest.mark.parametrize('runner', ['module', 'playbook'])
+@pytest.mark.parametrize('value', ['ten', '10%%', '%5', '5%3', '-1'])
+def test_a_fleet_brake_that_is_neither_a_number_nor_a_percentage_is_named(gpuhost_factory, tmp_path, value, runner):
+    """A broken setting: the hook does not check the GPUs, and drains the node saying why (the
+    runner checks it, by the rule of the action and the role slurm_hooks, whichever runner runs)."""
     host = gpuhost_factory(gpus=1)
     job = host.hold(gpus=[0], mib=1000)['pid']
-    proc, calls, log = run_hook(host, tmp_path, 'epilog', SLURM_JOB_GPUS='0', GPU_RESET_MAX_DRAINED=value)
+    proc, calls, log = run_hook(host, tmp_path, 'epilog', SLURM_JOB_GPUS='0', GPU_RESET_MAX_DRAINED=value,
+                                GPU_RESET_RUNNER=runner)
     assert proc.returncode == 2 and alive(job), log
-    assert 'GPU_RESET_MAX_DRAINED is neither a number nor a percentage' in log, log
-    assert len(calls) == 1 and calls[0].startswith('update nodename=node01 state=drain'), calls
+    assert 'GPU_RESET_MAX_DRAINED: %r is neither a number of nodes nor a percentage' % value in log, log
+    assert calls == ['update nodename=node01 state=drain reason=gpu_reset: epilog hook could not check the GPUs '
+                     '(job 4242, GPUs 0), see %s' % (tmp_path / 'hook.log')], calls
 
 
 @pytest.mark.parametrize('value, said', [
-    ('5', 'GPU_RESET_MAX_DRAIN_RATE is not NODES/WINDOW (5/10m)'),
-    ('5/10d', 'GPU_RESET_MAX_DRAIN_RATE is not NODES/WINDOW (5/10m)'),
-    ('5;id/10m', 'GPU_RESET_MAX_DRAIN_RATE is not NODES/WINDOW (5/10m)'),
-    # The shape is right, the numbers are not: the runner names it.
+    ('5', "GPU_RESET_MAX_DRAIN_RATE: '5' is not NODES/WINDOW, such as 5/10m (s, m or h)"),
+    ('5/10d', "GPU_RESET_MAX_DRAIN_RATE: '5/10d' is not NODES/WINDOW, such as 5/10m (s, m or h)"),
+    ('5;id/10m', "GPU_RESET_MAX_DRAIN_RATE: '5;id/10m' is not NODES/WINDOW, such as 5/10m (s, m or h)"),
     ('0/10m', "GPU_RESET_MAX_DRAIN_RATE: '0/10m' must be at least 1 node within 1 s to 7 days"),
 ])
 def test_a_fleet_brake_rate_that_is_not_nodes_per_window_is_named(gpuhost_factory, tmp_path, value, said):

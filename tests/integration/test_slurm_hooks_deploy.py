@@ -200,3 +200,15 @@ def test_an_existing_python_that_cannot_import_the_collection_is_named(tmp_path)
     assert ("the hook's Python %s cannot import the collection gpuops.nvidia from %s: ModuleNotFoundError"
             % (sys.executable, tmp_path / 'nowhere')) in proc.stdout, proc.stdout
     assert not (tmp_path / 'hooks').exists()
+
+
+def test_a_fleet_brake_the_hook_would_refuse_is_refused_by_the_role_in_the_hook_s_words(tmp_path):
+    """The role checks slurm_hooks_max_drained and slurm_hooks_max_drain_rate by the rule the hook's
+    runner checks them by (_brake.py, through the filter gpu_reset_brake_problem), before installing anything."""
+    proc = run_role(tmp_path, slurm_hooks_max_drained='10 %')
+    assert proc.returncode == 2
+    assert "slurm_hooks_max_drained: '10 %' is neither a number of nodes nor a percentage (N%)" in proc.stdout, proc.stdout
+    proc = run_role(tmp_path, slurm_hooks_max_drain_rate='0/10m')
+    assert proc.returncode == 2
+    assert "slurm_hooks_max_drain_rate: '0/10m' must be at least 1 node within 1 s to 7 days" in proc.stdout, proc.stdout
+    assert not (tmp_path / 'venv').exists() and not (tmp_path / 'hooks').exists()

@@ -39,12 +39,15 @@
 #   GPU_RESET_REBOOT_STAMP  the file that notes the last reboot asked for (default
 #                           /var/lib/gpuops/reboot-requested)
 #   GPU_RESET_MAX_DRAINED   the fleet brake: past this many nodes, or this percentage of the
-#                           cluster's (default 10%, at least 1 node), out of service with a
-#                           gpu_reset reason, a node that is not clean but where a job can run
-#                           (no GPU lost, no memory held) is left in service and the reason logged
+#                           cluster's, out of service with a gpu_reset reason, a node that is not
+#                           clean but where a job can run (no GPU lost, no memory held) is left in
+#                           service and the reason logged (the role's slurm_hooks_max_drained; not
+#                           set, the runner's default, gpu_reset_max_drained's)
 #   GPU_RESET_MAX_DRAIN_RATE  the fleet brake's rate: NODES/WINDOW (default 5/10m; WINDOW in s, m
 #                           or h): as many nodes drained by gpu_reset within the window (the time
 #                           Slurm gives their reasons) hold the brake as the cap does
+#                           The runner checks both (one rule, _brake.py's): a value it cannot read
+#                           is a setting the hook cannot read (exit 2, the node drained)
 #   GPU_RESET_MODE          enforce (default), or observe: read, decide and log what would be
 #                           signalled, reset, drained or resumed, and change nothing (the hook
 #                           exits 0 whatever it finds), for a staged rollout on a live cluster
@@ -122,16 +125,10 @@ case ${GPU_RESET_REBOOT:-no} in
   *) conf_broken=1 ;;
 esac
 reboot_stamp=${GPU_RESET_REBOOT_STAMP:-/var/lib/gpuops/reboot-requested}
-max_drained=${GPU_RESET_MAX_DRAINED:-10%}
-case $max_drained in
-  '' | *[!0-9%]* | *%?* | %*) max_drained=10% conf_broken=1 ;;
-esac
-# The shape here (digits/digits and a unit); the runner checks the numbers.
+# The fleet brake's settings go to the runner as they are: it checks them, by the rule the action
+# and the role slurm_hooks check them by (_brake.py), and a value it cannot read stops it before
+# anything is done, as settings it cannot read (its status 2, the hook's 2: the node drained).
 max_drain_rate=${GPU_RESET_MAX_DRAIN_RATE:-5/10m}
-rate_shape=${max_drain_rate%[smh]}
-case $rate_shape in
-  "$max_drain_rate" | "${rate_shape%/*}" | /* | */ | *[!0-9/]* | */*/*) max_drain_rate=5/10m conf_broken=1 ;;
-esac
 # observe: read, decide and report what would be signalled, reset, drained or resumed; change
 # nothing (the hook exits 0, so that Slurm does not drain the node either). A mode that is
 # neither is a broken setting, and changes nothing either: a rollout meant to observe must not
@@ -191,15 +188,16 @@ run_module() {
   timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
     --node "$node" ${vars_file:+--vars-file "$vars_file"} ${gpus:+--gpus "$gpus"} \
     --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol" \
-    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"} ${observe:+--observe} --max-drained "$max_drained" \
-    "--max-drain-rate=$max_drain_rate"
+    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"} ${observe:+--observe} \
+    ${GPU_RESET_MAX_DRAINED:+"--max-drained=$GPU_RESET_MAX_DRAINED"} "--max-drain-rate=$max_drain_rate"
 }
 
 run_health() {
   timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
     --health-check --node "$node" ${vars_file:+--vars-file "$vars_file"} \
     --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol" \
-    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"} ${observe:+--observe}
+    ${reboot:+--reboot --reboot-stamp "$reboot_stamp"} ${observe:+--observe} \
+    ${GPU_RESET_MAX_DRAINED:+"--max-drained=$GPU_RESET_MAX_DRAINED"} "--max-drain-rate=$max_drain_rate"
 }
 
 run_playbook() {
@@ -213,7 +211,8 @@ run_playbook() {
   # why (10, 11) and nothing is released.
   "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook --node "$node" \
     ${vars_file:+--vars-file "$vars_file"} ${gpus:+--gpus "$gpus"} --timeout "$release_timeout" \
-    --scontrol "$scontrol" --playbook-vars "$hook_vars"
+    --scontrol "$scontrol" --playbook-vars "$hook_vars" \
+    ${GPU_RESET_MAX_DRAINED:+"--max-drained=$GPU_RESET_MAX_DRAINED"} "--max-drain-rate=$max_drain_rate"
   rc=$?
   if [ "$rc" -ne 0 ]; then
     rm -f "$hook_vars"
@@ -260,7 +259,7 @@ fi
   [ "$mode" = health ] && runner=module
   echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $what on $node, GPUs $shown_gpus, $runner"
   if [ -n "$conf_broken" ]; then
-    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds, or GPU_RESET_REBOOT is neither no nor asap, or GPU_RESET_MODE is neither enforce nor observe, or GPU_RESET_MAX_DRAINED is neither a number nor a percentage, or GPU_RESET_MAX_DRAIN_RATE is not NODES/WINDOW (5/10m): the hook cannot read its settings"
+    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds, or GPU_RESET_REBOOT is neither no nor asap, or GPU_RESET_MODE is neither enforce nor observe: the hook cannot read its settings"
     rc=20
   elif [ "$mode" = health ]; then
     # The health check runs the module runner only: settings that need the playbook (3) stop it.

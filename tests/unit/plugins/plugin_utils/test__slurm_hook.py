@@ -44,6 +44,16 @@ def test_garbage_gpus_are_a_settings_error_without_a_traceback(capsys):
     assert 'argument --gpus: SLURM_JOB_GPUS: GPU 2000000 is past the 64 GPUs' in err and 'Traceback' not in err
 
 
+def test_without_a_cap_a_job_s_run_has_the_action_s_default():
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _hook_job
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import SETTINGS_SPEC
+
+    args = _slurm_hook.parse_args(['--node', 'gpu07'])
+    assert args.max_drained is None
+    assert _hook_job.max_drained(args) == SETTINGS_SPEC['max_drained']['default']
+    assert _hook_job.max_drained(_slurm_hook.parse_args(['--node', 'gpu07', '--max-drained=3'])) == '3'
+
+
 @pytest.mark.parametrize('text', ['', '10 %', '%', '5%%', '-1', '1e3', 'ten'])
 def test_a_cap_that_is_neither_a_number_nor_a_percentage_is_refused(text, capsys):
     with pytest.raises(SystemExit):

@@ -4,57 +4,79 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """The one spec of the gpu_reset settings (plugin_utils/_spec.py): the role's argument spec and
-defaults, the action's documentation and the modules' own declarations are it; a typo of a
+defaults, the action's documentation and the Slurm hooks' settings are generated from it
+(scripts/gen_settings.py) and current; the modules' own declarations are it; a typo of a
 variable is named with the nearest one."""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import importlib.util
 import os
 
 import pytest
-import yaml
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import (
-    PREFIX, SETTINGS_SPEC, defaults, nearest_variable, unknown_variables)
+    PREFIX, SETTINGS_SPEC, nearest_variable, unknown_variables)
 
-ROLE = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'roles', 'gpu_reset')
-
-
-def test_the_role_argument_spec_is_the_one_spec():
-    with open(os.path.join(ROLE, 'meta', 'argument_specs.yml')) as handle:
-        options = yaml.safe_load(handle)['argument_specs']['main']['options']
-    spec = dict((PREFIX + name, option) for name, option in SETTINGS_SPEC.items())
-    assert sorted(options) == sorted(spec)
-    for name, option in spec.items():
-        role = options[name]
-        for key in ('type', 'elements', 'choices'):
-            assert role.get(key) == option.get(key), (name, key)
-        assert role.get('default') == option.get('default'), name
+REPO = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
 
 
-def test_the_action_documents_the_one_spec():
-    """The action's options are the spec's, with the same types, choices and defaults."""
+def generator():
+    """scripts/gen_settings.py, imported from the checkout."""
+    path = os.path.join(REPO, 'scripts', 'gen_settings.py')
+    spec = importlib.util.spec_from_file_location('gen_settings', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generated_files_are_the_spec_s(capsys):
+    """The role's argument spec, defaults and README table, the action's options and the Slurm
+    hooks' settings are written from the spec: none is stale (run scripts/gen_settings.py)."""
+    assert generator().main(['--check']) == 0, capsys.readouterr().err
+
+
+def test_a_change_to_the_spec_makes_the_files_that_say_it_stale(monkeypatch, capsys):
+    monkeypatch.setitem(SETTINGS_SPEC['max_drained'], 'default', '20%')
+    assert generator().main(['--check']) == 1
+    err = capsys.readouterr().err
+    for path in ('roles/gpu_reset/meta/argument_specs.yml', 'roles/gpu_reset/defaults/main.yml',
+                 'roles/gpu_reset/README.md', 'plugins/modules/gpu_reset.py',
+                 'roles/slurm_hooks/meta/argument_specs.yml', 'roles/slurm_hooks/defaults/main.yml',
+                 'roles/slurm_hooks/README.md'):
+        assert path in err, err
+
+
+def test_the_action_takes_the_spec_s_options():
     from ansible_collections.gpuops.nvidia.plugins.action.gpu_reset import ActionModule
-    from ansible_collections.gpuops.nvidia.plugins.modules import gpu_reset
 
-    from ansible_collections.gpuops.nvidia.plugins.doc_fragments.gpu import ModuleDocFragment
+    assert sorted(ActionModule._VALID_ARGS) == sorted(SETTINGS_SPEC)
 
-    options = yaml.safe_load(gpu_reset.DOCUMENTATION)['options']
-    options.update(yaml.safe_load(ModuleDocFragment.MEMORY_THRESHOLD)['options'])
-    assert sorted(options) == sorted(SETTINGS_SPEC) == sorted(ActionModule._VALID_ARGS)
+
+def test_an_option_passed_to_a_module_is_described_by_the_module_in_the_spec_s_names():
+    """probe_level's description is the probe module's: its O(probe_mib) is the setting probe_mib,
+    its other options and return values are named with the module's name."""
+    module = generator()
+    described = module.descriptions(*module.import_spec())
+    assert 'O(probe_mib)' in ' '.join(described['probe_level'])
+    assert 'O(allow_gpu_reset)' in described['stop_units'][-1]
+    reload_modules = ' '.join(described['reload_modules'])
+    assert 'RV(gpuops.nvidia.nvidia_device_reset#module:escalation.flr_refused)' in reload_modules
+    assert 'O(stop_units)' in reload_modules and 'O(reset_stop_units)' not in reload_modules
+    assert described['hold_after_cures'][-1] == 'Between 1 and 100.'
+
+
+def test_the_role_refuses_a_reference_to_no_option():
+    module = generator()
+    with pytest.raises(ValueError, match=r'O\(no_such_option\) names no option of the spec'):
+        module.spec_to(lambda name: PREFIX + name, SETTINGS_SPEC)('See O(no_such_option).')
+
+
+def test_every_option_is_described():
     for name, option in SETTINGS_SPEC.items():
-        documented = options[name]
-        for key in ('type', 'elements', 'choices'):
-            assert documented.get(key, 'str' if key == 'type' else None) == option.get(key, 'str' if key == 'type' else None), (name, key)
-        assert documented.get('default') == option.get('default'), name
-
-
-def test_the_role_defaults_are_the_spec_s():
-    with open(os.path.join(ROLE, 'defaults', 'main.yml')) as handle:
-        role = yaml.safe_load(handle)
-    assert role == dict((PREFIX + name, value) for name, value in defaults().items())
+        assert option.get('description') or option.get('module'), name
 
 
 def test_a_typo_is_named_and_the_other_variables_are_not():
