@@ -330,7 +330,9 @@ def _judged(host, release, before, after, escalation, gpus, query, threshold, al
         outcome = 'failed' if any(beyond_release(gpu, allow_gpu_reset)
                                   for gpu in (final or {}).get('nvidia_gpus') or []) else 'would_release'
     elif final is not None and (after is not None or query is not None) and is_clean(final, query, None, threshold):
-        outcome = 'released'
+        # Clean when read again: released by this run when it signalled or reset anything, else
+        # it was clean and the release only could not prove it (a read cut short on a loaded host).
+        outcome = 'released' if release.get('changed') else 'clean'
     else:
         outcome = 'failed'
     if outcome != 'would_release' and escalation and escalation['problems']:

@@ -58,6 +58,14 @@ def test_release_that_signalled_is_released():
     assert report['gpus_before'] == memory(4000, 1)
 
 
+@pytest.mark.parametrize('changed, outcome', [(False, 'clean'), (True, 'released')])
+def test_a_release_that_did_not_prove_a_host_clean_that_then_reads_clean(changed, outcome):
+    """Nothing signalled or reset: the host was clean, whatever cut the release's own proof short."""
+    unproven = release(False, changed=changed, failure='GPUs not released: the GPUs could not be read: no time was left')
+    report = _verdict.verdict('n1', release=unproven, facts=facts([gpu(0), gpu(1)]))
+    assert report['outcome'] == outcome and report['reason'] is None
+
+
 def test_survivor_is_named_with_its_gpu_and_why():
     survivor = dict(holder(9, [1]), reason='uninterruptible', gpus=[1], signals_sent=['TERM', 'KILL'])
     report = _verdict.verdict('n1', release=release(False, changed=True, survivors=[survivor]),
@@ -203,7 +211,7 @@ def test_check_mode_would_release_and_names_the_processes():
 
 def test_scope_narrows_the_judgement():
     read = facts([gpu(0), gpu(1, 5000, 'busy')], [holder(8, [1])])
-    report = _verdict.verdict('n1', release=release(False), facts=read, gpus=[0])
+    report = _verdict.verdict('n1', release=release(False, changed=True), facts=read, gpus=[0])
     assert report['outcome'] == 'released' and report['gpus_after'] == memory(1)
 
 
