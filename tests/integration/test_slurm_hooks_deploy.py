@@ -12,11 +12,13 @@ Python."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
 import zipfile
 
+import pytest
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -212,3 +214,37 @@ def test_a_fleet_brake_the_hook_would_refuse_is_refused_by_the_role_in_the_hook_
     assert proc.returncode == 2
     assert "slurm_hooks_max_drain_rate: '0/10m' must be at least 1 node within 1 s to 7 days" in proc.stdout, proc.stdout
     assert not (tmp_path / 'venv').exists() and not (tmp_path / 'hooks').exists()
+
+
+SLURM_CONF_PLAYBOOK = '''
+- name: Write the slurm.conf lines of the hooks
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: The lines
+      ansible.builtin.include_role:
+        name: gpuops.nvidia.slurm_hooks
+        tasks_from: slurm_conf
+'''
+
+
+@pytest.mark.parametrize('version, split', [('25.05.2', True), ('slurm 26.05.0', True), ('24.11.5', False),
+                                            ('slurm-wlm 22.05.8', False)])
+def test_slurm_25_05_and_later_also_get_prolog_and_epilog_timeouts(tmp_path, version, split):
+    """PrologTimeout and EpilogTimeout take precedence over PrologEpilogTimeout where set (Slurm 25.05
+    and later): the lines set them too, to the same seconds; earlier releases do not know them."""
+    playbook = tmp_path / 'lines.yml'
+    playbook.write_text(SLURM_CONF_PLAYBOOK)
+    lines = tmp_path / 'slurm-hooks.conf'
+    (tmp_path / 'vars.json').write_text(json.dumps(dict(
+        slurm_hooks_dir=str(tmp_path / 'hooks'), slurm_hooks_slurm_conf=str(lines), slurm_hooks_slurm_version=version,
+        slurm_hooks_scontrol=shutil.which('false'), slurm_hooks_prolog_epilog_timeout=150)))
+    env = dict(os.environ, ANSIBLE_NOCOLOR='1', ANSIBLE_LOCALHOST_WARNING='0', ANSIBLE_INVENTORY_UNPARSED_WARNING='0',
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_HOME=str(tmp_path / 'ansible-home'))
+    proc = subprocess.run([os.path.join(BIN, 'ansible-playbook'), '-i', 'localhost,', '-c', 'local', str(playbook),
+                           '-e', '@%s' % (tmp_path / 'vars.json')], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    written = dict(re.findall(r'(?m)^([A-Za-z]+)=(.*)$', lines.read_text()))
+    assert written['PrologEpilogTimeout'] == written['BatchStartTimeout'] == '150'
+    assert (written.get('PrologTimeout'), written.get('EpilogTimeout')) == (('150', '150') if split else (None, None))

@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_clocks import clock_problems
+from bench import BenchError, deploy_hooks
 from conftest import BUDGET_S, PLAYBOOK_BUDGET_S, PROLOG_EPILOG_TIMEOUT
 from gpusim.state import is_alive as alive
 from processes import gone
@@ -236,3 +238,40 @@ def test_slurm_runs_with_the_hooks_clocks(node):
     config = node.bench.command('scontrol', 'show', 'config').stdout
     values = dict(re.findall(r'^(PrologEpilogTimeout|BatchStartTimeout)\s*=\s*(\d+)', config, re.MULTILINE))
     assert values == {'PrologEpilogTimeout': str(PROLOG_EPILOG_TIMEOUT), 'BatchStartTimeout': str(PROLOG_EPILOG_TIMEOUT)}, config
+    # What the role checks them by: the values are the lines' own, nothing to say.
+    with open(os.path.join(node.hooks, 'slurm-hooks.conf')) as handle:
+        written = handle.read()
+    assert clock_problems(config, written, PROLOG_EPILOG_TIMEOUT) == []
+    # The same running values, had a line of slurm.conf read after the Include set them.
+    theirs = re.sub(r'(?m)^(PrologEpilogTimeout|BatchStartTimeout)=.*$', r'\1=%d' % (2 * PROLOG_EPILOG_TIMEOUT), written)
+    assert clock_problems(config, theirs, 2 * PROLOG_EPILOG_TIMEOUT) == [
+        'Slurm runs with %s=%d, which gives %s less than the %d s the hooks need: a line of slurm.conf read after the '
+        'Include sets it; set it to %d or more, or remove it'
+        % (name, PROLOG_EPILOG_TIMEOUT, what, 2 * PROLOG_EPILOG_TIMEOUT, 2 * PROLOG_EPILOG_TIMEOUT)
+        for name, what in (('PrologEpilogTimeout', 'a Prolog and an Epilog'),
+                           ('BatchStartTimeout', "a batch job's launch, its Prolog included"))]
+
+
+def test_the_role_deployed_again_on_a_running_node_checks_slurm_s_running_clocks(node, tmp_path):
+    """The role reads scontrol show config once Slurm reads its lines: on the node as it runs, the
+    values are the lines' own and the role passes; had a later line of slurm.conf set them lower
+    than the hooks need, it fails naming each."""
+    with open(os.path.join(node.hooks, 'deploy-vars.json')) as handle:
+        deployed = json.load(handle)
+    deploy_hooks(node.hooks, deployed['slurm_hooks_gpu_reset_vars'],
+                 **dict((name, value) for name, value in deployed.items()
+                        if name not in ('slurm_hooks_gpu_reset_vars',)))
+    # Another directory, whose slurm.conf lines set more than the running node has: the running
+    # values are then not the lines' own.
+    with open(os.path.join(node.hooks, 'slurm-hooks.conf')) as handle:
+        written = handle.read()
+    lines = tmp_path / 'slurm-hooks.conf'
+    more_lines = written.replace('PrologEpilogTimeout=%d' % PROLOG_EPILOG_TIMEOUT, 'PrologEpilogTimeout=200')
+    lines.write_text(more_lines)
+    more = dict(deployed, slurm_hooks_dir=str(tmp_path / 'hooks'), slurm_hooks_slurm_conf=str(lines),
+                slurm_hooks_prolog_epilog_timeout=200)
+    with pytest.raises(BenchError) as failed:
+        deploy_hooks(str(tmp_path / 'hooks'), more.pop('slurm_hooks_gpu_reset_vars'), **more)
+    assert 'Slurm runs with PrologEpilogTimeout=%d, which gives a Prolog and an Epilog less than the 200 s the hooks need' \
+        % PROLOG_EPILOG_TIMEOUT in str(failed.value), str(failed.value)
+    assert lines.read_text() == more_lines  # not rewritten: the role stopped before it
