@@ -141,7 +141,8 @@ class Observer:
         # The GPUs only a reboot (or a driver reload) cures now: their reset the platform refused.
         self.reboot_only = set()
         self.last_snapshot = None
-        self.first_snapshot = None
+        self.observed = False
+        self.first_snapshot = None  # the first observation's (the release's first, full read)
         # The kernel log's messages (Summary.events()), read once at the first need (False: not
         # yet; None: it could not be read).
         self.kernel_events = False
@@ -447,6 +448,10 @@ class Observer:
         if force_read or self.options.gpus is not None:
             snapshot = self.read(final, full)
         holders = self.discover(snapshot)
+        if not self.observed:
+            self.observed = True
+            self.first_snapshot = snapshot
+            self.foreign_from_start = set(process_key(holder) for holder in holders if holder.foreign)
         for holder in holders:
             if holder.spared:
                 self.other_jobs_seen[process_key(holder)] = holder

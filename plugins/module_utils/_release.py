@@ -412,8 +412,6 @@ class Release:
 
     def _run(self, result):
         snapshot, holders = self.seen.observe(force_read=True, full=True)
-        self.seen.first_snapshot = snapshot
-        self.seen.foreign_from_start = set(process_key(holder) for holder in holders if holder.foreign)
         if self.seen.read_error_permanent or (snapshot is None and self.options.expected_gpus is not None):
             # Waiting cannot fix it, and without a read nothing can be proved (nor how many GPUs
             # the host has): stop before any signal.
@@ -548,7 +546,6 @@ class Release:
         """The reset of the GPUs due that still need it: the host read again now, nothing signalled
         (a holder of the job still there keeps its GPU from the reset)."""
         snapshot, holders = self.seen.observe(force_read=True, full=True)
-        self.seen.first_snapshot = snapshot
         if snapshot is None:
             raise GpuopsError('%s; nothing was reset' % self.seen.read_error)
         self.seen.check_gpus(snapshot)
