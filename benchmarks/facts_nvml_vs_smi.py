@@ -38,8 +38,8 @@ def timed(func, runs):
 
 
 def bench_readers(host, runs):
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gpu_facts
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.backend import select_reader
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gpu_facts
 
     results = {}
     facts = {}

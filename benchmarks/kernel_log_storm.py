@@ -40,8 +40,8 @@ RECORD_RE = re.compile(r'^[0-9]+,([0-9]+),([0-9]+),')
 # One read of the kernel log in a process of its own: seconds, peak memory, what it found.
 READ = r'''
 import json, sys, time
-from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import KernelLog
-from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health.kernel_log import KernelLog
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir
 started = time.perf_counter()
 log = KernelLog(sys.argv[1], StateDir(sys.argv[2]), 'bench')
 summary = log.read(60)
@@ -96,9 +96,9 @@ def write_flood(path, mib):
 
 
 def facts_once(host, state_dir):
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader, SmiRunner
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gather_facts
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.smi import SmiReader, SmiRunner
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir
 
     started = time.perf_counter()
     facts, warnings = gather_facts(SmiReader(SmiRunner(host.smi_path)), [host.dev_glob], [],

@@ -53,7 +53,7 @@ CUINIT = ('import ctypes, sys\n'
 # children: the probe's own; cuinit-fork: a bare cuInit in each, the library loaded here first.
 FORKED = '''
 import ctypes, json, sys, time
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import ProbeChild
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import ProbeChild
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Forked, Runner
 variant, gpus, mib = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 library = ctypes.CDLL("libcuda.so.1")

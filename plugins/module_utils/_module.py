@@ -13,9 +13,9 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import MissingLibraryError, select_reader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.backend import MissingLibraryError, select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import HostReader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Terminated, sigterm_raises
 
 

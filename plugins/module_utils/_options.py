@@ -18,9 +18,9 @@ import os
 import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, MIN_TIMEOUT_S, GpuopsError, check_seconds, printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._cuda import LEVELS
-from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import GPU_FORMS, parse_gpu, split_gpus
-from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import parse_signal
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.cuda import LEVELS
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import GPU_FORMS, parse_gpu, split_gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.signals import parse_signal
 
 DEFAULT_SIGNALS = ['TERM', 'KILL']
 

@@ -14,9 +14,9 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DRIVER_HUNG, printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS, action_causes
-from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import supervisor
-from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import instance_name
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health.health import NOT_CLEAN_ACTIONS, action_causes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import supervisor
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.mig import instance_name
 
 
 # Why a holder was left alone although it is no protected daemon: a root or system process that

@@ -622,7 +622,7 @@ probe:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._module import exit_with_release, run_with_reader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release import ReleaseOptions, release, release_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.release import ReleaseOptions, release, release_argument_spec
 
 
 def main():

@@ -498,10 +498,10 @@ escalation:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._escalation import Escalation, reset_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.escalation import Escalation, reset_argument_spec
 from ansible_collections.gpuops.nvidia.plugins.module_utils._module import exit_with_release, run_with_reader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release import ReleaseOptions, release, release_argument_spec
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reset_plan import due_from_entries
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.release import ReleaseOptions, release, release_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.reset_plan import due_from_entries
 
 
 def argument_spec():

@@ -307,7 +307,7 @@ gpus:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._module import run_with_reader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import ProbeOptions, probe, probe_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import ProbeOptions, probe, probe_argument_spec
 
 
 def main():

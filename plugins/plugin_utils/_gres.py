@@ -37,10 +37,10 @@ import re
 import stat
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import check_device_node, nvidia_majors
-from ansible_collections.gpuops.nvidia.plugins.module_utils._host import DRIVER_GPUS, HostView, read_driver, under_root
-from ansible_collections.gpuops.nvidia.plugins.module_utils._mig import CAPABILITIES, caps_minor
-from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import node_number
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import check_device_node, nvidia_majors
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import DRIVER_GPUS, HostView, read_driver, under_root
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.mig import CAPABILITIES, caps_minor
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import node_number
 
 DEFAULT_SLURM_CONF = '/etc/slurm/slurm.conf'
 # The driver's major number of /dev/nvidiaN (and nvidiactl); nvidia-uvm's and the caps' are dynamic.

@@ -25,14 +25,14 @@ import shlex
 from ansible.module_utils.common.parameters import DEFAULT_TYPE_VALIDATORS
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._history import check_hold_options
-from ansible_collections.gpuops.nvidia.plugins.module_utils._jobs import check_job
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import check_hold_options
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.jobs import check_job
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     check_escalation_options,
     check_probe_mib,
     check_release_options,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import parse_gpu
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import parse_gpu
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import max_drained_problem
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import SETTINGS_SPEC

@@ -11,7 +11,7 @@
 A Prolog runs before every job, so its start-up counts: ansible-playbook alone takes longer to
 start than the release takes on a clean node. This program runs the one sequence
 (plugin_utils/_sequence.py, the action gpuops.nvidia.gpu_reset's) on the node itself, its
-modules run as programs (_hook_reset.py), then its finishing steps (_finish.py):
+modules run as programs (_hook/reset.py), then its finishing steps (_finish.py):
 
 1. the settings: the spec's defaults (plugin_utils/_spec.py), then the hook's
    variables file, then what the hook fixes (the job's GPUs, the release's time, drain on
@@ -43,10 +43,10 @@ fallen off the bus, the driver's word) is not drained but rebooted by Slurm once
 (scontrol reboot ASAP nextstate=resume, which needs RebootProgram), at most once a day (the stamp
 file); a fault that comes back sooner is drained for a person.
 
-With --health-check it is Slurm's HealthCheckProgram (_hook_health.py).
+With --health-check it is Slurm's HealthCheckProgram (_hook/health.py).
 
 A GPU whose fault comes back after gpu_reset_hold_after_cures cures (resets, reboots asked for)
-within gpu_reset_hold_window_days (its history, module_utils/_history.py) is not reset or rebooted
+within gpu_reset_hold_window_days (its history, module_utils/_state/history.py) is not reset or rebooted
 again: the node is drained for a person (gpu_reset(hold): ...), which the health check never
 resumes. An operator returns it with --clear-history GPU-UUID (or all), then scontrol update
 nodename=NODE state=resume.
@@ -58,8 +58,8 @@ Unlike the role in a fleet run, a misconfigured node is drained too, with the re
 or Epilog that fails drains the node anyway, only with a reason that says nothing.
 
 This file reads the arguments; main() imports only the mode it runs: a job's Prolog or Epilog
-(_hook_job.py, through the sequence of _hook_reset.py), the health check (_hook_health.py), the
-playbook runner's variables (_hook_playbook.py) or --clear-history (_hook_history.py).
+(_hook/job.py, through the sequence of _hook/reset.py), the health check (_hook/health.py), the
+playbook runner's variables (_hook/playbook.py) or --clear-history (_hook/history.py).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -72,7 +72,7 @@ import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import drain_rate_problem, max_drained_problem
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_status import RUNNER_NEEDS_PLAYBOOK, RUNNER_SETTINGS_UNREADABLE
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.status import RUNNER_NEEDS_PLAYBOOK, RUNNER_SETTINGS_UNREADABLE
 
 REBOOT_STAMP = '/var/lib/gpuops/reboot-requested'
 
@@ -96,7 +96,7 @@ def drain_rate_argument(text):
 def gpus_argument(text):
     """gpu_list for argparse: its message as the error, no traceback (imported here: _hook_job
     brings the whole sequence, which only a job's run needs)."""
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_job import gpu_list
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.job import gpu_list
 
     try:
         return gpu_list(text)
@@ -149,15 +149,15 @@ def main(argv=None):
     started = time.monotonic()
     args = parse_args(argv)
     if args.clear_history:
-        from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_history import clear_history
+        from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.history import clear_history
         return clear_history(args)
     if args.playbook_vars:
-        from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_playbook import playbook_vars
+        from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.playbook import playbook_vars
         return playbook_vars(args)
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_vars import NeedsPlaybook, hook_vars, load_settings
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.vars import NeedsPlaybook, hook_vars, load_settings
     try:
         if args.health_check:
-            from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_health import health_check
+            from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.health import health_check
             return health_check(args)
         settings = load_settings(args.vars_file, hook_vars(args))
     except NeedsPlaybook as exc:
@@ -166,7 +166,7 @@ def main(argv=None):
     except (OSError, ValueError) as exc:
         sys.stderr.write('gpu_reset: cannot read the settings: %s\n' % printable(str(exc)))
         return RUNNER_SETTINGS_UNREADABLE
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_job import reset_for_job
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.job import reset_for_job
     return reset_for_job(args, settings, started)
 
 

@@ -30,12 +30,12 @@ import difflib
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     MIN_TIMEOUT_S, holders_argument_spec, reader_argument_spec)
-from ansible_collections.gpuops.nvidia.plugins.module_utils._escalation import reset_argument_spec
-from ansible_collections.gpuops.nvidia.plugins.module_utils._history import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.escalation import reset_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import (
     HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, MAX_HOLD_AFTER_CURES, MAX_HOLD_WINDOW_DAYS)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     DEFAULT_SIGNALS, MAX_MEMORY_THRESHOLD_MIB, MIN_PROBE_MIB)
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import probe_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import probe_argument_spec
 
 PREFIX = 'gpu_reset_'
 

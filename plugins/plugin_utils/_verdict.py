@@ -26,8 +26,8 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import NOT_CLEAN_ACTIONS
-from ansible_collections.gpuops.nvidia.plugins.module_utils._scope import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health.health import NOT_CLEAN_ACTIONS
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import (
     blocks, gpu_node_number, gpus_in_scope, instance_parent, no_such_gpus, parse_gpu)
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
 
@@ -419,7 +419,7 @@ def _fact_rows(facts):
 
 def _release_rows(release):
     """The per-GPU rows of gpu_metrics from the release's gpu_states (the driver's recovery action)."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import DRIVER_ACTIONS
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.reader import DRIVER_ACTIONS
 
     rows = []
     for gpu in release.get('gpu_states') or []:

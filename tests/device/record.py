@@ -46,9 +46,9 @@ def _collection_path():
 
 
 def smi_fields():
-    """The nvidia-smi fields the collection's reader queries, read from _smi.py itself."""
+    """The nvidia-smi fields the collection's reader queries, read from _gpu/smi.py itself."""
     _collection_path()
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _smi
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu import smi as _smi
     return {
         'gpu': [field for field, dummy in _smi.GPU_FIELDS],
         'optional': [field for field, dummy in _smi.OPTIONAL_FIELDS],
@@ -59,7 +59,7 @@ def smi_fields():
 
 def fabric_fields():
     _collection_path()
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _fabric
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._cure import fabric as _fabric
     return _fabric.FIELDS
 
 

@@ -25,7 +25,7 @@ _spec = importlib.util.spec_from_file_location('gpuops_device_record', os.path.j
 record = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(record)
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _smi  # noqa: E402
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu import smi as _smi  # noqa: E402
 
 needs_cc = pytest.mark.skipif(not (shutil.which('gcc') or shutil.which('cc')),
                               reason='no C compiler to build the simulated libnvidia-ml.so.1')

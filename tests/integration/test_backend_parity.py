@@ -30,9 +30,9 @@ if not (shutil.which('gcc') or shutil.which('cc')):
 # Reads the host with both backends in one process; prints the facts of each as JSON.
 PROBE = r'''
 import json, sys
-from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gpu_facts
-from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.backend import select_reader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gpu_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health.kernel_log import read_xid_events
 smi_path, kernel_log, backends = sys.argv[1], sys.argv[2], sys.argv[3].split(',')
 light = sys.argv[4:] == ['light']
 events, dummy = read_xid_events(kernel_log)
@@ -356,9 +356,9 @@ def test_the_drivers_verdicts_read_the_same_through_both_backends(gpuhost_factor
 # the caps tree); prints each backend's GPU facts, mig included, and its warnings.
 MIG_PROBE = r'''
 import json, sys
-from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gpu_facts, mig_facts
-from ansible_collections.gpuops.nvidia.plugins.module_utils._host import HostReader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.backend import select_reader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gpu_facts, mig_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import HostReader
 smi_path, root = sys.argv[1], sys.argv[2]
 out = {}
 for backend in ('nvml', 'nvidia-smi'):

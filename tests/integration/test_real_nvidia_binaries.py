@@ -38,7 +38,7 @@ import tempfile
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader, SmiRunner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.smi import SmiReader, SmiRunner
 
 SUITES = {'bookworm': '535.', 'trixie': '550.'}
 PACKAGES = ('nvidia-smi', 'libnvidia-ml1')
@@ -259,7 +259,7 @@ def test_nvidia_smi_reader_says_the_library_is_missing(real_nvidia, monkeypatch,
 NVML_PROBE = '''
 import sys
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._nvml import NvmlReader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.nvml import NvmlReader
 try:
     NvmlReader(10.0).open()
 except GpuopsError as exc:

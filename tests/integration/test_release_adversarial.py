@@ -25,11 +25,11 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._backend import select_reader
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.backend import select_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_PROTECT, GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._escalation import Escalation
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release import Release, ReleaseOptions
-from ansible_collections.gpuops.nvidia.plugins.module_utils._signals import Signaller
+from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.escalation import Escalation
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.release import Release, ReleaseOptions
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.signals import Signaller
 from gpusim.api import Host
 from gpusim.state import is_alive as alive
 from processes import await_ready, in_private_pid_namespace
@@ -542,7 +542,7 @@ def test_a_thousand_holders_do_not_exhaust_the_descriptors(gpuhost):
 
 @in_private_pid_namespace
 def test_no_busy_loop_while_the_driver_frees_the_memory(gpuhost, monkeypatch):
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _observation
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._release import observation as _observation
     gpuhost.init(gpus=8, release_delay=2.0)
     gpuhost.hold(gpus=[4], mib=4000)
     scans = []

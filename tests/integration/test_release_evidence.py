@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release import holders as _holders
 from gpusim.cgroups import available, enter, job_cgroup
 from gpusim.state import is_alive as alive
 from integration import test_release_adversarial as adversarial

@@ -16,7 +16,7 @@ __metaclass__ = type
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release import ReleaseOptions
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.release import ReleaseOptions
 from gpusim.cgroups import available, job_cgroup
 from gpusim.state import is_alive as alive
 from integration.test_release_adversarial import release

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import DESCRIPTORS_READ_AT_MOST
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import DESCRIPTORS_READ_AT_MOST
 from crowd import Crowd
 from gpusim.state import is_alive as alive
 from integration.test_release_adversarial import in_private_pid_namespace, release

@@ -291,7 +291,7 @@ rc=$?
 python_problem() {
   if [ ! -x "$python" ]; then
     echo "cannot run GPU_RESET_PYTHON $python: no such executable; set GPU_RESET_PYTHON to the Python that has ansible-core"
-  elif ! "$python" -c 'import ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_job' >/dev/null 2>&1; then
+  elif ! "$python" -c 'import ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.job' >/dev/null 2>&1; then
     echo "GPU_RESET_PYTHON $python cannot import gpuops.nvidia; install the collection for it or set GPU_RESET_COLLECTIONS_PATH"
   fi
 }

@@ -1,6 +1,6 @@
 /*
  * gpusim's libcuda.so.1: the CUDA driver API entry points that gpuops.nvidia's allocation probe
- * calls (plugins/module_utils/_cuda.py), answered from the simulated host's state, so the probe's
+ * calls (plugins/module_utils/_probe/cuda.py), answered from the simulated host's state, so the probe's
  * real ctypes code runs end to end.
  *
  * Signatures, CUresult numbers and cuGetErrorName's names follow cuda.h of CUDA 12.4 (the
@@ -31,7 +31,7 @@
  *   12.4: CUDA_ERROR_UNSUPPORTED_PTX_VERSION above it, CUDA_ERROR_INVALID_PTX without .version,
  *   .target or an .entry), writing the JIT's error log as the real one does, and keeps the entry
  *   names; the code of `gpusim fault cuda-jit --gpu N` first. cuLaunchKernel runs the probe's own
- *   kernels by name (gpuops_fill, gpuops_check; _cuda.py's PTX) on the simulated memory: no
+ *   kernels by name (gpuops_fill, gpuops_check; _probe/cuda.py's PTX) on the simulated memory: no
  *   memory backs a large allocation, so the fill records the run's seed, and the bits of `gpusim
  *   fault cuda-flip` that fall in what it wrote; the check counts those (or every word, when the
  *   fill did not run with that seed) into the result words, which a small allocation (up to
@@ -696,7 +696,7 @@ CUresult cuModuleUnload(CUmodule module)
     return current->sticky;
 }
 
-/* The probe's kernels' arguments: (data, words, seed, result), as _cuda.py's PTX declares them. */
+/* The probe's kernels' arguments: (data, words, seed, result), as _probe/cuda.py's PTX declares them. */
 struct probe_args { CUdeviceptr data; unsigned long long words; unsigned seed; CUdeviceptr result; };
 
 /* gpuops_fill: the allocation keeps the seed, and the flipped bits that fall in what it writes. */

@@ -1,5 +1,5 @@
 """The simulated libcuda.so.1 running the probe's own kernels: the probe's child (the source of
-plugins/module_utils/_cuda.py, run as _probe runs it) against gpusim's state, with the kernel
+plugins/module_utils/_probe/cuda.py, run as _probe runs it) against gpusim's state, with the kernel
 faults the probe must name: a flipped bit anywhere in the probed memory, a JIT error, a launch
 that fails, a launch that silently does nothing."""
 
@@ -16,7 +16,7 @@ if not (shutil.which("gcc") or shutil.which("cc")):
     pytest.skip("no C compiler", allow_module_level=True)
 
 CHILD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
-                     "plugins", "module_utils", "_cuda.py")
+                     "plugins", "module_utils", "_probe", "cuda.py")
 MIB = 1024 * 1024
 
 

@@ -20,7 +20,7 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 
 from ansible_collections.gpuops.nvidia.plugins.action.gpu_reset import ActionModule
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_reset import ModuleRunner
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.reset import ModuleRunner
 from gpusim.state import is_alive as alive
 
 

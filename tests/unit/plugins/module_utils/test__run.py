@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _kernel_log as _health
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health import kernel_log as _health
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, PermanentReadError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import (
     OUTPUT_MAX,

@@ -19,8 +19,8 @@ import stat
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._kernel_log import read_xid_events
-from ansible_collections.gpuops.nvidia.plugins.module_utils._health import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health.kernel_log import read_xid_events
+from ansible_collections.gpuops.nvidia.plugins.module_utils._health.health import (
     XID_ACTIONS,
     fallen_off_bus,
     health_facts,
@@ -28,8 +28,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._health import (
     parse_xid_events,
     recovery_action,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reader import gpu_state
-from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.reader import gpu_state
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.smi import (
     EXIT_CODES,
     GPU_FIELDS,
     HEALTH_FIELDS,
@@ -53,9 +53,10 @@ def sample(*parts):
 
 
 def test_every_sample_is_read_by_a_test():
-    # This file and the other unit tests of module_utils (test__reset.py reads a refused reset's words).
+    # This file and the other unit tests of module_utils, in its packages' folders too (_cure/test__reset.py
+    # reads a refused reset's words).
     here = ''
-    for path in glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'test_*.py')):
+    for path in glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), '**', 'test_*.py'), recursive=True):
         with open(path) as f:
             here += f.read()
     for directory, dummy, names in os.walk(SAMPLES):

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._facts import gather_facts
-from ansible_collections.gpuops.nvidia.plugins.module_utils._holders import start_time
-from ansible_collections.gpuops.nvidia.plugins.module_utils._smi import SmiReader, SmiRunner
-from ansible_collections.gpuops.nvidia.plugins.module_utils._state import StateDir, boot_id, record_cure
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gather_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import start_time
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.smi import SmiReader, SmiRunner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir, boot_id, record_cure
 from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_device_release, nvidia_device_reset
 from gpusim.state import is_alive as alive
 from module_main import run_main

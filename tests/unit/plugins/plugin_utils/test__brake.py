@@ -16,7 +16,9 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _hook_reset, _hook_status, _slurm_hook
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _slurm_hook
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook import reset as _hook_reset
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook import status as _hook_status
 
 
 def sinfo_lines(nodes, drained=(), other=(), at=None):

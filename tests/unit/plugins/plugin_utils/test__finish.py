@@ -18,8 +18,9 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _finish, _hook_reset, _sequence
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_vars import load_settings
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _finish, _sequence
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook import reset as _hook_reset
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.vars import load_settings
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import PREFIX
 
 

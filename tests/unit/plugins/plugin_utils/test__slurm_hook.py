@@ -13,7 +13,8 @@ __metaclass__ = type
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _hook_status, _slurm_hook
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _slurm_hook
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook import status as _hook_status
 
 
 def test_a_node_is_required_but_to_clear_the_history(capsys):
@@ -45,7 +46,7 @@ def test_garbage_gpus_are_a_settings_error_without_a_traceback(capsys):
 
 
 def test_without_a_cap_a_job_s_run_has_the_action_s_default():
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _hook_job
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook import job as _hook_job
     from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import SETTINGS_SPEC
 
     args = _slurm_hook.parse_args(['--node', 'gpu07'])

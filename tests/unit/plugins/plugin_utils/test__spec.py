@@ -103,8 +103,8 @@ def test_a_setting_passed_to_a_module_is_declared_as_the_module_declares_it(modu
     from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _sequence
 
     specs = {
-        'nvidia_device_release': ('_release', 'release_argument_spec', _sequence.RELEASE_OPTIONS),
-        'nvidia_gpu_probe': ('_probe', 'probe_argument_spec', _sequence.PROBE_OPTIONS),
+        'nvidia_device_release': ('_release.release', 'release_argument_spec', _sequence.RELEASE_OPTIONS),
+        'nvidia_gpu_probe': ('_probe.probe', 'probe_argument_spec', _sequence.PROBE_OPTIONS),
     }
     name, function, passed = specs[module]
     utils = __import__('ansible_collections.gpuops.nvidia.plugins.module_utils.' + name, fromlist=[function])

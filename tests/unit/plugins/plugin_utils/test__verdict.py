@@ -139,7 +139,7 @@ def test_a_reset_that_left_the_fabric_behind_fails_the_host_though_the_gpus_read
 
 def test_a_reset_the_platform_refused_asks_for_a_reboot_in_one_line():
     from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import RESET_REFUSED
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_reset import reboot_cures
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.reset import reboot_cures
 
     line = 'GPU 1 needs a reboot (%s)' % RESET_REFUSED
     output = 'nvidia-smi --gpu-reset -i 1 refused (exit 255): GPU 00000000:11:00.0: Unknown Error'
@@ -419,7 +419,7 @@ def test_a_module_that_failed_or_crashed_keeps_its_own_words():
 
 def test_a_hung_driver_that_names_no_gpu_asks_the_hook_for_a_reboot():
     from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import driver_hung
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_reset import reboot_cures
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.reset import reboot_cures
 
     error = '%s; nothing was signalled' % driver_hung('nvidia-smi --query-gpu=index', 'pid 77 in D state')
     report = _verdict.verdict('n1', error=error)
@@ -430,7 +430,7 @@ def test_a_hung_driver_that_names_no_gpu_asks_the_hook_for_a_reboot():
 
 
 def test_a_module_reload_that_cured_a_refused_reset_is_in_the_report_and_asks_no_reboot():
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook_reset import reboot_cures
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.reset import reboot_cures
 
     reload = dict(attempted=True, ok=True, gpus=[0, 1], flr_refused=[1], message='kernel modules nvidia_uvm, nvidia '
                   'unloaded and loaded again', modules=['nvidia_uvm', 'nvidia'], unloaded=['nvidia_uvm', 'nvidia'],

@@ -1,0 +1,215 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""Each GPU's history, by GPU UUID, kept across reboots: the resets, the reboots asked for, the
+cures, the failed cures and the probes' results, each with its time and reason.
+
+It lives in /var/lib/gpuops (under host_root on a simulated host; in state_dir/history when a
+state_dir is given), a directory kept as the state directory is (_state.StateDir: opened by
+descriptor from /, created 0700, refused when it is a link, another user's or writable by others,
+or below a directory another user could swap it in; files read and written through that
+descriptor, atomically, never through a link; a file that is not what this module wrote is
+ignored with a warning). Unlike /run/gpuops it survives a reboot, so a GPU
+whose fault returns after every cure is seen to do so (hold_reason), and is held for a person.
+
+Bounded: the newest MAX_EVENTS events of each GPU, the MAX_GPUS GPUs seen last; a probe that
+passes again, or a hold said again, adds to the last such event (count) instead of a new one, so
+that every job's probe cannot push the resets out.
+
+An operator clears a GPU's history (or every GPU's) with
+python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook --clear-history UUID|all.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+import re
+import tempfile
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir
+
+HISTORY_DIR = '/var/lib/gpuops'
+HISTORY = 'history.json'
+# Per GPU: a GPU reset every day for a year would need 365; the escalation needs the last week.
+MAX_EVENTS = 100
+# GPUs kept (those with the newest events): a host has at most a few dozen.
+MAX_GPUS = 256
+# Events the facts and the report show per GPU (the newest).
+SHOWN = 10
+# The windows the facts and the report count events in.
+WINDOWS = (('1d', 86400), ('7d', 7 * 86400), ('30d', 30 * 86400))
+# What an event is: a GPU reset that worked, one that failed, a reboot asked for, a cure (how:
+# reset or probe, as _state.record_cure records it), a fault that came back after the cures
+# (cure_failed: the GPU is held for a person), a probe's result (result: pass or fail).
+KINDS = ('reset', 'reset_failed', 'reboot_asked', 'cure', 'cure_failed', 'probe')
+# What counts as a cure tried, for the escalation: the remedies, not the probes that follow them.
+CURES_TRIED = ('reset', 'reboot_asked')
+# Kinds whose repeat (same kind, reason and result as the last event) is counted on that event.
+MERGED = ('probe', 'cure_failed', 'reset_failed')
+# A fault that comes back after this many cures within HOLD_WINDOW_DAYS is not cured again: it
+# goes to a person. Defaults from the field's anchors: NVSentinel sends a node remediated more
+# than once in 7 days to a person; gpud escalates to hardware inspection after 2 reboots that did
+# not cure an Xid (DefaultRebootThreshold = 2).
+HOLD_AFTER_CURES = 2
+HOLD_WINDOW_DAYS = 7.0
+MAX_HOLD_AFTER_CURES = 100
+MAX_HOLD_WINDOW_DAYS = 365.0
+UUID_RE = re.compile(r'^GPU-[0-9A-Fa-f-]{8,64}\Z')
+REASON_CHARS = 300
+
+
+def check_hold_options(hold_after_cures, hold_window_days):
+    """GpuopsError, the message starting with the option's name, when the escalation's threshold or
+    window is not sane."""
+    if hold_after_cures is None or not 1 <= hold_after_cures <= MAX_HOLD_AFTER_CURES:
+        raise GpuopsError('hold_after_cures must be between 1 and %d (the cures tried before a fault that returns '
+                          'goes to a person), got %s' % (MAX_HOLD_AFTER_CURES, hold_after_cures))
+    if hold_window_days is None or not 0 < hold_window_days <= MAX_HOLD_WINDOW_DAYS:
+        raise GpuopsError('hold_window_days must be more than 0 and at most %d days, got %s'
+                          % (MAX_HOLD_WINDOW_DAYS, hold_window_days))
+
+
+def default_history_dir(host_root='/', euid=None):
+    """/var/lib/gpuops for root (it survives a reboot, unlike /run); under host_root on a
+    simulated host; another user's own directory in the temporary directory."""
+    euid = os.geteuid() if euid is None else euid
+    if host_root and os.path.normpath(host_root) != '/':
+        return os.path.join(host_root, HISTORY_DIR.lstrip('/'))
+    if euid == 0:
+        return HISTORY_DIR
+    return os.path.join(tempfile.gettempdir(), 'gpuops-history-%d' % euid)
+
+
+def _valid_event(event):
+    if not isinstance(event, dict):
+        return False
+    when = event.get('time')
+    timed = isinstance(when, (int, float)) and not isinstance(when, bool)
+    return timed and event.get('kind') in KINDS and isinstance(event.get('reason'), str)
+
+
+def _valid_uuid(uuid):
+    return isinstance(uuid, str) and bool(UUID_RE.match(uuid))
+
+
+class History:
+    """The GPUs' history in a state directory (a _state.StateDir)."""
+
+    def __init__(self, state):
+        self.state = state
+
+    @classmethod
+    def for_host(cls, host_root='/', state_dir=None):
+        """The history of the host (host_root); beside the state when a state_dir is given (its
+        history directory: the user chose where the collection keeps its state)."""
+        path = os.path.join(state_dir, 'history') if state_dir else default_history_dir(host_root)
+        # A simulated host: its /var/lib may not exist yet.
+        simulated = bool(host_root) and os.path.normpath(host_root) != '/'
+        return cls(StateDir(path, parents=simulated))
+
+    @property
+    def warnings(self):
+        found = list(self.state.warnings)
+        unusable = self.state.unusable_warning('no GPU history is kept, and a fault that returns after its cures is '
+                                               'not held for a person')
+        return ([unusable] if unusable else []) + found
+
+    def gpus(self):
+        """{uuid: [events, oldest first]}, what is valid of the file."""
+        data = self.state.load(HISTORY) or {}
+        gpus = data.get('gpus') if isinstance(data.get('gpus'), dict) else {}
+        found = {}
+        for uuid, events in gpus.items():
+            if _valid_uuid(uuid) and isinstance(events, list):
+                kept = sorted((event for event in events if _valid_event(event)), key=lambda event: event['time'])
+                if kept:
+                    found[uuid] = kept[-MAX_EVENTS:]
+        return found
+
+    def events(self, uuid):
+        return self.gpus().get(uuid, [])
+
+    def uuid_at(self, pci_bus_id):
+        """The UUID whose newest event was at pci_bus_id (a lost GPU's UUID cannot be read), or None."""
+        found = [(events[-1]['time'], uuid) for uuid, events in self.gpus().items()
+                 if pci_bus_id and any(event.get('pci_bus_id') == pci_bus_id for event in events)]
+        return max(found)[1] if found else None
+
+    def record(self, gpus, kind, when=None, **extra):
+        """Add an event of kind to each GPU of gpus ([(uuid, index, reason[, pci_bus_id])]);
+        extra: its other keys (how, result). False when it could not be written."""
+        gpus = [tuple(gpu) + (None,) * (4 - len(gpu)) for gpu in gpus if _valid_uuid(gpu[0])]
+        if not gpus or not self.state.usable:
+            return False
+        when = round(time.time() if when is None else float(when), 3)
+        known = self.gpus()
+        for uuid, index, reason, bus in gpus:
+            event = dict(extra, time=when, kind=kind, index=index, reason=printable(reason or '', REASON_CHARS))
+            if bus:
+                event['pci_bus_id'] = str(bus)
+            _add(known.setdefault(uuid, []), event)
+        newest = sorted(known.items(), key=lambda item: item[1][-1]['time'], reverse=True)[:MAX_GPUS]
+        return self.state.save(HISTORY, {'gpus': dict(newest)})
+
+    def clear(self, uuid):
+        """Forget uuid's history ('all': every GPU's); the UUIDs forgotten."""
+        known = self.gpus()
+        gone = sorted(known) if uuid == 'all' else [uuid] if uuid in known else []
+        for name in gone:
+            del known[name]
+        if gone and not self.state.save(HISTORY, {'gpus': known}):
+            raise GpuopsError('the history in %s could not be written: %s' % (self.state.path, '; '.join(self.warnings)))
+        return gone
+
+    def summary(self, uuid, now=None):
+        """What the facts and the report show of a GPU's history: its newest SHOWN events and how
+        many events of each kind fell in each window (counts: {'7d': {'reset': 2}})."""
+        return summarize(self.events(uuid), now)
+
+    def hold_reason(self, uuid, index, fault, after=HOLD_AFTER_CURES, window_days=HOLD_WINDOW_DAYS, now=None):
+        """Why the GPU, whose fault is back, goes to a person instead of another cure, or None: it
+        was held before (until its history is cleared), or after cures were tried within window_days."""
+        events = self.events(uuid)
+        now = time.time() if now is None else now
+        tried = [event for event in events if event['kind'] in CURES_TRIED and now - event['time'] <= window_days * 86400]
+        held = [event for event in events if event['kind'] == 'cure_failed']
+        if len(tried) < after and not held:
+            return None
+        tried = tried or [event for event in events if event['kind'] in CURES_TRIED][-after:]
+        cures = ', '.join('%s %s' % (event['kind'].replace('_asked', ''), _stamp(event['time'])) for event in tried[-5:])
+        return 'GPU %s (%s): %s, back after %d cure(s) within %g days (%s): not cured again, held for a person' % (
+            index, uuid, fault, len(tried), window_days, cures or 'held before')
+
+
+def _add(events, event):
+    last = events[-1] if events else None
+    if last and event['kind'] in MERGED and all(last.get(key) == event.get(key) for key in ('kind', 'reason', 'result', 'index')):
+        last['count'] = int(last.get('count') or 1) + 1 if isinstance(last.get('count'), int) else 2
+        last['time'] = event['time']
+    else:
+        events.append(event)
+    del events[:-MAX_EVENTS]
+
+
+def summarize(events, now=None):
+    now = time.time() if now is None else now
+    counts = {}
+    for name, seconds in WINDOWS:
+        counts[name] = {}
+        for event in events:
+            if now - event['time'] <= seconds:
+                counts[name][event['kind']] = counts[name].get(event['kind'], 0) + int(event.get('count') or 1)
+    return {'events': events[-SHOWN:], 'counts': counts}
+
+
+def _stamp(when):
+    return time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(when))

@@ -1,0 +1,208 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This plugin_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""Slurm's HealthCheckProgram (health_check): on a node this collection drained that runs no job,
+the whole sequence; clean: the node is resumed; not clean: it stays drained with the new reason.
+Anything else is only read, and left as it is."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import re
+import sys
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.reset import NOT_REBOOTED, reboot_stamp, reset
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.slurm import (
+    NODE_NAME_RE,
+    SLURM_CALL_S,
+    SlurmUnreadable,
+    slurm_call,
+    slurm_command,
+)
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.status import (
+    HEALTH_RESUME_FAILED,
+    HEALTH_UNREADABLE,
+    RUNNER_DRAINED,
+    RUNNER_NOT_DRAINED,
+)
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.vars import hook_vars, load_settings
+
+
+# The one state the health check acts in (scontrol show node's State=): idle and drained, no other
+# flag. A job that still ends there (COMPLETING), one that runs (ALLOCATED, MIXED: a draining node),
+# a reboot, a maintenance or a node that does not answer leaves the node to Slurm and to people.
+RESUMABLE_STATE = 'IDLE+DRAIN'
+# Seconds kept for the last read and the resume.
+RESUME_RESERVE_S = 8
+# scontrol show node's Reason= line ends with who set it and when: ' [root@2026-12-01T12:00:00]'.
+REASON_STAMP_RE = re.compile(r' \[[^\[\]\s@]*@[^\[\]\s]*\]$')
+
+
+def say(text):
+    """One line of the health check's log (text already made printable)."""
+    sys.stderr.write('gpu_reset health check: %s\n' % text)
+
+
+def parse_node(text, node):
+    """(State, Reason, Reason line) of node from `scontrol show node NODE`: State= as printed
+    (IDLE+DRAIN, ...), the reason without its [user@time] stamp ('' when none), and the whole
+    Reason= line, stamp included, to tell later whether anyone set a reason since.
+
+    SlurmUnreadable unless the text describes that one node, with one State= and at most one
+    Reason= line (a reason of several lines is continued on lines that are not Key=value)."""
+    lines = text.splitlines()
+    names = [line.split(None, 1)[0] for line in lines if line.startswith('NodeName=')]
+    if names != ['NodeName=' + node]:
+        raise SlurmUnreadable('scontrol show node %s describes %s, not that one node'
+                              % (printable(node), printable(' '.join(names) or 'no node', 100)))
+    states = [line.split()[0][len('State='):] for line in lines if line.startswith('   State=')]
+    reasons = [line.strip() for line in lines if line.startswith('   Reason=')]
+    if len(states) != 1 or not states[0] or len(reasons) > 1:
+        raise SlurmUnreadable('scontrol show node %s gave %d State= and %d Reason= lines (one State= and at most one Reason= expected)'
+                              % (printable(node), len(states), len(reasons)))
+    line = reasons[0] if reasons else ''
+    return states[0], REASON_STAMP_RE.sub('', line[len('Reason='):]), line
+
+
+def why_not_heal(node, state, reason):
+    """None when the health check may put the node's GPUs back: drained, idle, with a reason of
+    this collection (the drain prefix) that is not for a person (the hold prefix); otherwise why
+    not, as the log says it."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import HOLD_PREFIX, PREFIX as DRAIN_PREFIX
+
+    if 'DRAIN' not in state.split('+'):
+        return '%s is not drained (State=%s): nothing to do' % (printable(node), printable(state, 100))
+    if reason.startswith(HOLD_PREFIX):
+        # Held for a person (a fault that what the hook tried did not cure): clean GPUs now (an
+        # intermittent GPU that fell off the bus) prove nothing. scontrol update ... state=resume.
+        return ('%s is held by gpu_reset for a person (%s): left drained until an operator resumes it'
+                % (printable(node), printable(reason, 200)))
+    if not reason.startswith(DRAIN_PREFIX):
+        return ("%s is drained for a reason that is not this collection's (%s): left to whoever drained it"
+                % (printable(node), printable(reason or 'none', 200)))
+    if reason.startswith(DRAIN_PREFIX + NOT_REBOOTED):
+        # Drained for a person by an older version, before the hold prefix: the same.
+        return ('%s is held by gpu_reset for a person (%s): left drained until an operator resumes it'
+                % (printable(node), printable(reason, 200)))
+    if state != RESUMABLE_STATE:
+        return ('%s is drained by gpu_reset but State=%s, not %s (a job still runs or ends there, or Slurm '
+                'has other business with it): nothing done' % (printable(node), printable(state, 100), RESUMABLE_STATE))
+    return None
+
+
+def read_node(scontrol, node, seconds):
+    """parse_node of `scontrol show node NODE`."""
+    rc, stdout, stderr = slurm_call([scontrol, 'show', 'node', node], seconds)
+    if rc != 0:
+        raise SlurmUnreadable('scontrol show node %s failed (rc %d): %s'
+                              % (printable(node), rc, printable(stderr.strip(), 300)))
+    return parse_node(stdout, node)
+
+
+def jobs_on(scontrol, node, seconds):
+    """The jobs squeue places on node (any state but pending), as printable 'ID STATE' lines."""
+    argv = [slurm_command(scontrol, 'squeue'), '-h', '-w', node, '-t', 'all', '-o', '%i %T']
+    rc, stdout, stderr = slurm_call(argv, seconds)
+    if rc != 0:
+        raise SlurmUnreadable('squeue -w %s failed (rc %d): %s' % (printable(node), rc, printable(stderr.strip(), 300)))
+    return [printable(line.strip(), 100) for line in stdout.splitlines()
+            if line.strip() and line.split()[-1] not in FINISHED_JOB_STATES]
+
+
+# squeue -t all also lists the jobs that ended there; these states hold nothing on the node.
+FINISHED_JOB_STATES = frozenset(('PENDING', 'COMPLETED', 'CANCELLED', 'FAILED', 'TIMEOUT', 'NODE_FAIL', 'PREEMPTED',
+                                 'BOOT_FAIL', 'DEADLINE', 'OUT_OF_MEMORY', 'REVOKED', 'SPECIAL_EXIT'))
+
+
+def why_not_now(args, seconds):
+    """(why the health check leaves the node alone, or None; the node as read)."""
+    state, reason, line = read_node(args.scontrol, args.node, seconds)
+    why = why_not_heal(args.node, state, reason)
+    if why is None:
+        jobs = jobs_on(args.scontrol, args.node, seconds)
+        if jobs:
+            why = '%s runs jobs (%s): nothing done' % (printable(args.node), ', '.join(jobs[:5]))
+    return why, (state, line)
+
+
+def changed_since(args, read, seconds):
+    """Why the node may no longer be acted on (its state or reason changed since read, a job
+    came), or None."""
+    try:
+        why, now = why_not_now(args, seconds)
+    except SlurmUnreadable as exc:
+        return str(exc)
+    if why is None and now != read:
+        why = '%s was drained again since the health check read it (%s)' % (printable(args.node), printable(now[1], 200))
+    return why
+
+
+def resume(args, seconds):
+    """scontrol update nodename=NODE state=resume; 0, or HEALTH_RESUME_FAILED saying why."""
+    try:
+        rc, dummy, stderr = slurm_call([args.scontrol, 'update', 'nodename=' + args.node, 'state=resume'], seconds)
+    except SlurmUnreadable as exc:
+        rc, stderr = None, str(exc)
+    if rc != 0:
+        say('could not resume %s: %s' % (printable(args.node), printable(stderr.strip(), 300)))
+        return HEALTH_RESUME_FAILED
+    say('resumed %s: its GPUs are clean' % printable(args.node))
+    return 0
+
+
+def health_check(args):
+    """--health-check: on a node this collection drained that runs no job, the whole sequence;
+    clean: resume the node; not clean: keep it drained with the new reason. Anything else is
+    only read."""
+    ends = time.monotonic() + args.deadline
+    if not NODE_NAME_RE.match(args.node):
+        say('%s is not a node name the health check acts on: nothing done' % printable(args.node, 100))
+        return HEALTH_UNREADABLE
+    try:
+        why, read = why_not_now(args, min(SLURM_CALL_S, args.deadline / 4.0))
+    except SlurmUnreadable as exc:
+        say('nothing done: %s' % exc)
+        return HEALTH_UNREADABLE
+    if why:
+        say(why)
+        return 0
+    say('%s is drained by gpu_reset (%s) and runs no job: putting its GPUs back'
+        % (printable(args.node), printable(read[1], 200)))
+    settings = load_settings(args.vars_file, hook_vars(args))
+    recheck = min(SLURM_CALL_S, RESUME_RESERVE_S / 2.0)
+    result = reset(settings, args.node, args.scontrol, ends - time.monotonic() - RESUME_RESERVE_S,
+                   why_not_drain=lambda: changed_since(args, read, recheck), reboot_stamp=reboot_stamp(args),
+                   budget=(ends - args.deadline, args.deadline), observe=args.observe)
+    sys.stdout.write(json.dumps(result) + '\n')
+    return health_verdict(args, result, read, max(ends - time.monotonic(), 1))
+
+
+def health_verdict(args, result, read, seconds):
+    """Resume the node when its GPUs are clean and nothing changed since read; the status."""
+    if result.get('drain_skipped'):
+        say('not clean, left as it is: %s' % result['drain_skipped'])
+        return 0
+    if result['outcome'] == 'failed' and args.observe:
+        say('observe mode: %s would stay drained: %s' % (printable(args.node), printable(result['reason'])))
+        return 0
+    if result['outcome'] == 'failed':
+        say('%s stays drained: %s' % (printable(args.node), printable(result['reason'])))
+        return RUNNER_DRAINED if result.get('drained') else RUNNER_NOT_DRAINED
+    changed = changed_since(args, read, min(SLURM_CALL_S, seconds / 2.0))
+    if changed:
+        say('clean, not resumed: %s' % changed)
+        return 0
+    if args.observe:
+        say('observe mode: would resume %s (its GPUs %s)' % (
+            printable(args.node), 'would be released first' if result['outcome'] == 'would_release' else 'are clean'))
+        return 0
+    return resume(args, seconds / 2.0)

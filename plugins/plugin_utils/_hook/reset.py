@@ -1,0 +1,344 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This plugin_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""The gpu_reset sequence on the node itself, then its finishing steps (reset): the modules run as
+programs (ModuleRunner), the drain command, a reboot asked of Slurm when only a reboot cures the
+GPUs, and the fleet brake (plugin_utils/_brake.py decides)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import is_driver_hung
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _sequence
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import SINFO_ENV, BrakeUnreadable, sinfo_argv
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import HostError, finish, run_drain, write_file
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.slurm import NODE_NAME_RE, SLURM_CALL_S, slurm_command
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._sequence import ModuleError
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import PREFIX
+
+
+MODULES = 'ansible_collections.gpuops.nvidia.plugins.modules.'
+# plugins/plugin_utils/_hook/reset.py -> the collection, and the directory that holds ansible_collections/
+COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+COLLECTIONS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION)))
+# Seconds kept for the drain command at the end of the hook's time (at most a tenth of it).
+DRAIN_RESERVE_S = 5
+# A module still running at its deadline gets SIGTERM, then this long before SIGKILL (at most a
+# tenth of the hook's time): the release turns SIGTERM into an exit through its finally blocks,
+# which start again the units it stopped for a GPU reset. Asking systemd to start them takes a
+# fraction of a second, and systemd finishes a start job even when the systemctl that asked is
+# killed. The modules' own timeouts end this much before their deadline.
+TERM_GRACE_S = 5
+
+
+class ModuleRunner:
+    """The sequence's seam on the node: a module of the collection run as a program, within the
+    time left before ends (time.monotonic()); in check mode when check_mode (as Ansible runs it).
+    A module still running grace seconds before ends gets SIGTERM, and SIGKILL at ends."""
+
+    def __init__(self, ends, check_mode=False, grace=0.0):
+        self.ends = ends
+        self.check_mode = check_mode
+        self.grace = grace
+
+    def __call__(self, name, args):
+        """The module's result (a dict; one that failed too, with failed and msg); ModuleError
+        when it gives none (stopped at the deadline, with what it started, or a crash)."""
+        if self.check_mode:
+            args = dict(args, _ansible_check_mode=True)
+        # The arguments in a file without a name (O_TMPFILE), which the module reads as
+        # /proc/self/fd/N: a hook killed meanwhile (SIGKILL runs no finally) leaves no file behind.
+        with tempfile.TemporaryFile('w+') as handle:
+            json.dump({'ANSIBLE_MODULE_ARGS': args}, handle)
+            handle.flush()
+            rc, stdout, stderr = self._run(name, handle.fileno())
+        out = stdout.strip()
+        try:
+            result = json.loads(out[out.index('{'):])
+        except ValueError:
+            raise ModuleError('gpuops.nvidia.%s gave no result (rc %d): %s' % (name, rc, ' '.join((stderr or out).split())[-500:]))
+        if not isinstance(result, dict):
+            raise ModuleError('gpuops.nvidia.%s gave no result (rc %d)' % (name, rc))
+        return result
+
+    def _run(self, name, args_fd):
+        """(rc, stdout, stderr) of the module, its arguments read from the descriptor args_fd."""
+        runner = Runner(sys.executable, name='gpuops.nvidia.%s' % name, term_grace=self.grace, pass_fds=(args_fd,), env={
+            'PYTHONPATH': COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else '')})
+        try:
+            return runner.run(['-m', MODULES + name, '/proc/self/fd/%d' % args_fd],
+                              timeout=max(self.ends - self.grace - time.monotonic(), 1))
+        except CommandTimeout as exc:
+            raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped%s' % (
+                name, exc.timeout, ' (SIGTERM, then SIGKILL after %.1f s)' % self.grace if self.grace else ''))
+        except GpuopsError as exc:
+            raise ModuleError(str(exc))
+
+
+class NodeHost:
+    """The finishing steps' seam (_finish.py) on the node itself."""
+
+    @staticmethod
+    def command(argv, seconds):
+        try:
+            rc, dummy, stderr = Runner(argv[0]).run(argv[1:], timeout=seconds)
+        except GpuopsError as exc:
+            raise HostError(str(exc))
+        return rc, stderr
+
+    @staticmethod
+    def write(path, text):
+        write_file(path, text)
+
+
+def drain(result, scontrol, node, seconds, argv=None, hold=False):
+    """Run the drain command (or argv, a command that drains the node too) and note it in the
+    report as the role does. hold: drained for a person (_drain.HOLD_PREFIX), which the health
+    check never resumes; the report says so (held_for_person)."""
+    if hold:
+        result['held_for_person'] = True
+    return run_drain(result, NodeHost, argv or drain_command(scontrol, node, result['reason'], hold), seconds)
+
+
+# -- a reboot when only a reboot helps ---------------------------------------------------------
+
+# A reboot-only fault that comes back within this many seconds of the last reboot the hook asked
+# for is drained for a person: a GPU that a reboot does not cure would otherwise reboot the node
+# after every job.
+REBOOT_AT_MOST_EVERY_S = 24 * 3600
+# How the reason of a node drained for a person starts (after the hold prefix, _drain.HOLD_PREFIX):
+# a reboot was not asked for, or did not cure it. The health check leaves such a node drained, and
+# one drained so by an older version (after the drain prefix) too.
+NOT_REBOOTED = 'not rebooted ('
+
+
+def reboot_cures(result):
+    """Whether a GPU of the report needs a reboot (its recovery action: fallen off the bus, lost,
+    the driver's own word, a reset the platform refused), or the host does (a driver hung where
+    no GPU could be named: driver_hung); a reboot cures what a GPU reset would cure, too."""
+    return any(gpu.get('recovery_action') == 'reboot' for gpu in result.get('gpus') or []) \
+        or is_driver_hung(result.get('reason'))
+
+
+def reboot_command(scontrol, node, reason):
+    """scontrol reboot ASAP nextstate=resume: Slurm drains the node, runs its RebootProgram once
+    the node's jobs have ended, and resumes it when it comes back."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_reason
+
+    return [scontrol, 'reboot', 'ASAP', 'nextstate=resume', 'reason=' + drain_reason(reason), node]
+
+
+def boot_time():
+    """When this host booted (time.time(), /proc/stat's btime); None when it cannot be told."""
+    try:
+        with open('/proc/stat') as handle:
+            for line in handle:
+                if line.startswith('btime '):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def why_not_reboot(node, stamp, boot=None, now=None):
+    """Why the hook drains the node instead of asking for a reboot, or None. A reboot asked for
+    since this boot is still to come: asked for again. One asked for before this boot, less than
+    REBOOT_AT_MOST_EVERY_S ago, did not cure the GPUs: a person looks."""
+    if not NODE_NAME_RE.match(node) or node.upper() == 'ALL':
+        return '%s is not one node name that scontrol reboot may be given' % printable(node, 100)
+    directory = stamp_dir(stamp)
+    if not directory.usable:
+        return 'a reboot could not be remembered: the directory of %s %s' % (printable(stamp, 200), directory.problem)
+    asked = directory.mtime(os.path.basename(stamp))
+    if asked is None:
+        return None
+    boot = boot_time() if boot is None else boot
+    now = time.time() if now is None else now
+    if boot is not None and asked < boot and now - asked < REBOOT_AT_MOST_EVERY_S:
+        return 'a reboot asked for at %s did not cure it' % time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(asked))
+    return None
+
+
+def ask_reboot(result, scontrol, node, seconds, stamp, history=None):
+    """Ask Slurm to reboot the node (reboot_command), noting it in stamp and in the GPUs'
+    history; drain it for a person instead (a hold) when a GPU's fault is back after its cures
+    (reboot_held), when why_not_reboot says so or the reboot command fails."""
+    history, settings = history or (None, {})
+    held = reboot_held(result, history, settings)
+    if held:
+        result['held'] = held
+        result['reason'] = '; '.join([entry['reason'] for entry in held] + [result['reason']])
+        history.record([(entry['uuid'], entry['index'], entry['reason']) for entry in held], 'cure_failed')
+        return drain(result, scontrol, node, seconds, hold=True)
+    why = why_not_reboot(node, stamp)
+    if why is None:
+        drain(result, scontrol, node, seconds / 2.0, argv=reboot_command(scontrol, node, result['reason']))
+        if result['drained']:
+            result['reboot_requested'] = True
+            if history is not None:
+                history.record([(uuid, gpu.get('index'), result['reason'], gpu.get('pci_bus_id'))
+                                for gpu, uuid in reboot_gpus(result, history)], 'reboot_asked')
+            return note_reboot(result, stamp)
+        why = 'the reboot command failed'
+    # First, where a reason cut to its length for sinfo -R keeps it.
+    result['reason'] = '%s%s): %s' % (NOT_REBOOTED, why, result['reason'])
+    return drain(result, scontrol, node, seconds / 2.0, hold=True)
+
+
+def hook_history(options):
+    """(the node's GPU history, under host_root; {hold_after_cures, hold_window_days}) of the
+    run's options (checked and converted by the sequence)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
+
+    root = options.get('host_root')
+    return History.for_host(root if isinstance(root, str) and root else '/'), dict(
+        (name, options.get(name)) for name in ('hold_after_cures', 'hold_window_days'))
+
+
+def reboot_gpus(result, history):
+    """[(GPU row of the report, its UUID)] of the GPUs only a reboot cures whose UUID is known (a
+    lost GPU's, from its PCI bus id in its history)."""
+    found = []
+    for gpu in result.get('gpus') or []:
+        if gpu.get('recovery_action') == 'reboot':
+            uuid = gpu.get('uuid') or history.uuid_at(gpu.get('pci_bus_id'))
+            if uuid:
+                found.append((gpu, uuid))
+    return found
+
+
+def reboot_held(result, history, settings):
+    """The GPUs only a reboot cures whose fault is back after their cures (_history.hold_reason):
+    [{index, uuid, reason}], not rebooted again."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import HOLD_AFTER_CURES, HOLD_WINDOW_DAYS
+
+    if history is None:
+        return []
+    held = []
+    for gpu, uuid in reboot_gpus(result, history):
+        why = history.hold_reason(uuid, gpu.get('index'), 'needs a reboot (%s)' % (gpu.get('state') or 'its health'),
+                                  settings.get('hold_after_cures') or HOLD_AFTER_CURES,
+                                  settings.get('hold_window_days') or HOLD_WINDOW_DAYS)
+        if why:
+            held.append({'index': gpu.get('index'), 'uuid': uuid, 'reason': why})
+    return held
+
+
+def stamp_dir(stamp):
+    """The reboot stamp's directory as a StateDir: reached and checked by descriptor (no other user
+    can swap it or a directory above it for a link), made when missing."""
+    return StateDir(os.path.dirname(os.path.abspath(stamp)), parents=True)
+
+
+def note_reboot(result, stamp):
+    """Note the reboot asked for in stamp (its reason), written in its checked directory."""
+    directory = stamp_dir(stamp)
+    if not directory.usable:
+        result['reason'] = '%s; the reboot could not be noted: the directory of %s %s' % (
+            result['reason'], printable(stamp, 200), directory.problem)
+    elif not directory.write(os.path.basename(stamp), ('%s\n' % result['reason']).encode('utf-8', 'replace')):
+        result['reason'] = '%s; the reboot could not be noted in %s: %s' % (
+            result['reason'], printable(stamp, 200), '; '.join(directory.warnings))
+    return result
+
+
+def reboot_stamp(args):
+    """The reboot stamp when --reboot is given, else None (no reboot is asked for)."""
+    return args.reboot_stamp if args.reboot else None
+
+
+def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=None, refused=None, budget=None,
+          observe=False, max_drained=None, drain_rate=None):
+    """The sequence on one node, then its finishing steps; returns its report (gpu_reset_result).
+
+    why_not_drain: called before draining a node that is not clean; a reason (text) not to
+    drain it after all is noted in the report (drain_skipped) instead. reboot_stamp: ask Slurm
+    for a reboot instead of a drain when only a reboot cures the GPUs (ask_reboot). refused: why
+    nothing may be released (the job's GPUs could not be told): the node is failed with it.
+    budget: (time.monotonic() when the hook started, its seconds), for the metrics (default:
+    this call's own). observe: decide and report, change nothing (the sequence in check mode:
+    nothing signalled or reset, the node not drained: the report says would_drain). max_drained:
+    the fleet brake's count (brake_holds), None for none; drain_rate: its rate (N/W), None for none."""
+    started, budget_s = budget or (time.monotonic(), deadline)
+    ends = time.monotonic() + deadline
+    # The modules end that much before the hook's time does, for the drain command.
+    modules_end = ends - min(DRAIN_RESERVE_S, deadline / 10.0)
+    # A module still running grace seconds before that gets SIGTERM first (TERM_GRACE_S).
+    grace = min(TERM_GRACE_S, deadline / 10.0)
+    run = _sequence.Run(node, dict((name[len(PREFIX):], value) for name, value in settings.items()),
+                        ModuleRunner(modules_end, check_mode=observe, grace=grace), check_mode=observe,
+                        name=lambda option: PREFIX + option,
+                        deadline=modules_end - grace)
+    if refused is None:
+        _sequence.run(run)
+    else:
+        refuse(run, refused)
+
+    def drain_node(result, drain_timeout):
+        skip = why_not_drain() if why_not_drain else None
+        seconds = min(drain_timeout, max(ends - time.monotonic(), 1))
+        if skip:
+            result['drained'], result['drain_skipped'] = False, skip
+        elif max_drained and brake_holds(result, scontrol, node, max_drained, min(SLURM_CALL_S, seconds / 2.0), drain_rate):
+            result['drained'] = False
+        elif result.get('held'):
+            # A fault back after its cures (the release did not reset it): for a person.
+            drain(result, scontrol, node, seconds, hold=True)
+        elif reboot_stamp and reboot_cures(result):
+            ask_reboot(result, scontrol, node, seconds, reboot_stamp, hook_history(run.options or {}))
+        else:
+            drain(result, scontrol, node, seconds)
+
+    # A misconfigured node is drained too: its next job would run on it.
+    result = finish(run, NodeHost, drain_node, drain_misconfigured=True,
+                    hook=lambda: {'budget_s': budget_s, 'duration_s': round(time.monotonic() - started, 3)})
+    if result.get('would_drain') and reboot_stamp and reboot_cures(result):
+        result['would_reboot'] = True
+    return result
+
+
+# -- the fleet brake (plugin_utils/_brake.py decides) ---------------------------------------------
+
+def read_listing(scontrol, seconds):
+    """sinfo's listing for the brake (_brake.sinfo_argv), within seconds; BrakeUnreadable when
+    sinfo cannot tell."""
+    argv = sinfo_argv(slurm_command(scontrol, 'sinfo'))
+    try:
+        rc, stdout, stderr = Runner(argv[0], env=SINFO_ENV).run(argv[1:], timeout=max(seconds, 1))
+    except GpuopsError as exc:
+        raise BrakeUnreadable(printable(str(exc), 300))
+    if rc != 0:
+        raise BrakeUnreadable('sinfo failed (rc %d): %s' % (rc, printable(stderr.strip(), 300)))
+    return stdout
+
+
+def brake_holds(result, scontrol, node, max_drained, seconds, drain_rate=None):
+    """_brake.brake_holds over this node's sinfo."""
+    return _brake.brake_holds(result, node, lambda: read_listing(scontrol, seconds), max_drained, drain_rate)
+
+
+def refuse(run, why):
+    """The report of a run that releases nothing, failed with why; its settings checked, for the
+    finishing steps."""
+    _sequence.check_settings(run)
+    run.error = '; '.join(part for part in (why, run.error) if part)
+    run.misconfigured = True
+    _sequence.judge(run)
+    run.report['steps'] = []
+    return run.report
