@@ -16,19 +16,16 @@ __metaclass__ = type
 
 import os
 import re
+import signal
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, MIN_TIMEOUT_S, GpuopsError, check_seconds, printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.cuda import LEVELS
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import GPU_FORMS, parse_gpu, split_gpus
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release.signals import parse_signal
 
 DEFAULT_SIGNALS = ['TERM', 'KILL']
 
 # A threshold above this is no test of idle memory (a whole GPU of the smallest data-centre kind).
 MAX_MEMORY_THRESHOLD_MIB = 16384
 
-# The least probe_mib: the probe must allocate and write something.
-MIN_PROBE_MIB = 1
 
 # An entry of reset_stop_units: a unit name (systemd.unit(5)'s characters) with shell glob characters.
 STOP_UNIT_RE = re.compile(r'^[A-Za-z0-9:_.@\\*?\[\]-]{1,255}\Z')
@@ -90,18 +87,6 @@ def check_escalation_options(bug_report_dir=None, bug_report_timeout=120.0, rese
                               'nvidia-dcgm.service or nvsm*.service); a bare * would allow every unit' % (pattern,))
 
 
-def check_probe_mib(probe_mib):
-    """GpuopsError when probe_mib is no size the probe can allocate."""
-    if probe_mib is None or probe_mib < MIN_PROBE_MIB:
-        raise GpuopsError('probe_mib must be %d or more, got %s' % (MIN_PROBE_MIB, probe_mib))
-
-
-def check_probe_level(probe_level):
-    """GpuopsError when probe_level is not one of the probe's levels (_cuda.LEVELS)."""
-    if probe_level not in LEVELS:
-        raise GpuopsError('probe_level must be %s, got %r' % (' or '.join(LEVELS), probe_level))
-
-
 def _check_signals(signals):
     if not signals:
         raise GpuopsError('signals must name at least one signal, e.g. [TERM, KILL]')
@@ -126,3 +111,30 @@ def _check_gpus(gpus):
         raise GpuopsError('gpus: GPU indexes are zero or more, got %s' % bad[0])
     whole, instances = split_gpus(parsed)
     return sorted(set(whole)) + sorted(set(instances))
+
+
+# Signals whose default action stops, continues or ignores a process: a ladder of them would
+# leave the job (and its GPU memory) in place, frozen or untouched.
+NOT_TERMINATING = ('STOP', 'TSTP', 'TTIN', 'TTOU', 'CONT', 'CHLD', 'URG', 'WINCH')
+
+
+def parse_signal(value):
+    """(NAME, number) for a terminating signal given as TERM, SIGTERM, term or 15."""
+    text = str(value).strip()
+    if text.isdigit():
+        try:
+            member = signal.Signals(int(text))
+        except ValueError:
+            raise GpuopsError('signals: %s is not a signal number on this host' % text)
+    else:
+        name = text.upper()
+        if not name.startswith('SIG'):
+            name = 'SIG' + name
+        member = signal.Signals.__members__.get(name)
+        if member is None:
+            raise GpuopsError('signals: unknown signal %r (use names such as TERM, INT, KILL)' % (value,))
+    name = member.name[3:]
+    if name in NOT_TERMINATING:
+        raise GpuopsError('signals: SIG%s does not end a process (by default it stops, continues or is '
+                          'ignored); use terminating signals such as INT, TERM, KILL' % name)
+    return name, int(member)

@@ -15,8 +15,6 @@ __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DRIVER_HUNG, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health.health import NOT_CLEAN_ACTIONS, action_causes
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import supervisor
-from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.mig import instance_name
 
 
 # Why a holder was left alone although it is no protected daemon: a root or system process that
@@ -149,15 +147,21 @@ def no_time_to_restore(gpus, units, reserve, left, floor):
             'timeout leaves the time)' % (gpus, units, reserve, floor, max(left, 0.0)))
 
 
-def foreign_why(holder, proc='/proc'):
-    """Why a foreign holder (FOREIGN_HOLDER) is left alone, and what lets it go."""
-    unit = supervisor(holder, proc)['unit']
+def foreign_why(holder, unit=None):
+    """Why a foreign holder (FOREIGN_HOLDER) is left alone, and what lets it go (unit: the systemd
+    unit it runs in, _release.holders.supervisor)."""
     return ('pid %d (%s, user %s%s, holding %s; %s: a root or system process that the driver places on no GPU and '
             'that belongs to no job, never signalled; it lets go when %s)' % (
                 holder.pid, printable(holder.name), holder.user, ', unit %s' % printable(unit) if unit else '',
                 ', '.join(printable(path) for path in holder.devices) or 'no GPU node', FOREIGN_HOLDER,
                 'unit %s stops or closes the descriptor' % printable(unit) if unit else
                 'it closes the descriptor or exits: see what handed it one'))
+
+
+def instance_name(instance):
+    """A MIG device as the reasons name it: GPU instance, compute instance and MIG UUID."""
+    return 'GI %s CI %s (%s)' % (instance.get('gpu_instance_id'), instance.get('compute_instance_id'),
+                                 instance.get('uuid') or 'MIG UUID unknown')
 
 
 def spared_why(holder):

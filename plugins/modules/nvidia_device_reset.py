@@ -501,7 +501,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import Gpuop
 from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.escalation import Escalation, reset_argument_spec
 from ansible_collections.gpuops.nvidia.plugins.module_utils._module import exit_with_release, run_with_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.release import ReleaseOptions, release, release_argument_spec
-from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.reset_plan import due_from_entries
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.reset_plan import due_from_entries
 
 
 def argument_spec():

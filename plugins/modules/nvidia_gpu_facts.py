@@ -597,7 +597,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     holders_argument_spec,
     reader_argument_spec,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gather_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.facts import gather_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import device_patterns
 from ansible_collections.gpuops.nvidia.plugins.module_utils._module import run_with_reader
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History

@@ -31,7 +31,7 @@ import re
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import PREFIXES
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.slurm import NODE_NAME_RE
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import NODE_NAME_RE
 
 DEFAULT_DRAIN_RATE = '5/10m'
 MAX_DRAINED_RE = re.compile(r'^([0-9]{1,6})(%?)\Z')

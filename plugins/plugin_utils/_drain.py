@@ -20,6 +20,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import re
+
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
 
 PREFIX = 'gpu_reset: '
@@ -28,6 +30,9 @@ PREFIX = 'gpu_reset: '
 # state=resume). The fleet brake counts it as it counts PREFIX.
 HOLD_PREFIX = 'gpu_reset(hold): '
 PREFIXES = (PREFIX, HOLD_PREFIX)
+# A Slurm node name as the brake's listing, the health check and a reboot request accept it: one
+# name, never a list or a range (a,b; n[1-4]).
+NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z')
 # Characters of the reason kept, once escaped (then "...(N more characters)"). scontrol takes a
 # reason of any length, but its argument must fit execve's MAX_ARG_STRLEN (128 KiB) or the drain
 # command cannot start at all; sinfo -R shows a reason on one line, and 200 characters name the

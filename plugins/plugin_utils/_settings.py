@@ -27,11 +27,8 @@ from ansible.module_utils.common.parameters import DEFAULT_TYPE_VALIDATORS
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import check_hold_options
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.jobs import check_job
-from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
-    check_escalation_options,
-    check_probe_mib,
-    check_release_options,
-)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_escalation_options, check_release_options
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import check_probe_mib
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import parse_gpu
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import max_drained_problem
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain

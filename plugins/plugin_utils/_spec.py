@@ -33,9 +33,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
 from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.escalation import reset_argument_spec
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import (
     HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, MAX_HOLD_AFTER_CURES, MAX_HOLD_WINDOW_DAYS)
-from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
-    DEFAULT_SIGNALS, MAX_MEMORY_THRESHOLD_MIB, MIN_PROBE_MIB)
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import probe_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._options import DEFAULT_SIGNALS, MAX_MEMORY_THRESHOLD_MIB
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import MIN_PROBE_MIB, probe_argument_spec
 
 PREFIX = 'gpu_reset_'
 

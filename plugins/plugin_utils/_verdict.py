@@ -419,7 +419,7 @@ def _fact_rows(facts):
 
 def _release_rows(release):
     """The per-GPU rows of gpu_metrics from the release's gpu_states (the driver's recovery action)."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.reader import DRIVER_ACTIONS
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._health.health import DRIVER_ACTIONS
 
     rows = []
     for gpu in release.get('gpu_states') or []:

@@ -31,7 +31,7 @@ if not (shutil.which('gcc') or shutil.which('cc')):
 PROBE = r'''
 import json, sys
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.backend import select_reader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gpu_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.facts import gpu_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health.kernel_log import read_xid_events
 smi_path, kernel_log, backends = sys.argv[1], sys.argv[2], sys.argv[3].split(',')
 light = sys.argv[4:] == ['light']
@@ -357,7 +357,7 @@ def test_the_drivers_verdicts_read_the_same_through_both_backends(gpuhost_factor
 MIG_PROBE = r'''
 import json, sys
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.backend import select_reader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gpu_facts, mig_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.facts import gpu_facts, mig_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import HostReader
 smi_path, root = sys.argv[1], sys.argv[2]
 out = {}

@@ -30,13 +30,13 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.bug_report imp
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, READ_MIN_S, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.fabric import wait_for_fabric
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import ancestors
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import ancestors, supervisor
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.mig import layout, pending_change, reset_changes
-from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.modules import describe as describe_modules, module_holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.modules import describe as describe_modules, module_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.quiesce import DEFAULT_STOP_UNITS, Quiesce, quiesced_reset, stop_units_option
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED
 from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.reset import GpuReset, would_reset
-from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.reset_plan import in_use, not_released, read_mig_before
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.reset_plan import in_use, not_released, read_mig_before
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.signals import system_log
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.smi import SmiRunner
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir, boot_id, record_cure
@@ -90,7 +90,7 @@ class Escalation:
             return
         if result.survivors or foreign:
             blocking = ['pid %d' % survivor['pid'] for survivor in result.survivors]
-            blocking.extend(_reason.foreign_why(holder, self.seen.proc) for holder in foreign)
+            blocking.extend(_reason.foreign_why(holder, supervisor(holder, self.seen.proc)['unit']) for holder in foreign)
             self.seen.warn('reset_orphaned: GPU %s not reset: processes still hold the devices (%s)' % (
                 ', '.join(str(index) for index in sorted(todo)), ', '.join(blocking)))
             if foreign:
@@ -225,7 +225,7 @@ class Escalation:
         """A GPU that needs a reset is not released while a foreign holder keeps its node open."""
         why = '%s, not attempted: held by %s; %s' % (
             '; '.join('GPU %s needs a reset (%s)' % (index, ', '.join(reasons)) for index, reasons in sorted(todo.items())),
-            ', '.join(_reason.foreign_why(holder, self.seen.proc) for holder in foreign), FOREIGN_RETRY)
+            ', '.join(_reason.foreign_why(holder, supervisor(holder, self.seen.proc)['unit']) for holder in foreign), FOREIGN_RETRY)
         not_released(result, why)
 
     def _after_reset(self, escalation, snapshot, todo):

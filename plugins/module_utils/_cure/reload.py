@@ -30,7 +30,7 @@ import time
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import expand_devices, find_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import device_patterns, read_host, under_root
-from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.modules import DRIVER, MODULE_RE, module_holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.modules import DRIVER, MODULE_RE, module_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.reset import escalation
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner, sigterm_deferred
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.signals import system_log

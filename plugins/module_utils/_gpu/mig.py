@@ -22,6 +22,7 @@ import os
 import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import under_root
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import instance_name
 
 MODE_ARGS = ['--query-gpu=index,mig.mode.current,mig.mode.pending', '--format=csv,noheader,nounits']
 MODES = {'Enabled': 'enabled', 'Disabled': 'disabled'}
@@ -250,12 +251,6 @@ def _listdir(path):
 
 
 # -- what the release and the reasons say of MIG -------------------------------------------------
-
-def instance_name(instance):
-    """A MIG device as the reasons name it: GPU instance, compute instance and MIG UUID."""
-    return 'GI %s CI %s (%s)' % (instance.get('gpu_instance_id'), instance.get('compute_instance_id'),
-                                 instance.get('uuid') or 'MIG UUID unknown')
-
 
 def instances_in_use(fact, memory_threshold_mib):
     """[(instance, why)] of the MIG devices of a GPU's mig fact that are in use: a process on it, or

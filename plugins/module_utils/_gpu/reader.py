@@ -150,9 +150,6 @@ _RECOVERY_WORDS = (
     ('bus', 'bus_reset'), ('system', 'system_reboot'), ('reboot', 'reboot'), ('reset', 'reset_gpu'),
     ('none', 'none'),
 )
-# The driver's recovery action in the vocabulary of the GPUs' health (recovery_action; _health/health.py).
-DRIVER_ACTIONS = {'none': 'none', 'reset_gpu': 'reset_gpu', 'drain_and_reset': 'reset_gpu', 'reboot': 'reboot',
-                  'system_reboot': 'reboot'}
 # The actions a GPU reset carries out: the GPU is reset_required; any other action but none
 # leaves it lost until a person acts (a reboot, draining NVLink peers, the IMEX domain).
 RESET_CURES = frozenset(['reset_gpu', 'drain_and_reset'])

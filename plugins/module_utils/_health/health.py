@@ -25,7 +25,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._health.kernel_log i
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DRIVER_HUNG
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import bus_key
-from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.reader import DRIVER_ACTIONS
 
 XID_154_RE = re.compile(r'to 0x([0-9A-Fa-f]+)')
 XID_45_CAUSED_RE = re.compile(r'caused by previous Xid (\d+)')
@@ -83,6 +82,11 @@ XID_ACTIONS = {
 # Flags" (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/
 # error-recovery-and-response-flags.html).
 XID_154_ACTIONS = {0: 'none', 1: 'reset_gpu', 2: 'reboot', 3: 'inspect', 4: 'reset_gpu'}
+
+# The driver's recovery action (nvidia-smi's and NVML's words) in the vocabulary of the GPUs' health
+# (recovery_action).
+DRIVER_ACTIONS = {'none': 'none', 'reset_gpu': 'reset_gpu', 'drain_and_reset': 'reset_gpu', 'reboot': 'reboot',
+                  'system_reboot': 'reboot'}
 
 
 def fallen_off_bus(events):

@@ -37,7 +37,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     reader_argument_spec,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import check_expected_gpus
-from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_probe_level, check_probe_mib
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import driver_hung
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import no_such_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Forked, Runner
@@ -53,6 +52,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import 
 # 80 GiB GPU and about 6 % of a 16 GiB one. Orphaned memory large enough to leave less than
 # this is already a counter's finding; what this proves is that the rest really works.
 DEFAULT_PROBE_MIB = 1024
+# The least probe_mib: the probe must allocate and write something.
+MIN_PROBE_MIB = 1
 DEFAULT_TIMEOUT_S = 30.0
 # How often the GPUs are read while the probe's memory is being released.
 RELEASE_POLL_S = 0.05
@@ -63,6 +64,18 @@ PROBE_NAME = 'the CUDA probe'
 # CUDA reads these to number and hide devices; the probe addresses GPUs by bus id and ignores both.
 CUDA_ENVIRONMENT = ('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER')
 MISSING_LIBRARY_CHOICES = ('fail', 'skip')
+
+
+def check_probe_mib(probe_mib):
+    """GpuopsError when probe_mib is no size the probe can allocate."""
+    if probe_mib is None or probe_mib < MIN_PROBE_MIB:
+        raise GpuopsError('probe_mib must be %d or more, got %s' % (MIN_PROBE_MIB, probe_mib))
+
+
+def check_probe_level(probe_level):
+    """GpuopsError when probe_level is not one of the probe's levels (cuda.LEVELS)."""
+    if probe_level not in _cuda.LEVELS:
+        raise GpuopsError('probe_level must be %s, got %r' % (' or '.join(_cuda.LEVELS), probe_level))
 
 
 def probe_argument_spec():

@@ -37,7 +37,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     printable,
     reader_argument_spec,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gather_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.facts import gather_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import (
     named_unread,
     partial_warning,
@@ -48,7 +48,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders imp
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import device_patterns
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.jobs import check_job
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.ladder import FD_RESERVE, Ladder
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release.lock import ReleaseLock
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.lock import ReleaseLock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.observation import Observer, process_key
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     DEFAULT_SIGNALS,
@@ -58,7 +58,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import RELEASE_PROBE_SPEC, probe_after_release, probe_scope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.reader import gpu_state
-from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.reset_plan import due_entries, not_released, reset_plan
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.reset_plan import due_entries, not_released, reset_plan
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import split_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import (
@@ -661,7 +661,7 @@ class Release:
                     'pid %s (%s, reported by the driver)' % (process.get('pid'), printable(process.get('name')))
                     for process in reported]
             foreign = [holder for holder in self.foreign_now if self.seen.blocks(holder, gpu)]
-            why += [_reason.foreign_why(holder, self.proc) for holder in foreign]
+            why += [_reason.foreign_why(holder, supervisor(holder, self.proc)['unit']) for holder in foreign]
             why += [_reason.spared_why(holder) for holder in self.seen.spared_on(gpu)]
             health = healths.get(index, (None, None))[1]
             problem = _reason.gpu_problem(

@@ -53,10 +53,6 @@ AUDIT_DEVICES_CHARS = 512
 # for the header syslog() puts in front (time, ident, pid).
 SYSLOG_MAX_OCTETS = 7680
 
-# Signals whose default action stops, continues or ignores a process: a ladder of them would
-# leave the job (and its GPU memory) in place, frozen or untouched.
-NOT_TERMINATING = ('STOP', 'TSTP', 'TTIN', 'TTOU', 'CONT', 'CHLD', 'URG', 'WINCH')
-
 
 class NotPermittedError(GpuopsError):
     """The kernel refused a signal (EPERM): the process belongs to someone we may not signal."""
@@ -64,28 +60,6 @@ class NotPermittedError(GpuopsError):
     def __init__(self, message, uid=None):
         super(NotPermittedError, self).__init__(message)
         self.uid = uid
-
-
-def parse_signal(value):
-    """(NAME, number) for a terminating signal given as TERM, SIGTERM, term or 15."""
-    text = str(value).strip()
-    if text.isdigit():
-        try:
-            member = signal.Signals(int(text))
-        except ValueError:
-            raise GpuopsError('signals: %s is not a signal number on this host' % text)
-    else:
-        name = text.upper()
-        if not name.startswith('SIG'):
-            name = 'SIG' + name
-        member = signal.Signals.__members__.get(name)
-        if member is None:
-            raise GpuopsError('signals: unknown signal %r (use names such as TERM, INT, KILL)' % (value,))
-    name = member.name[3:]
-    if name in NOT_TERMINATING:
-        raise GpuopsError('signals: SIG%s does not end a process (by default it stops, continues or is '
-                          'ignored); use terminating signals such as INT, TERM, KILL' % name)
-    return name, int(member)
 
 
 def system_log(message):

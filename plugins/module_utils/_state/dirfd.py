@@ -26,7 +26,7 @@ import errno
 import os
 import stat
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release.lock import _kind, _user, private_dir_problem, shared_dir_problem
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.lock import _kind, _user, private_dir_problem, shared_dir_problem
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # The kernel's own limit on the links one lookup follows.

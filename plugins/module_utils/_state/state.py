@@ -30,7 +30,7 @@ import os
 import stat
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.dirfd import DirRefused, open_private_dir
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release.lock import default_lock_dir
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.lock import default_lock_dir
 
 STATE_DIR = '/run/gpuops'
 BOOT_ID = '/proc/sys/kernel/random/boot_id'

@@ -21,8 +21,8 @@ import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.reset import NOT_REBOOTED, reboot_stamp, reset
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import NODE_NAME_RE
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.slurm import (
-    NODE_NAME_RE,
     SLURM_CALL_S,
     SlurmUnreadable,
     slurm_call,

@@ -28,7 +28,8 @@ from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _sequ
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import SINFO_ENV, BrakeUnreadable, sinfo_argv
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import HostError, finish, run_drain, write_file
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.slurm import NODE_NAME_RE, SLURM_CALL_S, slurm_command
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import NODE_NAME_RE
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.slurm import SLURM_CALL_S, slurm_command
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._sequence import ModuleError
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._spec import PREFIX
 

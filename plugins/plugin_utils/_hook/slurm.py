@@ -14,7 +14,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
-import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
@@ -22,9 +21,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 
 # Seconds each scontrol or squeue call may take.
 SLURM_CALL_S = 10
-# A Slurm node name as the health check and a reboot request accept it: one name, never a list or a
-# range (a,b; n[1-4]).
-NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z')
 
 
 class SlurmUnreadable(Exception):

@@ -16,8 +16,6 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import (
     check_escalation_options,
-    check_probe_level,
-    check_probe_mib,
     check_release_options,
 )
 
@@ -67,14 +65,3 @@ def test_a_unit_stopped_for_a_reset_is_a_systemd_name_or_a_narrow_glob(unit, val
 def test_the_bug_report_options_are_checked(options, message):
     with pytest.raises(GpuopsError, match=message):
         check_escalation_options(**options)
-
-
-def test_the_probe_options_are_checked():
-    check_probe_mib(1)
-    check_probe_level('memory')
-    with pytest.raises(GpuopsError, match='probe_mib must be 1 or more, got 0'):
-        check_probe_mib(0)
-    with pytest.raises(GpuopsError, match='probe_mib must be 1 or more, got None'):
-        check_probe_mib(None)
-    with pytest.raises(GpuopsError, match="probe_level must be allocation or memory, got 'deep'"):
-        check_probe_level('deep')

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gather_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.facts import gather_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import start_time
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.smi import SmiReader, SmiRunner
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir, boot_id, record_cure

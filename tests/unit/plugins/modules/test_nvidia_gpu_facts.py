@@ -5,7 +5,7 @@
 
 """nvidia_gpu_facts' main() in-process against a simulated host: its options checked before any read,
 the reader's errors as a failed task. Through the ansible CLI, every fact and fault:
-tests/integration/test_gpu_facts_module.py; the facts themselves: module_utils/_gpu/test__facts.py."""
+tests/integration/test_gpu_facts_module.py; the facts themselves: module_utils/_release/test__facts.py."""
 
 from __future__ import absolute_import, division, print_function
 

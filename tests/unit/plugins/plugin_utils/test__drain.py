@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import HOLD_PREFIX, PREFIX, drain_command
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import HOLD_PREFIX, NODE_NAME_RE, PREFIX, drain_command
 
 
 # A process named with a terminal escape and a newline (its comm, which the lock's "who holds
@@ -69,3 +69,12 @@ def test_a_drain_for_a_person_has_a_prefix_of_its_own_and_a_reason_always(hold, 
     assert drain_command('scontrol', 'gpu07', None, hold)[-1] == 'reason=%sGPUs not clean' % prefix
     # The health check and the brake tell the two apart by their prefixes: neither starts the other.
     assert not HOLD_PREFIX.startswith(PREFIX) and not PREFIX.startswith(HOLD_PREFIX)
+
+
+@pytest.mark.parametrize('node, one', [
+    ('gpu07', True), ('gpu07.rack3.example.org', True), ('n-1_a', True), ('x' * 100, True),
+    ('', False), ('x' * 101, False), ('gpu[01-04]', False), ('gpu07,gpu08', False), ('-gpu07', False),
+    ('gpu07 gpu08', False), ('gpu07\n', False), ('gpu07\nALL', False),
+])
+def test_a_node_name_is_one_name_never_a_list_or_a_range(node, one):
+    assert bool(NODE_NAME_RE.match(node)) is one

@@ -21,7 +21,7 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import probe as _probe
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state import state as _state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import ProbeChild, ProbeOptions, probe
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import ProbeChild, ProbeOptions, check_probe_level, check_probe_mib, probe
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.reader import Snapshot
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import is_driver_hung
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir, record_verified
@@ -427,3 +427,14 @@ def test_without_the_driver_library_no_child_is_started(probe_options):
     assert result.warnings == ['libcuda-none.so.1 cannot be loaded (libcuda-none.so.1: cannot open shared object file: '
                                'No such file or directory): no NVIDIA driver installed, or its library is not on the '
                                'loader path; nothing was probed (missing_library=skip)']
+
+
+def test_the_probe_options_are_checked():
+    check_probe_mib(1)
+    check_probe_level('memory')
+    with pytest.raises(GpuopsError, match='probe_mib must be 1 or more, got 0'):
+        check_probe_mib(0)
+    with pytest.raises(GpuopsError, match='probe_mib must be 1 or more, got None'):
+        check_probe_mib(None)
+    with pytest.raises(GpuopsError, match="probe_level must be allocation or memory, got 'deep'"):
+        check_probe_level('deep')

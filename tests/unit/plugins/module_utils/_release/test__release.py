@@ -26,10 +26,10 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._release.release imp
     Release,
     ReleaseOptions,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._options import parse_signal
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.signals import (
     ProcessRef,
     Signaller,
-    parse_signal,
     wait_exited,
 )
 from gpusim.state import is_alive as alive

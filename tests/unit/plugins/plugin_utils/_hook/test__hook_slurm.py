@@ -54,12 +54,3 @@ def test_a_slurm_command_that_does_not_answer_in_time_is_stopped_and_unreadable(
 ])
 def test_slurms_other_commands_are_beside_scontrol_when_it_is_a_path(scontrol, name, expected):
     assert _hook_slurm.slurm_command(scontrol, name) == expected
-
-
-@pytest.mark.parametrize('node, one', [
-    ('gpu07', True), ('gpu07.rack3.example.org', True), ('n-1_a', True), ('x' * 100, True),
-    ('', False), ('x' * 101, False), ('gpu[01-04]', False), ('gpu07,gpu08', False), ('-gpu07', False),
-    ('gpu07 gpu08', False), ('gpu07\n', False), ('gpu07\nALL', False),
-])
-def test_a_node_name_is_one_name_never_a_list_or_a_range(node, one):
-    assert bool(_hook_slurm.NODE_NAME_RE.match(node)) is one

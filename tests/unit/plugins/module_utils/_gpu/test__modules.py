@@ -11,7 +11,7 @@ __metaclass__ = type
 
 import os
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.modules import describe, module_holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.modules import describe, module_holders
 
 
 def module(root, name, holds=None, refcnt='0\n'):

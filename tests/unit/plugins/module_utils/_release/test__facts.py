@@ -7,7 +7,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gpu_facts
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.facts import gpu_facts
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.reader import Snapshot
 
 

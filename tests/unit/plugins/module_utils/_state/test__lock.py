@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release import lock as _lock
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state import lock as _lock
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release.lock import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.lock import (
     ReleaseLock,
     default_lock_dir,
     default_lock_file,

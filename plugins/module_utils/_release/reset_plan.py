@@ -23,8 +23,8 @@ __metaclass__ = type
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health.health import driver_hung, reset_causes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
-from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.mig import instance_name, instances_in_use, pending_change
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED, reset_not_attempted
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.mig import instances_in_use, pending_change
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED, instance_name, reset_not_attempted
 
 
 def reset_plan(seen, result, snapshot):
