@@ -39,7 +39,7 @@ def timed(func, runs):
 
 def bench_readers(host, runs):
     from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.backend import select_reader
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gpu_facts
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._release.facts import gpu_facts
 
     results = {}
     facts = {}

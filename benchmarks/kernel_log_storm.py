@@ -96,7 +96,7 @@ def write_flood(path, mib):
 
 
 def facts_once(host, state_dir):
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.facts import gather_facts
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._release.facts import gather_facts
     from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.smi import SmiReader, SmiRunner
     from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir
 
