@@ -38,7 +38,8 @@ INSIDE = 'GPUOPS_SCAN_BENCHMARK_NAMESPACE'
 MEASURE = '''
 import inspect, json, sys, time
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import expand_devices, scan_holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import scan_holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.nodes import expand_devices
 paths = expand_devices([sys.argv[2]])
 incremental = 'known' in inspect.signature(scan_holders).parameters
 runs = []

@@ -37,7 +37,7 @@ import re
 import stat
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import check_device_node, nvidia_majors
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.nodes import check_device_node, nvidia_majors
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import DRIVER_GPUS, HostView, read_driver, under_root
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.mig import CAPABILITIES, caps_minor
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import node_number

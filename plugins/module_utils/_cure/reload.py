@@ -28,7 +28,8 @@ import shutil
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import expand_devices, find_holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import find_holders
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.nodes import expand_devices
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import device_patterns, read_host, under_root
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.modules import DRIVER, MODULE_RE, module_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.reset import escalation

@@ -17,7 +17,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._health.health impor
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health.kernel_log import read_kernel_log
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.mig import add_device_nodes, caps_instances, pending_change
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.modules import module_holders
-from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import expand_devices, find_holders, uninspectable_warning
+from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import find_holders, uninspectable_warning
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.nodes import expand_devices
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import check_expected_gpus, mark_fallen, read_host
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.reader import gpu_state
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History

@@ -34,12 +34,12 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history impor
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import (
     ancestors,
     cgroup,
-    expand_devices,
     load_holder,
     real_and_effective_uid,
     scan_holders,
     uid_min,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.nodes import expand_devices
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.host import check_expected_gpus, gpu_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.jobs import JOBS_UNKNOWN, JobScope
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health.kernel_log import read_xid_events

@@ -25,7 +25,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders imp
     Holder,
     ancestors,
     display_name,
-    expand_devices,
     find_holders,
     process_name,
     scan_holders,
@@ -33,6 +32,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders imp
     supervisor,
     uninspectable_warning,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.nodes import expand_devices
 from processes import await_ready
 
 
@@ -44,21 +44,6 @@ def devroot(tmp_path):
         (dev / name).write_bytes(b'\0' * 4096)
     (dev / 'nvidia-caps').mkdir()
     return dev
-
-
-def test_expand_devices_skips_directories_and_sorts(devroot):
-    paths = expand_devices([str(devroot / 'nvidia*')])
-    assert paths == sorted(str(devroot / n) for n in ['nvidia-uvm', 'nvidia0', 'nvidia1', 'nvidiactl'])
-
-
-def test_expand_devices_matching_nothing_is_empty(devroot):
-    assert expand_devices([str(devroot / 'nope*')]) == []
-
-
-@pytest.mark.parametrize('bad', ['dev/nvidia*', '', 'nvidia0'])
-def test_expand_devices_rejects_relative_patterns(bad):
-    with pytest.raises(GpuopsError, match='not an absolute path'):
-        expand_devices([bad])
 
 
 def test_finds_open_and_mapped_holders_with_their_devices(devroot, spawn):
@@ -188,19 +173,6 @@ def test_nvidias_other_daemons_are_protected_by_default(devroot, spawn, program)
     daemon = spawn([devroot / 'nvidia0'], exe=program)
     holders, dummy = find_holders([str(devroot / 'nvidia0')], DEFAULT_PROTECT)
     assert [(h.pid, h.protected) for h in holders] == [(daemon.pid, True)]
-
-
-@pytest.mark.skipif(os.getuid() != 0, reason='needs root to make a file of another user')
-def test_a_regular_file_another_user_owns_is_no_device_node(devroot):
-    os.chown(str(devroot / 'nvidia1'), pwd.getpwnam('nobody').pw_uid, -1)
-    with pytest.raises(GpuopsError, match=r'nvidia1 .* is a regular file owned by uid \d+, not a device node'):
-        expand_devices([str(devroot / 'nvidia*')])
-
-
-def test_a_regular_file_in_a_directory_others_can_write_is_no_device_node(devroot):
-    os.chmod(str(devroot), 0o777)
-    with pytest.raises(GpuopsError, match='is a regular file in a directory that other users can write'):
-        expand_devices([str(devroot / 'nvidia0')])
 
 
 def test_a_scan_stops_at_its_deadline_and_says_so(devroot, spawn):
