@@ -19,16 +19,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import Gpuop
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.nodes import expand_devices
 
 
-@pytest.fixture
-def devroot(tmp_path):
-    dev = tmp_path / 'dev'
-    dev.mkdir()
-    for name in ['nvidia0', 'nvidia1', 'nvidiactl', 'nvidia-uvm']:
-        (dev / name).write_bytes(b'\0' * 4096)
-    (dev / 'nvidia-caps').mkdir()
-    return dev
-
-
 def test_expand_devices_skips_directories_and_sorts(devroot):
     paths = expand_devices([str(devroot / 'nvidia*')])
     assert paths == sorted(str(devroot / n) for n in ['nvidia-uvm', 'nvidia0', 'nvidia1', 'nvidiactl'])

@@ -36,16 +36,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.nodes import ex
 from processes import await_ready
 
 
-@pytest.fixture
-def devroot(tmp_path):
-    dev = tmp_path / 'dev'
-    dev.mkdir()
-    for name in ['nvidia0', 'nvidia1', 'nvidiactl', 'nvidia-uvm']:
-        (dev / name).write_bytes(b'\0' * 4096)
-    (dev / 'nvidia-caps').mkdir()
-    return dev
-
-
 def test_finds_open_and_mapped_holders_with_their_devices(devroot, spawn):
     opener = spawn([devroot / 'nvidia0', devroot / 'nvidiactl'])
     mapper = spawn([devroot / 'nvidia1'], mode='map')
