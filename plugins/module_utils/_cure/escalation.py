@@ -61,7 +61,7 @@ def reset_argument_spec():
 
 
 class Escalation:
-    """The escalation of one release, on a narrow seam. seen: the release's _observation.Observer
+    """The escalation of one release, on a narrow seam. seen: the release's _release.observation.Observer
     (what it read, its scope, options, budget and deadlines, where warnings go); reread(result):
     read everything again and report it in result, returning the snapshot; smi_runner: how
     nvidia-smi is run (tests); sleep: how to wait."""

@@ -110,7 +110,7 @@ class ModuleReload:
 
     gpus: the latest read of every GPU of the host; refused: the indexes whose reset the platform
     refused (the reason for the reload). run(indexes) and reasons make it the reset of
-    _quiesce.quiesced_reset, which stops the NVML clients around it."""
+    quiesce.quiesced_reset, which stops the NVML clients around it."""
 
     def __init__(self, runner, gpus, refused, deadline, host_root='/', nvidia_smi_path='nvidia-smi',
                  clock=time.monotonic, log=system_log, proc='/proc'):

@@ -11,7 +11,7 @@ ladder it has reached and when the next one is due. A process that appears meanw
 step its relative (parent, session or cgroup) has reached, or from the first step when unrelated;
 one that keeps coming back is left alone. The last step, when it is KILL, stops the whole set with
 SIGSTOP first, so that no fork can escape it. Right before each signal the observer
-(_observation.Observer) says which targets must be left alone now (another job's)."""
+(observation.Observer) says which targets must be left alone now (another job's)."""
 
 from __future__ import absolute_import, division, print_function
 

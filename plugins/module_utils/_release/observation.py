@@ -14,7 +14,7 @@ of the host; what the Observer keeps between readings is only what a later readi
 (the processes seen clean before, those the driver reported twice, those already left alone).
 
 The ladder (_ladder.Ladder) asks it, right before each signal, which of its targets must be left
-alone now; the escalation (_escalation.Escalation) reads and judges through it alone."""
+alone now; the escalation (_cure.escalation.Escalation) reads and judges through it alone."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -104,7 +104,7 @@ def boot_ticks():
 
 
 class Observer:
-    """The readings of one release. reader: a GpuReader; options: _release.ReleaseOptions.
+    """The readings of one release. reader: a GpuReader; options: release.ReleaseOptions.
     start() gives it the release's budget and deadlines before the first reading; ladder (set by
     the release) says which processes are its targets and what each was forked from."""
 

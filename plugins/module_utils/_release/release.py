@@ -133,7 +133,7 @@ def release_argument_spec():
     return spec
 
 
-# The reset's own options (nvidia_device_reset's, _escalation.reset_argument_spec), carried by the
+# The reset's own options (nvidia_device_reset's, _cure.escalation.reset_argument_spec), carried by the
 # release's options for its escalation; None: the reset's defaults.
 RESET_OPTIONS = ('reset_reload_modules', 'bug_report_dir', 'bug_report_timeout', 'reset_stop_units')
 
@@ -269,7 +269,7 @@ class Release:
         self.proc = proc
         self.clock = clock
         self.sleep = sleep
-        # The reset of the GPUs reset_orphaned finds needing one (_escalation.Escalation, module
+        # The reset of the GPUs reset_orphaned finds needing one (_cure.escalation.Escalation, module
         # nvidia_device_reset); None: they are named in reset_due, for that module.
         self.escalation = escalation
         self.smi_runner = smi_runner
