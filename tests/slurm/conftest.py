@@ -240,7 +240,8 @@ def cluster(hook_role_vars, gres_order, host_minors, bench_options):
             'gpu_reset_lock_file': os.path.join(directory, 'release.lock'),
             'gpu_reset_grace_period': 0.5,
         }, slurm_hooks_budget_s=BUDGET_S, slurm_hooks_prolog_epilog_timeout=PROLOG_EPILOG_TIMEOUT,
-            slurm_hooks_scontrol=scontrol, **hook_role_vars)
+            slurm_hooks_scontrol=scontrol, slurm_hooks_check_running_clocks=False,  # no slurmctld answers yet
+            **hook_role_vars)
         found.bench = SlurmBench(bench_dir, include=os.path.join(found.hooks, 'slurm-hooks.conf'),
                                  extra=['RebootProgram=%s' % reboot_program(directory)], gres_order=gres_order,
                                  **bench_options)

@@ -257,7 +257,7 @@ def test_the_role_deployed_again_on_a_running_node_checks_slurm_s_running_clocks
     values are the lines' own and the role passes; had a later line of slurm.conf set them lower
     than the hooks need, it fails naming each."""
     with open(os.path.join(node.hooks, 'deploy-vars.json')) as handle:
-        deployed = json.load(handle)
+        deployed = dict(json.load(handle), slurm_hooks_check_running_clocks=True)
     deploy_hooks(node.hooks, deployed['slurm_hooks_gpu_reset_vars'],
                  **dict((name, value) for name, value in deployed.items()
                         if name not in ('slurm_hooks_gpu_reset_vars',)))
