@@ -20,6 +20,7 @@ import re
 import stat
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import PROC_FILE_MAX
 
 # Device nodes the NVIDIA drivers create: /dev/nvidiaN, nvidiactl, nvidia-uvm(-tools),
 # nvidia-modeset, nvidia-nvlink, nvidia-nvswitchN/ctl, nvidia-vgpuN, and the capability
@@ -34,7 +35,7 @@ def nvidia_majors(proc='/proc'):
     majors = set()
     try:
         with open(os.path.join(proc, 'devices')) as handle:
-            text = handle.read()
+            text = handle.read(PROC_FILE_MAX)
     except (IOError, OSError):
         return majors
     chars = text.split('Block devices:')[0]

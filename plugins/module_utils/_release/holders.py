@@ -27,6 +27,7 @@ import time
 from collections import namedtuple
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import PROC_FILE_MAX
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.nodes import NodeSet, node_identity
 
 COMM_LEN = 15  # the kernel truncates /proc/PID/comm to 15 characters
@@ -154,10 +155,10 @@ def read_process(pid, proc='/proc'):
     base = os.path.join(proc, str(pid))
     try:
         with open(os.path.join(base, 'stat'), 'rb') as handle:
-            raw = handle.read().decode('utf-8', 'replace')
+            raw = handle.read(PROC_FILE_MAX).decode('utf-8', 'replace')
         uid = os.stat(base).st_uid
         with open(os.path.join(base, 'cmdline'), 'rb') as handle:
-            cmdline = handle.read().rstrip(b'\0').replace(b'\0', b' ').decode('utf-8', 'replace')
+            cmdline = handle.read(PROC_FILE_MAX).rstrip(b'\0').replace(b'\0', b' ').decode('utf-8', 'replace')
     except (IOError, OSError):
         return None
     comm, fields = _stat_fields(raw)
@@ -499,7 +500,7 @@ PF_KTHREAD = 0x00200000
 def _kernel_thread(pid, proc='/proc'):
     try:
         with open(os.path.join(proc, str(pid), 'stat'), 'rb') as handle:
-            fields = handle.read().rsplit(b')', 1)[1].split()
+            fields = handle.read(PROC_FILE_MAX).rsplit(b')', 1)[1].split()
     except (IOError, OSError, IndexError):
         return False
     return len(fields) > 6 and int(fields[6]) & PF_KTHREAD != 0
@@ -508,7 +509,7 @@ def _kernel_thread(pid, proc='/proc'):
 def _comm(pid, proc='/proc'):
     try:
         with open(os.path.join(proc, str(pid), 'comm'), errors='replace') as handle:
-            return handle.read().strip()
+            return handle.read(PROC_FILE_MAX).strip()
     except (IOError, OSError):
         return '?'
 
@@ -551,7 +552,7 @@ def can_inspect_every_process(status='/proc/self/status'):
         return False
     try:
         with open(status) as handle:
-            found = re.search(r'^CapEff:\s*([0-9a-fA-F]+)', handle.read(), re.M)
+            found = re.search(r'^CapEff:\s*([0-9a-fA-F]+)', handle.read(PROC_FILE_MAX), re.M)
     except (IOError, OSError):
         return False
     return bool(found) and bool(int(found.group(1), 16) >> CAP_SYS_PTRACE & 1)
@@ -665,7 +666,7 @@ def cgroup(pid, proc='/proc'):
     found = None
     try:
         with open(os.path.join(proc, str(pid), 'cgroup')) as handle:
-            lines = handle.read().splitlines()
+            lines = handle.read(PROC_FILE_MAX).splitlines()
     except (IOError, OSError):
         return None
     for line in lines:

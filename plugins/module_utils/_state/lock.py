@@ -42,6 +42,7 @@ except ImportError:  # not a POSIX host
     pwd = None
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import PROC_FILE_MAX
 
 # Root's lock directory; /run is a tmpfs only root can write, so nobody can plant it first.
 LOCK_DIR = '/run/gpuops'
@@ -220,7 +221,8 @@ def lock_holders(fd, locks=PROC_LOCKS, proc=PROC):
     exact, same_inode = [], []
     try:
         with open(locks) as handle:
-            lines = handle.read().splitlines()
+            # Line by line: every lock of the host is listed, as many as its processes took.
+            lines = [line for line in handle if 'FLOCK' in line]
     except (IOError, OSError):
         return []
     for line in lines:
@@ -263,7 +265,7 @@ def describe_holder(pid, proc=PROC):
         return 'a process in another pid namespace'
     try:
         with open(os.path.join(proc, str(pid), 'comm')) as handle:
-            comm = handle.read().strip()
+            comm = handle.read(PROC_FILE_MAX).strip()
         uid = os.stat(os.path.join(proc, str(pid))).st_uid
     except (IOError, OSError):
         return 'pid %d' % pid

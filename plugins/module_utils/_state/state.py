@@ -31,6 +31,7 @@ import stat
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.dirfd import DirRefused, open_private_dir
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.lock import default_lock_dir
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import PROC_FILE_MAX
 
 STATE_DIR = '/run/gpuops'
 BOOT_ID = '/proc/sys/kernel/random/boot_id'
@@ -59,7 +60,7 @@ def boot_id(path=BOOT_ID):
     """This boot's id (the kernel's), or None when it cannot be read."""
     try:
         with open(path) as handle:
-            return handle.read().strip() or None
+            return handle.read(PROC_FILE_MAX).strip() or None
     except (IOError, OSError):
         return None
 

@@ -509,3 +509,17 @@ def test_a_supervisor_is_named_whole(tmp_path):
     fake_process(proc, 1, 'nvidia-persiste', b'nvidia-persistenced\0', exe='/usr/bin/nvidia-persistenced (deleted)')
     holder = Holder(20, 1, 0, 'python3', 'python3 x.py', None, 1, 'S', 20, 1, ['/dev/nvidia0'])
     assert supervisor(holder, str(proc)) == {'pid': 1, 'name': 'nvidia-persistenced', 'unit': None, 'container': None}
+
+
+def test_a_command_line_of_800_kb_is_read_to_a_bound():
+    """A tenant chooses its command line (here 800 KB, up to the kernel's limit): what is read of it,
+    for each of thousands of processes, stops at PROC_FILE_MAX."""
+    sleeper = subprocess.Popen([sys.executable, '-c', 'import sys, time; sys.stdout.write("ready\\n"); sys.stdout.flush(); '
+                                'time.sleep(60)'] + ['x' * 100000] * 8, stdout=subprocess.PIPE)
+    try:
+        assert sleeper.stdout.readline() == b'ready\n'
+        info = _holders.read_process(sleeper.pid)
+        assert info.cmdline.startswith(sys.executable) and len(info.cmdline) <= _holders.PROC_FILE_MAX
+    finally:
+        sleeper.kill()
+        sleeper.wait()
