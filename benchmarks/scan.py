@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The scan of /proc for holders (scan_holders) on a crowded host: 1,000 and 10,000 processes,
-and 50 processes with 20,000 descriptors each (1,000,000 descriptors).
+and 50 processes with 20,000 descriptors each (1,000,000 descriptors), with the scanning process's
+peak memory (max MiB, its maximum resident set).
 
 A simulated host with one job holding GPU 0; then each crowd in turn (sleep processes; processes
 holding dup'ed /dev/null descriptors), run as user nobody when root. Prints, per crowd, the first
@@ -36,7 +37,7 @@ INSIDE = 'GPUOPS_SCAN_BENCHMARK_NAMESPACE'
 
 # Run in a child, with the collection root first on sys.path: times scan_holders over /proc.
 MEASURE = '''
-import inspect, json, sys, time
+import inspect, json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import scan_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.nodes import expand_devices
@@ -50,7 +51,8 @@ for _ in range(int(sys.argv[3])):
     scan = scan_holders(paths, deadline=time.monotonic() + 60, **known)
     runs.append(time.monotonic() - started)
 print(json.dumps(dict(runs=runs, holders=len(scan.holders), complete=scan.complete,
-                      partial=len(getattr(scan, 'partial', [])), incremental=incremental)))
+                      partial=len(getattr(scan, 'partial', [])), incremental=incremental,
+                      max_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)))
 '''
 
 
@@ -71,8 +73,8 @@ def measure(root, host, runs):
 def report(crowd, side, found):
     first, later = found['runs'][0], found['runs'][1:] or found['runs']
     row = (crowd, side, first, statistics.median(later), ' '.join('%.3f' % took for took in later),
-           found['holders'], found['partial'], 'yes' if found['complete'] else 'no')
-    print('%-30s %-16s %7.3f %8.3f  %-30s %7d %8d  %s' % row)
+           found['holders'], found['partial'], 'yes' if found['complete'] else 'no', found.get('max_rss_mib', 0))
+    print('%-30s %-16s %7.3f %8.3f  %-30s %7d %8d  %-8s %7.0f' % row)
 
 
 def run_crowds(opts, roots):
@@ -84,8 +86,8 @@ def run_crowds(opts, roots):
               for count in opts.processes]
     crowds.append(('%d x %d descriptors' % (opts.tenants, opts.descriptors),
                    lambda crowd: crowd.start_tenants(opts.tenants, opts.descriptors)))
-    header = ('crowd', 'checkout', 'first', 'later', 'later runs (s)', 'holders', 'partial', 'complete')
-    print('%-30s %-16s %7s %8s  %-30s %7s %8s  %s' % header)
+    header = ('crowd', 'checkout', 'first', 'later', 'later runs (s)', 'holders', 'partial', 'complete', 'max MiB')
+    print('%-30s %-16s %7s %8s  %-30s %7s %8s  %-8s %7s' % header)
     try:
         host.hold(gpus=[0], mib=1000)
         for name, start in crowds:
