@@ -514,12 +514,13 @@ def test_a_supervisor_is_named_whole(tmp_path):
 def test_a_command_line_of_800_kb_is_read_to_a_bound():
     """A tenant chooses its command line (here 800 KB, up to the kernel's limit): what is read of it,
     for each of thousands of processes, stops at PROC_FILE_MAX."""
-    sleeper = subprocess.Popen([sys.executable, '-c', 'import sys, time; sys.stdout.write("ready\\n"); sys.stdout.flush(); '
-                                'time.sleep(60)'] + ['x' * 100000] * 8, stdout=subprocess.PIPE)
+    argv = [sys.executable, '-c', 'import sys, time; print("ready", flush=True); time.sleep(60)'] + ['x' * 100000] * 8
+    sleeper = subprocess.Popen(argv, stdout=subprocess.PIPE)
     try:
-        assert sleeper.stdout.readline() == b'ready\n'
+        await_ready(sleeper, argv)
         info = _holders.read_process(sleeper.pid)
         assert info.cmdline.startswith(sys.executable) and len(info.cmdline) <= _holders.PROC_FILE_MAX
     finally:
         sleeper.kill()
         sleeper.wait()
+        sleeper.stdout.close()
