@@ -144,9 +144,20 @@ options:
     default: 2
   hold_window_days:
     description:
-      - The window, in days, in which O(hold_after_cures) cures are counted. More than 0, at most 365.
+      - The window, in days, in which O(hold_after_cures) cures and the resets of O(reset_budget) are
+        counted. More than 0, at most 365.
     type: float
     default: 7.0
+  reset_budget:
+    description:
+      - The GPU resets a GPU may be given within O(hold_window_days), those that worked and those
+        that failed, as its history on the host says. A GPU that needs a reset once its budget is
+        spent is not reset again - it is not released, and RV(gpuops.nvidia.nvidia_device_release#module:held)
+        and the message name the GPU, the fault, the resets and the budget, for a person. Its
+        history records it held (outcome V(held)), and it stays held until its history is cleared.
+      - Between 1 and 100.
+    type: int
+    default: 3
   kernel_log:
     description:
       - Where to read the kernel's Xid messages from for the GPUs' health (RV(gpuops.nvidia.nvidia_device_release#module:released),

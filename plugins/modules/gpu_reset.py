@@ -252,10 +252,29 @@ options:
     default: 2
   hold_window_days:
     description:
-      - The window, in days, in which O(hold_after_cures) cures are counted.
+      - The window, in days, in which O(hold_after_cures) cures and the budgets O(reset_budget) and O(reboot_budget)
+        are counted.
       - More than 0, at most 365.
     type: float
     default: 7.0
+  reset_budget:
+    description:
+      - The GPU resets a GPU may be given within O(hold_window_days), those that worked and those that
+        failed (O(gpuops.nvidia.nvidia_device_release#module:reset_budget)). A GPU that needs a reset
+        once its budget is spent is not reset again - the host fails naming the GPU, the resets and the
+        budget, and the Slurm hook drains the node for a person (C(gpu_reset(hold))), as for O(hold_after_cures).
+      - Between 1 and 100.
+    type: int
+    default: 3
+  reboot_budget:
+    description:
+      - The reboots the Slurm hook may ask for per node within O(hold_window_days) (with its reboot setting,
+        R(the Slurm guide, ansible_collections.gpuops.nvidia.docsite.guide_slurm)), for a GPU or for a
+        hung driver. Past it the node is drained for a person (C(gpu_reset(hold))) instead, the reboots
+        in the reason.
+      - Between 1 and 100.
+    type: int
+    default: 2
   stop_units:
     description:
       - The systemd services that may be stopped for the reset, as shell globs matched against unit names.

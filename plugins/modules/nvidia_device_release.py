@@ -543,9 +543,12 @@ history:
       across reboots), as it was before the probe of this call.
     - C(events) the newest 10 events, each with C(time) (epoch seconds), C(kind) (C(reset),
       C(reset_failed), C(reboot_asked), C(cure) with C(how) reset or probe, C(cure_failed) the
-      fault back after its cures, C(probe) with C(result) pass or fail), C(index), C(reason),
-      and C(count) when the same event repeated; C(counts) the events of each kind in the last
-      C(1d), C(7d) and C(30d).
+      GPU held for a person, C(not_attempted) a reset due but not tried, C(probe) with C(result)
+      pass or fail), C(index), C(reason), and C(count) when the same event repeated; C(counts)
+      the events of each kind in the last C(1d), C(7d) and C(30d).
+    - An attempt's event also has its C(outcome) - C(cured) (with C(proof), what read it clean),
+      C(cure_failed), C(not_attempted) (with C(why)), C(escalated) (with C(to), what comes next -
+      C(module_reload) or C(reboot)) or C(held) - and, for a reset, C(duration_s).
   returned: when the GPUs were read
   type: dict
 elapsed_s:

@@ -217,8 +217,9 @@ ansible_facts:
           description:
             - The GPU's history, by its UUID, kept across reboots in C(/var/lib/gpuops) (under
               O(host_root) on a simulated host) - C(events) the newest 10 (C(time), C(kind) one of
-              C(reset), C(reset_failed), C(reboot_asked), C(cure), C(cure_failed), C(probe), C(index),
-              C(reason), C(how) or C(result), C(count) when repeated), C(counts) the events of each
+              C(reset), C(reset_failed), C(reboot_asked), C(cure), C(cure_failed), C(probe),
+              C(not_attempted), C(index), C(reason), C(how) or C(result), C(outcome) of an attempt, with
+              C(proof), C(why), C(to) or C(duration_s), C(count) when repeated), C(counts) the events of each
               kind in the last C(1d), C(7d) and C(30d). Null when the UUID is not known.
           type: dict
         health:

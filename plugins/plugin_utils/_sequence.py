@@ -45,7 +45,7 @@ VERIFY_DELAY_S = 1.0
 
 RELEASE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'gpus', 'signals',
                    'grace_period', 'timeout', 'memory_threshold_mib', 'extra_protect', 'lock_file', 'kernel_log',
-                   'job', 'hold_after_cures', 'hold_window_days')
+                   'job', 'hold_after_cures', 'hold_window_days', 'reset_budget')
 # The reset's own, besides the release's.
 RESET_OPTIONS = ('bug_report_dir', 'bug_report_timeout')
 # The modules whose failed result that judged the GPUs (released false) is no error: the verdict says why.

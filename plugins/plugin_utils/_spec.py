@@ -32,7 +32,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import (
     MIN_TIMEOUT_S, holders_argument_spec, reader_argument_spec)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.escalation import reset_argument_spec
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import (
-    HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, MAX_HOLD_AFTER_CURES, MAX_HOLD_WINDOW_DAYS)
+    HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, MAX_BUDGET, MAX_HOLD_AFTER_CURES, MAX_HOLD_WINDOW_DAYS, REBOOT_BUDGET, RESET_BUDGET)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import DEFAULT_SIGNALS, MAX_MEMORY_THRESHOLD_MIB
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import MIN_PROBE_MIB, probe_argument_spec
 
@@ -147,7 +147,19 @@ SEQUENCE_SPEC = dict(
     ]),
     hold_window_days=dict(type='float', default=HOLD_WINDOW_DAYS, bounds=dict(above=0, maximum=MAX_HOLD_WINDOW_DAYS),
                           description=[
-        'The window, in days, in which O(hold_after_cures) cures are counted.',
+        'The window, in days, in which O(hold_after_cures) cures and the budgets O(reset_budget) and '
+        'O(reboot_budget) are counted.',
+    ]),
+    reset_budget=dict(type='int', default=RESET_BUDGET, bounds=dict(minimum=1, maximum=MAX_BUDGET), description=[
+        'The GPU resets a GPU may be given within O(hold_window_days), those that worked and those that failed '
+        '(O(gpuops.nvidia.nvidia_device_release#module:reset_budget)). A GPU that needs a reset once its budget '
+        'is spent is not reset again - the host fails naming the GPU, the resets and the budget, and the Slurm '
+        'hook drains the node for a person (C(gpu_reset(hold))), as for O(hold_after_cures).',
+    ]),
+    reboot_budget=dict(type='int', default=REBOOT_BUDGET, bounds=dict(minimum=1, maximum=MAX_BUDGET), description=[
+        'The reboots the Slurm hook may ask for per node within O(hold_window_days) (with its reboot setting, '
+        'R(the Slurm guide, ansible_collections.gpuops.nvidia.docsite.guide_slurm)), for a GPU or for a hung '
+        'driver. Past it the node is drained for a person (C(gpu_reset(hold))) instead, the reboots in the reason.',
     ]),
     stop_units=passed(_RESET, 'nvidia_device_reset', 'reset_stop_units', more=[
         'Only with O(allow_gpu_reset), for the GPUs it resets.',

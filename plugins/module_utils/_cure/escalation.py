@@ -87,6 +87,7 @@ class Escalation:
         foreign = [holder for holder in self.seen.foreign_seen.values()
                    if any(self.seen.blocks(holder, gpu) for gpu in self.seen.scope(snapshot) if gpu.get('index') in todo)]
         if self._other_jobs_block_reset(result, snapshot, todo):
+            self._record_not_attempted(snapshot, todo, 'another job uses the GPU')
             return
         if result.survivors or foreign:
             blocking = ['pid %d' % survivor['pid'] for survivor in result.survivors]
@@ -95,6 +96,7 @@ class Escalation:
                 ', '.join(str(index) for index in sorted(todo)), ', '.join(blocking)))
             if foreign:
                 self._foreign_blocks_reset(result, todo, foreign)
+            self._record_not_attempted(snapshot, todo, 'processes still hold the devices (%s)' % ', '.join(blocking))
             return
         runner = self.smi_runner or SmiRunner(self.options.nvidia_smi_path)
         bus_ids = dict((gpu.get('index'), gpu.get('pci_bus_id')) for gpu in snapshot.gpus if gpu.get('index') is not None)
@@ -102,7 +104,7 @@ class Escalation:
         # reserve for starting again the units stopped for it (Quiesce.restore_reserve).
         quiesce = self._quiesce(snapshot, todo)
         reset = GpuReset(runner, bus_ids, todo, quiesce.work_deadline(), self.clock, reasons=todo)
-        started = self.clock()
+        started = reset_started = self.clock()
         escalation = result.escalation = quiesced_reset(quiesce, reset, sorted(todo))
         self.budget.spend('the GPU reset', started)
         if escalation.get('flr_refused') and self.options.reset_reload_modules:
@@ -119,11 +121,15 @@ class Escalation:
                                                    self.seen.signal_deadline, self.clock, self.sleep)
             self.budget.spend('waiting for the NVLink fabric', started)
         self._record_cures(escalation, snapshot)
-        self._record_history(escalation, snapshot, todo)
         self._mig_after_reset(escalation, snapshot)
-        snapshot = self.reread(result)
-        result.changed = result.changed or escalation['attempted'] or bool(escalation['quiesced']['stopped'])
-        problems = escalation['problems'] = self._after_reset(escalation, snapshot, todo)
+        before, problems = snapshot, None
+        try:
+            snapshot = self.reread(result)
+            result.changed = result.changed or escalation['attempted'] or bool(escalation['quiesced']['stopped'])
+            problems = escalation['problems'] = self._after_reset(escalation, snapshot, todo)
+        finally:
+            # Also when the read after it failed: a reset tried spends its budget.
+            self._record_history(escalation, before, todo, problems, self.clock() - reset_started)
         if problems:
             result.released = False
             result.failure = '%s; %s' % (result.failure, '; '.join(problems)) if result.failure else \
@@ -294,18 +300,46 @@ class Escalation:
         for warning in state.warnings:
             self.seen.warn(warning)
 
-    def _record_history(self, escalation, snapshot, todo):
-        """Each GPU reset in its history: reset (and a cure) when the reset worked, reset_failed
-        when it did not, with why it was reset."""
+    def _record_history(self, escalation, snapshot, todo, problems, duration):
+        """Each GPU reset in its history, with its outcome (_history.OUTCOMES): reset (and a cure)
+        when the reset worked, cured when the GPUs read clean again after it (proof: that read) and
+        cure_failed when not; reset_failed when it did not work, escalated to what comes next when
+        the platform refused it (a reload of the driver that worked, else a reboot)."""
         if not escalation.get('attempted'):
             return
         history = History.for_host(self.options.host_root, self.options.state_dir)
-        gpus = [(gpu.get('uuid'), gpu.get('index'), '; '.join(todo.get(gpu.get('index')) or []), gpu.get('pci_bus_id'))
-                for gpu in snapshot.gpus if gpu.get('index') in escalation['gpus']]
+        attempt = dict(duration_s=round(duration, 3))
+
+        def gpus(indexes):
+            return [(gpu.get('uuid'), gpu.get('index'), '; '.join(todo.get(gpu.get('index')) or []), gpu.get('pci_bus_id'))
+                    for gpu in snapshot.gpus if gpu.get('index') in indexes]
+
         if escalation.get('ok'):
-            history.record(gpus, 'reset')
-            history.record(gpus, 'cure', how='reset')
+            if problems is None:
+                outcome = dict(outcome='cure_failed', why='the GPUs could not be read again after the reset')
+            elif problems:
+                outcome = dict(outcome='cure_failed', why=printable('; '.join(problems), 200))
+            else:
+                outcome = dict(outcome='cured', proof='read clean after the reset')
+            history.record(gpus(escalation['gpus']), 'reset', **dict(attempt, **outcome))
+            history.record(gpus(escalation['gpus']), 'cure', how='reset')
         else:
-            history.record(gpus, 'reset_failed', error=printable(escalation.get('message') or '', 200))
+            error = printable(escalation.get('message') or '', 200)
+            refused = set(escalation.get('flr_refused') or ())
+            reloaded = (escalation.get('module_reload') or {}).get('ok')
+            history.record(gpus(refused), 'reset_failed', error=error, outcome='escalated',
+                           to='module_reload' if reloaded else 'reboot', **attempt)
+            history.record(gpus(set(escalation['gpus']) - refused), 'reset_failed', error=error, outcome='cure_failed',
+                           **attempt)
+        for warning in history.warnings:
+            self.seen.warn(warning)
+
+    def _record_not_attempted(self, snapshot, todo, why):
+        """Each GPU that needs a reset not tried now in its history: not_attempted, with why (a
+        repeat is counted on the last such event)."""
+        history = History.for_host(self.options.host_root, self.options.state_dir)
+        history.record([(gpu.get('uuid'), gpu.get('index'), '; '.join(todo[gpu.get('index')]), gpu.get('pci_bus_id'))
+                        for gpu in snapshot.gpus if gpu.get('index') in todo], 'not_attempted', outcome='not_attempted',
+                       why=printable(why, 200))
         for warning in history.warnings:
             self.seen.warn(warning)

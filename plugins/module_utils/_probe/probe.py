@@ -503,7 +503,8 @@ class Prober:
                   for gpu, res in probed if gpu.get('uuid') not in passed]
         history.record(failed, 'probe', now, result='fail')
         history.record([(uuid, dict((gpu.get('uuid'), gpu.get('index')) for gpu, dummy in proven).get(uuid),
-                         'every probed byte checked by the kernel') for uuid in cured], 'cure', now, how='probe')
+                         'every probed byte checked by the kernel') for uuid in cured], 'cure', now, how='probe',
+                       outcome='cured', proof='probe')
         result.warnings.extend(warning for warning in history.warnings if warning not in result.warnings)
 
     @staticmethod

@@ -62,7 +62,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._release.reset_plan 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import split_gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import (
-    HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, History, check_hold_options)
+    HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, RESET_BUDGET, History, check_hold_options)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.signals import Signaller
 
 # After the GPUs read clean, how long to watch that no holder comes back, counted from the
@@ -118,6 +118,7 @@ def release_argument_spec():
         reset_orphaned=dict(type='bool', default=False),
         hold_after_cures=dict(type='int', default=HOLD_AFTER_CURES),
         hold_window_days=dict(type='float', default=HOLD_WINDOW_DAYS),
+        reset_budget=dict(type='int', default=RESET_BUDGET),
         kernel_log=dict(type='path'),
         job=dict(type='dict', options=dict(
             id=dict(type='str', required=True),
@@ -151,8 +152,9 @@ class ReleaseOptions:
         values.update(dict.fromkeys(RESET_OPTIONS))
         values.update(given)
         protect = list(values['protect'] or ()) + list(values['extra_protect'] or ())
-        check_hold_options(values['hold_after_cures'], values['hold_window_days'])
+        check_hold_options(values['hold_after_cures'], values['hold_window_days'], values['reset_budget'])
         self.hold_after_cures, self.hold_window_days = values['hold_after_cures'], values['hold_window_days']
+        self.reset_budget = values['reset_budget']
         self.signals, gpus = check_release_options(devices, values['gpus'], values['signals'], values['grace_period'],
                                                    values['timeout'], values['memory_threshold_mib'], protect,
                                                    values['settle_time'], values['expected_gpus'])

@@ -22,7 +22,7 @@ __metaclass__ = type
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health.health import driver_hung, reset_causes
-from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History, budget_spent
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.mig import instances_in_use, pending_change
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED, instance_name, reset_not_attempted
 
@@ -95,18 +95,25 @@ def _mig_to_reset(seen, result, snapshot, todo, causes):
 
 def _hold(seen, result, snapshot, todo):
     """todo without the GPUs whose fault came back after hold_after_cures cures within
-    hold_window_days (their history): those are held for a person (result.held), not reset."""
+    hold_window_days, or whose reset_budget is spent within it (their history): those are held for
+    a person (result.held), not reset."""
     history = History.for_host(seen.options.host_root, seen.options.state_dir)
     uuids = dict((gpu.get('index'), gpu.get('uuid')) for gpu in snapshot.gpus)
     result.held = []
     for index in sorted(todo):
-        why = history.hold_reason(uuids.get(index), index, 'needs a reset (%s)' % ', '.join(todo[index]),
-                                  seen.options.hold_after_cures, seen.options.hold_window_days)
+        fault = 'needs a reset (%s)' % ', '.join(todo[index])
+        why = history.hold_reason(uuids.get(index), index, fault, seen.options.hold_after_cures,
+                                  seen.options.hold_window_days)
+        spent = None if why else budget_spent(history.events(uuids.get(index)), 'reset', seen.options.reset_budget,
+                                              seen.options.hold_window_days)
+        if spent:
+            why = 'GPU %s (%s): %s, %s' % (index, uuids.get(index), fault, spent)
         if why:
             result.held.append({'index': index, 'uuid': uuids.get(index), 'reason': why})
             del todo[index]
     if result.held and not seen.check_mode:
-        history.record([(held['uuid'], held['index'], held['reason']) for held in result.held], 'cure_failed')
+        history.record([(held['uuid'], held['index'], held['reason']) for held in result.held], 'cure_failed',
+                       outcome='held')
     for warning in history.warnings:
         seen.warn(warning)
     return todo

@@ -50,11 +50,15 @@ WINDOWS = (('1d', 86400), ('7d', 7 * 86400), ('30d', 30 * 86400))
 # What an event is: a GPU reset that worked, one that failed, a reboot asked for, a cure (how:
 # reset or probe, as _state.record_cure records it), a fault that came back after the cures
 # (cure_failed: the GPU is held for a person), a probe's result (result: pass or fail).
-KINDS = ('reset', 'reset_failed', 'reboot_asked', 'cure', 'cure_failed', 'probe')
+KINDS = ('reset', 'reset_failed', 'reboot_asked', 'cure', 'cure_failed', 'probe', 'not_attempted')
+# What became of a cure tried or due (outcome, on each event of the kinds that say so): cured (the
+# GPU read clean after it: proof says by what), cure_failed, not_attempted (why: the reason),
+# escalated (to: what comes next, reboot), held (for a person).
+OUTCOMES = ('cured', 'cure_failed', 'not_attempted', 'escalated', 'held')
 # What counts as a cure tried, for the escalation: the remedies, not the probes that follow them.
 CURES_TRIED = ('reset', 'reboot_asked')
 # Kinds whose repeat (same kind, reason and result as the last event) is counted on that event.
-MERGED = ('probe', 'cure_failed', 'reset_failed')
+MERGED = ('probe', 'cure_failed', 'reset_failed', 'not_attempted')
 # A fault that comes back after this many cures within HOLD_WINDOW_DAYS is not cured again: it
 # goes to a person. Defaults from the field's anchors: NVSentinel sends a node remediated more
 # than once in 7 days to a person; gpud escalates to hardware inspection after 2 reboots that did
@@ -63,13 +67,24 @@ HOLD_AFTER_CURES = 2
 HOLD_WINDOW_DAYS = 7.0
 MAX_HOLD_AFTER_CURES = 100
 MAX_HOLD_WINDOW_DAYS = 365.0
+# The retry budgets within hold_window_days: GPU resets tried per GPU (worked or not), reboots
+# asked for per node. Past them the GPU or the node is held for a person, whatever the cures did.
+RESET_BUDGET = 3
+REBOOT_BUDGET = 2
+MAX_BUDGET = 100
+# The kinds that spend each budget.
+SPENDS = {'reset': ('reset', 'reset_failed'), 'reboot': ('reboot_asked',)}
 UUID_RE = re.compile(r'^GPU-[0-9A-Fa-f-]{8,64}\Z')
 REASON_CHARS = 300
 
 
-def check_hold_options(hold_after_cures, hold_window_days):
-    """GpuopsError, the message starting with the option's name, when the escalation's threshold or
-    window is not sane."""
+def check_hold_options(hold_after_cures, hold_window_days, reset_budget=RESET_BUDGET, reboot_budget=REBOOT_BUDGET):
+    """GpuopsError, the message starting with the option's name, when the escalation's threshold,
+    window or budgets are not sane."""
+    for name, value in (('reset_budget', reset_budget), ('reboot_budget', reboot_budget)):
+        if value is None or isinstance(value, bool) or not 1 <= value <= MAX_BUDGET:
+            raise GpuopsError('%s must be between 1 and %d (the %ss tried within hold_window_days before a person '
+                              'is asked), got %s' % (name, MAX_BUDGET, name.split('_')[0], value))
     if hold_after_cures is None or not 1 <= hold_after_cures <= MAX_HOLD_AFTER_CURES:
         raise GpuopsError('hold_after_cures must be between 1 and %d (the cures tried before a fault that returns '
                           'goes to a person), got %s' % (MAX_HOLD_AFTER_CURES, hold_after_cures))
@@ -144,9 +159,16 @@ class History:
                  if pci_bus_id and any(event.get('pci_bus_id') == pci_bus_id for event in events)]
         return max(found)[1] if found else None
 
+    def node_events(self):
+        """[events, oldest first] of the node itself (reboots asked for, whatever GPU they were for)."""
+        data = self.state.load(HISTORY) or {}
+        events = data.get('node') if isinstance(data.get('node'), list) else []
+        return sorted((event for event in events if _valid_event(event)), key=lambda event: event['time'])[-MAX_EVENTS:]
+
     def record(self, gpus, kind, when=None, **extra):
         """Add an event of kind to each GPU of gpus ([(uuid, index, reason[, pci_bus_id])]);
-        extra: its other keys (how, result). False when it could not be written."""
+        extra: its other keys (how, result, outcome, why, to, duration_s, proof). False when it
+        could not be written."""
         gpus = [tuple(gpu) + (None,) * (4 - len(gpu)) for gpu in gpus if _valid_uuid(gpu[0])]
         if not gpus or not self.state.usable:
             return False
@@ -157,16 +179,29 @@ class History:
             if bus:
                 event['pci_bus_id'] = str(bus)
             _add(known.setdefault(uuid, []), event)
-        newest = sorted(known.items(), key=lambda item: item[1][-1]['time'], reverse=True)[:MAX_GPUS]
-        return self.state.save(HISTORY, {'gpus': dict(newest)})
+        return self._save(known, self.node_events())
+
+    def record_node(self, kind, reason, when=None, **extra):
+        """Add an event of kind to the node's own events. False when it could not be written."""
+        if not self.state.usable:
+            return False
+        when = round(time.time() if when is None else float(when), 3)
+        events = self.node_events()
+        _add(events, dict(extra, time=when, kind=kind, index=None, reason=printable(reason or '', REASON_CHARS)))
+        return self._save(self.gpus(), events)
+
+    def _save(self, gpus, node_events):
+        newest = sorted(gpus.items(), key=lambda item: item[1][-1]['time'], reverse=True)[:MAX_GPUS]
+        return self.state.save(HISTORY, {'gpus': dict(newest), 'node': node_events[-MAX_EVENTS:]})
 
     def clear(self, uuid):
-        """Forget uuid's history ('all': every GPU's); the UUIDs forgotten."""
-        known = self.gpus()
+        """Forget uuid's history ('all': every GPU's, and the node's reboots); the UUIDs forgotten."""
+        known, node = self.gpus(), self.node_events()
         gone = sorted(known) if uuid == 'all' else [uuid] if uuid in known else []
         for name in gone:
             del known[name]
-        if gone and not self.state.save(HISTORY, {'gpus': known}):
+        forgets_node = uuid == 'all' and bool(node)
+        if (gone or forgets_node) and not self._save(known, [] if forgets_node else node):
             raise GpuopsError('the history in %s could not be written: %s' % (self.state.path, '; '.join(self.warnings)))
         return gone
 
@@ -188,6 +223,18 @@ class History:
         cures = ', '.join('%s %s' % (event['kind'].replace('_asked', ''), _stamp(event['time'])) for event in tried[-5:])
         return 'GPU %s (%s): %s, back after %d cure(s) within %g days (%s): not cured again, held for a person' % (
             index, uuid, fault, len(tried), window_days, cures or 'held before')
+
+
+def budget_spent(events, cure, budget, window_days, now=None):
+    """Why the cure (reset, reboot) is not tried again, its budget spent by events (a GPU's, or the
+    node's for reboots) within window_days, or None."""
+    now = time.time() if now is None else now
+    spent = [event for event in events if event['kind'] in SPENDS[cure] and now - event['time'] <= window_days * 86400]
+    if len(spent) < budget:
+        return None
+    tried = ', '.join(_stamp(event['time']) for event in spent[-5:])
+    return 'its %s budget is spent: %d %s(s) within %g days (%s), at most %d: not tried again, held for a person' % (
+        cure, len(spent), cure, window_days, tried, budget)
 
 
 def _add(events, event):

@@ -185,7 +185,10 @@ def ask_reboot(result, scontrol, node, seconds, stamp, history=None):
     if held:
         result['held'] = held
         result['reason'] = '; '.join([entry['reason'] for entry in held] + [result['reason']])
-        history.record([(entry['uuid'], entry['index'], entry['reason']) for entry in held], 'cure_failed')
+        history.record([(entry['uuid'], entry['index'], entry['reason']) for entry in held], 'cure_failed', outcome='held')
+        for entry in held:
+            if entry['uuid'] is None:
+                history.record_node('cure_failed', entry['reason'], outcome='held')
         return drain(result, scontrol, node, seconds, hold=True)
     why = why_not_reboot(node, stamp)
     if why is None:
@@ -194,7 +197,8 @@ def ask_reboot(result, scontrol, node, seconds, stamp, history=None):
             result['reboot_requested'] = True
             if history is not None:
                 history.record([(uuid, gpu.get('index'), result['reason'], gpu.get('pci_bus_id'))
-                                for gpu, uuid in reboot_gpus(result, history)], 'reboot_asked')
+                                for gpu, uuid in reboot_gpus(result, history)], 'reboot_asked', outcome='escalated', to='reboot')
+                history.record_node('reboot_asked', result['reason'], outcome='escalated', to='reboot')
             return note_reboot(result, stamp)
         why = 'the reboot command failed'
     # First, where a reason cut to its length for sinfo -R keeps it.
@@ -209,7 +213,7 @@ def hook_history(options):
 
     root = options.get('host_root')
     return History.for_host(root if isinstance(root, str) and root else '/'), dict(
-        (name, options.get(name)) for name in ('hold_after_cures', 'hold_window_days'))
+        (name, options.get(name)) for name in ('hold_after_cures', 'hold_window_days', 'reboot_budget'))
 
 
 def reboot_gpus(result, history):
@@ -225,19 +229,25 @@ def reboot_gpus(result, history):
 
 
 def reboot_held(result, history, settings):
-    """The GPUs only a reboot cures whose fault is back after their cures (_history.hold_reason):
-    [{index, uuid, reason}], not rebooted again."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import HOLD_AFTER_CURES, HOLD_WINDOW_DAYS
+    """What is not rebooted again, for a person: the GPUs only a reboot cures whose fault is back
+    after their cures (_history.hold_reason), or the node, its reboot_budget spent
+    (_history.budget_spent): [{index, uuid, reason}] (index and uuid None for the node)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import (
+        HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, REBOOT_BUDGET, budget_spent)
 
     if history is None:
         return []
+    window = settings.get('hold_window_days') or HOLD_WINDOW_DAYS
     held = []
     for gpu, uuid in reboot_gpus(result, history):
         why = history.hold_reason(uuid, gpu.get('index'), 'needs a reboot (%s)' % (gpu.get('state') or 'its health'),
-                                  settings.get('hold_after_cures') or HOLD_AFTER_CURES,
-                                  settings.get('hold_window_days') or HOLD_WINDOW_DAYS)
+                                  settings.get('hold_after_cures') or HOLD_AFTER_CURES, window)
         if why:
             held.append({'index': gpu.get('index'), 'uuid': uuid, 'reason': why})
+    spent = None if held else budget_spent(history.node_events(), 'reboot', settings.get('reboot_budget') or REBOOT_BUDGET,
+                                           window)
+    if spent:
+        held.append({'index': None, 'uuid': None, 'reason': 'the node needs a reboot, %s' % spent})
     return held
 
 

@@ -17,6 +17,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._release.facts impor
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import start_time
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.smi import SmiReader, SmiRunner
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir, boot_id, record_cure
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
 from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_device_release, nvidia_device_reset
 from gpusim.state import is_alive as alive
 from module_main import run_main
@@ -245,6 +246,11 @@ def test_a_reset_the_platform_refuses_makes_the_gpus_recovery_action_reboot(caps
     assert set(gpu['recovery_action'] for gpu in result['gpu_states'] if gpu['index'] != 3) == {'none'}
     assert persistence(gpuhost, 3) == 'Enabled'
     assert 'module_reload' not in escalation  # reset_reload_modules is off by default
+    # The attempt in the GPU's history: failed, and a reboot next.
+    uuid = [gpu['uuid'] for gpu in result['gpu_states'] if gpu['index'] == 3][0]
+    [event] = History.for_host(gpuhost.root, gpuhost.state_dir).events(uuid)
+    assert (event['kind'], event['outcome'], event['to']) == ('reset_failed', 'escalated', 'reboot'), event
+    assert event['duration_s'] >= 0 and 'Unknown Error' in event['error']
 
 
 def test_a_reset_the_platform_refuses_is_cured_by_a_module_reload_when_asked(capsys, gpuhost, tmp_path):

@@ -169,3 +169,46 @@ def test_the_threshold_and_window_are_checked(after, days, words):
     with pytest.raises(GpuopsError, match=words):
         check_hold_options(after, days)
     check_hold_options(2, 7.0)
+
+
+@pytest.mark.parametrize('resets, reboots, words', [
+    (0, 2, 'reset_budget must be between 1 and 100'),
+    (101, 2, 'reset_budget must be between 1 and 100'),
+    (3, 0, 'reboot_budget must be between 1 and 100'),
+    (3, True, 'reboot_budget must be between 1 and 100'),
+])
+def test_the_budgets_are_checked(resets, reboots, words):
+    with pytest.raises(GpuopsError, match=words):
+        check_hold_options(2, 7.0, resets, reboots)
+    check_hold_options(2, 7.0, 3, 2)
+
+
+def test_resets_tried_within_the_window_spend_the_reset_budget_whether_they_worked_or_not(tmp_path):
+    history = History.for_host(str(tmp_path))
+    now = 100 * DAY
+    history.record([(UUID, 3, 'orphaned memory')], 'reset', when=now - 8 * DAY, outcome='cured')  # out of the window
+    history.record([(UUID, 3, 'orphaned memory')], 'reset', when=now - 3 * DAY, outcome='cured')
+    history.record([(UUID, 3, 'Xid 119')], 'reset_failed', when=now - DAY, outcome='cure_failed')
+    history.record([(UUID, 3, 'probe passed')], 'probe', when=now - DAY, result='pass')
+    events = history.events(UUID)
+    assert _history.budget_spent(events, 'reset', 3, 7.0, now=now) is None
+    why = _history.budget_spent(events, 'reset', 2, 7.0, now=now)
+    assert why.startswith('its reset budget is spent: 2 reset(s) within 7 days (') and why.endswith(
+        'at most 2: not tried again, held for a person'), why
+    assert [event.get('outcome') for event in events] == ['cured', 'cured', 'cure_failed', None]
+
+
+def test_the_nodes_reboots_are_kept_beside_the_gpus_and_cleared_with_all(tmp_path):
+    history = History.for_host(str(tmp_path))
+    now = 100 * DAY
+    assert history.record_node('reboot_asked', 'GPU 2 lost', when=now - 2 * DAY, outcome='escalated', to='reboot')
+    assert history.record([(UUID, 3, 'orphaned memory')], 'reset', when=now - DAY)
+    assert history.record_node('reboot_asked', 'the driver hung', when=now - DAY, outcome='escalated', to='reboot')
+    again = History.for_host(str(tmp_path))
+    assert [event['reason'] for event in again.node_events()] == ['GPU 2 lost', 'the driver hung']
+    assert list(again.gpus()) == [UUID]
+    assert 'reboot budget is spent: 2 reboot(s)' in _history.budget_spent(again.node_events(), 'reboot', 2, 7.0, now=now)
+    assert _history.budget_spent(again.node_events(), 'reboot', 2, 1.5, now=now) is None
+    # One GPU's history cleared: the node's reboots still count; all: they are forgotten too.
+    assert again.clear(UUID) == [UUID] and len(again.node_events()) == 2
+    assert again.clear('all') == [] and again.node_events() == []

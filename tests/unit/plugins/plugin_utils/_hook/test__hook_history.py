@@ -60,6 +60,49 @@ def test_a_third_recurrence_after_two_cures_is_held_for_a_person_until_cleared(g
     assert (rc, report['outcome'], report['escalation']['gpus']) == (0, 'released', [3]), report['reason']
 
 
+def test_a_gpu_past_its_reset_budget_is_held_though_no_fault_came_back_after_cures(gpuhost, slurm, capsys, hook_vars):
+    """gpu_reset_reset_budget 1 (hold_after_cures 5: the hold by cures would wait): the first reset is
+    recorded cured, with how long it took and what proved it; the next GPU reset due is not tried."""
+    variables = hook_vars()
+    with open(variables, 'a') as handle:
+        handle.write('gpu_reset_allow_gpu_reset: true\ngpu_reset_hold_after_cures: 5\ngpu_reset_reset_budget: 1\n')
+
+    def prolog_run():
+        rc = _slurm_hook.main(['--node', 'gpu07', '--scontrol', slurm.scontrol, '--vars-file', variables,
+                               '--timeout', '10', '--deadline', '40'])
+        return rc, json.loads(capsys.readouterr().out), [call for call in slurm.calls() if call[1:2] == ['update']]
+
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    rc, report, updates = prolog_run()
+    assert (rc, report['outcome'], report['escalation']['gpus'], updates) == (0, 'released', [3], []), report['reason']
+    uuid = [gpu['uuid'] for gpu in report['gpus'] if gpu['index'] == 3][0]
+    history = History.for_host(gpuhost.root)
+    [reset] = [event for event in history.events(uuid) if event['kind'] == 'reset']
+    assert (reset['outcome'], reset['proof']) == ('cured', 'read clean after the reset'), reset
+    assert 0 < reset['duration_s'] < 40, reset
+
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    rc, report, updates = prolog_run()
+    assert rc == _hook_status.RUNNER_DRAINED and report['escalation'] is None and report['held_for_person'] is True
+    reason = updates[0][4][len('reason='):]
+    assert reason.startswith('gpu_reset(hold): GPU 3 (%s): needs a reset (orphaned memory), its reset budget is '
+                             'spent: 1 reset(s) within 7 days (' % uuid), reason
+    assert gpuhost.memory_used()[3] >= 4096  # not reset a second time
+    assert history.events(uuid)[-1]['kind'] == 'cure_failed' and history.events(uuid)[-1]['outcome'] == 'held'
+
+
+def test_a_budget_that_is_not_a_number_of_resets_is_refused_before_anything_is_done(gpuhost, slurm, capsys, hook_vars):
+    variables = hook_vars()
+    with open(variables, 'a') as handle:
+        handle.write('gpu_reset_reboot_budget: 0\n')
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    rc = _slurm_hook.main(['--node', 'gpu07', '--scontrol', slurm.scontrol, '--vars-file', variables,
+                           '--timeout', '10', '--deadline', '40'])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == _hook_status.RUNNER_DRAINED and 'gpu_reset_reboot_budget must be between 1 and 100' in report['reason']
+    assert gpuhost.memory_used()[3] >= 4096
+
+
 def host_with_history(tmp_path):
     """(a variables file whose gpu_reset_host_root has a history of two GPUs, that history)."""
     root = tmp_path / 'root'

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _sequence
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook import health as _hook_health
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook import reset as _hook_reset
@@ -216,6 +217,28 @@ def test_a_fault_a_reboot_did_not_cure_is_drained_for_a_person(gpuhost, hook, tm
         assert 'reboot_requested' not in report and report['held_for_person'] is True
         # The health check that finds the GPUs clean later leaves the node drained.
         assert 'for a person' in _hook_health.why_not_heal('gpu07', 'IDLE+DRAIN', command[3][len('reason='):])
+
+
+def test_a_node_past_its_reboot_budget_is_drained_for_a_person(gpuhost, hook, tmp_path):
+    """Two reboots asked for within the week (the node's history) spend the default budget: a GPU
+    lost again is not rebooted a third time; gpu_reset_reboot_budget 3 allows it, and records it."""
+    history = History.for_host(gpuhost.root)
+    for days in (5, 2):
+        assert history.record_node('reboot_asked', 'GPU 2 lost', when=time.time() - days * 86400,
+                                   outcome='escalated', to='reboot')
+    gpuhost.fault('lost', gpu=2, message='lost')
+    stamp = tmp_path / 'state' / 'reboot-requested'
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
+    assert rc == _hook_status.RUNNER_DRAINED and command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
+    assert command[3].startswith('reason=gpu_reset(hold): the node needs a reboot, its reboot budget is spent: '
+                                 '2 reboot(s) within 7 days ('), command
+    assert report['held_for_person'] is True and 'reboot_requested' not in report and not stamp.exists()
+    assert [event['outcome'] for event in history.node_events()] == ['escalated', 'escalated', 'held']
+
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp), gpu_reset_reboot_budget=3)
+    assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and report['reboot_requested'] is True, command
+    assert [event.get('to') for event in history.node_events()][-1] == 'reboot'
+    assert len([event for event in history.node_events() if event['kind'] == 'reboot_asked']) == 3
 
 
 def test_an_xid_79_in_the_kernels_words_asks_for_a_reboot(gpuhost, hook, tmp_path):
