@@ -25,7 +25,8 @@ modules run as programs (_hook/reset.py), then its finishing steps (_finish.py):
 
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
         --node NODE [--vars-file FILE] [--gpus 0,1 [--gres-conf FILE]] [--timeout S] [--deadline S] [--scontrol PATH]
-        [--reboot [--reboot-stamp FILE]] [--max-drained N|N% [--max-drain-rate N/W]] [--observe] [--health-check]
+        [--reboot [--reboot-stamp FILE]] [--max-drained N|N% [--max-drain-rate N/W]] [--observe]
+        [--health-check [--cure-within S]]
         [--playbook-vars FILE]
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
         --clear-history GPU-UUID|all [--vars-file FILE]
@@ -43,7 +44,8 @@ fallen off the bus, the driver's word) is not drained but rebooted by Slurm once
 (scontrol reboot ASAP nextstate=resume, which needs RebootProgram), at most once a day (the stamp
 file); a fault that comes back sooner is drained for a person.
 
-With --health-check it is Slurm's HealthCheckProgram (_hook/health.py).
+With --health-check it is Slurm's HealthCheckProgram (_hook/health.py); with --cure-within S too, the
+cure the hook starts at once when it drains a node (gpu-reset-hook.sh cure).
 
 A GPU whose fault comes back after gpu_reset_hold_after_cures cures (resets, reboots asked for)
 within gpu_reset_hold_window_days (its history, module_utils/_state/history.py) is not reset or rebooted
@@ -75,6 +77,9 @@ from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import drain_
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.status import RUNNER_NEEDS_PLAYBOOK, RUNNER_SETTINGS_UNREADABLE
 
 REBOOT_STAMP = '/var/lib/gpuops/reboot-requested'
+# The longest a cure started at once may wait and try (an hour: a node drained longer is the
+# health check's).
+MAX_CURE_WITHIN_S = 3600
 
 
 def max_drained_argument(text):
@@ -91,6 +96,18 @@ def drain_rate_argument(text):
     if problem:
         raise argparse.ArgumentTypeError('GPU_RESET_MAX_DRAIN_RATE: %s' % problem)
     return text
+
+
+def cure_within_argument(text):
+    """--cure-within: seconds, more than 0, at most MAX_CURE_WITHIN_S."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = None
+    if seconds is None or not 0 < seconds <= MAX_CURE_WITHIN_S:
+        raise argparse.ArgumentTypeError('GPU_RESET_CURE_WITHIN_S: %s is not a number of seconds above 0 and at most %d'
+                                         % (printable(text, 40), MAX_CURE_WITHIN_S))
+    return seconds
 
 
 def gpus_argument(text):
@@ -124,6 +141,10 @@ def parse_args(argv):
     parser.add_argument('--health-check', action='store_true',
                         help="Slurm's HealthCheckProgram: return the node to service when this collection "
                              'drained it, it runs no job and its GPUs are clean again')
+    parser.add_argument('--cure-within', type=cure_within_argument, metavar='S',
+                        help='with --health-check: the cure the hook starts at once when it drains the node, outside '
+                             'the job\'s time: wait while a job still ends there, and check again while the GPUs may '
+                             'yet be found clean, for at most S seconds')
     parser.add_argument('--max-drained', type=max_drained_argument,
                         help='the fleet brake (GPU_RESET_MAX_DRAINED): past this many nodes, or this percentage of '
                              "the cluster's (N%%), out of service for gpu_reset, a node that is not clean but can run "
@@ -142,6 +163,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if not args.node and not args.clear_history:
         parser.error('the following arguments are required: --node')
+    if args.cure_within and not args.health_check:
+        parser.error('--cure-within is a mode of --health-check')
     return args
 
 

@@ -29,9 +29,13 @@ PLAYBOOK_BUDGET_S = 45
 PROLOG_EPILOG_TIMEOUT = 60
 
 
+# How the hook's log names a run: "prolog job 42", "health check" or "cure".
+RUN_NAME = r'(?:(?P<mode>prolog|epilog) job (?P<job>\S+)|(?P<health>health) check|(?P<cure>cure))'
+
+
 def _run_named(runs, match):
-    """The latest of runs that the end line match names (groups: mode, job or 'health'), else the last."""
-    mode, job = match.group(1) or match.group(3), match.group(2)
+    """The latest of runs that the end line match names (RUN_NAME's groups), else the last."""
+    mode, job = match.group('mode') or match.group('health') or match.group('cure'), match.group('job')
     for run in reversed(runs):
         if run.mode == mode and run.job == job:
             return run
@@ -75,22 +79,23 @@ class Cluster:
         with open(self.log, errors='replace') as handle:
             for line in handle:
                 line = line.rstrip('\n')
-                head = re.match(r'=== \S+ (?:(prolog|epilog) job (\S+)|(health) check) on \S+, GPUs (\S+), (\w+)$', line)
+                head = re.match(r'=== \S+ %s on \S+, GPUs (?P<gpus>\S+), (?P<runner>\w+)$' % RUN_NAME, line)
                 if head:
-                    runs.append(HookRun(head.group(1) or head.group(3), head.group(2), head.group(4), head.group(5)))
+                    runs.append(HookRun(head.group('mode') or head.group('health') or head.group('cure'), head.group('job'),
+                                        head.group('gpus'), head.group('runner')))
                     continue
                 if not runs:
                     continue
                 # A health check runs beside a Prolog or an Epilog and logs to the same file: an
                 # end line names its run, and goes to that run, not to the one logged last.
-                hook_end = re.match(r'=== (?:(prolog|epilog) job (\S+)|(health) check): hook exit (\d+)$', line)
+                hook_end = re.match(r'=== %s: hook exit (?P<status>\d+)$' % RUN_NAME, line)
                 if hook_end:
-                    _run_named(runs, hook_end).hook_exit = int(hook_end.group(4))
-                end = re.match(r'=== (?:(prolog|epilog) job (\S+)|(health) check): exit (\d+) after (\d+) s$', line)
+                    _run_named(runs, hook_end).hook_exit = int(hook_end.group('status'))
+                end = re.match(r'=== %s: exit (?P<status>\d+) after (?P<seconds>\d+) s$' % RUN_NAME, line)
                 if end:
                     named = _run_named(runs, end)
-                    named.exit = int(end.group(4))
-                    named.seconds = int(end.group(5))
+                    named.exit = int(end.group('status'))
+                    named.seconds = int(end.group('seconds'))
                 elif line.startswith('{"host"'):
                     runs[-1].report = json.loads(line)
                 runs[-1].lines.append(line)
@@ -145,6 +150,26 @@ class Cluster:
 
     def path(self, name):
         return os.path.join(self.dir, name)
+
+    def kill_cures(self):
+        """SIGKILL the cures the hooks started (gpu-reset-hook.sh cure, in sessions of their own)
+        that still run, and what they run."""
+        script = os.path.join(self.hooks, 'gpu-reset-hook.sh').encode()
+        cures = set()
+        for pid in os.listdir('/proc'):
+            try:
+                with open('/proc/%s/cmdline' % pid, 'rb') as handle:
+                    argv = handle.read().split(b'\0')
+            except OSError:
+                continue
+            if script in argv and b'cure' in argv:
+                cures.add(int(pid))
+        for pid in cures:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        return sorted(cures)
 
     def kill_nvidia_smi(self):
         """SIGKILL the simulated nvidia-smi processes still running (a hung one the hook left)."""
@@ -241,7 +266,8 @@ def cluster(hook_role_vars, gres_order, host_minors, bench_options):
             'gpu_reset_grace_period': 0.5,
         }, slurm_hooks_budget_s=BUDGET_S, slurm_hooks_prolog_epilog_timeout=PROLOG_EPILOG_TIMEOUT,
             slurm_hooks_scontrol=scontrol, slurm_hooks_check_running_clocks=False,  # no slurmctld answers yet
-            **hook_role_vars)
+            # No cure at once unless a test file asks for one: it would resume a node that a test reads drained.
+            **dict({'slurm_hooks_cure': False}, **hook_role_vars))
         found.bench = SlurmBench(bench_dir, include=os.path.join(found.hooks, 'slurm-hooks.conf'),
                                  extra=['RebootProgram=%s' % reboot_program(directory)], gres_order=gres_order,
                                  **bench_options)
@@ -251,6 +277,7 @@ def cluster(hook_role_vars, gres_order, host_minors, bench_options):
         yield found
     finally:
         try:
+            found.kill_cures()
             if found.bench is not None:
                 found.bench.stop()
         finally:
@@ -274,6 +301,7 @@ def node(cluster):
         yield cluster
     finally:
         cluster.bench.command('scancel', '--full', '--quiet', '-u', 'root', check=False)
+        cluster.kill_cures()
         cluster.host.fault('clear')
         cluster.host.stop()
         cluster.kill_nvidia_smi()

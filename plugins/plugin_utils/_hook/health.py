@@ -8,7 +8,12 @@
 
 """Slurm's HealthCheckProgram (health_check): on a node this collection drained that runs no job,
 the whole sequence; clean: the node is resumed; not clean: it stays drained with the new reason.
-Anything else is only read, and left as it is."""
+Anything else is only read, and left as it is.
+
+The same check is the cure the hook starts at once when it drains a node (--cure-within S, outside
+the Prolog's or Epilog's time): it waits while a job still runs or ends on the node, and runs the
+sequence again while the GPUs are not clean yet and a later read may find them so, for S seconds
+in all; what is left then is the next health check's."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -43,6 +48,14 @@ from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.vars import ho
 RESUMABLE_STATE = 'IDLE+DRAIN'
 # Seconds kept for the last read and the resume.
 RESUME_RESERVE_S = 8
+# The cure started at once: how often it reads the node while a job still ends there, and how
+# long it waits before running the sequence again on GPUs that are not clean yet.
+CURE_POLL_S = 2.0
+CURE_RETRY_S = 10.0
+# A node drained by gpu_reset in these states only is still emptying: it may become IDLE+DRAIN.
+EMPTYING_FLAGS = frozenset(('IDLE', 'ALLOCATED', 'MIXED', 'COMPLETING', 'DRAIN'))
+# What no later run of the sequence changes: a GPU that needs a reboot or a person.
+NOT_CURED_BY_WAITING = ('reboot', 'inspect')
 # scontrol show node's Reason= line ends with who set it and when: ' [root@2026-12-01T12:00:00]'.
 REASON_STAMP_RE = re.compile(r' \[[^\[\]\s@]*@[^\[\]\s]*\]$')
 
@@ -124,21 +137,23 @@ FINISHED_JOB_STATES = frozenset(('PENDING', 'COMPLETED', 'CANCELLED', 'FAILED', 
 
 
 def why_not_now(args, seconds):
-    """(why the health check leaves the node alone, or None; the node as read)."""
+    """(why the health check leaves the node alone, or None; the node as read; whether that may
+    change by waiting: a node drained by gpu_reset where a job still runs or ends)."""
     state, reason, line = read_node(args.scontrol, args.node, seconds)
     why = why_not_heal(args.node, state, reason)
+    emptying = why_not_heal(args.node, RESUMABLE_STATE, reason) is None and set(state.split('+')) <= EMPTYING_FLAGS
     if why is None:
         jobs = jobs_on(args.scontrol, args.node, seconds)
         if jobs:
             why = '%s runs jobs (%s): nothing done' % (printable(args.node), ', '.join(jobs[:5]))
-    return why, (state, line)
+    return why, (state, line), bool(why) and emptying
 
 
 def changed_since(args, read, seconds):
     """Why the node may no longer be acted on (its state or reason changed since read, a job
     came), or None."""
     try:
-        why, now = why_not_now(args, seconds)
+        why, now, dummy = why_not_now(args, seconds)
     except SlurmUnreadable as exc:
         return str(exc)
     if why is None and now != read:
@@ -162,19 +177,39 @@ def resume(args, seconds):
 def health_check(args):
     """--health-check: on a node this collection drained that runs no job, the whole sequence;
     clean: resume the node; not clean: keep it drained with the new reason. Anything else is
-    only read."""
-    ends = time.monotonic() + args.deadline
+    only read. With --cure-within S, again while that may change (cure_again), for S seconds."""
     if not NODE_NAME_RE.match(args.node):
         say('%s is not a node name the health check acts on: nothing done' % printable(args.node, 100))
         return HEALTH_UNREADABLE
+    until = time.monotonic() + (args.cure_within or 0)
+    if args.cure_within:
+        say('the cure of %s, started at once by the hook that drained it, for at most %g s'
+            % (printable(args.node), args.cure_within))
+    while True:
+        status, again = heal(args)
+        pause = CURE_POLL_S if again == 'emptying' else CURE_RETRY_S
+        if not again:
+            return status
+        if time.monotonic() + pause >= until:
+            left = 'a job still runs or ends there' if again == 'emptying' else 'its GPUs are still not clean'
+            say('%s: left to the next health check' % left)
+            return status
+        time.sleep(pause)
+
+
+def heal(args):
+    """One health check: (its status; None, or why another may do what this one did not:
+    'emptying' while a job still ends on the node, 'not_clean' while its GPUs may be clean later)."""
+    ends = time.monotonic() + args.deadline
     try:
-        why, read = why_not_now(args, min(SLURM_CALL_S, args.deadline / 4.0))
+        why, read, emptying = why_not_now(args, min(SLURM_CALL_S, args.deadline / 4.0))
     except SlurmUnreadable as exc:
         say('nothing done: %s' % exc)
-        return HEALTH_UNREADABLE
+        return HEALTH_UNREADABLE, None
     if why:
-        say(why)
-        return 0
+        if not (emptying and args.cure_within):
+            say(why)  # a cure waiting for the node to empty says so once, at its end
+        return 0, 'emptying' if emptying else None
     say('%s is drained by gpu_reset (%s) and runs no job: putting its GPUs back'
         % (printable(args.node), printable(read[1], 200)))
     settings = load_settings(args.vars_file, hook_vars(args))
@@ -183,7 +218,16 @@ def health_check(args):
                    why_not_drain=lambda: changed_since(args, read, recheck), reboot_stamp=reboot_stamp(args),
                    budget=(ends - args.deadline, args.deadline), observe=args.observe)
     sys.stdout.write(json.dumps(result) + '\n')
-    return health_verdict(args, result, read, max(ends - time.monotonic(), 1))
+    status = health_verdict(args, result, read, max(ends - time.monotonic(), 1))
+    return status, 'not_clean' if status == RUNNER_DRAINED and cure_again(result) else None
+
+
+def cure_again(result):
+    """Whether a later run of the sequence may find clean what this one left drained: not a node
+    held for a person, nor one whose GPUs need a reboot or a person."""
+    gpus = result.get('gpus') or []
+    return not result.get('held_for_person') and not result.get('reboot_requested') and \
+        not any(gpu.get('recovery_action') in NOT_CURED_BY_WAITING for gpu in gpus)
 
 
 def health_verdict(args, result, read, seconds):

@@ -2,7 +2,7 @@
 # Slurm Prolog/Epilog hook: put the job's GPUs back into a clean state with the gpuops.nvidia
 # collection (the gpu_reset role's logic), and drain the node, saying why, when that fails.
 #
-#   gpu-reset-hook.sh prolog|epilog|health
+#   gpu-reset-hook.sh prolog|epilog|health|cure
 #
 # health is Slurm's HealthCheckProgram (health-check.sh): on a node drained with a reason of this
 # collection ("gpu_reset: ...") that runs no job, it puts every GPU back and resumes the node when
@@ -57,6 +57,18 @@
 #   GPU_RESET_ANSIBLE_PLAYBOOK  ansible-playbook, for GPU_RESET_RUNNER=playbook (default: next to
 #                           GPU_RESET_PYTHON)
 #   GPU_RESET_ANSIBLE_HOME  Ansible's own files, for GPU_RESET_RUNNER=playbook (default /var/lib/gpuops/ansible)
+#   GPU_RESET_CURE          yes (default): when a Prolog or Epilog drains the node, start its cure at
+#                           once (cure, below) instead of leaving it to the next health check; no
+#   GPU_RESET_CURE_WITHIN_S how long that cure may wait and try, in seconds (default 300)
+#
+# cure is the health check started at once by a Prolog or Epilog that drained the node, outside
+# its time and outside any job: a transient unit of systemd (systemd-run, in system.slice), or where
+# systemd does not run, a process of its own session (setsid; a restart of slurmd may end it). It
+# waits while a job still runs or ends on the node, then runs the sequence as the health check
+# does; while the GPUs may yet be found clean (not a hold, not a GPU that needs a reboot or a
+# person) it checks again, for GPU_RESET_CURE_WITHIN_S in all; then the node is the next health
+# check's. It never resumes a node it did not prove clean, nor one held for a person. Its log lines
+# start "=== cure".
 #
 # Exit status of a Prolog or an Epilog (Slurm drains the node on any non-zero status of either,
 # and requeues a batch job whose Prolog failed, held; it does not tell one status from another,
@@ -69,7 +81,8 @@
 #   3  the hook was cut off at GPU_RESET_BUDGET_S: the node is drained saying so
 #   64 wrong arguments (a hook run by hand): nothing is done
 # The last line of each run in the log is "=== <mode> job <id>: hook exit <status>".
-# Exit status of the health check (slurmd only logs it; the hook drains nothing itself here):
+# Exit status of the health check and of the cure (slurmd only logs the health check's; the hook
+# drains nothing itself here):
 #   0  nothing to do, the node was resumed, or another health check was running (one runs at a
 #      time; the later one does nothing); 1 its GPUs are still not clean: kept drained with
 #   the new reason; 2 the checks could not run or Slurm's answers could not be read (nothing
@@ -79,8 +92,8 @@ set -u
 
 mode=${1:-prolog}
 case $mode in
-  prolog | epilog | health) ;;
-  *) echo "usage: $0 prolog|epilog|health" >&2; exit 64 ;;
+  prolog | epilog | health | cure) ;;
+  *) echo "usage: $0 prolog|epilog|health|cure" >&2; exit 64 ;;
 esac
 
 here=$(cd "$(dirname "$0")" && pwd) || exit 2
@@ -109,7 +122,19 @@ budget=${GPU_RESET_BUDGET_S:-60}
 case $budget in
   '' | *[!0-9]*) budget=60 conf_broken=1 ;;  # not a whole number of seconds: said below
 esac
-if [ "$mode" = health ]; then
+checks_health=
+case $mode in health | cure) checks_health=1 ;; esac
+cure=
+case ${GPU_RESET_CURE:-yes} in
+  yes) cure=1 ;;
+  no) ;;
+  *) conf_broken=1 ;;
+esac
+cure_within=${GPU_RESET_CURE_WITHIN_S:-300}
+case $cure_within in
+  '' | 0 | *[!0-9]*) cure_within=300 conf_broken=1 ;;
+esac
+if [ -n "$checks_health" ]; then
   budget=${GPU_RESET_HEALTH_BUDGET_S:-40}
   case $budget in
     '' | *[!0-9]*) budget=40 conf_broken=1 ;;
@@ -155,7 +180,8 @@ job=${SLURM_JOB_ID:-?}
 [ -r "$vars_file" ] || vars_file=
 # How the log names this run: "prolog job 42", or "health check" (no job: every GPU).
 what="$mode job $job"
-[ "$mode" = health ] && what="health check" scope=node
+[ -n "$checks_health" ] && what="health check" scope=node
+[ "$mode" = cure ] && what="cure"
 
 gpus=
 if [ "$scope" = job ]; then
@@ -193,8 +219,10 @@ run_module() {
 }
 
 run_health() {
-  timeout -k 2 "$budget" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
-    --health-check --node "$node" ${vars_file:+--vars-file "$vars_file"} \
+  limit=$budget
+  [ "$mode" = cure ] && limit=$((budget + cure_within))
+  timeout -k 2 "$limit" "$python" -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \
+    --health-check ${cure_within_arg:+"$cure_within_arg"} --node "$node" ${vars_file:+--vars-file "$vars_file"} \
     --timeout "$release_timeout" --deadline "$budget" --scontrol "$scontrol" \
     ${reboot:+--reboot --reboot-stamp "$reboot_stamp"} ${observe:+--observe} \
     ${GPU_RESET_MAX_DRAINED:+"--max-drained=$GPU_RESET_MAX_DRAINED"} "--max-drain-rate=$max_drain_rate"
@@ -242,13 +270,39 @@ run_playbook() {
 # thread of its own: a check that outlasts the interval (a slow probe, a loaded node) would meet the
 # next one, and their probes would find each other's memory. One at a time: a check that finds
 # another running (a lock on this script) does nothing.
-if [ "$mode" = health ] && command -v flock >/dev/null 2>&1; then
+# A cure waits for a health check that runs (a minute at most) and runs after it.
+cure_within_arg=
+if [ "$mode" = cure ]; then
+  cure_within_arg="--cure-within=$cure_within"
+fi
+if [ -n "$checks_health" ] && command -v flock >/dev/null 2>&1; then
   exec 9<"$0"
-  if ! flock -n 9; then
-    echo "=== health check: another health check is running; nothing done" >>"$log"
+  if [ "$mode" = cure ]; then locked() { flock -w 60 9; }; else locked() { flock -n 9; }; fi
+  if ! locked; then
+    echo "=== $what: another health check is running; nothing done" >>"$log"
     exit 0
   fi
 fi
+
+# The cure of a node this run drained, started at once (GPU_RESET_CURE): outside this run's time
+# and outside any job, with what the hook itself was started with.
+start_cure() {
+  if [ -d /run/systemd/system ] && command -v systemd-run >/dev/null 2>&1; then
+    if systemctl is-active --quiet gpu-reset-cure.service 2>/dev/null; then
+      echo "the cure of the node runs already (gpu-reset-cure.service)"
+      return 0
+    fi
+    if systemd-run --quiet --no-block --collect --unit=gpu-reset-cure \
+        --property="RuntimeMaxSec=$((cure_within + budget + 60))" \
+        --setenv=SLURMD_NODENAME="$node" --setenv=GPU_RESET_HOOK_CONF="$conf" \
+        ${SLURM_CONF:+--setenv=SLURM_CONF="$SLURM_CONF"} "$here/gpu-reset-hook.sh" cure; then
+      echo "the cure of the node is started: gpu-reset-cure.service, for at most $cure_within s"
+      return 0
+    fi
+  fi
+  SLURMD_NODENAME=$node GPU_RESET_HOOK_CONF=$conf setsid "$here/gpu-reset-hook.sh" cure </dev/null >/dev/null 2>&1 &
+  echo "the cure of the node is started: pid $!, for at most $cure_within s"
+}
 
 # The runners' statuses, as the rest of the hook reads them: 0 clean; 10 not clean, the node
 # drained with the reason; 11 not clean and that drain failed; 124 or 137 cut off at the budget;
@@ -256,12 +310,12 @@ fi
 # it cannot read, 127 no Python) means the checks could not run.
 (
   started=$(date +%s)
-  [ "$mode" = health ] && runner=module
+  [ -n "$checks_health" ] && runner=module
   echo "=== $(date '+%Y-%m-%dT%H:%M:%S%z') $what on $node, GPUs $shown_gpus, $runner"
   if [ -n "$conf_broken" ]; then
-    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds, or GPU_RESET_REBOOT is neither no nor asap, or GPU_RESET_MODE is neither enforce nor observe: the hook cannot read its settings"
+    echo "$conf is not valid shell, or GPU_RESET_BUDGET_S is not a whole number of seconds, or GPU_RESET_REBOOT is neither no nor asap, or GPU_RESET_MODE is neither enforce nor observe, or GPU_RESET_CURE is neither yes nor no, or GPU_RESET_CURE_WITHIN_S is not a whole number of seconds above 0: the hook cannot read its settings"
     rc=20
-  elif [ "$mode" = health ]; then
+  elif [ -n "$checks_health" ]; then
     # The health check runs the module runner only: settings that need the playbook (3) stop it.
     run_health
     rc=$?
@@ -309,14 +363,18 @@ esac
 if [ -n "$observe" ] && [ "$status" -ne 0 ]; then
   echo "observe mode: the node is left as it is (the hook ${why:-found the GPUs not clean}; it would have drained it)" >>"$log"
   status=0
-elif [ "$mode" = health ]; then
+elif [ -n "$checks_health" ]; then
   # The health check drains nothing itself: a node it could not check is either drained already
   # (by this collection, and stays so) or none of its business.
-  [ -n "${why:-}" ] && echo "the health check $why: nothing done" >>"$log"
+  [ -n "${why:-}" ] && echo "the $what $why: nothing done" >>"$log"
 elif [ -n "${why:-}" ]; then
   # Ended without draining the node with the reason: drain it here, saying so.
   timeout 10 "$scontrol" update "nodename=$node" state=drain \
-    "reason=gpu_reset: $mode hook $why (job $job, GPUs $shown_gpus)$log_note" >>"$log" 2>&1
+    "reason=gpu_reset: $mode hook $why (job $job, GPUs $shown_gpus)$log_note" >>"$log" 2>&1 && drained=1
+fi
+[ "$rc" -eq 10 ] && [ -z "$observe" ] && drained=1
+if [ -n "${drained:-}" ] && [ -n "$cure" ] && [ -z "$checks_health" ]; then
+  start_cure >>"$log" 2>&1
 fi
 echo "=== $what: hook exit $status" >>"$log"
 [ "$status" -eq 0 ] || echo "gpu_reset $mode failed on $node (exit $status)$log_note" >&2

@@ -171,3 +171,83 @@ def test_a_node_drained_again_meanwhile_is_neither_resumed_nor_drained(gpuhost, 
     assert rc == 0 and 'not resumed' in out.err, out.err
     # Read, the sequence, read again: the reason is someone else's now, so no update.
     assert [call[:2] for call in slurm.calls()] == [['scontrol', 'show'], ['squeue', '-h'], ['scontrol', 'show']]
+
+
+# -- the cure the hook starts at once (--cure-within) ----------------------------------------------
+
+def test_the_cure_waits_while_the_job_ends_then_resumes_the_node_it_cured(gpuhost, slurm, capsys, hook_vars, monkeypatch):
+    """Drained by an Epilog, the node still COMPLETING: the cure reads it again until it is idle,
+    then runs the sequence (the GPU reset the hook may do) and resumes it, without a health check."""
+    monkeypatch.setattr(_hook_health, 'CURE_POLL_S', 0.2)
+    variables = hook_vars()
+    with open(variables, 'a') as handle:
+        handle.write('gpu_reset_allow_gpu_reset: true\n')
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    slurm.says(scontrol=show_node(state='IDLE+COMPLETING+DRAIN'), squeue='')
+    reads = []
+    read_node = _hook_health.read_node
+
+    def job_ends_after_three_reads(*args):
+        reads.append(args)
+        if len(reads) == 3:
+            slurm.says(scontrol=show_node())
+        return read_node(*args)
+    monkeypatch.setattr(_hook_health, 'read_node', job_ends_after_three_reads)
+    rc, out = slurm.check(capsys, '--vars-file', variables, '--timeout', '10', '--deadline', '40', '--cure-within', '30')
+    assert rc == 0, out.err
+    first = json.loads(out.out.splitlines()[0])
+    assert first['escalation']['gpus'] == [3] and gpuhost.memory_used()[3] < 4096, first['reason']
+    assert 'resumed gpu07' in out.err and out.err.count('runs jobs') + out.err.count('State=') == 0, out.err
+    assert slurm.calls()[-1] == ['scontrol', 'update', 'nodename=gpu07', 'state=resume']
+    assert len(reads) >= 4
+
+
+def test_the_cure_checks_again_while_the_gpus_may_yet_be_found_clean(gpuhost, slurm, capsys, hook_vars, monkeypatch):
+    """Resets not allowed, memory held with no process: still drained after the first run; the
+    driver lets it go (a late release) and the next run resumes the node."""
+    monkeypatch.setattr(_hook_health, 'CURE_RETRY_S', 0.5)
+    gpuhost.fault('stuck', gpu=3, mib=4096)
+    slurm.says(scontrol=show_node(), squeue='')
+    reset = _hook_health.reset
+    runs = []
+
+    def late_release(*args, **kwargs):
+        result = reset(*args, **kwargs)
+        runs.append(result['outcome'])
+        gpuhost.fault('stuck', gpu=3, mib=0)
+        return result
+    monkeypatch.setattr(_hook_health, 'reset', late_release)
+    rc, out = slurm.check(capsys, '--vars-file', hook_vars(), '--timeout', '5', '--cure-within', '60')
+    assert rc == 0 and runs == ['failed', 'clean'], (runs, out.err)
+    updates = [call[3:] for call in slurm.calls() if call[1:2] == ['update']]
+    assert updates[0][0] == 'state=drain' and updates[-1] == ['state=resume'], updates
+
+
+@pytest.mark.parametrize('fault, reason', [
+    (None, 'gpu_reset(hold): GPU 3 (GPU-x): needs a reset, back after 2 cure(s) [root@2026-12-01T11:59:46]'),
+    ('lost', None),
+])
+def test_the_cure_leaves_a_held_node_or_one_that_needs_a_reboot_at_once(gpuhost, slurm, capsys, hook_vars, fault, reason):
+    if fault:
+        gpuhost.fault(fault, gpu=1, message='lost')
+    slurm.says(scontrol=show_node(**({'reason': reason} if reason else {})), squeue='')
+    rc, out = slurm.check(capsys, '--vars-file', hook_vars(), '--timeout', '5', '--cure-within', '600')
+    assert 'state=resume' not in json.dumps(slurm.calls())
+    if reason:
+        assert rc == 0 and 'held by gpu_reset for a person' in out.err
+        assert [call for call in slurm.calls() if call[1:2] == ['update']] == []
+    else:
+        # Run once: a lost GPU is not found again by waiting.
+        assert rc == _hook_status.RUNNER_DRAINED and out.out.count('"outcome"') == 1, out.err
+
+
+@pytest.mark.parametrize('args, words', [
+    (['--cure-within', '30'], '--cure-within is a mode of --health-check'),
+    (['--health-check', '--cure-within', '0'], 'GPU_RESET_CURE_WITHIN_S: 0 is not a number of seconds'),
+    (['--health-check', '--cure-within', 'soon'], 'GPU_RESET_CURE_WITHIN_S: soon is not a number of seconds'),
+    (['--health-check', '--cure-within', '7200'], 'at most 3600'),
+])
+def test_a_cure_window_that_is_not_a_number_of_seconds_is_refused(capsys, args, words):
+    with pytest.raises(SystemExit) as raised:
+        _slurm_hook.main(['--node', 'gpu07'] + args)
+    assert raised.value.code == 2 and words in capsys.readouterr().err
