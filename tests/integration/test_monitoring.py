@@ -27,6 +27,8 @@ import urllib.request
 import pytest
 import yaml
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, 'examples', 'prometheus')
 RULES = os.path.join(EXAMPLES, 'gpuops.rules.yml')
@@ -76,6 +78,10 @@ def samples(text):
 
 
 def key(name, labels):
+    """A sample's name and labels, a bucket's bound as a number (node_exporter writes 2592000 as 2.592e+06)."""
+    labels = dict(labels)
+    if 'le' in labels:
+        labels['le'] = float(labels['le'])
     return name, tuple(sorted(labels.items()))
 
 
@@ -218,10 +224,38 @@ def failed_host(host):
     return {'gpu_reset_allow_gpu_reset': True}
 
 
+def held_host(host):
+    """GPU 1 holds memory with no process again, after two incidents this week that a GPU reset
+    cured (its history): its reset budget of 2 is spent, and the hook holds the node for a person."""
+    uuid = host.state['gpus'][1]['uuid']
+    history = History.for_host(host.root)
+    now = time.time()
+    for days in (3, 1):
+        assert history.record([(uuid, 1, 'orphaned memory')], 'reset', when=now - days * 86400, outcome='cured',
+                              duration_s=4.0, proof='read clean after the reset')
+        assert history.record([(uuid, 1, 'orphaned memory')], 'cure', when=now - days * 86400, how='reset')
+    host.fault('stuck', gpu=1, mib=2048)
+    return {'gpu_reset_allow_gpu_reset': True, 'gpu_reset_reset_budget': 2, 'gpu_reset_hold_after_cures': 5}
+
+
 SCENARIOS = {
     'released': (released_host, 0, 'released'),
     'failed': (failed_host, 10, 'failed'),
+    'held': (held_host, 10, 'failed'),
 }
+# Each scenario's alerts.
+FIRING = {'released': [], 'failed': ['GpuResetDrained'], 'held': ['GpuResetDrained', 'GpuResetHeldForPerson']}
+# The families that are not gauges, and the suffixes of their samples.
+NOT_GAUGES = {'gpu_reset_gpu_cures_total': 'counter', 'gpu_reset_gpu_time_to_repair_seconds': 'histogram',
+              'gpu_reset_gpu_time_between_incidents_seconds': 'histogram'}
+
+
+def family(name):
+    """The metric family of a sample's name (a histogram's _bucket, _sum and _count are its own)."""
+    for suffix in ('_bucket', '_sum', '_count'):
+        if name.endswith(suffix) and NOT_GAUGES.get(name[:-len(suffix)]) == 'histogram':
+            return name[:-len(suffix)]
+    return name
 
 
 @pytest.mark.parametrize('scenario', sorted(SCENARIOS))
@@ -244,8 +278,8 @@ def test_node_exporter_serves_every_gauge_of_a_real_run(gpuhost, tmp_path, node_
     assert missing == [], 'not served by node_exporter: %s\n--- served:\n%s' % (missing, scraped_text)
     for name, labels, value in in_file:
         assert math.isclose(scraped[key(name, labels)], value, rel_tol=1e-12), (name, labels, value)
-    for name in set(name for name, labels, value in in_file):
-        assert '# TYPE %s gauge\n' % name in scraped_text, name
+    for name in set(family(name) for name, labels, value in in_file):
+        assert '# TYPE %s %s\n' % (name, NOT_GAUGES.get(name, 'gauge')) in scraped_text, name
     assert scraped[key('node_textfile_scrape_error', {})] == 0
     mtimes = [dict(labels).get('file', '') for (name, labels) in scraped if name == 'node_textfile_mtime_seconds']
     assert [path for path in mtimes if path.endswith('gpu_reset.prom')], scraped_text
@@ -262,13 +296,29 @@ def test_node_exporter_serves_every_gauge_of_a_real_run(gpuhost, tmp_path, node_
     if scenario == 'released':
         assert values[key('gpu_reset_success', {})] == 1 and values[key('gpu_reset_drained', {})] == 0
         assert values[key('gpu_reset_processes_signalled', {})] >= 1 and drained is None
-        assert resets == []
+        assert resets == [] and values[key('gpu_reset_held_for_person', {})] == 0
+    elif scenario == 'held':
+        uuid = gpuhost.state['gpus'][1]['uuid']
+        assert drained[3].startswith('reason=gpu_reset(hold): GPU 1 (%s)' % uuid), drained
+        gpu = [dict(labels) for name, labels, value in in_file if name == 'gpu_reset_gpu_state' and labels['gpu'] == '1'][0]
+        gpu = {'gpu': '1', 'pci_bus_id': gpu['pci_bus_id']}
+        assert values[key('gpu_reset_held_for_person', {})] == 1
+        assert values[key('gpu_reset_gpu_held', gpu)] == 1
+        assert values[key('gpu_reset_gpu_cures_total', dict(gpu, kind='reset'))] == 2
+        repair = 'gpu_reset_gpu_time_to_repair_seconds'
+        assert values[key(repair + '_count', gpu)] == 2 and values[key(repair + '_sum', gpu)] == 8
+        assert values[key(repair + '_bucket', dict(gpu, le='15'))] == 2
+        between = 'gpu_reset_gpu_time_between_incidents_seconds'
+        # Three incidents: the two cured, and the one held now (still open): 2 days, then just over 1.
+        assert values[key(between + '_count', gpu)] == 2
+        assert values[key(between + '_bucket', dict(gpu, le='86400'))] == 0
+        assert values[key(between + '_bucket', dict(gpu, le='259200'))] == 2
     else:
         assert values[key('gpu_reset_success', {})] == 0 and values[key('gpu_reset_drained', {})] == 1
         assert drained[:3] == ['update', 'nodename=gpu07', 'state=drain'], drained
         assert [labels['gpu'] for labels in resets] == ['1'] and resets[0]['pci_bus_id'], resets
         assert values[key('gpu_reset_gpu_orphaned_mib', resets[0])] >= 2048
-    assert_alerts(promtool, tmp_path, in_file, scenario, ['GpuResetDrained'] if scenario == 'failed' else [])
+    assert_alerts(promtool, tmp_path, in_file, scenario, FIRING[scenario])
 
 
 def assert_alerts(promtool, directory, in_file, instance, firing):

@@ -46,7 +46,15 @@ RESULT = {
          'orphaned_mib': 2048, 'seconds_until_free': None},
     ],
 }
+RESULT['gpus'][1]['uuid'] = 'GPU-66666666-7777-8888-9999-000000000000'
+# GPU 1 held for a person, with a history of two incidents: the history's families are written too.
+RESULT['held'] = [{'index': 1, 'uuid': RESULT['gpus'][1]['uuid'], 'reason': 'its reset budget is spent'}]
+RESULT['history'] = {RESULT['gpus'][1]['uuid']: {
+    'cures': {'reset': 2}, 'incidents': {'repair_s': [12.5, 40.0], 'between_s': [86400.0], 'open_since': None}}}
 HOOK = {'budget_s': 60.0, 'duration_s': 4.5}
+# The families that are not gauges: a counter's name ends with _total, a histogram's samples are
+# its _bucket (with le), _sum and _count.
+HISTOGRAM_SUFFIXES = ('_bucket', '_sum', '_count')
 
 
 def guide_gauges():
@@ -81,7 +89,9 @@ def template_types():
 
 
 def samples(text):
-    """{name: set of frozensets of label names} of a metrics text, and its lines' values."""
+    """{family: set of frozensets of label names} of a metrics text, and its lines' values (a
+    histogram's samples under its family's name, without their le)."""
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith('# TYPE '))
     found = {}
     for line in text.splitlines():
         if not line or line.startswith('#'):
@@ -89,8 +99,12 @@ def samples(text):
         match = SAMPLE_RE.match(line)
         assert match, 'not a sample line: %r' % line
         float(match.group(3))
-        labels = frozenset(name for name, dummy in LABEL_RE.findall(match.group(2) or ''))
-        found.setdefault(match.group(1), set()).add(labels)
+        labels = frozenset(name for name, dummy in LABEL_RE.findall(match.group(2) or '') if name != 'le')
+        name = match.group(1)
+        for suffix in HISTOGRAM_SUFFIXES:
+            if name.endswith(suffix) and types.get(name[:-len(suffix)]) == 'histogram':
+                name = name[:-len(suffix)]
+        found.setdefault(name, set()).add(labels)
     return found
 
 
@@ -113,8 +127,10 @@ def rendered_by_the_role():
 
 def test_every_gauge_is_a_documented_gauge_of_the_gpu_reset_prefix():
     types = template_types()
-    assert types and set(types.values()) == {'gauge'}
+    assert types and set(types.values()) == {'gauge', 'counter', 'histogram'}
     assert all(re.match(r'^gpu_reset_[a-z_]+$', name) for name in types), sorted(types)
+    assert all(name.endswith('_total') == (kind == 'counter') for name, kind in types.items()), types
+    assert all(name.endswith('_seconds') for name, kind in types.items() if kind == 'histogram'), types
     documented = guide_gauges()
     assert sorted(documented) == sorted(types), (
         'the guide "Monitoring and alerts" and gpu_reset.prom.j2 disagree: only in the guide %s, '

@@ -55,6 +55,9 @@ KINDS = ('reset', 'reset_failed', 'reboot_asked', 'cure', 'cure_failed', 'probe'
 # GPU read clean after it: proof says by what), cure_failed, not_attempted (why: the reason),
 # escalated (to: what comes next, reboot), held (for a person).
 OUTCOMES = ('cured', 'cure_failed', 'not_attempted', 'escalated', 'held')
+# The cures counted by kind in a summary: a GPU reset that worked, a probe whose kernel checked
+# every probed byte, a reboot asked for.
+CURE_KINDS = ('reset', 'probe', 'reboot')
 # What counts as a cure tried, for the escalation: the remedies, not the probes that follow them.
 CURES_TRIED = ('reset', 'reboot_asked')
 # Kinds whose repeat (same kind, reason and result as the last event) is counted on that event.
@@ -116,6 +119,21 @@ def _valid_uuid(uuid):
     return isinstance(uuid, str) and bool(UUID_RE.match(uuid))
 
 
+def _valid_events(events):
+    """The valid events of a list of them, oldest first, the newest MAX_EVENTS."""
+    kept = [event for event in events if _valid_event(event)] if isinstance(events, list) else []
+    return sorted(kept, key=lambda event: event['time'])[-MAX_EVENTS:]
+
+
+def parse_history(data):
+    """({uuid: [events, oldest first]}, [the node's events]) of a history file's data: only what
+    is valid (anything else, a file that is no history, gives nothing)."""
+    data = data if isinstance(data, dict) else {}
+    gpus = data.get('gpus') if isinstance(data.get('gpus'), dict) else {}
+    found = dict((uuid, _valid_events(events)) for uuid, events in gpus.items() if _valid_uuid(uuid))
+    return dict((uuid, events) for uuid, events in found.items() if events), _valid_events(data.get('node'))
+
+
 class History:
     """The GPUs' history in a state directory (a _state.StateDir)."""
 
@@ -140,15 +158,7 @@ class History:
 
     def gpus(self):
         """{uuid: [events, oldest first]}, what is valid of the file."""
-        data = self.state.load(HISTORY) or {}
-        gpus = data.get('gpus') if isinstance(data.get('gpus'), dict) else {}
-        found = {}
-        for uuid, events in gpus.items():
-            if _valid_uuid(uuid) and isinstance(events, list):
-                kept = sorted((event for event in events if _valid_event(event)), key=lambda event: event['time'])
-                if kept:
-                    found[uuid] = kept[-MAX_EVENTS:]
-        return found
+        return parse_history(self.state.load(HISTORY))[0]
 
     def events(self, uuid):
         return self.gpus().get(uuid, [])
@@ -161,9 +171,7 @@ class History:
 
     def node_events(self):
         """[events, oldest first] of the node itself (reboots asked for, whatever GPU they were for)."""
-        data = self.state.load(HISTORY) or {}
-        events = data.get('node') if isinstance(data.get('node'), list) else []
-        return sorted((event for event in events if _valid_event(event)), key=lambda event: event['time'])[-MAX_EVENTS:]
+        return parse_history(self.state.load(HISTORY))[1]
 
     def record(self, gpus, kind, when=None, **extra):
         """Add an event of kind to each GPU of gpus ([(uuid, index, reason[, pci_bus_id])]);
@@ -255,7 +263,41 @@ def summarize(events, now=None):
         for event in events:
             if now - event['time'] <= seconds:
                 counts[name][event['kind']] = counts[name].get(event['kind'], 0) + int(event.get('count') or 1)
-    return {'events': events[-SHOWN:], 'counts': counts}
+    cures = {}
+    for event in events:
+        how = 'reboot' if event['kind'] == 'reboot_asked' else event.get('how') if event['kind'] == 'cure' else None
+        if how in CURE_KINDS:
+            cures[how] = cures.get(how, 0) + int(event.get('count') or 1)
+    return {'events': events[-SHOWN:], 'counts': counts, 'incidents': incidents(events), 'cures': cures}
+
+
+def _is_fault(event):
+    """An event that says the GPU was not well: a cure tried or due, a hold, a probe that failed."""
+    return event['kind'] in ('reset', 'reset_failed', 'reboot_asked', 'cure_failed', 'not_attempted') or (
+        event['kind'] == 'probe' and event.get('result') == 'fail')
+
+
+def _is_cure(event):
+    return event['kind'] == 'cure' or event.get('outcome') == 'cured'
+
+
+def incidents(events):
+    """The GPU's incidents in its history (events oldest first): each opens at the first fault
+    event after the last cure (less the duration of the attempt it records) and closes at the
+    next cure. {repair_s: [seconds from each closed incident's start to its cure], between_s:
+    [seconds between the starts of consecutive incidents], open_since: the start of the incident
+    still open, or None}."""
+    repair, between, starts, opened = [], [], [], None
+    for event in events:
+        if opened is None and _is_fault(event):
+            opened = event['time'] - float(event.get('duration_s') or 0)
+            if starts:
+                between.append(round(opened - starts[-1], 3))
+            starts.append(opened)
+        if opened is not None and _is_cure(event):
+            repair.append(round(max(event['time'] - opened, 0.0), 3))
+            opened = None
+    return {'repair_s': repair, 'between_s': between, 'open_since': opened}
 
 
 def _stamp(when):

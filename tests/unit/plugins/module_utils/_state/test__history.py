@@ -212,3 +212,22 @@ def test_the_nodes_reboots_are_kept_beside_the_gpus_and_cleared_with_all(tmp_pat
     # One GPU's history cleared: the node's reboots still count; all: they are forgotten too.
     assert again.clear(UUID) == [UUID] and len(again.node_events()) == 2
     assert again.clear('all') == [] and again.node_events() == []
+
+
+def test_incidents_open_at_the_first_fault_after_a_cure_and_close_at_the_next_cure():
+    day = DAY
+    events = [
+        dict(time=1 * day, kind='probe', result='pass', reason='', index=3),
+        dict(time=2 * day, kind='not_attempted', reason='orphaned memory', index=3, outcome='not_attempted'),
+        dict(time=2 * day + 60, kind='reset', reason='orphaned memory', index=3, outcome='cured', duration_s=5.0),
+        dict(time=2 * day + 60, kind='cure', how='reset', reason='orphaned memory', index=3),
+        dict(time=5 * day, kind='reset', reason='Xid 119', index=3, outcome='cured', duration_s=4.0),
+        dict(time=9 * day, kind='probe', result='fail', reason='CUDA_ERROR_ECC_UNCORRECTABLE', index=3),
+        dict(time=9 * day + 30, kind='cure_failed', reason='held', index=3, outcome='held'),
+    ]
+    found = _history.incidents(events)
+    assert found['repair_s'] == [60.0, 4.0]
+    assert found['between_s'] == [3 * day - 4.0, 4 * day + 4.0]
+    assert found['open_since'] == 9 * day
+    summary = _history.summarize(events, now=10 * day)
+    assert summary['cures'] == {'reset': 1} and summary['incidents'] == found
