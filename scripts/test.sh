@@ -228,6 +228,12 @@ stage_sanity() {
 
 stage_lint() (
   mkdir -p "$ANSIBLE_HOME"
+  # rstcheck (antsibull-docs' RST check) leaves each shell code block it checks behind as a
+  # tmp*.bash file in the temporary directory: the stage's own one, removed however it ends.
+  mkdir -p "$BUILD"
+  TMPDIR=$(mktemp -d "$BUILD/lint-tmp.XXXXXX")
+  export TMPDIR
+  trap 'rm -rf "$TMPDIR"' EXIT
 
   say "ansible-doc"
   for module in plugins/modules/*.py; do

@@ -22,7 +22,7 @@ description:
     node is held for a person. Nodes and GPUs that lost the most time come first.
   - Only what is valid of each file is read; a host whose file could not be read or is not a history is
     named with why.
-  - The playbook P(gpuops.nvidia.history_report#playbook) prints it for a fleet.
+  - The playbook C(gpuops.nvidia.history_report) prints it for a fleet.
 options:
   _input:
     description: The hosts' files, C({host - slurp result}); a result whose message is C(file not found)
