@@ -330,11 +330,14 @@ options:
         C(nvidia-bug-report.sh) runs in that open directory (its working directory), so a swap for a link
         after the check does not redirect the report. No directory above it may be writable by another
         user (a sticky one, such as C(/tmp), excepted) either. Not set, no report is made.
+      - The Slurm hook also collects a report there before each reboot it asks for, outside the Prolog's
+        time (not set, in C(/var/lib/gpuops/bug-reports)), and names it in the reboot's reason.
     type: path
   bug_report_timeout:
     description:
       - Seconds C(nvidia-bug-report.sh) may run; after that it is stopped with everything it started.
         This comes on top of O(timeout), and only after a failed reset with O(bug_report_dir).
+      - It also bounds the Slurm hook's report before a reboot.
     type: float
     default: 120.0
   assert_clean:

@@ -29,7 +29,10 @@ PREFIX = 'gpu_reset: '
 # health check never resumes it; only an operator does (scontrol update nodename=NODE
 # state=resume). The fleet brake counts it as it counts PREFIX.
 HOLD_PREFIX = 'gpu_reset(hold): '
-PREFIXES = (PREFIX, HOLD_PREFIX)
+# The reason of a node drained for a reboot that waits for its evidence (nvidia-bug-report.sh,
+# run first, outside the Prolog's time): the health check leaves it to the reboot.
+REBOOT_PREFIX = 'gpu_reset(reboot): '
+PREFIXES = (PREFIX, HOLD_PREFIX, REBOOT_PREFIX)
 # A Slurm node name as the brake's listing, the health check and a reboot request accept it: one
 # name, never a list or a range (a,b; n[1-4]).
 NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z')
@@ -40,14 +43,15 @@ NODE_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z')
 REASON_CHARS = 200
 
 
-def drain_reason(reason, hold=False):
-    """'gpu_reset: <reason>' ('gpu_reset(hold): <reason>' for a person), control characters
-    escaped (printable) and capped at REASON_CHARS. The verdict's reasons are printable already:
-    their backslashes are not doubled again."""
-    return (HOLD_PREFIX if hold else PREFIX) + printable(reason or 'GPUs not clean', REASON_CHARS, backslashes=False)
+def drain_reason(reason, hold=False, prefix=None):
+    """'gpu_reset: <reason>' ('gpu_reset(hold): <reason>' for a person; prefix: another of
+    PREFIXES), control characters escaped (printable) and capped at REASON_CHARS. The verdict's
+    reasons are printable already: their backslashes are not doubled again."""
+    prefix = prefix or (HOLD_PREFIX if hold else PREFIX)
+    return prefix + printable(reason or 'GPUs not clean', REASON_CHARS, backslashes=False)
 
 
-def drain_command(scontrol, node, reason, hold=False):
+def drain_command(scontrol, node, reason, hold=False, prefix=None):
     """The default drain command (the role's gpu_reset_drain_command renders the same argv):
     scontrol update nodename=NODE state=drain reason=..., the reason one argument."""
-    return [scontrol, 'update', 'nodename=%s' % node, 'state=drain', 'reason=' + drain_reason(reason, hold)]
+    return [scontrol, 'update', 'nodename=%s' % node, 'state=drain', 'reason=' + drain_reason(reason, hold, prefix)]

@@ -26,8 +26,9 @@ modules run as programs (_hook/reset.py), then its finishing steps (_finish.py):
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
         --node NODE [--vars-file FILE] [--gpus 0,1 [--gres-conf FILE]] [--timeout S] [--deadline S] [--scontrol PATH]
         [--reboot [--reboot-stamp FILE]] [--max-drained N|N% [--max-drain-rate N/W]] [--observe]
-        [--health-check [--cure-within S]]
-        [--playbook-vars FILE]
+        [--health-check [--cure-within S]] [--playbook-vars FILE]
+    python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
+        --node NODE --evidence-then-reboot DIR [--evidence-timeout S] [--evidence-program PATH] [--scontrol PATH]
     python -m ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook \\
         --clear-history GPU-UUID|all [--vars-file FILE]
 
@@ -42,7 +43,9 @@ with when it crashes or cannot import the collection.
 With --reboot, a node whose GPUs only a reboot cures (a GPU whose recovery action is reboot: lost,
 fallen off the bus, the driver's word) is not drained but rebooted by Slurm once its jobs have ended
 (scontrol reboot ASAP nextstate=resume, which needs RebootProgram), at most once a day (the stamp
-file); a fault that comes back sooner is drained for a person.
+file); a fault that comes back sooner is drained for a person. The node is drained for the reboot
+first, and a process of its own session (--evidence-then-reboot DIR) collects nvidia-bug-report.sh
+outside the hook's time, then asks Slurm for the reboot, the report's path in the reason.
 
 With --health-check it is Slurm's HealthCheckProgram (_hook/health.py); with --cure-within S too, the
 cure the hook starts at once when it drains a node (gpu-reset-hook.sh cure).
@@ -145,6 +148,11 @@ def parse_args(argv):
                         help='with --health-check: the cure the hook starts at once when it drains the node, outside '
                              'the job\'s time: wait while a job still ends there, and check again while the GPUs may '
                              'yet be found clean, for at most S seconds')
+    parser.add_argument('--evidence-then-reboot', metavar='DIR',
+                        help='collect nvidia-bug-report.sh into DIR, then ask Slurm for the reboot of a node still '
+                             'drained for it (what the hook starts, outside its own time, before a reboot)')
+    parser.add_argument('--evidence-timeout', type=float, default=120.0, help='seconds the report may take')
+    parser.add_argument('--evidence-program', default='nvidia-bug-report.sh', help='the report program')
     parser.add_argument('--max-drained', type=max_drained_argument,
                         help='the fleet brake (GPU_RESET_MAX_DRAINED): past this many nodes, or this percentage of '
                              "the cluster's (N%%), out of service for gpu_reset, a node that is not clean but can run "
@@ -174,6 +182,9 @@ def main(argv=None):
     if args.clear_history:
         from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.history import clear_history
         return clear_history(args)
+    if args.evidence_then_reboot:
+        from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.reset import evidence_then_reboot
+        return evidence_then_reboot(args)
     if args.playbook_vars:
         from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.playbook import playbook_vars
         return playbook_vars(args)

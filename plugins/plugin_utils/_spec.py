@@ -172,8 +172,13 @@ SEQUENCE_SPEC = dict(
         'A syslog file such as C(/var/log/kern.log) is refused, as any local user can write a line there that '
         "reads exactly as the kernel's.",
     ]),
-    bug_report_dir=passed(_RESET, 'nvidia_device_reset', 'bug_report_dir'),
-    bug_report_timeout=passed(_RESET, 'nvidia_device_reset', 'bug_report_timeout'),
+    bug_report_dir=passed(_RESET, 'nvidia_device_reset', 'bug_report_dir', more=[
+        'The Slurm hook also collects a report there before each reboot it asks for, outside the Prolog\'s time '
+        '(not set, in C(/var/lib/gpuops/bug-reports)), and names it in the reboot\'s reason.',
+    ]),
+    bug_report_timeout=passed(_RESET, 'nvidia_device_reset', 'bug_report_timeout', more=[
+        "It also bounds the Slurm hook's report before a reboot.",
+    ]),
     assert_clean=dict(type='bool', default=True, description=[
         'Fail a host that is not clean, with a message that names each dirty GPU and why. The host is drained, '
         'and its metrics and report written, before it fails.',

@@ -4,7 +4,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """A fault only a reboot cures, with GPU_RESET_REBOOT=asap, run by real Slurm daemons: the hook
-asks Slurm for a reboot instead of a plain drain. A cluster of its own, without the health check,
+drains the node for its reboot, collects nvidia-bug-report.sh outside the Prolog's time, then asks
+Slurm for the reboot instead of a plain drain. A cluster of its own, without the health check,
 so that no health check runs beside the Prolog it reads."""
 
 import os
@@ -39,4 +40,8 @@ def test_a_gpu_only_a_reboot_cures_asks_slurm_for_a_reboot(node):
     assert os.path.exists(reboots), (node.bench.node_info(), node.bench.logs())
     info = node.bench.node_info()
     assert info['Reason'].startswith('gpu_reset: GPU 2 lost or unreadable'), info
+    # The report collected first, outside the Prolog's time, is named in the reason.
+    reports = os.path.join(node.host.root, 'var', 'lib', 'gpuops', 'bug-reports')
+    [report] = os.listdir(reports)
+    assert '; evidence: %s' % os.path.join(reports, report) in info['Reason'], info
     assert 'REBOOT' in info['State'], info

@@ -177,6 +177,8 @@ class History:
         """Add an event of kind to each GPU of gpus ([(uuid, index, reason[, pci_bus_id])]);
         extra: its other keys (how, result, outcome, why, to, duration_s, proof). False when it
         could not be written."""
+        if extra.get('outcome') not in (None,) + OUTCOMES:
+            raise GpuopsError('history: %r is no outcome (%s)' % (extra.get('outcome'), ', '.join(OUTCOMES)))
         gpus = [tuple(gpu) + (None,) * (4 - len(gpu)) for gpu in gpus if _valid_uuid(gpu[0])]
         if not gpus or not self.state.usable:
             return False

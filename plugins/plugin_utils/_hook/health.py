@@ -90,7 +90,7 @@ def why_not_heal(node, state, reason):
     """None when the health check may put the node's GPUs back: drained, idle, with a reason of
     this collection (the drain prefix) that is not for a person (the hold prefix); otherwise why
     not, as the log says it."""
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import HOLD_PREFIX, PREFIX as DRAIN_PREFIX
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import HOLD_PREFIX, REBOOT_PREFIX, PREFIX as DRAIN_PREFIX
 
     if 'DRAIN' not in state.split('+'):
         return '%s is not drained (State=%s): nothing to do' % (printable(node), printable(state, 100))
@@ -98,6 +98,10 @@ def why_not_heal(node, state, reason):
         # Held for a person (a fault that what the hook tried did not cure): clean GPUs now (an
         # intermittent GPU that fell off the bus) prove nothing. scontrol update ... state=resume.
         return ('%s is held by gpu_reset for a person (%s): left drained until an operator resumes it'
+                % (printable(node), printable(reason, 200)))
+    if reason.startswith(REBOOT_PREFIX):
+        # Drained for a reboot that waits for its evidence (_hook/reset.py, evidence_then_reboot).
+        return ('%s waits for the reboot gpu_reset asks for once its evidence is collected (%s): left as it is'
                 % (printable(node), printable(reason, 200)))
     if not reason.startswith(DRAIN_PREFIX):
         return ("%s is drained for a reason that is not this collection's (%s): left to whoever drained it"

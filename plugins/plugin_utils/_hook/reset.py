@@ -16,6 +16,7 @@ __metaclass__ = type
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +27,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandT
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _sequence
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import SINFO_ENV, BrakeUnreadable, sinfo_argv
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import drain_command
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import REASON_CHARS, REBOOT_PREFIX, drain_command
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import HostError, finish, run_drain, write_file
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import NODE_NAME_RE
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.slurm import SLURM_CALL_S, slurm_command
@@ -176,10 +177,15 @@ def why_not_reboot(node, stamp, boot=None, now=None):
     return None
 
 
-def ask_reboot(result, scontrol, node, seconds, stamp, history=None):
-    """Ask Slurm to reboot the node (reboot_command), noting it in stamp and in the GPUs'
-    history; drain it for a person instead (a hold) when a GPU's fault is back after its cures
-    (reboot_held), when why_not_reboot says so or the reboot command fails."""
+def ask_reboot(result, scontrol, node, seconds, stamp, history=None, evidence=None):
+    """Ask Slurm to reboot the node, noting it in stamp and in the GPUs' history; drain it for a
+    person instead (a hold) when a GPU's fault is back after its cures or its budget is spent
+    (reboot_held), when why_not_reboot says so or the command fails.
+
+    evidence: (directory, seconds, program) of the host report to collect first: the node is
+    drained for its reboot (_drain.REBOOT_PREFIX) and a process of its own session, outside this
+    run's time, collects the report and then asks Slurm for the reboot (evidence_then_reboot).
+    None: the reboot is asked for at once (reboot_command)."""
     history, settings = history or (None, {})
     held = reboot_held(result, history, settings)
     if held:
@@ -191,8 +197,18 @@ def ask_reboot(result, scontrol, node, seconds, stamp, history=None):
                 history.record_node('cure_failed', entry['reason'], outcome='held')
         return drain(result, scontrol, node, seconds, hold=True)
     why = why_not_reboot(node, stamp)
+    if why is None and evidence and asked_since_boot(stamp):
+        # The run that asked collects the evidence and then asks Slurm: asking again now would cut it.
+        result.update(drained=True, reboot_requested=True)
+        result['reason'] += '; the reboot asked for at %s follows its evidence' % _stamp(stamp_dir(stamp).mtime(
+            os.path.basename(stamp)))
+        return result
     if why is None:
-        drain(result, scontrol, node, seconds / 2.0, argv=reboot_command(scontrol, node, result['reason']))
+        argv = drain_command(scontrol, node, result['reason'], prefix=REBOOT_PREFIX) if evidence else \
+            reboot_command(scontrol, node, result['reason'])
+        drain(result, scontrol, node, seconds / 2.0, argv=argv)
+        if result['drained'] and evidence:
+            result['evidence'] = start_evidence(scontrol, node, *evidence)
         if result['drained']:
             result['reboot_requested'] = True
             if history is not None:
@@ -204,6 +220,79 @@ def ask_reboot(result, scontrol, node, seconds, stamp, history=None):
     # First, where a reason cut to its length for sinfo -R keeps it.
     result['reason'] = '%s%s): %s' % (NOT_REBOOTED, why, result['reason'])
     return drain(result, scontrol, node, seconds / 2.0, hold=True)
+
+
+def asked_since_boot(stamp, boot=None):
+    """Whether stamp notes a reboot asked for since this host booted."""
+    asked = stamp_dir(stamp).mtime(os.path.basename(stamp))
+    boot = boot_time() if boot is None else boot
+    return asked is not None and boot is not None and asked >= boot
+
+
+def _stamp(when):
+    return time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(when or 0))
+
+
+def hook_evidence(options):
+    """(directory, seconds, program) of the report collected before a reboot: bug_report_dir, else
+    bug-reports in the history's directory (root's own, kept across the reboot); within
+    bug_report_timeout; NVIDIA's nvidia-bug-report.sh beside nvidia_smi_path."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.bug_report import DEFAULT_TIMEOUT_S, program_next_to
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import default_history_dir
+
+    root = options.get('host_root') if isinstance(options.get('host_root'), str) and options.get('host_root') else '/'
+    directory = options.get('bug_report_dir') or os.path.join(default_history_dir(root), 'bug-reports')
+    seconds = options.get('bug_report_timeout') or DEFAULT_TIMEOUT_S
+    return directory, float(seconds), program_next_to(options.get('nvidia_smi_path') or 'nvidia-smi')
+
+
+def start_evidence(scontrol, node, directory, seconds, program):
+    """Start evidence_then_reboot in a process of its own session (it outlives this run, and a
+    Prolog's or Epilog's end), its output to this run's stderr (the hook's log): {pid, directory}."""
+    argv = [sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook', '--node', node,
+            '--scontrol', scontrol, '--evidence-then-reboot', directory, '--evidence-timeout', '%g' % seconds,
+            '--evidence-program', program]
+    env = dict(os.environ, PYTHONPATH=COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else ''))
+    try:
+        log = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        log = subprocess.DEVNULL  # a stderr of no file (run in-process, by a test)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                            start_new_session=True, close_fds=True, cwd='/')
+    return {'pid': proc.pid, 'directory': directory}
+
+
+def evidence_then_reboot(args):
+    """--evidence-then-reboot DIR: nvidia-bug-report.sh into DIR within --evidence-timeout, then
+    scontrol reboot ASAP nextstate=resume, the report's path in the reason; only while the node is
+    still drained for this reboot (_drain.REBOOT_PREFIX): one resumed or drained for another reason
+    meanwhile is left as it is. 0, or 14 when Slurm's answers could not be read."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.bug_report import collect
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.health import read_node, say
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.slurm import SlurmUnreadable
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.status import HEALTH_UNREADABLE
+
+    report = collect(args.evidence_then_reboot, args.evidence_timeout, args.evidence_program)
+    say('before the reboot of %s: %s' % (printable(args.node), report['message']))
+    try:
+        state, reason, dummy = read_node(args.scontrol, args.node, SLURM_CALL_S)
+    except SlurmUnreadable as exc:
+        say('no reboot asked: %s' % exc)
+        return HEALTH_UNREADABLE
+    if 'DRAIN' not in state.split('+') or not reason.startswith(REBOOT_PREFIX):
+        say('no reboot asked: %s is no longer drained for it (State=%s, Reason=%s)' % (
+            printable(args.node), printable(state, 100), printable(reason or 'none', 200)))
+        return 0
+    said = ('; evidence: %s' % (report['path'] if report['ok'] else 'none (%s)' % report['message']))[:REASON_CHARS - 40]
+    # The reason is cut to its length for sinfo -R (drain_reason): the evidence is kept whole.
+    kept = reason[len(REBOOT_PREFIX):][:REASON_CHARS - len(said)]
+    argv = reboot_command(args.scontrol, args.node, kept + said)
+    try:
+        rc, dummy, stderr = Runner(argv[0]).run(argv[1:], timeout=SLURM_CALL_S)
+    except GpuopsError as exc:
+        rc, stderr = None, str(exc)
+    say('reboot of %s asked for%s' % (printable(args.node), '' if rc == 0 else ' and refused: %s' % printable(stderr.strip(), 300)))
+    return 0 if rc == 0 else HEALTH_UNREADABLE
 
 
 def hook_history(options):
@@ -312,7 +401,8 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
             # A fault back after its cures (the release did not reset it): for a person.
             drain(result, scontrol, node, seconds, hold=True)
         elif reboot_stamp and reboot_cures(result):
-            ask_reboot(result, scontrol, node, seconds, reboot_stamp, hook_history(run.options or {}))
+            ask_reboot(result, scontrol, node, seconds, reboot_stamp, hook_history(run.options or {}),
+                       evidence=hook_evidence(run.options or {}))
         else:
             drain(result, scontrol, node, seconds)
 

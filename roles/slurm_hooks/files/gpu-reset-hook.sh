@@ -300,8 +300,18 @@ start_cure() {
       return 0
     fi
   fi
-  SLURMD_NODENAME=$node GPU_RESET_HOOK_CONF=$conf setsid "$here/gpu-reset-hook.sh" cure </dev/null >/dev/null 2>&1 &
-  echo "the cure of the node is started: pid $!, for at most $cure_within s"
+  # Not `setsid ... &`: slurmd kills what is left of a Prolog's process group once it exits, and a
+  # background setsid may not have left the group by then. Python's start_new_session leaves it
+  # before the hook goes on (Popen returns once the child runs, in a session of its own).
+  if pid=$(SLURMD_NODENAME=$node GPU_RESET_HOOK_CONF=$conf "$python" -c '
+import subprocess, sys
+print(subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       start_new_session=True, close_fds=True).pid)
+' "$here/gpu-reset-hook.sh" cure); then
+    echo "the cure of the node is started: pid $pid, for at most $cure_within s"
+  else
+    echo "the cure of the node could not be started: the next health check will look at it"
+  fi
 }
 
 # The runners' statuses, as the rest of the hook reads them: 0 clean; 10 not clean, the node

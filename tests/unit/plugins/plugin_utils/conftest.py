@@ -13,6 +13,7 @@ __metaclass__ = type
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -21,19 +22,47 @@ from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _slurm_hook
 from slurm_texts import identity_gres_conf
 
 
+# A fake scontrol that keeps the node's state: update state=drain reason=... drains it, reboot
+# marks it REBOOT_REQUESTED with its reason, show node answers as Slurm does (from node.json; with
+# node.pinned, a test's state that updates leave as it is); each call is written down (calls.jsonl).
+FAKE_SCONTROL = r"""#!%(python)s
+import json, os, sys
+here = %(here)r
+args = sys.argv[1:]
+with open(os.path.join(here, 'calls.jsonl'), 'a') as log:
+    log.write(json.dumps(args) + '\n')
+path = os.path.join(here, 'node.json')
+node = json.load(open(path)) if os.path.exists(path) else {'state': 'IDLE', 'reason': ''}
+if os.path.exists(os.path.join(here, 'node.pinned')):
+    pass  # a test set the node's state: it answers updates and keeps it
+elif args[:1] == ['update'] or args[:1] == ['reboot']:
+    reason = [arg[len('reason='):] for arg in args if arg.startswith('reason=')]
+    node['reason'] = reason[0] if reason else node['reason']
+    node['state'] = 'IDLE+DRAIN' if args[:1] == ['update'] else 'IDLE+DRAIN+REBOOT_REQUESTED'
+    json.dump(node, open(path, 'w'))
+elif args[:2] == ['show', 'node']:
+    sys.stdout.write('NodeName=%%s\n   State=%%s ThreadsPerCore=1\n%%s' %% (
+        args[2], node['state'], '   Reason=%%s [root@2026-12-01T12:00:00]\n' %% node['reason'] if node['reason'] else ''))
+"""
+
+
 @pytest.fixture
 def hook(gpuhost, tmp_path):
-    """run(*args) -> (exit status, report, drain command's arguments or None): the runner as the
-    hook starts it, on gpuhost, with a drain command that writes down its arguments, and
-    tmp_path/gres.conf (the GPUs listed in index order unless a test writes its own)."""
+    """run(*args) -> (exit status, report, the last drain or reboot command's arguments or None):
+    the runner as the hook starts it, on gpuhost, with a fake scontrol that keeps the node's state
+    (FAKE_SCONTROL; run.calls() lists every call), and tmp_path/gres.conf (the GPUs listed in
+    index order unless a test writes its own)."""
     scontrol = tmp_path / 'scontrol'
-    drained = tmp_path / 'drained.json'
-    scontrol.write_text('#!%s\nimport json, sys\njson.dump(sys.argv[1:], open(%r, "w"))\n' % (sys.executable, str(drained)))
+    scontrol.write_text(FAKE_SCONTROL % {'python': sys.executable, 'here': str(tmp_path)})
     scontrol.chmod(0o755)
     variables = tmp_path / 'gpu_reset.yml'
     gres_conf = tmp_path / 'gres.conf'
     gres_conf.write_text(identity_gres_conf(gpuhost))
     cuda = gpuhost.install_cuda()
+
+    def calls():
+        path = tmp_path / 'calls.jsonl'
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def run(*args, **more):
         """more: gpu_reset_* variables over the fixture's own."""
@@ -41,12 +70,27 @@ def hook(gpuhost, tmp_path):
             'gpu_reset_nvidia_smi_path': gpuhost.smi_path, 'gpu_reset_host_root': gpuhost.root,
             'gpu_reset_backend': 'nvidia-smi', 'gpu_reset_probe_cuda_library': cuda,
             'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_grace_period': 0.5}, **more)))
+        before = len(calls())
         proc = subprocess.run([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook',
                                '--node', 'gpu07', '--vars-file', str(variables), '--scontrol', str(scontrol),
                                '--gres-conf', str(gres_conf)] + list(args),
                               capture_output=True, text=True, timeout=60, check=False)
         report = json.loads(proc.stdout) if proc.stdout.strip() else None
-        return proc.returncode, report, json.loads(drained.read_text()) if drained.exists() else None
+        acts = [call for call in calls()[before:] if call[:1] == ['update']] or \
+            [call for call in calls()[before:] if call[:1] == ['reboot']]
+        return proc.returncode, report, acts[-1] if acts else None
+
+    def reboot(seconds=30):
+        """The reboot asked of the fake scontrol (by the hook's evidence process, which runs on
+        after the hook), once asked; None when none is within seconds."""
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            found = [call for call in calls() if call[:1] == ['reboot']]
+            if found:
+                return found[-1]
+            time.sleep(0.1)
+        return None
+    run.calls, run.reboot = calls, reboot
     return run
 
 

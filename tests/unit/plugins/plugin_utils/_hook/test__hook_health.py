@@ -75,6 +75,8 @@ def test_an_unreadable_node_name_is_escaped_in_the_message():
     ('IDLE+DRAIN', 'gpu_reset: not rebooted (a reboot asked for at 2026-12-01T10:00:00Z did not cure it): GPU 1 '
                    'fell off the bus', 'for a person'),
     ('IDLE+DRAIN', 'gpu_reset(hold)x: not ours', "not this collection's"),
+    # Drained for a reboot that waits for its evidence: the reboot's, never healed.
+    ('IDLE+DRAIN', 'gpu_reset(reboot): GPU 2 lost or unreadable', 'waits for the reboot'),
 ])
 def test_only_a_node_this_collection_drained_and_idle_is_healed(state, reason, expected):
     why = _hook_health.why_not_heal('gpu07', state, reason)

@@ -21,15 +21,20 @@ from slurm_texts import show_node
 UUIDS = ['GPU-11111111-2222-3333-4444-555555555555', 'GPU-66666666-7777-8888-9999-000000000000']
 
 
+def prolog(slurm, capsys, variables):
+    """A Prolog's run of the hook with variables: (its status, its report, the scontrol updates so far)."""
+    rc = _slurm_hook.main(['--node', 'gpu07', '--scontrol', slurm.scontrol, '--vars-file', variables,
+                           '--timeout', '20', '--deadline', '40'])
+    return rc, json.loads(capsys.readouterr().out), [call for call in slurm.calls() if call[1:2] == ['update']]
+
+
 def test_a_third_recurrence_after_two_cures_is_held_for_a_person_until_cleared(gpuhost, slurm, capsys, hook_vars):
     variables = hook_vars()
     with open(variables, 'a') as handle:
         handle.write('gpu_reset_allow_gpu_reset: true\n')
 
     def prolog_run():
-        rc = _slurm_hook.main(['--node', 'gpu07', '--scontrol', slurm.scontrol, '--vars-file', variables,
-                               '--timeout', '10', '--deadline', '40'])
-        return rc, json.loads(capsys.readouterr().out), [call for call in slurm.calls() if call[1:2] == ['update']]
+        return prolog(slurm, capsys, variables)
 
     for cure in range(2):
         gpuhost.fault('stuck', gpu=3, mib=4096)
@@ -68,9 +73,7 @@ def test_a_gpu_past_its_reset_budget_is_held_though_no_fault_came_back_after_cur
         handle.write('gpu_reset_allow_gpu_reset: true\ngpu_reset_hold_after_cures: 5\ngpu_reset_reset_budget: 1\n')
 
     def prolog_run():
-        rc = _slurm_hook.main(['--node', 'gpu07', '--scontrol', slurm.scontrol, '--vars-file', variables,
-                               '--timeout', '10', '--deadline', '40'])
-        return rc, json.loads(capsys.readouterr().out), [call for call in slurm.calls() if call[1:2] == ['update']]
+        return prolog(slurm, capsys, variables)
 
     gpuhost.fault('stuck', gpu=3, mib=4096)
     rc, report, updates = prolog_run()
@@ -97,7 +100,7 @@ def test_a_budget_that_is_not_a_number_of_resets_is_refused_before_anything_is_d
         handle.write('gpu_reset_reboot_budget: 0\n')
     gpuhost.fault('stuck', gpu=3, mib=4096)
     rc = _slurm_hook.main(['--node', 'gpu07', '--scontrol', slurm.scontrol, '--vars-file', variables,
-                           '--timeout', '10', '--deadline', '40'])
+                           '--timeout', '20', '--deadline', '40'])
     report = json.loads(capsys.readouterr().out)
     assert rc == _hook_status.RUNNER_DRAINED and 'gpu_reset_reboot_budget must be between 1 and 100' in report['reason']
     assert gpuhost.memory_used()[3] >= 4096

@@ -11,6 +11,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
 import os
 import re
 import tempfile
@@ -186,37 +187,57 @@ def test_the_hold_threshold_is_a_setting_checked_before_anything_is_done(gpuhost
 
 # -- a reboot when only a reboot helps ------------------------------------------------------------
 
-def test_a_lost_gpu_asks_slurm_for_a_reboot_once(gpuhost, hook, tmp_path):
+def test_a_lost_gpu_asks_slurm_for_a_reboot_once_its_evidence_is_collected(gpuhost, hook, tmp_path):
+    """The node is drained for its reboot at once; a process of its own session collects
+    nvidia-bug-report.sh (gpusim's), outside the hook's time, then asks Slurm for the reboot with
+    the report's path in the reason."""
     gpuhost.fault('lost', gpu=2, message='lost')
     stamp = tmp_path / 'state' / 'reboot-requested'
-    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
+    reports = tmp_path / 'reports'
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp),
+                               gpu_reset_bug_report_dir=str(reports))
     assert rc == _hook_status.RUNNER_DRAINED, report['reason']
-    assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and command[-1] == 'gpu07', command
-    assert command[3].startswith('reason=gpu_reset: GPU 2') and len(command) == 5, command
-    assert report['reboot_requested'] is True and report['drained'] is True
+    assert command[:4] == ['update', 'nodename=gpu07', 'state=drain', 'reason=gpu_reset(reboot): GPU 2 lost or unreadable'] \
+        or command[3].startswith('reason=gpu_reset(reboot): GPU 2'), command
+    assert report['reboot_requested'] is True and report['drained'] is True and report['evidence']['directory'] == str(reports)
     assert stamp.exists()
-    # Before the reboot (the Epilog of the same job): asked for again, the same way.
-    rc, report, again = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
-    assert (rc, again[:3], report['reboot_requested']) == (_hook_status.RUNNER_DRAINED, command[:3], True)
+    reboot = hook.reboot()
+    assert reboot[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and reboot[-1] == 'gpu07' and len(reboot) == 5, reboot
+    [written] = os.listdir(str(reports))
+    assert re.match(r'reason=gpu_reset: GPU 2 lost or unreadable.*; evidence: %s$' % re.escape(str(reports / written)),
+                    reboot[3]), reboot
+    # Before the reboot (the Epilog of the same job): not asked again, which would cut its evidence.
+    rc, report, again = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp),
+                             gpu_reset_bug_report_dir=str(reports))
+    assert (rc, again, report['reboot_requested']) == (_hook_status.RUNNER_DRAINED, None, True), again
+    assert 'follows its evidence' in report['reason']
+    assert len([call for call in hook.calls() if call[:1] == ['reboot']]) == 1
 
 
-def test_a_fault_a_reboot_did_not_cure_is_drained_for_a_person(gpuhost, hook, tmp_path):
-    stamp = tmp_path / 'reboot-requested'
-    stamp.write_text('')
-    boot = _hook_reset.boot_time()
-    os.utime(str(stamp), (boot - 60, boot - 60))
-    assert 'did not cure it' in _hook_reset.why_not_reboot('gpu07', str(stamp), boot=boot, now=boot + 3600)
-    assert _hook_reset.why_not_reboot('gpu07', str(stamp), boot=boot, now=boot + 2 * 86400) is None
-    assert _hook_reset.why_not_reboot('gpu07', str(stamp), boot=boot - 120, now=boot) is None  # still to come
-    if time.time() - (boot - 60) < _hook_reset.REBOOT_AT_MOST_EVERY_S:
-        gpuhost.fault('lost', gpu=2, message='lost')
-        rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp))
-        assert command[:3] == ['update', 'nodename=gpu07', 'state=drain'], command
-        assert re.match(r'reason=gpu_reset\(hold\): not rebooted \(a reboot asked for at \S+Z did not cure it\): '
-                        r'GPU 2 lost', command[3]), command
-        assert 'reboot_requested' not in report and report['held_for_person'] is True
-        # The health check that finds the GPUs clean later leaves the node drained.
-        assert 'for a person' in _hook_health.why_not_heal('gpu07', 'IDLE+DRAIN', command[3][len('reason='):])
+def test_a_report_that_hangs_is_cut_and_the_reboot_still_asked(gpuhost, hook, tmp_path):
+    gpuhost.fault('lost', gpu=2, message='lost')
+    gpuhost.fault('bug-report-hang', seconds=60)
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(tmp_path / 'stamp'),
+                               gpu_reset_bug_report_dir=str(tmp_path / 'reports'), gpu_reset_bug_report_timeout=2)
+    assert rc == _hook_status.RUNNER_DRAINED and command[3].startswith('reason=gpu_reset(reboot): '), command
+    reboot = hook.reboot()
+    assert reboot is not None and '; evidence: none (nvidia-bug-report.sh was not run to the end' in reboot[3], reboot
+
+
+def test_a_node_resumed_meanwhile_is_not_rebooted(gpuhost, hook, tmp_path):
+    """Someone resumes the node (or drains it for a reason of their own) while its report is
+    collected: the node is read again before the reboot, which is not asked for."""
+    gpuhost.fault('lost', gpu=2, message='lost')
+    (tmp_path / 'node.json').write_text(json.dumps({'state': 'IDLE+DRAIN', 'reason': 'maintenance'}))
+    (tmp_path / 'node.pinned').write_text('')
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(tmp_path / 'stamp'),
+                               gpu_reset_bug_report_dir=str(tmp_path / 'reports'))
+    assert rc == _hook_status.RUNNER_DRAINED and report['evidence']
+    until = time.monotonic() + 30
+    while time.monotonic() < until and not [call for call in hook.calls() if call[:2] == ['show', 'node']]:
+        time.sleep(0.1)
+    time.sleep(1)
+    assert [call[0] for call in hook.calls()] == ['update', 'show'] and os.listdir(str(tmp_path / 'reports'))
 
 
 def test_a_node_past_its_reboot_budget_is_drained_for_a_person(gpuhost, hook, tmp_path):
@@ -235,8 +256,10 @@ def test_a_node_past_its_reboot_budget_is_drained_for_a_person(gpuhost, hook, tm
     assert report['held_for_person'] is True and 'reboot_requested' not in report and not stamp.exists()
     assert [event['outcome'] for event in history.node_events()] == ['escalated', 'escalated', 'held']
 
-    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp), gpu_reset_reboot_budget=3)
-    assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and report['reboot_requested'] is True, command
+    rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp), gpu_reset_reboot_budget=3,
+                               gpu_reset_bug_report_dir=str(tmp_path / 'reports'))
+    assert command[3].startswith('reason=gpu_reset(reboot): ') and report['reboot_requested'] is True, command
+    assert hook.reboot()[:3] == ['reboot', 'ASAP', 'nextstate=resume']
     assert [event.get('to') for event in history.node_events()][-1] == 'reboot'
     assert len([event for event in history.node_events() if event['kind'] == 'reboot_asked']) == 3
 
@@ -246,9 +269,12 @@ def test_an_xid_79_in_the_kernels_words_asks_for_a_reboot(gpuhost, hook, tmp_pat
     gpuhost.fault('xid', gpu=1, code=79)
     stamp = tmp_path / 'state' / 'reboot-requested'
     rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp),
-                               gpu_reset_kernel_log=gpuhost.kernel_log, gpu_reset_allow_gpu_reset=True)
+                               gpu_reset_kernel_log=gpuhost.kernel_log, gpu_reset_allow_gpu_reset=True,
+                               gpu_reset_bug_report_dir=str(tmp_path / 'reports'))
     assert rc == _hook_status.RUNNER_DRAINED, report['reason']
-    assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and command[-1] == 'gpu07', command
+    assert command[3].startswith('reason=gpu_reset(reboot): '), command
+    reboot = hook.reboot()
+    assert reboot[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and reboot[-1] == 'gpu07', reboot
     assert [gpu['recovery_action'] for gpu in report['gpus'] if gpu['index'] == 1] == ['reboot']
     assert report['reboot_requested'] is True and report['escalation'] is None and stamp.exists()
 
@@ -274,7 +300,10 @@ def test_a_hung_driver_in_the_kernel_log_asks_for_a_reboot_where_a_gpus_own_read
     rc, report, command = hook('--timeout', '5', '--reboot', '--reboot-stamp', str(stamp),
                                gpu_reset_kernel_log=gpuhost.kernel_log, gpu_reset_allow_gpu_reset=True)
     assert rc == _hook_status.RUNNER_DRAINED, report['reason']
-    assert command[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and command[-1] == 'gpu07', command
+    assert command[3].startswith('reason=gpu_reset(reboot): '), command
+    reboot = hook.reboot()  # after the evidence, in the simulated host's /var/lib/gpuops/bug-reports
+    assert reboot[:3] == ['reboot', 'ASAP', 'nextstate=resume'] and reboot[-1] == 'gpu07', reboot
+    assert os.listdir(os.path.join(gpuhost.root, 'var', 'lib', 'gpuops', 'bug-reports'))
     assert [(gpu['index'], gpu['recovery_action']) for gpu in report['gpus'] if gpu['recovery_action'] != 'none'] == [
         (5, 'reboot')]
     assert report['reboot_requested'] is True and report['escalation'] is None

@@ -1,0 +1,228 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""From fault to back in service, per fault class, through real Slurm.
+
+Starts the Slurm bench of tests/slurm (munged, slurmctld and slurmd from Debian's packages, as
+children of this process) with the hooks the role gpuops.nvidia.slurm_hooks installs (Prolog,
+Epilog, the cure started at once; no health check at all, so that nothing else resumes a node), on
+a simulated 8-GPU host whose GPU resets the hook may do. Each run puts one fault on GPU 3 of the
+idle node and submits a job for every GPU (sbatch --wrap true), then reads the node every 0.1 s:
+
+  leftover       a process of no job holds GPU 3 and ignores SIGTERM (the Prolog kills it)
+  orphaned       4 GiB held on GPU 3 by no process, only a GPU reset frees it (the Prolog resets it)
+  xid_reset      an Xid 119 on GPU 3, whose action in NVIDIA's catalogue is a GPU reset
+  late_release   4 GiB held by no process that the driver lets go of 5 s after the node drains
+                 (GPU resets not allowed): the Prolog drains the node, its cure resumes it
+  sick           GPU 3 lost ("Reboot the system to recover this GPU", no reboot allowed): drained,
+                 never back by itself (each run ends after --sick-wait s, the node resumed by hand)
+
+and prints, for each class, p50 and p95 of: fault to drained (when it was), to cured (the report
+that found the GPUs clean), to proven (that report's probe done), to back in service (the node
+idle and not drained, with the job run), and the node-seconds lost (drained to back, or to the
+end of the wait). Times count from the job's submission; the fault is put in place just before.
+
+The reboot-only class (an Xid that asks for a reboot, with a simulated reboot) is not run: the
+bench's slurmd cannot be rebooted; a node asks Slurm for a reboot as tests/slurm/test_slurm_reboot.py
+shows, and comes back as fast as its RebootProgram and slurmd do.
+
+Usage: python3 benchmarks/time_to_service.py [--runs 20] [--classes leftover,...] [--sick-wait 20]
+Needs root (slurmd), and ansible-core (the repository's .venv is used when present).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, 'tests'))
+sys.path.insert(0, os.path.join(REPO, 'tests', 'slurm'))
+
+from bench import SlurmBench, deploy_hooks, skip_reason  # noqa: E402
+from gpusim.api import Host  # noqa: E402
+
+CLASSES = ('leftover', 'orphaned', 'xid_reset', 'late_release', 'sick')
+# The late release: the driver lets the memory go this long after the node drains.
+LATE_RELEASE_S = 5.0
+GPU = 3
+POLL_S = 0.1
+STEPS = ('drained', 'cured', 'proven', 'back')
+
+
+def reexec_in_venv():
+    """Run under the repository's .venv (ansible-core) when this Python has no ansible."""
+    import importlib.util
+
+    venv = os.path.join(REPO, '.venv', 'bin', 'python')
+    if importlib.util.find_spec('ansible') is None:
+        if os.path.exists(venv) and os.path.abspath(sys.executable) != os.path.abspath(venv):
+            os.execv(venv, [venv] + sys.argv)
+        sys.exit('ansible-core is not installed for %s (nor is %s there)' % (sys.executable, venv))
+
+
+def put_fault(host, kind):
+    if kind == 'leftover':
+        host.hold(gpus=[GPU], mib=2048, name='leftover', ignore_term=True)
+    elif kind in ('orphaned', 'late_release'):
+        host.fault('stuck', gpu=GPU, mib=4096)
+    elif kind == 'xid_reset':
+        host.fault('xid', gpu=GPU, code=119)
+    elif kind == 'sick':
+        host.fault('lost', gpu=GPU, message='lost')
+
+
+def clear_fault(host):
+    host.fault('clear')
+    host.stop()
+
+
+def reports_since(log, offset):
+    """The module runner's reports (JSON lines) written to the hook's log after offset."""
+    with open(log) as handle:
+        handle.seek(offset)
+        lines = handle.read().splitlines()
+    found = []
+    for line in lines:
+        if line.startswith('{"host"'):
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                pass
+    return found
+
+
+def one_run(bench, host, log, kind, sick_wait):
+    """{step: seconds from submission} of one run, and the node-seconds lost."""
+    offset = os.path.getsize(log)
+    put_fault(host, kind)
+    started, wall = time.monotonic(), time.time()
+    job = bench.sbatch('--gres=gpu:8', '--output', '/dev/null', '--wrap', 'true')
+    seen = {}
+    released = False
+    until = started + (sick_wait if kind == 'sick' else 120)
+    while time.monotonic() < until:
+        state = bench.node_state()
+        now = time.monotonic() - started
+        if state.startswith('drain') and 'drained' not in seen:
+            seen['drained'] = now
+        if kind == 'late_release' and 'drained' in seen and not released and now - seen['drained'] >= LATE_RELEASE_S:
+            host.fault('stuck', gpu=GPU, mib=0)
+            released = True
+        # Back: idle and not drained once the job ran, or once the node drained for it came back.
+        if state == 'idle' and (kind != 'late_release' or released) and (
+                'drained' in seen or bench.job(job).get('JobState') in ('COMPLETED', None)):
+            seen['back'] = now
+            break
+        time.sleep(POLL_S)
+    for report in reports_since(log, offset):
+        if report.get('outcome') in ('clean', 'released') and isinstance(report.get('started'), (int, float)):
+            at = report['started'] - wall
+            seen.setdefault('cured', at + float(report.get('release_s') or 0))
+            seen.setdefault('proven', at + float(report.get('duration_s') or 0))
+    end = seen.get('back', time.monotonic() - started)
+    lost = end - seen['drained'] if 'drained' in seen else 0.0
+    if kind == 'sick':
+        bench.command('scontrol', 'update', 'nodename=%s' % bench.node, 'state=resume', check=False)
+    bench.command('scancel', '--full', '--quiet', '-u', 'root', check=False)
+    clear_fault(host)
+    bench.wait_idle(60)
+    return seen, lost
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def figure(values, runs):
+    if not values:
+        return '-'
+    text = '%.1f / %.1f' % (statistics.median(values), percentile(values, 0.95))
+    return text if len(values) == runs else '%s (%d of %d)' % (text, len(values), runs)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n', maxsplit=1)[0])
+    parser.add_argument('--runs', type=int, default=20, help='runs per class (default 20)')
+    parser.add_argument('--classes', default=','.join(CLASSES), help='comma-separated, of %s' % ', '.join(CLASSES))
+    parser.add_argument('--sick-wait', type=float, default=20.0, help='seconds each run of sick waits (default 20)')
+    args = parser.parse_args()
+    classes = [name for name in args.classes.split(',') if name]
+    unknown = set(classes) - set(CLASSES)
+    if unknown or args.runs < 1:
+        parser.error('unknown class(es): %s' % ', '.join(sorted(unknown)) if unknown else '--runs must be at least 1')
+    reexec_in_venv()
+    reason = skip_reason()
+    if reason:
+        sys.exit(reason)
+
+    directory = tempfile.mkdtemp(prefix='gpuops-service-bench-')
+    os.chmod(directory, 0o711)
+    host = Host(os.path.join(directory, 'gpuhost')).init(gpus=8, idle_used_mib=0)
+    hooks = os.path.join(directory, 'hooks')
+    bench = None
+    try:
+        deploy_hooks(hooks, {'gpu_reset_nvidia_smi_path': host.smi_path, 'gpu_reset_host_root': host.root,
+                             'gpu_reset_lock_file': os.path.join(directory, 'release.lock'),
+                             'gpu_reset_probe_cuda_library': host.install_cuda(), 'gpu_reset_grace_period': 1.0,
+                             'gpu_reset_kernel_log': host.kernel_log, 'gpu_reset_allow_gpu_reset': True},
+                     slurm_hooks_budget_s=30, slurm_hooks_prolog_epilog_timeout=60, slurm_hooks_health_check=False,
+                     slurm_hooks_cure=True, slurm_hooks_cure_within_s=120, slurm_hooks_check_running_clocks=False)
+        bench = SlurmBench(os.path.join(directory, 'slurm'), include=os.path.join(hooks, 'slurm-hooks.conf'),
+                           prolog_epilog_timeout=60)
+        bench.start()
+        log = os.path.join(hooks, 'hook.log')
+        results = {}
+        for kind in classes:
+            if kind == 'late_release':
+                set_conf(hooks, 'gpu_reset_allow_gpu_reset', False)
+            results[kind] = [one_run(bench, host, log, kind, args.sick_wait) for dummy in range(args.runs)]
+            set_conf(hooks, 'gpu_reset_allow_gpu_reset', True)
+        print('Slurm %s, node %s, %d runs per class, load average %.1f at the end; seconds from the job\'s '
+              'submission (the fault put in place just before), p50 / p95:' % (
+                  bench.command('sinfo', '-V').stdout.split()[-1], bench.node, args.runs, os.getloadavg()[0]))
+        header = ('class', 'drained', 'cured', 'proven', 'back in service', 'node-seconds lost')
+        print('  %-13s %-16s %-16s %-16s %-16s %s' % header)
+        for kind in classes:
+            runs = results[kind]
+            cells = [figure([seen[step] for seen, dummy in runs if step in seen], args.runs) for step in STEPS]
+            lost = [lost for dummy, lost in runs]
+            print('  %-13s %-16s %-16s %-16s %-16s %.1f / %.1f' % ((kind,) + tuple(cells) + (
+                statistics.median(lost), percentile(lost, 0.95))))
+        print('(a step a run never reached is counted in none: "(N of RUNS)" says how many reached it; '
+              'sick is never back by itself, its node-seconds lost run to the end of its %g s wait)' % args.sick_wait)
+    finally:
+        if bench is not None:
+            bench.stop()
+        host.stop()
+        kill_cures(hooks)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def set_conf(hooks, name, value):
+    """A gpu_reset_* variable of the installed hook's gpu_reset.yml."""
+    import yaml
+
+    path = os.path.join(hooks, 'gpu_reset.yml')
+    with open(path) as handle:
+        values = yaml.safe_load(handle)
+    values[name] = value
+    with open(path, 'w') as handle:
+        yaml.safe_dump(values, handle)
+
+
+def kill_cures(hooks):
+    """The cures the hooks started that still run (none should, once the node is idle)."""
+    subprocess.run(['pkill', '-KILL', '-f', os.path.join(hooks, 'gpu-reset-hook.sh') + ' cure'], check=False)
+
+
+if __name__ == '__main__':
+    main()
