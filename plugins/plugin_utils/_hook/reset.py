@@ -173,20 +173,20 @@ def why_not_reboot(node, stamp, boot=None, now=None):
     boot = boot_time() if boot is None else boot
     now = time.time() if now is None else now
     if boot is not None and asked < boot and now - asked < REBOOT_AT_MOST_EVERY_S:
-        return 'a reboot asked for at %s did not cure it' % time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(asked))
+        return 'a reboot asked for at %s did not cure it' % _stamp(asked)
     return None
 
 
-def ask_reboot(result, scontrol, node, seconds, stamp, history=None, evidence=None):
-    """Ask Slurm to reboot the node, noting it in stamp and in the GPUs' history; drain it for a
-    person instead (a hold) when a GPU's fault is back after its cures or its budget is spent
-    (reboot_held), when why_not_reboot says so or the command fails.
+def ask_reboot(result, scontrol, node, seconds, stamp, history, evidence):
+    """Have Slurm reboot the node once the evidence is collected, noting it in stamp and in the
+    history; drain it for a person instead (a hold) when a GPU's fault is back after its cures or
+    the node's reboot budget is spent (reboot_held), when why_not_reboot says so or the drain fails.
 
-    evidence: (directory, seconds, program) of the host report to collect first: the node is
-    drained for its reboot (_drain.REBOOT_PREFIX) and a process of its own session, outside this
-    run's time, collects the report and then asks Slurm for the reboot (evidence_then_reboot).
-    None: the reboot is asked for at once (reboot_command)."""
-    history, settings = history or (None, {})
+    history: (History, its settings), hook_history's. evidence: (directory, seconds, program) of
+    the host report to collect first (hook_evidence): the node is drained for its reboot
+    (_drain.REBOOT_PREFIX), and a process of its own session, outside this run's time, collects
+    the report and then asks Slurm for the reboot (evidence_then_reboot)."""
+    history, settings = history
     held = reboot_held(result, history, settings)
     if held:
         result['held'] = held
@@ -197,26 +197,22 @@ def ask_reboot(result, scontrol, node, seconds, stamp, history=None, evidence=No
                 history.record_node('cure_failed', entry['reason'], outcome='held')
         return drain(result, scontrol, node, seconds, hold=True)
     why = why_not_reboot(node, stamp)
-    if why is None and evidence and asked_since_boot(stamp):
+    if why is None and asked_since_boot(stamp):
         # The run that asked collects the evidence and then asks Slurm: asking again now would cut it.
         result.update(drained=True, reboot_requested=True)
         result['reason'] += '; the reboot asked for at %s follows its evidence' % _stamp(stamp_dir(stamp).mtime(
             os.path.basename(stamp)))
         return result
     if why is None:
-        argv = drain_command(scontrol, node, result['reason'], prefix=REBOOT_PREFIX) if evidence else \
-            reboot_command(scontrol, node, result['reason'])
-        drain(result, scontrol, node, seconds / 2.0, argv=argv)
-        if result['drained'] and evidence:
-            result['evidence'] = start_evidence(scontrol, node, *evidence)
+        drain(result, scontrol, node, seconds / 2.0, argv=drain_command(scontrol, node, result['reason'], prefix=REBOOT_PREFIX))
         if result['drained']:
+            result['evidence'] = start_evidence(scontrol, node, *evidence)
             result['reboot_requested'] = True
-            if history is not None:
-                history.record([(uuid, gpu.get('index'), result['reason'], gpu.get('pci_bus_id'))
-                                for gpu, uuid in reboot_gpus(result, history)], 'reboot_asked', outcome='escalated', to='reboot')
-                history.record_node('reboot_asked', result['reason'], outcome='escalated', to='reboot')
+            history.record([(uuid, gpu.get('index'), result['reason'], gpu.get('pci_bus_id'))
+                            for gpu, uuid in reboot_gpus(result, history)], 'reboot_asked', outcome='escalated', to='reboot')
+            history.record_node('reboot_asked', result['reason'], outcome='escalated', to='reboot')
             return note_reboot(result, stamp)
-        why = 'the reboot command failed'
+        why = 'the drain for the reboot failed'
     # First, where a reason cut to its length for sinfo -R keeps it.
     result['reason'] = '%s%s): %s' % (NOT_REBOOTED, why, result['reason'])
     return drain(result, scontrol, node, seconds / 2.0, hold=True)
@@ -324,8 +320,6 @@ def reboot_held(result, history, settings):
     from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import (
         HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, REBOOT_BUDGET, budget_spent)
 
-    if history is None:
-        return []
     window = settings.get('hold_window_days') or HOLD_WINDOW_DAYS
     held = []
     for gpu, uuid in reboot_gpus(result, history):

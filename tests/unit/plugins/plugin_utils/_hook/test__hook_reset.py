@@ -354,7 +354,8 @@ def test_a_hold_is_drained_with_its_own_prefix_and_never_healed(slurm, tmp_path,
     os.utime(str(stamp), (time.time() - 90, time.time() - 90))
     monkeypatch.setattr(_hook_reset, 'boot_time', lambda: time.time() - 30)
     result = {'reason': 'GPU 2 needs a reboot (Xid 79 since the last cure)', 'gpus': [{'index': 2, 'recovery_action': 'reboot'}]}
-    _hook_reset.ask_reboot(result, slurm.scontrol, 'gpu07', 10, str(stamp))
+    history = (History.for_host(str(tmp_path / 'root')), {})
+    _hook_reset.ask_reboot(result, slurm.scontrol, 'gpu07', 10, str(stamp), history, (str(tmp_path / 'reports'), 5, 'true'))
     updates = [call for call in slurm.calls() if call[1:2] == ['update']]
     assert result['drained'] is True and result['held_for_person'] is True and 'reboot_requested' not in result
     assert updates == [['scontrol', 'update', 'nodename=gpu07', 'state=drain',
