@@ -68,6 +68,17 @@ def reexec_in_venv():
         sys.exit('ansible-core is not installed for %s (nor is %s there)' % (sys.executable, venv))
 
 
+def history_type():
+    """The collection's History (the checkout, as deploy_hooks links it for the hooks)."""
+    from bench import link_collection
+
+    if link_collection() not in sys.path:
+        sys.path.insert(0, link_collection())
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
+
+    return History
+
+
 def put_fault(host, kind):
     if kind == 'leftover':
         host.hold(gpus=[GPU], mib=2048, name='leftover', ignore_term=True)
@@ -86,6 +97,8 @@ def clear_fault(host):
 
 def reports_since(log, offset):
     """The module runner's reports (JSON lines) written to the hook's log after offset."""
+    if not os.path.exists(log):
+        return []
     with open(log) as handle:
         handle.seek(offset)
         lines = handle.read().splitlines()
@@ -101,7 +114,7 @@ def reports_since(log, offset):
 
 def one_run(bench, host, log, kind, sick_wait):
     """{step: seconds from submission} of one run, and the node-seconds lost."""
-    offset = os.path.getsize(log)
+    offset = os.path.getsize(log) if os.path.exists(log) else 0
     put_fault(host, kind)
     started, wall = time.monotonic(), time.time()
     job = bench.sbatch('--gres=gpu:8', '--output', '/dev/null', '--wrap', 'true')
@@ -129,10 +142,12 @@ def one_run(bench, host, log, kind, sick_wait):
             seen.setdefault('proven', at + float(report.get('duration_s') or 0))
     end = seen.get('back', time.monotonic() - started)
     lost = end - seen['drained'] if 'drained' in seen else 0.0
-    if kind == 'sick':
-        bench.command('scontrol', 'update', 'nodename=%s' % bench.node, 'state=resume', check=False)
+    # Each run on its own: no job, no fault, no history (its cures would hold the next runs' GPU).
     bench.command('scancel', '--full', '--quiet', '-u', 'root', check=False)
     clear_fault(host)
+    history_type().for_host(host.root).clear('all')
+    if bench.node_state() != 'idle':
+        bench.command('scontrol', 'update', 'nodename=%s' % bench.node, 'state=resume', check=False)
     bench.wait_idle(60)
     return seen, lost
 
