@@ -63,7 +63,7 @@
 #
 # cure is the health check started at once by a Prolog or Epilog that drained the node, outside
 # its time and outside any job: a transient unit of systemd (systemd-run, in system.slice), or where
-# systemd does not run, a process of its own session (setsid; a restart of slurmd may end it). It
+# systemd does not run, a process of its own session (a restart of slurmd may end it). It
 # waits while a job still runs or ends on the node, then runs the sequence as the health check
 # does; while the GPUs may yet be found clean (not a hold, not a GPU that needs a reboot or a
 # person) it checks again, for GPU_RESET_CURE_WITHIN_S in all; then the node is the next health
@@ -300,9 +300,9 @@ start_cure() {
       return 0
     fi
   fi
-  # Not `setsid ... &`: slurmd kills what is left of a Prolog's process group once it exits, and a
-  # background setsid may not have left the group by then. Python's start_new_session leaves it
-  # before the hook goes on (Popen returns once the child runs, in a session of its own).
+  # Not `setsid ... &`: that child may still be in the Prolog's process group when the hook exits,
+  # which slurmd may then end (under load, such a cure never ran). Popen with start_new_session
+  # returns once the child runs in a session of its own.
   if pid=$(SLURMD_NODENAME=$node GPU_RESET_HOOK_CONF=$conf "$python" -c '
 import subprocess, sys
 print(subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
