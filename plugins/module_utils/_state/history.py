@@ -84,10 +84,10 @@ REASON_CHARS = 300
 def check_hold_options(hold_after_cures, hold_window_days, reset_budget=RESET_BUDGET, reboot_budget=REBOOT_BUDGET):
     """GpuopsError, the message starting with the option's name, when the escalation's threshold,
     window or budgets are not sane."""
-    for name, value in (('reset_budget', reset_budget), ('reboot_budget', reboot_budget)):
+    for name, cure, value in (('reset_budget', 'resets', reset_budget), ('reboot_budget', 'reboots', reboot_budget)):
         if value is None or isinstance(value, bool) or not 1 <= value <= MAX_BUDGET:
-            raise GpuopsError('%s must be between 1 and %d (the %ss tried within hold_window_days before a person '
-                              'is asked), got %s' % (name, MAX_BUDGET, name.split('_')[0], value))
+            raise GpuopsError('%s must be between 1 and %d (the %s tried within hold_window_days before a person '
+                              'is asked), got %s' % (name, MAX_BUDGET, cure, value))
     if hold_after_cures is None or not 1 <= hold_after_cures <= MAX_HOLD_AFTER_CURES:
         raise GpuopsError('hold_after_cures must be between 1 and %d (the cures tried before a fault that returns '
                           'goes to a person), got %s' % (MAX_HOLD_AFTER_CURES, hold_after_cures))
