@@ -87,3 +87,30 @@ def test_a_fault_back_after_two_cures_is_held_for_a_person_and_never_healed(node
     assert kept.hook_exit == 0, kept
     assert node.bench.reason() == reason
     node.bench.command('scontrol', 'update', 'nodename=%s' % node.bench.node, 'state=resume')
+
+
+def test_a_gpu_past_its_reset_budget_is_held_for_a_person(node, resets_allowed):
+    """gpu_reset_reset_budget 1, gpu_reset_hold_after_cures 5 (the hold by cures would wait): the
+    first fault is reset and the job runs; the second is not reset, the node is held for a person
+    with the budget in the reason, and the GPU's history records the reset cured and the hold."""
+    path = os.path.join(node.hooks, 'gpu_reset.yml')
+    with open(path) as handle:
+        variables = yaml.safe_load(handle)
+    with open(path, 'w') as handle:
+        handle.write(yaml.safe_dump(dict(variables, gpu_reset_reset_budget=1, gpu_reset_hold_after_cures=5)))
+    uuid = node.host.state['gpus'][3]['uuid']
+    job = job_after_orphaned_memory(node, 'budget1')
+    node.wait_run('epilog', job, 2 * PROLOG_EPILOG_TIMEOUT + 10)
+    node.bench.wait_idle(30)
+    assert resets(resets_allowed, uuid) == 1
+
+    job_after_orphaned_memory(node, 'budget2')
+    node.bench.wait_state(lambda state: state.startswith('drain'), PROLOG_EPILOG_TIMEOUT + 30, 'the node to drain')
+    reason = node.bench.reason()
+    assert reason.startswith('gpu_reset(hold): GPU 3 (%s): needs a reset (orphaned memory), its reset budget is spent'
+                             % uuid), reason
+    assert resets(resets_allowed, uuid) == 1
+    with open(resets_allowed) as handle:
+        events = json.load(handle)['gpus'][uuid]
+    assert [event.get('outcome') for event in events if event['kind'] in ('reset', 'cure_failed')] == ['cured', 'held']
+    node.bench.command('scontrol', 'update', 'nodename=%s' % node.bench.node, 'state=resume')
