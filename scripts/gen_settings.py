@@ -29,8 +29,10 @@ __metaclass__ = type
 
 import argparse
 import ast
+import atexit
 import os
 import re
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -57,6 +59,7 @@ def import_spec():
         from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _sequence, _spec
     except ImportError:
         root = tempfile.mkdtemp(prefix='gen-settings-')
+        atexit.register(shutil.rmtree, root, True)  # the link goes with the run
         os.makedirs(os.path.join(root, 'ansible_collections', 'gpuops'))
         os.symlink(REPO, os.path.join(root, 'ansible_collections', 'gpuops', 'nvidia'))
         sys.path.insert(0, root)
