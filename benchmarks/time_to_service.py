@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.join(REPO, 'tests', 'slurm'))
 
 from bench import SlurmBench, deploy_hooks, skip_reason  # noqa: E402
 from gpusim.api import Host  # noqa: E402
+from slurm_hook import reexec_in_venv  # noqa: E402  (the same: run under the repository's .venv)
 
 CLASSES = ('leftover', 'orphaned', 'xid_reset', 'late_release', 'sick')
 # The late release: the driver lets the memory go this long after the node drains.
@@ -55,17 +56,6 @@ LATE_RELEASE_S = 5.0
 GPU = 3
 POLL_S = 0.1
 STEPS = ('drained', 'cured', 'proven', 'back')
-
-
-def reexec_in_venv():
-    """Run under the repository's .venv (ansible-core) when this Python has no ansible."""
-    import importlib.util
-
-    venv = os.path.join(REPO, '.venv', 'bin', 'python')
-    if importlib.util.find_spec('ansible') is None:
-        if os.path.exists(venv) and os.path.abspath(sys.executable) != os.path.abspath(venv):
-            os.execv(venv, [venv] + sys.argv)
-        sys.exit('ansible-core is not installed for %s (nor is %s there)' % (sys.executable, venv))
 
 
 def history_type():
