@@ -24,7 +24,13 @@ Prints the median (and min, max) of each, the children against each bare cuInit 
 gpusim's: on a real host the child's time is the driver's (context creation dominates), which
 tests/device/check.sh records.
 
-Usage: python3 benchmarks/probe.py [--runs 7] [--mib 1024]
+With --levels, the module instead at probe_level allocation and performance on 1, 4 and 8 GPUs,
+interleaved, and what the performance level adds (target: at most 0.5 s more, 1.5 s in all, on 8
+GPUs). With --spread N, the performance level N times on the healthy host: for each figure the
+lowest a GPU came to against the median of its peers (the spread the default slow_fraction of
+0.15 must stay outside), and in how many runs any GPU was called slow (target: none).
+
+Usage: python3 benchmarks/probe.py [--runs 7] [--mib 1024] [--levels] [--spread 100]
 Needs gcc (gpusim's libcuda.so.1) and ansible-core (the repository's .venv is used when present).
 """
 
@@ -126,15 +132,20 @@ class Bench:
         assert proc.returncode == 0, proc.stderr
         return float(proc.stdout)
 
-    def module(self):
+    def module(self, level='allocation', gpus=None):
+        """The probe module's time (and its result) at level, on gpus (None: every GPU)."""
         args = os.path.join(self.workdir, 'args.json')
+        options = dict(nvidia_smi_path=self.host.smi_path, backend='nvidia-smi', host_root=self.host.root,
+                       probe_mib=self.mib, probe_level=level)
+        if gpus is not None:
+            options['gpus'] = gpus
         with open(args, 'w') as handle:
-            json.dump({'ANSIBLE_MODULE_ARGS': dict(nvidia_smi_path=self.host.smi_path, backend='nvidia-smi',
-                                                   host_root=self.host.root, probe_mib=self.mib)}, handle)
+            json.dump({'ANSIBLE_MODULE_ARGS': options}, handle)
         took, proc = timed([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.modules.nvidia_gpu_probe',
                             args], self.env)
         result = json.loads(proc.stdout)
         assert not result.get('failed') and all(gpu['released'] for gpu in result['gpus']), proc.stdout
+        self.result = result
         return took
 
     def hook(self, probe):
@@ -161,14 +172,60 @@ class Bench:
 
 
 def line(name, values):
-    return '%-12s median %6.3f s   min %6.3f   max %6.3f   (%d runs)' % (
+    return '%-14s median %6.3f s   min %6.3f   max %6.3f   (%d runs)' % (
         name, statistics.median(values), min(values), max(values), len(values))
+
+
+FIGURES = ('h2d_gbps', 'd2h_gbps', 'hbm_gbps')
+
+
+def levels(bench, runs):
+    """The module at each level on 1, 4 and 8 GPUs, interleaved; what performance adds."""
+    sizes = (1, 4, 8)
+    times = dict(((level, size), []) for level in ('allocation', 'performance') for size in sizes)
+    for run in range(runs + 1):  # the first round warms up
+        for (level, size), values in times.items():
+            took = bench.module(level, list(range(size)))
+            if run:
+                values.append(took)
+    print('The probe module by level on a clean simulated host (gpusim), %d MiB per GPU, %d CPUs:'
+          % (bench.mib, os.cpu_count()))
+    for (level, size), values in sorted(times.items(), key=lambda item: (item[0][1], item[0][0])):
+        print(line('%s %d' % (level[:5], size), values))
+    for size in sizes:
+        extra = statistics.median(times[('performance', size)]) - statistics.median(times[('allocation', size)])
+        print('performance adds %.3f s to allocation on %d GPU%s (medians; target on 8: at most 0.5 s, 1.5 s in all)'
+              % (extra, size, '' if size == 1 else 's'))
+    gpus = bench.result['gpus']
+    print('where its time goes (last run, 8 GPUs): children %.0f ms at most, copy rounds %s'
+          % (max(gpu['ms'] for gpu in gpus), sorted(set(gpu['copy_round'] for gpu in gpus))))
+
+
+def spread(bench, runs):
+    """The performance level runs times on a healthy host: how far below its peers' median each
+    figure of a GPU came, at worst, and how many runs called a GPU slow."""
+    worst = dict((figure, 1.0) for figure in FIGURES)
+    slow_runs = 0
+    for dummy in range(runs):
+        bench.module('performance')
+        gpus = bench.result['gpus']
+        slow_runs += any(gpu['slow'] for gpu in gpus)
+        for figure in FIGURES:
+            for gpu in gpus:
+                peers = [other[figure] for other in gpus if other is not gpu]
+                worst[figure] = min(worst[figure], gpu[figure] / statistics.median(peers))
+    print('The performance level %d times on a healthy simulated 8-GPU host:' % runs)
+    for figure in FIGURES:
+        print('  %-9s at worst %.1f %% below its peers\' median' % (figure, (1 - worst[figure]) * 100))
+    print('  runs with a GPU called slow (slow_fraction 0.15): %d of %d' % (slow_runs, runs))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     parser.add_argument('--runs', type=int, default=7)
     parser.add_argument('--mib', type=int, default=1024)
+    parser.add_argument('--levels', action='store_true', help='the module by level on 1, 4 and 8 GPUs')
+    parser.add_argument('--spread', type=int, default=0, metavar='N', help='the performance level N times')
     args = parser.parse_args()
     reexec_in_venv()
     link_collection()
@@ -178,6 +235,12 @@ def main():
         host.init(gpus=8)
         host.install_cuda()
         bench = Bench(host, args.mib, workdir)
+        if args.levels or args.spread:
+            if args.levels:
+                levels(bench, args.runs)
+            if args.spread:
+                spread(bench, args.spread)
+            return
         times = dict((variant, []) for variant in VARIANTS)
         for variant in VARIANTS:  # warm up: the library build, the page cache
             bench.run(variant)

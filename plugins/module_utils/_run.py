@@ -342,7 +342,7 @@ class Forked:
 
     FAILED = 70  # EX_SOFTWARE
 
-    def __init__(self, func, args=(), env=None, unset=()):
+    def __init__(self, func, args=(), env=None, unset=(), keep=()):
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         for stream in (sys.stdout, sys.stderr):
@@ -350,7 +350,7 @@ class Forked:
         self.started = time.monotonic()
         pid = os.fork()
         if pid == 0:
-            _child(func, args, dict(env or {}), unset, out_write, err_write)
+            _child(func, args, dict(env or {}), unset, out_write, err_write, keep)
         os.close(out_write)
         os.close(err_write)
         self.pid = pid
@@ -382,7 +382,7 @@ def _flush(stream):
         pass
 
 
-def _child(func, args, env, unset, out_write, err_write):
+def _child(func, args, env, unset, out_write, err_write, keep=()):
     """The forked child: set up as Forked says, run func, exit; never returns."""
     code = Forked.FAILED
     try:
@@ -395,7 +395,7 @@ def _child(func, args, env, unset, out_write, err_write):
         # Python's own streams too, whatever this process had made of them (a test's capture).
         sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, 'w', closefd=False), encoding='utf-8', errors='replace',
                                                    line_buffering=True) for fd in (1, 2))
-        _close_from(3)
+        _close_from(3, keep)
         for name in unset:
             os.environ.pop(name, None)
         os.environ.update(env)  # putenv: what a library the child loads reads with getenv
@@ -411,15 +411,19 @@ def _child(func, args, env, unset, out_write, err_write):
         os._exit(code if isinstance(code, int) else Forked.FAILED)
 
 
-def _close_from(lowest):
-    """Close every descriptor from lowest up (those /proc lists; all up to the limit without it)."""
+def _close_from(lowest, keep=()):
+    """Close every descriptor from lowest up but those in keep (those /proc lists; all up to the
+    limit without it)."""
     try:
         fds = [int(name) for name in os.listdir('/proc/self/fd')]
     except (OSError, ValueError):
-        os.closerange(lowest, os.sysconf('SC_OPEN_MAX'))
+        start = lowest
+        for fd in sorted(set(keep)) + [os.sysconf('SC_OPEN_MAX')]:
+            os.closerange(start, fd)
+            start = fd + 1
         return
     for fd in fds:
-        if fd >= lowest:
+        if fd >= lowest and fd not in keep:
             try:
                 os.close(fd)
             except OSError:  # the directory listing's own descriptor, closed already

@@ -379,11 +379,35 @@ options:
         of 4 GiB. It runs at memory bandwidth, written once and read once (about 0.1 s for 140 GiB at
         4.8 TB/s on an H200, plus the allocations); a job that starts at the same moment finds almost
         no memory free, so run it where no job can start (a drained node, the Slurm prolog).
+      - V(performance) - the V(allocation) level, and before it, per GPU, pinned copies of 256 MiB host
+        to device and back timed with CUDA events (RV(gpuops.nvidia.nvidia_gpu_probe#module:gpus[].h2d_gbps),
+        RV(gpuops.nvidia.nvidia_gpu_probe#module:gpus[].d2h_gbps)), the PCIe link read through the O(backend)
+        while the copies run (RV(gpuops.nvidia.nvidia_gpu_probe#module:gpus[].link); an idle link drops
+        to Gen1 by design, so it is never read idle), the PCIe replay counter before and after (NVML only),
+        and the kernels timed with events (RV(gpuops.nvidia.nvidia_gpu_probe#module:gpus[].hbm_gbps)).
+        GPUs under one PCIe switch (NVML's topology, or C(nvidia-smi topo -m)) never copy at once, so
+        each figure is the GPU's own. A GPU is slow when its link runs below its own maximum, when replays
+        grew, or when a bandwidth is more than O(probe_slow_fraction) below the median of the other GPUs
+        of the host (RV(gpuops.nvidia.nvidia_gpu_probe#module:gpus[].slow)); a slow GPU is warned about
+        and never recorded as verified, but does not fail the task. It costs about 0.2 s more than V(allocation)
+        on 8 GPUs (the probe guide has the figures). NVLink and peer-to-peer copies are not timed.
+      - V(performance) runs the probe module after the release, in a module call of its own (the other
+        levels run in the release's call).
     type: str
     choices:
       - allocation
       - memory
+      - performance
     default: allocation
+  probe_slow_fraction:
+    description:
+      - With O(probe_level=performance), how far below the median of the host's other GPUs a GPU's copy
+        or memory bandwidth may be before the GPU is called slow (0.15 - 15 %).
+      - Healthy GPUs of one host differ by a few percent; a link trained down or a slow memory costs a
+        half or more.
+      - More than 0, at most 0.9.
+    type: float
+    default: 0.15
   probe_missing_library:
     description:
       - What the probe does on a host without C(libcuda.so.1) (O(gpuops.nvidia.nvidia_gpu_probe#module:missing_library))

@@ -101,9 +101,28 @@ options:
         for 140 GiB at 4.8 TB/s on an H200, plus the allocations); a job that starts at the same
         moment finds almost no memory free, so run it where no job can start (a drained node, the
         Slurm prolog).
+      - V(performance) - the V(allocation) level, and before it, per GPU, pinned copies of 256 MiB
+        host to device and back timed with CUDA events (RV(gpus[].h2d_gbps), RV(gpus[].d2h_gbps)),
+        the PCIe link read through the O(backend) while the copies run (RV(gpus[].link); an idle
+        link drops to Gen1 by design, so it is never read idle), the PCIe replay counter before
+        and after (NVML only), and the kernels timed with events (RV(gpus[].hbm_gbps)). GPUs under
+        one PCIe switch (NVML's topology, or C(nvidia-smi topo -m)) never copy at once, so each
+        figure is the GPU's own. A GPU is slow when its link runs below its own maximum, when
+        replays grew, or when a bandwidth is more than O(slow_fraction) below the median of the
+        other GPUs of the host (RV(gpus[].slow)); a slow GPU is warned about and never recorded as
+        verified, but does not fail the task. It costs about 0.2 s more than V(allocation) on 8
+        GPUs (the probe guide has the figures). NVLink and peer-to-peer copies are not timed.
     type: str
-    choices: [allocation, memory]
+    choices: [allocation, memory, performance]
     default: allocation
+  slow_fraction:
+    description:
+      - With O(probe_level=performance), how far below the median of the host's other GPUs a
+        GPU's copy or memory bandwidth may be before the GPU is called slow (0.15 - 15 %).
+      - Healthy GPUs of one host differ by a few percent; a link trained down or a slow memory
+        costs a half or more.
+    type: float
+    default: 0.15
   timeout:
     description:
       - Seconds the whole probe may take, the reads of the GPUs and the wait for the probe's
@@ -156,6 +175,16 @@ EXAMPLES = r'''
   gpuops.nvidia.nvidia_gpu_probe:
     probe_level: memory
     timeout: 120
+
+- name: Between jobs, also time each GPU's copies and memory and read its PCIe link under load
+  gpuops.nvidia.nvidia_gpu_probe:
+    probe_level: performance
+  register: probe
+
+- name: GPUs slower than their peers, or with a degraded link
+  ansible.builtin.debug:
+    msg: "{{ item.slow | map(attribute='message') }}"
+  loop: "{{ probe.gpus | selectattr('slow', 'defined') | selectattr('slow') }}"
 
 - name: On hosts that may lack the driver's libraries, go on without the probe
   gpuops.nvidia.nvidia_gpu_probe:
@@ -302,12 +331,65 @@ gpus:
       description: The CUDA error's description (C(cuGetErrorString)) or the probe's words; null when it succeeded.
       type: str
       sample: out of memory
+    h2d_gbps:
+      description:
+        - With O(probe_level=performance), the best of three timed copies of 256 MiB from page-locked host memory
+          to the GPU, in GB/s (10^9 bytes a second); null when the GPU did not copy.
+        - The copies come first, so the figure is there even when a later step of the probe failed.
+      type: float
+      returned: with O(probe_level=performance)
+      sample: 55.1
+    d2h_gbps:
+      description: As RV(gpus[].h2d_gbps), from the GPU to page-locked host memory.
+      type: float
+      returned: with O(probe_level=performance)
+      sample: 54.8
+    hbm_gbps:
+      description:
+        - With O(probe_level=performance), the bytes the fill kernel wrote and the check kernel read, over their
+          time on the GPU (CUDA events), in GB/s; null when the kernels did not cover their memory.
+      type: float
+      returned: with O(probe_level=performance)
+      sample: 3710.4
+    link:
+      description:
+        - With O(probe_level=performance), the PCIe link read while the GPU's copies ran - C(gen) and C(width)
+          (current), C(max_gen) and C(max_width) (the most the GPU and its slot allow); null when it was not read.
+      type: dict
+      returned: with O(probe_level=performance)
+      sample: {gen: 5, width: 16, max_gen: 5, max_width: 16}
+    replays:
+      description: With O(probe_level=performance) and the NVML reader, by how much the GPU's PCIe replay counter grew
+        during its copies; null when not read (the nvidia-smi reader has no such field).
+      type: int
+      returned: with O(probe_level=performance)
+      sample: 0
+    copy_round:
+      description: With O(probe_level=performance), in which round the GPU copied (GPUs under one PCIe switch copy in
+        different rounds); null when it did not copy.
+      type: int
+      returned: with O(probe_level=performance)
+      sample: 1
+    slow:
+      description:
+        - With O(probe_level=performance), why the GPU is slow, each with C(reason) and C(message) (naming the GPU,
+          the figure, its peers' median and the bound); empty when it is not.
+        - C(reason) is V(PCIE_LINK_DEGRADED) (the link ran below its own maximum generation or width while loaded),
+          V(PCIE_REPLAYS) (the replay counter grew during the copies), V(H2D_BELOW_PEERS), V(D2H_BELOW_PEERS) or
+          V(HBM_BELOW_PEERS) (that bandwidth more than O(slow_fraction) below the median of the host's other GPUs).
+        - A slow GPU is warned about and has no RV(gpus[].verified_at).
+      type: list
+      elements: dict
+      returned: with O(probe_level=performance)
+      sample: [{reason: PCIE_LINK_DEGRADED, message: "PCIE_LINK_DEGRADED: GPU 3 (00000000:9A:00.0): its PCIe link
+            ran at Gen3 x8 while loaded, below its maximum of Gen5 x16"}]
 '''
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._module import run_with_reader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import ProbeOptions, probe, probe_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance import probe
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import ProbeOptions, probe_argument_spec
 
 
 def main():

@@ -26,6 +26,7 @@ __metaclass__ = type
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import MIN_TIMEOUT_S, Budget
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import PERFORMANCE
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import failed
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import settings_problems
 from ansible.errors import AnsibleFilterError
@@ -162,7 +163,7 @@ class Run:
         """The release's option probe: it proves the GPUs it releases itself, in the same module
         call (None: the prove step calls the probe module, if at all). With a deadline, the probe
         gets what is left after the release's own timeout, when that is enough for it."""
-        if not self.options['probe'] or self.check_mode:
+        if not self.options['probe'] or self.check_mode or self.options['probe_level'] == PERFORMANCE:
             return None
         probe = dict(mib=self.options['probe_mib'], missing_library=self.options['probe_missing_library'],
                      cuda_library=self.options['probe_cuda_library'], level=self.options['probe_level'])
@@ -199,7 +200,8 @@ class Run:
         if args['gpus'] is None:
             del args['gpus']
         args.update(probe_mib=self.options['probe_mib'], missing_library=self.options['probe_missing_library'],
-                    cuda_library=self.options['probe_cuda_library'], probe_level=self.options['probe_level'])
+                    cuda_library=self.options['probe_cuda_library'], probe_level=self.options['probe_level'],
+                    slow_fraction=self.options['probe_slow_fraction'])
         left = self.left()
         if left is not None:
             args['timeout'] = left - 1

@@ -34,7 +34,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.escalation imp
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import (
     HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, MAX_BUDGET, MAX_HOLD_AFTER_CURES, MAX_HOLD_WINDOW_DAYS, REBOOT_BUDGET, RESET_BUDGET)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import DEFAULT_SIGNALS, MAX_MEMORY_THRESHOLD_MIB
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import MIN_PROBE_MIB, probe_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import MAX_SLOW_FRACTION, MIN_PROBE_MIB, probe_argument_spec
 
 PREFIX = 'gpu_reset_'
 
@@ -196,7 +196,12 @@ SEQUENCE_SPEC = dict(
         'V(false) turns the probe off.',
     ]),
     probe_mib=passed(_PROBE, 'nvidia_gpu_probe', 'probe_mib', bounds=dict(minimum=MIN_PROBE_MIB)),
-    probe_level=passed(_PROBE, 'nvidia_gpu_probe', 'probe_level'),
+    probe_level=passed(_PROBE, 'nvidia_gpu_probe', 'probe_level', more=[
+        'V(performance) runs the probe module after the release, in a module call of its own (the other levels run '
+        'in the release\'s call).',
+    ]),
+    probe_slow_fraction=passed(_PROBE, 'nvidia_gpu_probe', 'slow_fraction',
+                               bounds=dict(above=0, maximum=MAX_SLOW_FRACTION)),
     # The probe module's default is fail; a host without the driver's CUDA library is noted here.
     probe_missing_library=passed(_PROBE, 'nvidia_gpu_probe', 'missing_library', default='skip', description=[
         'What the probe does on a host without C(libcuda.so.1) '

@@ -12,8 +12,9 @@ from gpusim import kmsg as _kmsg
 from gpusim import messages
 from gpusim import modules as _modules
 from gpusim import mig as _mig
-from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, RECOVERY_ACTIONS, Paths,
-                          build_state, cuda_code, empty_faults, is_alive, load_records, load_state, minor_of, write_json)
+from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, PCIE_LANE_GBPS,
+                          PCIE_WIDTHS, RECOVERY_ACTIONS, Paths, build_state, cuda_code, empty_faults, healthy_link,
+                          is_alive, link_of, load_records, load_state, minor_of, write_json)
 
 # (module, the module it holds) as a data-center driver loads them.
 DEFAULT_MODULES = (("nvidia", None), ("nvidia_uvm", "nvidia"), ("nvidia_modeset", "nvidia"))
@@ -210,7 +211,9 @@ class Host:
                             release_delay=release_delay, persistence_mode=persistence_mode,
                             seed=seed, idle_used_mib=idle_used_mib, reserved_mib=reserved_mib,
                             minors=minors, fallen=fallen)
-        for d in (p.dev, p.bin, p.lib, p.procs, p.tracked):
+        # A fresh boot: every PCIe link idle, every replay counter at 0.
+        shutil.rmtree(p.link, ignore_errors=True)
+        for d in (p.dev, p.bin, p.lib, p.procs, p.tracked, p.link):
             os.makedirs(d, exist_ok=True)
         if p.root != "/":
             # Where a host keeps /run/gpuops (the collection's state directory, state_dir) on its
@@ -453,7 +456,8 @@ class Host:
         host-engine-hang (value N: the next N DCGM host engines started, holders named nv-hostengine,
         never answer gpusim's dcgmi, which waits; one started after them answers; 0 clears),
         module-in-use (value: a module name, or off to clear them all: rmmod refuses it as in use
-        whatever its refcnt says, as when a user takes it between a read and the rmmod)."""
+        whatever its refcnt says, as when a user takes it between a read and the rmmod).
+        A GPU's PCIe link and bandwidths have a method of their own, slow; clear clears them too."""
         kind = kind.replace("_", "-")
         if kind not in FAULT_KINDS:
             raise ValueError("unknown fault %r (known: %s)" % (kind, ", ".join(FAULT_KINDS)))
@@ -487,6 +491,8 @@ class Host:
             state["gpus"][indexes.index(int(gpu))]["stuck_mib"] = int(mib)
         elif kind == "clear":
             state["faults"] = empty_faults()
+            for g in state["gpus"]:
+                self._heal_link(g)
         elif kind == "remap":
             remap = faults.setdefault("remap", {}).setdefault(str(int(gpu)), {
                 "correctable": 0, "uncorrectable": 0, "pending": False, "failure": False})
@@ -566,6 +572,51 @@ class Host:
             faults[kind.replace("-", "_")] = _onoff(value)
         write_json(self.paths.state, state)
 
+    def slow(self, gpu, link=None, h2d=None, d2h=None, hbm=None, replays=None, copy_hang=None, clear=False):
+        """GPU gpu's PCIe link and bandwidths (`gpusim fault slow`): link (GEN, WIDTH), the link it
+        runs under load (gen 1 at that width while idle); h2d, d2h: copy bandwidths in GB/s (a copy
+        reaches the lower of these and 0.85 x what the loaded link carries); hbm: memory bandwidth in
+        GB/s (the probe's kernels); replays: PCIe replays each copy adds to the GPU's counter;
+        copy_hang: seconds each copy on the GPU sleeps first. Only what is given changes; clear=True
+        puts the GPU back to the defaults (and its replay counter to 0) first. Returns the GPU's link
+        (state.link_of)."""
+        state = load_state(self.paths)
+        found = [g for g in state["gpus"] if g["index"] == int(gpu)]
+        if not found:
+            raise ValueError("no GPU %s on this host" % gpu)
+        g = found[0]
+        settings = {}
+        if link is not None:
+            settings["loaded_gen"], settings["loaded_width"] = _link(link, link_of(g))
+        for key, value in (("h2d_gbps", h2d), ("d2h_gbps", d2h), ("hbm_gbps", hbm)):
+            if value is not None:
+                if float(value) <= 0:
+                    raise ValueError("%s: a bandwidth is a positive number of GB/s, got %r" % (key, value))
+                settings[key] = float(value)
+        if replays is not None:
+            if int(replays) < 0:
+                raise ValueError("replays: a count of 0 or more, got %r" % replays)
+            settings["replays"] = int(replays)
+        if copy_hang is not None:
+            if float(copy_hang) < 0:
+                raise ValueError("copy_hang: 0 or more seconds, got %r" % copy_hang)
+            settings["copy_hang_s"] = float(copy_hang)
+        if not settings and not clear:
+            raise ValueError("slow: give link, h2d, d2h, hbm, replays or copy_hang, or clear")
+        if clear:
+            self._heal_link(g)
+        g.update(settings)
+        write_json(self.paths.state, state)
+        return link_of(g)
+
+    def _heal_link(self, gpu):
+        """A GPU back to the link and bandwidths of healthy_link, its replay counter at 0."""
+        gpu.update(healthy_link(gpu))
+        try:
+            os.unlink(self.paths.replay_file(gpu["index"]))
+        except FileNotFoundError:
+            pass
+
     def _log_xid(self, state, gpu, code, text, when, gpu_instance=None, count=1):
         import time
 
@@ -634,6 +685,21 @@ class Host:
 
         used, _unused, _unused2 = gpu_usage(self.paths, load_state(self.paths))
         return used
+
+
+def _link(link, current):
+    """(GEN, WIDTH) of a link under load, from a pair or "GEN,WIDTH": a PCIe generation and width no
+    more than the GPU's max ones (current: its link_of)."""
+    try:
+        gen, width = (int(part) for part in (link.split(",") if isinstance(link, str) else link))
+    except (TypeError, ValueError):
+        raise ValueError("link: expected GEN,WIDTH, e.g. 3,8; got %r" % (link,))
+    if gen not in PCIE_LANE_GBPS or gen > current["max_gen"]:
+        raise ValueError("link: PCIe generation %d: this GPU's link runs at gen 1 to %d" % (gen, current["max_gen"]))
+    if width not in PCIE_WIDTHS or width > current["max_width"]:
+        raise ValueError("link: width x%d: a PCIe link is x%s wide, this GPU's x%d at most" % (
+            width, ", x".join(str(w) for w in PCIE_WIDTHS), current["max_width"]))
+    return gen, width
 
 
 def _fabric_fault(faults, value, gpu, seconds):

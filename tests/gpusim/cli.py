@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from gpusim.state import DEFAULTS
+from gpusim.state import DEFAULTS, PCIE_LANE_GBPS, PCIE_WIDTHS
 
 
 def _parser():
@@ -155,6 +155,17 @@ def _parser():
     f = fs.add_parser("cuda", help="the CUresult the fake libcuda gives on a GPU")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("--code", required=True, help="cuda.h name or number; 0 clears")
+    f = fs.add_parser("slow", help="a GPU's PCIe link and bandwidths, as the fake libcuda times copies and kernels "
+                      "and NVML and nvidia-smi report the link (only what is given changes)")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("--link", type=_link, default=None, metavar="GEN,WIDTH",
+                   help="the link under load, e.g. 3,8 (idle: gen 1 at that width); default the max, 5,16")
+    f.add_argument("--h2d", type=_gbps, default=None, metavar="GBPS", help="host-to-device copy bandwidth (default 55)")
+    f.add_argument("--d2h", type=_gbps, default=None, metavar="GBPS", help="device-to-host copy bandwidth (default 55)")
+    f.add_argument("--hbm", type=_gbps, default=None, metavar="GBPS", help="memory bandwidth (default 4000)")
+    f.add_argument("--replays", type=_count, default=None, metavar="N", help="PCIe replays each copy adds")
+    f.add_argument("--copy-hang", type=_seconds, default=None, metavar="S", help="seconds each copy sleeps first")
+    f.add_argument("--clear", action="store_true", help="back to the defaults (replay counter 0), then what is given")
     f = fs.add_parser("compute-mode", help="a GPU's compute mode")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("value", choices=("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process"))
@@ -180,6 +191,43 @@ def _parser():
     c = cmd("smi", help="run the fake nvidia-smi in-process (arguments after --)")
     c.add_argument("args", nargs=argparse.REMAINDER)
     return p
+
+
+def _link(text):
+    """--link GEN,WIDTH: a PCIe generation (1-5) and width; the GPU's max ones are checked later."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+        raise argparse.ArgumentTypeError("expected GEN,WIDTH, e.g. 3,8; got %r" % text)
+    gen, width = (int(part) for part in parts)
+    if gen not in PCIE_LANE_GBPS:
+        raise argparse.ArgumentTypeError("PCIe generation %d: expected 1 to %d" % (gen, max(PCIE_LANE_GBPS)))
+    if width not in PCIE_WIDTHS:
+        raise argparse.ArgumentTypeError("width %d: expected one of %s" % (width, ", ".join(map(str, PCIE_WIDTHS))))
+    return gen, width
+
+
+def _number(text, kind, accept):
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or value != value or not accept(value):
+        raise argparse.ArgumentTypeError("expected %s, got %r" % (kind, text))
+    return value
+
+
+def _gbps(text):
+    return _number(text, "a positive number of GB/s", lambda value: 0 < value < float("inf"))
+
+
+def _seconds(text):
+    return _number(text, "0 or more seconds", lambda value: 0 <= value < float("inf"))
+
+
+def _count(text):
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError("expected a count of 0 or more, got %r" % text)
+    return int(text)
 
 
 def _ints(text):
@@ -257,6 +305,9 @@ def main(argv=None):
                 host.fault(k, gpu=args.gpu, offset=args.offset, bit=args.bit)
             elif k == "compute-mode":
                 host.fault(k, gpu=args.gpu, value=args.value)
+            elif k == "slow":
+                host.slow(args.gpu, link=args.link, h2d=args.h2d, d2h=args.d2h, hbm=args.hbm, replays=args.replays,
+                          copy_hang=args.copy_hang, clear=args.clear)
             else:
                 host.fault(k, value=args.value)
         elif args.cmd == "scenario":

@@ -142,3 +142,20 @@ DRIVER_VERSION_FILE = (
     "(dvs-builder@U16-A24-9-2)  Thu Oct 10 12:15:00 UTC 2024\n"
     "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n"
 )
+
+# `nvidia-smi topo -m`: the header's columns after the GPUs' and the legend after the matrix, as
+# drivers 535 and later print them (public captures: luigifcruz/stelline's validated hardware,
+# sglang check_env reports; their rows end "<CPUs>\t<node>\t\tN/A"). Some drivers underline the
+# header with ANSI escapes even into a pipe: readers strip them; gpusim prints none.
+TOPO_AFFINITY_HEADER = "CPU Affinity\tNUMA Affinity\tGPU NUMA ID"
+TOPO_LEGEND = (
+    "Legend:",
+    "",
+    "  X    = Self",
+    "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
+    "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node",
+    "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
+    "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)",
+    "  PIX  = Connection traversing at most a single PCIe bridge",
+    "  NV#  = Connection traversing a bonded set of # NVLinks",
+)

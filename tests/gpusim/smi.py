@@ -9,9 +9,9 @@ import time
 
 from gpusim import messages as M
 from gpusim import mig as _mig
-from gpusim.state import (RECOVERY_ACTION_FROM, RECOVERY_ACTIONS, RESET_REQUIRED_FIELDS, Paths, driver_major, fabric_value,
-                          gpu_free, gpu_reserved, gpu_usage, holders_of, load_records, load_state, minor_of,
-                          recovery_action, write_json)
+from gpusim.state import (NUMA_CPUS, RECOVERY_ACTION_FROM, RECOVERY_ACTIONS, RESET_REQUIRED_FIELDS, Paths, driver_major,
+                          fabric_value, gpu_free, gpu_reserved, gpu_usage, holders_of, link_now, link_of, load_records,
+                          load_state, minor_of, numa_node, recovery_action, topology, write_json)
 
 # canonical field -> (header unit or None, aliases)
 GPU_FIELDS = {
@@ -26,6 +26,8 @@ GPU_FIELDS = {
     "remapped_rows.pending": None, "remapped_rows.failure": None, "retired_pages.pending": None,
     "gpu_recovery_action": None, "fabric.state": None, "fabric.status": None,
     "mig.mode.current": None, "mig.mode.pending": None,
+    "pcie.link.gen.current": None, "pcie.link.gen.max": None, "pcie.link.gen.gpumax": None,
+    "pcie.link.width.current": None, "pcie.link.width.max": None,
 }
 GPU_ALIASES = {
     "gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
@@ -61,7 +63,13 @@ def short_bus(bus_id):
 
 def parse_args(argv):
     opts = {"query_gpu": None, "query_apps": None, "query_remap": None, "format": None, "ids": None,
-            "pm": None, "reset": False, "list": False, "query": False, "help": False}
+            "pm": None, "reset": False, "list": False, "query": False, "help": False, "topo": False}
+    if argv[:1] == ["topo"]:
+        # `nvidia-smi topo -m`: the topology matrix; nothing else of topo's is simulated.
+        if argv[1:] not in (["-m"], ["--matrix"]):
+            raise Usage(M.INVALID_ARGS)
+        opts["topo"] = True
+        return opts
     i = 0
 
     def value(i, flag):
@@ -254,11 +262,23 @@ class Smi:
             return RECOVERY_ACTIONS[recovery_action(self.state, idx)][1]
         if field in ("fabric.state", "fabric.status"):
             return fabric_value(self.faults, g, field, time.time())
+        if field.startswith("pcie.link."):
+            return str(self.link_value(field, g, now))
         if field == "retired_pages.pending":
             # Ampere and newer remap rows instead of retiring pages.
             pending = self.faults.get("retired_pending", {}).get(str(idx))
             return "[N/A]" if pending is None else ("Yes" if pending else "No")
         return "[N/A]"
+
+    def link_value(self, field, g, now):
+        """A pcie.link.* field: the max ones are what the GPU and its slot allow; the current
+        generation is the loaded one while the fake libcuda's copies keep the link loaded, 1 while it
+        idles (the width stays)."""
+        link = link_of(g)
+        gen, width = link_now(self.paths, g, now)
+        return {"pcie.link.gen.current": gen, "pcie.link.gen.max": link["max_gen"],
+                "pcie.link.gen.gpumax": link["max_gen"], "pcie.link.width.current": width,
+                "pcie.link.width.max": link["max_width"]}[field]
 
     @staticmethod
     def mig_value(field, g):
@@ -343,6 +363,21 @@ class Smi:
                     elif f == "timestamp":
                         vals.append(self.gpu_value("timestamp", g, units, now))
                 self.w(", ".join(vals))
+
+    def topology_matrix(self, gpus):
+        """`nvidia-smi topo -m`: how each pair of GPUs connects, and each GPU's CPUs and NUMA node,
+        then the legend, tab-separated as the real one prints it (M.TOPO_*)."""
+        if self.only_lost(gpus):
+            return
+        count = len(self.state["gpus"])
+        self.w("\t" + "\t".join("GPU%d" % g["index"] for g in gpus) + "\t" + M.TOPO_AFFINITY_HEADER)
+        for g in gpus:
+            node = numa_node(g["index"], count)
+            cells = [" X " if h is g else topology(g["index"], h["index"], count) for h in gpus]
+            self.w("GPU%d\t%s\t%s\t%d\t\tN/A" % (g["index"], "\t".join(cells), NUMA_CPUS[node], node))
+        self.w("")
+        for line in M.TOPO_LEGEND:
+            self.w(line)
 
     def list_gpus(self, gpus):
         # -L spells it "for gpu" (smi_errors/E09); whether it goes on with the other GPUs is not
@@ -656,7 +691,7 @@ def run(root, argv, out):
     if opts["help"]:
         out.write("NVIDIA System Management Interface -- v(gpusim)\n\n"
                   "Supported: -L, -q, -i ID, --query-gpu=..., --query-compute-apps=..., "
-                  "--format=csv[,noheader][,nounits], -pm 0|1, -r/--gpu-reset\n")
+                  "--format=csv[,noheader][,nounits], -pm 0|1, -r/--gpu-reset, topo -m\n")
         return M.EXIT_OK
     try:
         smi = Smi(root, out)
@@ -729,6 +764,8 @@ def run(root, argv, out):
         smi.gpu_reset(gpus)
     elif opts["list"]:
         smi.list_gpus(gpus)
+    elif opts["topo"]:
+        smi.topology_matrix(gpus)
     elif opts["query"]:
         smi.detail(gpus)
     else:

@@ -45,6 +45,28 @@ OTHER_PCI_DEVICES = (
 
 DEV_FILE_SIZE = 4096
 
+# ---------------------------------------------------------------- PCIe link and bandwidth
+#
+# A lane's capacity in GB/s (1e9 bytes) by PCIe generation, after the line encoding (8b/10b up to
+# gen 2, 128b/130b from gen 3): the figures of the PCI-SIG's per-generation tables.
+PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}
+PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
+# What copies reach of a link's capacity: the rest goes to packet headers and flow control.
+PCIE_EFFICIENCY = 0.85
+# A link counts as loaded for this long after a copy ends; then the GPU drops it to gen 1 to save
+# power (the width stays), as real GPUs do while idle.
+LINK_LOADED_AFTER_S = 0.5
+# Per GPU: the link the GPU and its slot allow, copy bandwidths of an H200 on PCIe Gen5 x16, its HBM,
+# replays each copy adds (`fault slow --replays`) and seconds each copy sleeps first (`--copy-hang`).
+# loaded_gen and loaded_width (the link under load) default to the max ones.
+LINK_DEFAULTS = {"max_gen": 5, "max_width": 16, "h2d_gbps": 55.0, "d2h_gbps": 55.0, "hbm_gbps": 4000.0,
+                 "replays": 0, "copy_hang_s": 0.0}
+# The settings `fault slow` changes, and `fault slow --clear` and `fault clear` put back.
+SLOW_KEYS = ("loaded_gen", "loaded_width", "h2d_gbps", "d2h_gbps", "hbm_gbps", "replays", "copy_hang_s")
+# Host CPUs of each NUMA node (`nvidia-smi topo -m`'s CPU Affinity): a two-socket HGX host's, 56
+# cores and their hyperthreads per socket, as a DGX H100 prints them (0-55,112-167 on node 0).
+NUMA_CPUS = ("0-55,112-167", "56-111,168-223")
+
 
 class Paths:
     """Where a simulated host lives under ROOT."""
@@ -56,6 +78,9 @@ class Paths:
         self.state = os.path.join(self.lib, "state.json")
         self.procs = os.path.join(self.lib, "procs")
         self.tracked = os.path.join(self.lib, "tracked")
+        # Per GPU, written by the fake libcuda: <index> holds the time (realtime seconds) until which
+        # its PCIe link is loaded, <index>.replays its PCIe replay counter.
+        self.link = os.path.join(self.lib, "link")
         if self.root == "/":
             # The driver packages install nvidia-smi there; so does gpusim in a container.
             self.bin = "/usr/bin"
@@ -91,6 +116,12 @@ class Paths:
 
     def proc_record(self, pid):
         return os.path.join(self.procs, "%d.json" % pid)
+
+    def link_file(self, index):
+        return os.path.join(self.link, "%d" % index)
+
+    def replay_file(self, index):
+        return os.path.join(self.link, "%d.replays" % index)
 
 
 def write_json(path, data):
@@ -269,6 +300,7 @@ def build_state(gpus=8, name="NVIDIA H200", memory_total_mib=143771,
             "idle_used_mib": int(idle_used_mib),
             "reserved_mib": int(reserved_mib),
         })
+        gpu_list[-1].update(healthy_link(gpu_list[-1]))
     return {
         "gpus": gpu_list,
         "driver_version": driver_version,
@@ -278,6 +310,67 @@ def build_state(gpus=8, name="NVIDIA H200", memory_total_mib=143771,
         # On the PCI bus, never attached by the driver.
         "fallen": [{"pci_bus_id": bus_id(p), "name": name} for p in fallen],
     }
+
+
+def healthy_link(gpu):
+    """The settings of `fault slow` as a GPU has them without it: its link loaded at the max gen and
+    width, the default bandwidths, no replays, no hang."""
+    healthy = {key: LINK_DEFAULTS[key] for key in SLOW_KEYS if key in LINK_DEFAULTS}
+    healthy["max_gen"] = int(gpu.get("max_gen", LINK_DEFAULTS["max_gen"]))
+    healthy["max_width"] = int(gpu.get("max_width", LINK_DEFAULTS["max_width"]))
+    healthy["loaded_gen"] = healthy["max_gen"]
+    healthy["loaded_width"] = healthy["max_width"]
+    return healthy
+
+
+def link_of(gpu):
+    """A GPU's PCIe link and bandwidths (LINK_DEFAULTS, with loaded_gen and loaded_width), the
+    defaults filled in for a state written before gpusim had them."""
+    link = healthy_link(gpu)
+    link.update((key, gpu[key]) for key in SLOW_KEYS if key in gpu)
+    return link
+
+
+def copy_gbps(gpu, direction):
+    """The bandwidth (GB/s) a copy reaches, direction "h2d" or "d2h": the configured one, capped by
+    what the link loaded at its gen and width carries."""
+    link = link_of(gpu)
+    capacity = PCIE_EFFICIENCY * PCIE_LANE_GBPS[link["loaded_gen"]] * link["loaded_width"]
+    return min(float(link[direction + "_gbps"]), capacity)
+
+
+def link_loaded_until(paths, index):
+    """The time until which the fake libcuda's copies keep GPU index's link loaded (0: never copied)."""
+    try:
+        with open(paths.link_file(index)) as f:
+            return float(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0.0
+
+
+def link_now(paths, gpu, now=None):
+    """(gen, width) of a GPU's link now: the loaded ones while a copy is in flight and for
+    LINK_LOADED_AFTER_S after it (the fake libcuda writes until when), gen 1 at that width otherwise."""
+    link = link_of(gpu)
+    now = time.time() if now is None else now
+    loaded = now < link_loaded_until(paths, gpu["index"])
+    return (link["loaded_gen"] if loaded else 1), link["loaded_width"]
+
+
+def numa_node(index, count):
+    """The NUMA node of GPU index of count: the lower half on node 0, the others on node 1."""
+    return 0 if 2 * index < count else 1
+
+
+def topology(a, b, count):
+    """How `nvidia-smi topo -m` names the path between GPUs a and b of count: GPUs 2k and 2k+1
+    share a PCIe switch (PIX), the others meet in their NUMA node's host bridges (NODE) or across
+    the sockets' interconnect (SYS)."""
+    if a == b:
+        return "X"
+    if a // 2 == b // 2:
+        return "PIX"
+    return "NODE" if numa_node(a, count) == numa_node(b, count) else "SYS"
 
 
 def empty_faults():
@@ -542,6 +635,11 @@ def _flat_state(state):
     for g in state.get("gpus", []):
         lines.append("mem %d %d %d" % (g["index"], int(g.get("idle_used_mib", 0)), gpu_reserved(g)))
         lines.append("minor %d %d" % (g["index"], g.get("minor", g["index"])))
+        link = link_of(g)
+        lines.append("link %d %d %d %d %d %r %r %r %d %r" % (
+            g["index"], link["max_gen"], link["max_width"], link["loaded_gen"], link["loaded_width"],
+            float(link["h2d_gbps"]), float(link["d2h_gbps"]), float(link["hbm_gbps"]), int(link["replays"]),
+            float(link["copy_hang_s"])))
     # After the gpu lines: the C library applies each to a GPU it has read.
     for key, code in sorted((faults.get("cuda_gpu") or {}).items()):
         lines.append("cuda_gpu %d %d" % (int(key), int(code)))

@@ -5,8 +5,9 @@
 
 """The metrics as operators consume them: the alert rules of examples/prometheus checked and
 tested by Debian's promtool, and the textfile of real Slurm hook runs on a simulated host (one
-released, one failed and drained) served by Debian's prometheus-node-exporter, scraped over
-loopback, and judged by the alert rules."""
+released, one failed and drained, one held for a person, one whose performance probe found a GPU's
+link degraded) served by Debian's prometheus-node-exporter, scraped over loopback, and judged by the
+alert rules."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -28,6 +29,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, 'examples', 'prometheus')
@@ -238,13 +240,26 @@ def held_host(host):
     return {'gpu_reset_allow_gpu_reset': True, 'gpu_reset_reset_budget': 2, 'gpu_reset_hold_after_cures': 5}
 
 
+def slow_host(host):
+    """The performance probe (the simulated libcuda.so.1) finds GPU 3's link trained down to Gen3 x8
+    under load, its copies below its peers' with it: a slow GPU is warned about, the run is clean."""
+    host.slow(3, link=(3, 8))
+    return {'gpu_reset_probe': True, 'gpu_reset_probe_level': 'performance',
+            'gpu_reset_probe_cuda_library': host.install_cuda()}
+
+
 SCENARIOS = {
     'released': (released_host, 0, 'released'),
     'failed': (failed_host, 10, 'failed'),
     'held': (held_host, 10, 'failed'),
+    'slow': (slow_host, 0, 'clean'),
 }
-# Each scenario's alerts.
-FIRING = {'released': [], 'failed': ['GpuResetDrained'], 'held': ['GpuResetDrained', 'GpuResetHeldForPerson']}
+# Each scenario's alerts: a name, or a name and the labels of the series it fired on.
+SLOW_GPU = {'gpu': '3', 'pci_bus_id': '00000000:5D:00.0'}
+FIRING = {'released': [], 'failed': ['GpuResetDrained'], 'held': ['GpuResetDrained', 'GpuResetHeldForPerson'],
+          'slow': [('GpuResetPcieLinkDegraded', dict(SLOW_GPU, reason='PCIE_LINK_DEGRADED')),
+                   ('GpuResetGpuSlowerThanPeers', dict(SLOW_GPU, reason='D2H_BELOW_PEERS')),
+                   ('GpuResetGpuSlowerThanPeers', dict(SLOW_GPU, reason='H2D_BELOW_PEERS'))]}
 # The families that are not gauges, and the suffixes of their samples.
 NOT_GAUGES = {'gpu_reset_gpu_cures_total': 'counter', 'gpu_reset_gpu_time_to_repair_seconds': 'histogram',
               'gpu_reset_gpu_time_between_incidents_seconds': 'histogram'}
@@ -265,26 +280,7 @@ def test_node_exporter_serves_every_gauge_of_a_real_run(gpuhost, tmp_path, node_
     textfile_dir.mkdir()
     rc, report, drained = run_hook(gpuhost, tmp_path, textfile_dir, **make(gpuhost))
     assert (rc, report['outcome']) == (status, outcome), report['reason']
-    written = (textfile_dir / 'gpu_reset.prom').read_text()
-    in_file = samples(written)
-
-    exporter = node_exporter(textfile_dir)
-    scraped_text = exporter.scrape()
-    exporter.stop()
-    scraped = dict((key(name, labels), value) for name, labels, value in samples(scraped_text))
-
-    # Every sample of the file, with its labels and its value, and every gauge typed as such.
-    missing = [(name, labels) for name, labels, value in in_file if key(name, labels) not in scraped]
-    assert missing == [], 'not served by node_exporter: %s\n--- served:\n%s' % (missing, scraped_text)
-    for name, labels, value in in_file:
-        assert math.isclose(scraped[key(name, labels)], value, rel_tol=1e-12), (name, labels, value)
-    for name in set(family(name) for name, labels, value in in_file):
-        assert '# TYPE %s %s\n' % (name, NOT_GAUGES.get(name, 'gauge')) in scraped_text, name
-    assert scraped[key('node_textfile_scrape_error', {})] == 0
-    mtimes = [dict(labels).get('file', '') for (name, labels) in scraped if name == 'node_textfile_mtime_seconds']
-    assert [path for path in mtimes if path.endswith('gpu_reset.prom')], scraped_text
-    log = exporter.log.read_text()
-    assert [line for line in log.splitlines() if complains(line)] == [], log
+    in_file = assert_served(node_exporter, textfile_dir)
 
     values = dict((key(name, labels), value) for name, labels, value in in_file)
     assert values[key('gpu_reset_hook_budget_seconds', {})] == BUDGET_S
@@ -313,6 +309,24 @@ def test_node_exporter_serves_every_gauge_of_a_real_run(gpuhost, tmp_path, node_
         assert values[key(between + '_count', gpu)] == 2
         assert values[key(between + '_bucket', dict(gpu, le='86400'))] == 0
         assert values[key(between + '_bucket', dict(gpu, le='259200'))] == 2
+    elif scenario == 'slow':
+        assert values[key('gpu_reset_success', {})] == 1 and drained is None
+        bus = dict((labels['gpu'], labels['pci_bus_id']) for name, labels, value in in_file
+                   if name == 'gpu_reset_gpu_state')
+        assert bus['3'] == SLOW_GPU['pci_bus_id'], bus
+        slow = sorted((labels['gpu'], labels['reason']) for name, labels, value in in_file
+                      if name == 'gpu_reset_gpu_slow' and value == 1)
+        assert slow == [('3', 'D2H_BELOW_PEERS'), ('3', 'H2D_BELOW_PEERS'), ('3', 'PCIE_LINK_DEGRADED')], slow
+        for gpu in sorted(bus):
+            labels = {'gpu': gpu, 'pci_bus_id': bus[gpu]}
+            link = [values[key('gpu_reset_gpu_pcie_link_' + name, labels)]
+                    for name in ('generation', 'width', 'max_generation', 'max_width')]
+            assert link == ([3, 8, 5, 16] if gpu == '3' else [5, 16, 5, 16]), (gpu, link)
+            copies = [values[key('gpu_reset_gpu_bandwidth_gbps', dict(labels, copy=copy))] for copy in ('h2d', 'd2h')]
+            assert all(figure < 7 if gpu == '3' else 52 <= figure <= 57 for figure in copies), (gpu, copies)
+            assert values[key('gpu_reset_gpu_bandwidth_gbps', dict(labels, copy='hbm'))] > 3000
+        # The nvidia-smi reader has no replay counter.
+        assert [name for name, labels, value in in_file if name == 'gpu_reset_gpu_pcie_replays'] == []
     else:
         assert values[key('gpu_reset_success', {})] == 0 and values[key('gpu_reset_drained', {})] == 1
         assert drained[:3] == ['update', 'nodename=gpu07', 'state=drain'], drained
@@ -321,14 +335,79 @@ def test_node_exporter_serves_every_gauge_of_a_real_run(gpuhost, tmp_path, node_
     assert_alerts(promtool, tmp_path, in_file, scenario, FIRING[scenario])
 
 
+def assert_served(node_exporter, textfile_dir):
+    """The samples of textfile_dir/gpu_reset.prom, once node_exporter served every one of them with
+    its labels, its value and its family's type, and logged no complaint."""
+    in_file = samples((textfile_dir / 'gpu_reset.prom').read_text())
+    exporter = node_exporter(textfile_dir)
+    scraped_text = exporter.scrape()
+    exporter.stop()
+    scraped = dict((key(name, labels), value) for name, labels, value in samples(scraped_text))
+
+    # Every sample of the file, with its labels and its value, and every gauge typed as such.
+    missing = [(name, labels) for name, labels, value in in_file if key(name, labels) not in scraped]
+    assert missing == [], 'not served by node_exporter: %s\n--- served:\n%s' % (missing, scraped_text)
+    for name, labels, value in in_file:
+        assert math.isclose(scraped[key(name, labels)], value, rel_tol=1e-12), (name, labels, value)
+    for name in set(family(name) for name, labels, value in in_file):
+        assert '# TYPE %s %s\n' % (name, NOT_GAUGES.get(name, 'gauge')) in scraped_text, name
+    assert scraped[key('node_textfile_scrape_error', {})] == 0
+    mtimes = [dict(labels).get('file', '') for (name, labels) in scraped if name == 'node_textfile_mtime_seconds']
+    assert [path for path in mtimes if path.endswith('gpu_reset.prom')], scraped_text
+    log = exporter.log.read_text()
+    assert [line for line in log.splitlines() if complains(line)] == [], log
+    return in_file
+
+
+# A clean run's report whose performance probe (the NVML reader, which counts replays) found GPU 3's
+# link trained down, its copies below its peer's with it, and GPU 0 healthy: the families the probe
+# adds, independent of the simulated CUDA library.
+PERFORMANCE_REPORT = {
+    'host': 'gpu07', 'outcome': 'clean', 'reason': None, 'started': 1767225600.5, 'duration_s': 1.75,
+    'drained': False, 'signalled': [], 'escalation': None,
+    'gpus': [{'index': index, 'pci_bus_id': bus, 'state': 'free', 'recovery_action': 'none', 'orphaned_mib': 0,
+              'seconds_until_free': 0} for index, bus in ((0, '00000000:18:00.0'), (3, '00000000:5D:00.0'))],
+    'probe': {'probed': True, 'library_missing': False, 'duration_ms': 900.5, 'verified': {}, 'gpus': [
+        {'index': 0, 'pci_bus_id': '00000000:18:00.0', 'ok': True, 'level': 'performance', 'h2d_gbps': 55.1,
+         'd2h_gbps': 54.8, 'hbm_gbps': 3710.4, 'link': {'gen': 5, 'width': 16, 'max_gen': 5, 'max_width': 16},
+         'replays': 0, 'slow': []},
+        {'index': 3, 'pci_bus_id': '00000000:5D:00.0', 'ok': True, 'level': 'performance', 'h2d_gbps': 6.5,
+         'd2h_gbps': 6.25, 'hbm_gbps': 3702.5, 'link': {'gen': 3, 'width': 8, 'max_gen': 5, 'max_width': 16},
+         'replays': 3, 'slow': [{'reason': reason, 'message': '%s: GPU 3 (00000000:5D:00.0): ...' % reason}
+                                for reason in ('PCIE_LINK_DEGRADED', 'PCIE_REPLAYS', 'H2D_BELOW_PEERS')]},
+    ]},
+}
+
+
+def test_node_exporter_serves_the_performance_probes_gauges(tmp_path, node_exporter, promtool):
+    textfile_dir = tmp_path / 'textfile'
+    textfile_dir.mkdir()
+    (textfile_dir / 'gpu_reset.prom').write_text(metrics(PERFORMANCE_REPORT))
+    in_file = assert_served(node_exporter, textfile_dir)
+    names = set(name for name, labels, value in in_file)
+    assert {'gpu_reset_gpu_bandwidth_gbps', 'gpu_reset_gpu_pcie_link_generation', 'gpu_reset_gpu_pcie_link_width',
+            'gpu_reset_gpu_pcie_link_max_generation', 'gpu_reset_gpu_pcie_link_max_width',
+            'gpu_reset_gpu_pcie_replays', 'gpu_reset_gpu_slow'} <= names, sorted(names)
+    gpu3 = {'gpu': '3', 'pci_bus_id': '00000000:5D:00.0'}
+    # PCIE_REPLAYS is on the dashboard, not an alert of its own.
+    assert_alerts(promtool, tmp_path, in_file, 'gpu08', [
+        ('GpuResetPcieLinkDegraded', dict(gpu3, reason='PCIE_LINK_DEGRADED')),
+        ('GpuResetGpuSlowerThanPeers', dict(gpu3, reason='H2D_BELOW_PEERS'))])
+
+
 def assert_alerts(promtool, directory, in_file, instance, firing):
     """The alert rules over the run's gauges, as Prometheus would have scraped them for ten
     minutes from instance: exactly the alerts of firing fire."""
     series = [{'series': '%s{%s}' % (name, ', '.join('%s="%s"' % item for item in sorted(
         dict(labels, instance=instance, job='node').items()))), 'values': '%r+0x10' % value}
         for name, labels, value in in_file]
-    expected = [{'labels': 'ALERTS{alertname="%s", alertstate="firing", instance="%s", job="node", severity="%s"}'
-                 % (alert, instance, severity(alert)), 'value': 1} for alert in firing]
+    expected = []
+    for alert in firing:
+        alert, labels = alert if isinstance(alert, tuple) else (alert, {})
+        labels = dict(labels, alertname=alert, alertstate='firing', instance=instance, job='node',
+                      severity=severity(alert))
+        expected.append({'labels': 'ALERTS{%s}' % ', '.join('%s="%s"' % item for item in sorted(labels.items())),
+                         'value': 1})
     test = {'rule_files': [RULES], 'evaluation_interval': '1m', 'tests': [{
         'interval': '1m', 'input_series': series,
         'promql_expr_test': [{'expr': 'ALERTS{alertstate="firing"}', 'eval_time': '5m', 'exp_samples': expected}]}]}

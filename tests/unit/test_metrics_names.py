@@ -51,6 +51,15 @@ RESULT['gpus'][1]['uuid'] = 'GPU-66666666-7777-8888-9999-000000000000'
 RESULT['held'] = [{'index': 1, 'uuid': RESULT['gpus'][1]['uuid'], 'reason': 'its reset budget is spent'}]
 RESULT['history'] = {RESULT['gpus'][1]['uuid']: {
     'cures': {'reset': 2}, 'incidents': {'repair_s': [12.5, 40.0], 'between_s': [86400.0], 'open_since': None}}}
+# The performance probe's figures (gpu_reset_probe_level: performance, the NVML reader): GPU 1's
+# link trained down, so its copies are below its peer's too.
+RESULT['probe']['gpus'] = [
+    {'index': 0, 'pci_bus_id': '00000000:18:00.0', 'h2d_gbps': 55.1, 'd2h_gbps': 54.8, 'hbm_gbps': 3710.4,
+     'link': {'gen': 5, 'width': 16, 'max_gen': 5, 'max_width': 16}, 'replays': 0, 'slow': []},
+    {'index': 1, 'pci_bus_id': '00000000:2A:00.0', 'h2d_gbps': 6.5, 'd2h_gbps': 6.4, 'hbm_gbps': 3705.0,
+     'link': {'gen': 3, 'width': 8, 'max_gen': 5, 'max_width': 16}, 'replays': 0,
+     'slow': [{'reason': 'PCIE_LINK_DEGRADED', 'message': 'PCIE_LINK_DEGRADED: GPU 1 (00000000:2A:00.0): ...'}]},
+]
 HOOK = {'budget_s': 60.0, 'duration_s': 4.5}
 # The families that are not gauges: a counter's name ends with _total, a histogram's samples are
 # its _bucket (with le), _sum and _count.
@@ -191,3 +200,105 @@ def test_the_alert_rules_use_only_gauges_the_template_writes():
     with open(os.path.join(REPO, 'examples', 'prometheus', 'README.md')) as handle:
         documented = handle.read()
     assert [alert for alert in alerts if '`%s`' % alert not in documented] == []
+
+
+# A clean run whose performance probe (nvidia-smi reader: no replay counter) found GPU 3's link
+# trained down to Gen3 x8 and its copies below GPU 0's, and GPU 0 healthy; GPU 7 lost (nothing read).
+PERFORMANCE = {
+    'host': 'gpu07', 'outcome': 'clean', 'reason': None, 'started': 1767225600.5, 'duration_s': 1.75, 'drained': False,
+    'signalled': [], 'escalation': None, 'gpus': [],
+    'probe': {'probed': True, 'library_missing': False, 'duration_ms': 900.5, 'verified': {}, 'gpus': [
+        {'index': 0, 'pci_bus_id': '00000000:18:00.0', 'ok': True, 'level': 'performance', 'h2d_gbps': 55.1,
+         'd2h_gbps': 54.8, 'hbm_gbps': 3710.4, 'link': {'gen': 5, 'width': 16, 'max_gen': 5, 'max_width': 16},
+         'replays': None, 'copy_round': 1, 'slow': []},
+        {'index': 3, 'pci_bus_id': '00000000:9A:00.0', 'ok': True, 'level': 'performance', 'h2d_gbps': 6.5,
+         'd2h_gbps': 6.25, 'hbm_gbps': None, 'link': {'gen': 3, 'width': 8, 'max_gen': 5, 'max_width': 16},
+         'replays': None, 'copy_round': 2, 'slow': [
+             {'reason': 'PCIE_LINK_DEGRADED', 'message': 'PCIE_LINK_DEGRADED: GPU 3 (00000000:9A:00.0): its PCIe link '
+                                                         'ran at Gen3 x8 while loaded, below its maximum of Gen5 x16'},
+             {'reason': 'H2D_BELOW_PEERS', 'message': 'H2D_BELOW_PEERS: GPU 3 (00000000:9A:00.0): ...'},
+             {'reason': 'D2H_BELOW_PEERS', 'message': 'D2H_BELOW_PEERS: GPU 3 (00000000:9A:00.0): ...'}]},
+        {'index': None, 'pci_bus_id': '00000000:DB:00.0', 'ok': False, 'level': None, 'h2d_gbps': None,
+         'd2h_gbps': None, 'hbm_gbps': None, 'link': None, 'replays': None, 'copy_round': None, 'slow': []},
+    ]},
+}
+PERFORMANCE_LINES = '''\
+# HELP gpu_reset_gpu_bandwidth_gbps Each GPU's bandwidths in GB/s as the performance probe measured them: h2d (host to GPU), d2h (GPU to host), hbm (memory).
+# TYPE gpu_reset_gpu_bandwidth_gbps gauge
+gpu_reset_gpu_bandwidth_gbps{gpu="0",pci_bus_id="00000000:18:00.0",copy="h2d"} 55.1
+gpu_reset_gpu_bandwidth_gbps{gpu="0",pci_bus_id="00000000:18:00.0",copy="d2h"} 54.8
+gpu_reset_gpu_bandwidth_gbps{gpu="0",pci_bus_id="00000000:18:00.0",copy="hbm"} 3710.4
+gpu_reset_gpu_bandwidth_gbps{gpu="3",pci_bus_id="00000000:9A:00.0",copy="h2d"} 6.5
+gpu_reset_gpu_bandwidth_gbps{gpu="3",pci_bus_id="00000000:9A:00.0",copy="d2h"} 6.25
+# HELP gpu_reset_gpu_pcie_link_generation Each GPU's PCIe link generation, read by the performance probe while the GPU copied (an idle link runs slower).
+# TYPE gpu_reset_gpu_pcie_link_generation gauge
+gpu_reset_gpu_pcie_link_generation{gpu="0",pci_bus_id="00000000:18:00.0"} 5
+gpu_reset_gpu_pcie_link_generation{gpu="3",pci_bus_id="00000000:9A:00.0"} 3
+# HELP gpu_reset_gpu_pcie_link_width Each GPU's PCIe link width (lanes), read by the performance probe while the GPU copied.
+# TYPE gpu_reset_gpu_pcie_link_width gauge
+gpu_reset_gpu_pcie_link_width{gpu="0",pci_bus_id="00000000:18:00.0"} 16
+gpu_reset_gpu_pcie_link_width{gpu="3",pci_bus_id="00000000:9A:00.0"} 8
+# HELP gpu_reset_gpu_pcie_link_max_generation The highest PCIe link generation each GPU and its slot allow, as the performance probe read it.
+# TYPE gpu_reset_gpu_pcie_link_max_generation gauge
+gpu_reset_gpu_pcie_link_max_generation{gpu="0",pci_bus_id="00000000:18:00.0"} 5
+gpu_reset_gpu_pcie_link_max_generation{gpu="3",pci_bus_id="00000000:9A:00.0"} 5
+# HELP gpu_reset_gpu_pcie_link_max_width The widest PCIe link (lanes) each GPU and its slot allow, as the performance probe read it.
+# TYPE gpu_reset_gpu_pcie_link_max_width gauge
+gpu_reset_gpu_pcie_link_max_width{gpu="0",pci_bus_id="00000000:18:00.0"} 16
+gpu_reset_gpu_pcie_link_max_width{gpu="3",pci_bus_id="00000000:9A:00.0"} 16
+# HELP gpu_reset_gpu_slow 1 for each reason the performance probe called a GPU slow (PCIE_LINK_DEGRADED, PCIE_REPLAYS, H2D/D2H/HBM_BELOW_PEERS).
+# TYPE gpu_reset_gpu_slow gauge
+gpu_reset_gpu_slow{gpu="3",pci_bus_id="00000000:9A:00.0",reason="PCIE_LINK_DEGRADED"} 1
+gpu_reset_gpu_slow{gpu="3",pci_bus_id="00000000:9A:00.0",reason="H2D_BELOW_PEERS"} 1
+gpu_reset_gpu_slow{gpu="3",pci_bus_id="00000000:9A:00.0",reason="D2H_BELOW_PEERS"} 1
+'''
+PERFORMANCE_FAMILIES = {
+    'gpu_reset_gpu_bandwidth_gbps', 'gpu_reset_gpu_pcie_link_generation', 'gpu_reset_gpu_pcie_link_width',
+    'gpu_reset_gpu_pcie_link_max_generation', 'gpu_reset_gpu_pcie_link_max_width', 'gpu_reset_gpu_pcie_replays',
+    'gpu_reset_gpu_slow'}
+
+
+def performance_lines(text):
+    """The lines of text that belong to the performance probe's families, # HELP and # TYPE included."""
+    return ''.join(line + '\n' for line in text.splitlines()
+                   if (line.split()[2] if line.startswith('#') else re.split(r'[{ ]', line)[0]) in PERFORMANCE_FAMILIES)
+
+
+def test_a_performance_probe_writes_its_figures_and_each_reason_of_a_slow_gpu(tmp_path):
+    write_metrics(str(tmp_path), PERFORMANCE)
+    with open(str(tmp_path / 'gpu_reset.prom')) as handle:
+        text = handle.read()
+    assert performance_lines(text) == PERFORMANCE_LINES
+    # One block, right after the run's own gauges; no replays family: the reader had no counter.
+    assert PERFORMANCE_LINES in text
+    assert 'gpu_reset_gpu_pcie_replays' not in text
+    samples(text)
+
+
+def test_the_replays_are_written_where_the_reader_counted_them():
+    result = dict(PERFORMANCE, probe=dict(PERFORMANCE['probe'], gpus=[
+        dict(gpu, replays=count) for gpu, count in zip(PERFORMANCE['probe']['gpus'], (0, 12, None))]))
+    text = metrics(result)
+    assert (
+        '# HELP gpu_reset_gpu_pcie_replays By how much each GPU\'s PCIe replay counter grew during the performance '
+        "probe's copies (NVML reader only).\n"
+        '# TYPE gpu_reset_gpu_pcie_replays gauge\n'
+        'gpu_reset_gpu_pcie_replays{gpu="0",pci_bus_id="00000000:18:00.0"} 0\n'
+        'gpu_reset_gpu_pcie_replays{gpu="3",pci_bus_id="00000000:9A:00.0"} 12\n# HELP ') in text
+
+
+@pytest.mark.parametrize('probe', [
+    None,
+    {'probed': False, 'library_missing': True, 'gpus': None, 'verified': {}},
+    # The allocation and memory levels: none of the performance keys.
+    {'probed': True, 'verified': {}, 'gpus': [
+        {'index': 0, 'pci_bus_id': '00000000:18:00.0', 'ok': True, 'level': 'allocation', 'verified_at': 1767225601.25}]},
+    # Performance, every GPU healthy and no figure read.
+    {'probed': True, 'verified': {}, 'gpus': [
+        {'index': 0, 'pci_bus_id': '00000000:18:00.0', 'h2d_gbps': None, 'd2h_gbps': None, 'hbm_gbps': None,
+         'link': None, 'replays': None, 'slow': []}]},
+])
+def test_without_performance_figures_no_family_of_theirs_is_written(probe):
+    text = metrics(dict(PERFORMANCE, probe=probe))
+    assert performance_lines(text) == ''
+    assert 'gpu_reset_held_for_person 0\n' in text

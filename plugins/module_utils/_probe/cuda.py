@@ -203,13 +203,13 @@ class CudaError(Exception):
 class Cuda:
     """The entry points of libcuda.so.1 the probe calls, each checked: an error raises CudaError."""
 
-    def __init__(self, library=LIBRARY):
+    def __init__(self, library=LIBRARY, signatures=None):
         try:
             self.lib = ctypes.CDLL(library)
         except OSError as exc:
             raise LibraryError(not_loaded(library, exc))
         self.functions = {}
-        for name, argtypes in SIGNATURES.items():
+        for name, argtypes in (signatures or SIGNATURES).items():
             try:
                 function = getattr(self.lib, name)
             except AttributeError:
@@ -307,9 +307,17 @@ class GpuProbe:
     def _steps(self, result):
         if self.level not in LEVELS:
             raise ValueError('unknown probe level %r (known: %s)' % (self.level, ', '.join(LEVELS)))
+        self._open()
+        return self._prove(result)
+
+    def _open(self):
+        """The GPU's context, current in this thread."""
         device = ctypes.c_int()
         self.cuda.call('cuDeviceGetByPCIBusId', ctypes.byref(device), self.gpu['pci_bus_id'].encode('ascii'))
         self.cuda.call('cuCtxCreate_v2', ctypes.byref(self.context), 0, device)
+
+    def _prove(self, result):
+        """The probe's module loaded, its memory allocated, written and checked by the kernels."""
         kernels = self._load()
         self.cuda.call('cuMemAlloc_v2', ctypes.byref(self.results), MAX_CHUNKS * RESULT_WORDS * 8)
         sizes = self._sizes()
@@ -361,13 +369,16 @@ class GpuProbe:
         counts = (ctypes.c_uint64 * (RESULT_WORDS * len(sizes)))(*([0, (1 << 64) - 1, 0, 0] * len(sizes)))
         self.cuda.call('cuMemcpyHtoD_v2', self.results, counts, ctypes.sizeof(counts))
         started = time.monotonic()
-        for name in KERNELS:
-            for number, (pointer, size) in enumerate(zip(self.chunks, sizes)):
-                self._launch(kernels[name], pointer.value, size // 4, self.results.value + number * RESULT_WORDS * 8)
+        self._launch_all(kernels, sizes)
         self.cuda.call('cuCtxSynchronize')
         self.kernel_ms = round((time.monotonic() - started) * 1000.0, 3)
         self.cuda.call('cuMemcpyDtoH_v2', counts, self.results, ctypes.sizeof(counts))
         return [tuple(counts[n:n + RESULT_WORDS]) for n in range(0, len(counts), RESULT_WORDS)]
+
+    def _launch_all(self, kernels, sizes):
+        for name in KERNELS:
+            for number, (pointer, size) in enumerate(zip(self.chunks, sizes)):
+                self._launch(kernels[name], pointer.value, size // 4, self.results.value + number * RESULT_WORDS * 8)
 
     def _launch(self, kernel, data, words, result):
         values = [ctypes.c_uint64(data), ctypes.c_uint64(words), ctypes.c_uint32(self.seed), ctypes.c_uint64(result)]
@@ -408,11 +419,13 @@ class GpuProbe:
         return outcome
 
 
-def probe_all(request):
-    """Probe every GPU of the request in parallel; the answer the child prints."""
+def probe_all(request, make_probe=None, signatures=None):
+    """Probe every GPU of the request in parallel; the answer the child prints. make_probe: what
+    probes a GPU (GpuProbe's arguments; GpuProbe by default), with the entry points signatures."""
     answer = dict(pid=os.getpid(), library_error=None, init=None, gpus=[])
+    make_probe = make_probe or GpuProbe
     try:
-        cuda = Cuda(request.get('library') or LIBRARY)
+        cuda = Cuda(request.get('library') or LIBRARY, signatures)
     except LibraryError as exc:
         answer['library_error'] = str(exc)
         return answer
@@ -422,7 +435,7 @@ def probe_all(request):
         answer['init'] = failure(cuda, exc)
         return answer
     level = request.get('level') or DEFAULT_LEVEL
-    probes = [GpuProbe(cuda, gpu, int(request['mib']), level) for gpu in request['gpus']]
+    probes = [make_probe(cuda, gpu, int(request['mib']), level) for gpu in request['gpus']]
     results = [None] * len(probes)
     threads = [threading.Thread(target=_store, args=(results, n, probe)) for n, probe in enumerate(probes)]
     for thread in threads:

@@ -64,6 +64,15 @@ PROBE_NAME = 'the CUDA probe'
 # CUDA reads these to number and hide devices; the probe addresses GPUs by bus id and ignores both.
 CUDA_ENVIRONMENT = ('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER')
 MISSING_LIBRARY_CHOICES = ('fail', 'skip')
+# The level that also times each GPU's copies and kernels and reads its PCIe link under load
+# (_probe/performance.py): the probe module's alone, so that what the release ships stays as it is.
+PERFORMANCE = 'performance'
+PROBE_LEVELS = _cuda.LEVELS + (PERFORMANCE,)
+# How far below its peers' median a GPU's bandwidth may be before it is called slow (the
+# performance level): well outside the spread of healthy GPUs (docs/benchmarks.md), well inside
+# what a link trained down or a slow memory costs (a half or more).
+DEFAULT_SLOW_FRACTION = 0.15
+MAX_SLOW_FRACTION = 0.9
 
 
 def check_probe_mib(probe_mib):
@@ -73,16 +82,26 @@ def check_probe_mib(probe_mib):
 
 
 def check_probe_level(probe_level):
-    """GpuopsError when probe_level is not one of the probe's levels (cuda.LEVELS)."""
-    if probe_level not in _cuda.LEVELS:
-        raise GpuopsError('probe_level must be %s, got %r' % (' or '.join(_cuda.LEVELS), probe_level))
+    """GpuopsError when probe_level is not one of the probe's levels (PROBE_LEVELS)."""
+    if probe_level not in PROBE_LEVELS:
+        levels = '%s or %s' % (', '.join(PROBE_LEVELS[:-1]), PROBE_LEVELS[-1])
+        raise GpuopsError('probe_level must be %s, got %r' % (levels, probe_level))
+
+
+def check_slow_fraction(slow_fraction):
+    """GpuopsError when slow_fraction is not above 0 and at most MAX_SLOW_FRACTION."""
+    number = isinstance(slow_fraction, (int, float)) and not isinstance(slow_fraction, bool)
+    if not number or not 0 < slow_fraction <= MAX_SLOW_FRACTION:
+        raise GpuopsError('slow_fraction must be more than 0 and at most %g (0.15: 15 %% below its peers), got %r'
+                          % (MAX_SLOW_FRACTION, slow_fraction))
 
 
 def probe_argument_spec():
     spec = dict(
         gpus=dict(type='list', elements='int'),
         probe_mib=dict(type='int', default=DEFAULT_PROBE_MIB),
-        probe_level=dict(type='str', default=_cuda.DEFAULT_LEVEL, choices=list(_cuda.LEVELS)),
+        probe_level=dict(type='str', default=_cuda.DEFAULT_LEVEL, choices=list(PROBE_LEVELS)),
+        slow_fraction=dict(type='float', default=DEFAULT_SLOW_FRACTION),
         timeout=dict(type='float', default=DEFAULT_TIMEOUT_S),
         memory_threshold_mib=dict(type='int', default=DEFAULT_MEMORY_THRESHOLD_MIB),
         missing_library=dict(type='str', default='fail', choices=list(MISSING_LIBRARY_CHOICES)),
@@ -98,7 +117,7 @@ class ProbeOptions:
     def __init__(self, gpus=None, probe_mib=DEFAULT_PROBE_MIB, timeout=DEFAULT_TIMEOUT_S,
                  memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, missing_library='fail',
                  cuda_library=_cuda.LIBRARY, expected_gpus=None, state_dir=None, host_root='/',
-                 probe_level=_cuda.DEFAULT_LEVEL):
+                 probe_level=_cuda.DEFAULT_LEVEL, slow_fraction=DEFAULT_SLOW_FRACTION):
         problem = check_seconds('timeout', timeout, positive=True)
         if problem:
             raise GpuopsError(problem)
@@ -107,6 +126,7 @@ class ProbeOptions:
                               'reads after it), got %s' % (MIN_TIMEOUT_S, READ_RESERVE_S, timeout))
         check_probe_mib(probe_mib)
         check_probe_level(probe_level)
+        check_slow_fraction(slow_fraction)
         if gpus is not None and not gpus:
             raise GpuopsError('gpus is an empty list: name the GPUs to probe, or leave gpus out to probe every GPU')
         if memory_threshold_mib < 0:
@@ -115,6 +135,7 @@ class ProbeOptions:
             raise GpuopsError('missing_library must be fail or skip, got %r' % (missing_library,))
         check_expected_gpus(None, expected_gpus)
         self.gpus, self.probe_mib, self.timeout, self.probe_level = gpus, probe_mib, timeout, probe_level
+        self.slow_fraction = slow_fraction
         self.memory_threshold_mib, self.missing_library = memory_threshold_mib, missing_library
         self.cuda_library, self.expected_gpus = cuda_library, expected_gpus
         self.state_dir, self.host_root = state_dir, host_root or '/'
@@ -123,7 +144,8 @@ class ProbeOptions:
     def from_params(cls, params):
         return cls(params.get('gpus'), params['probe_mib'], params['timeout'], params['memory_threshold_mib'],
                    params['missing_library'], params['cuda_library'], params.get('expected_gpus'),
-                   params.get('state_dir'), params.get('host_root'), params.get('probe_level') or _cuda.DEFAULT_LEVEL)
+                   params.get('state_dir'), params.get('host_root'), params.get('probe_level') or _cuda.DEFAULT_LEVEL,
+                   params.get('slow_fraction') or DEFAULT_SLOW_FRACTION)
 
 
 def gpu_name(gpu):
@@ -320,11 +342,15 @@ class ProbeChild:
 
     def start(self, gpu, mib):
         """gpu's child, started; GpuopsError when no child can be started."""
+        return self.fork(gpu, dict(library=self.library, mib=mib, level=self.level,
+                                   gpus=[dict(index=gpu.get('index'), pci_bus_id=gpu['pci_bus_id'])]))
+
+    def fork(self, gpu, request, keep=()):
+        """The child of gpu, running self.program with request; keep: descriptors it keeps."""
         env = visible_only(gpu)
-        request = dict(library=self.library, mib=mib, level=self.level,
-                       gpus=[dict(index=gpu.get('index'), pci_bus_id=gpu['pci_bus_id'])])
         try:
-            return Forked(self.program, (request,), env=env, unset=[name for name in CUDA_ENVIRONMENT if name not in env])
+            return Forked(self.program, (request,), env=env, unset=[name for name in CUDA_ENVIRONMENT if name not in env],
+                          keep=keep)
         except OSError as exc:
             raise GpuopsError('%s could not be started: %s' % (PROBE_NAME, exc.strerror or exc))
 
@@ -405,8 +431,8 @@ ANSWER_FIELDS = ('ok', 'ms', 'mib', 'level', 'kernel', 'bytes_checked', 'kernel_
                  'error_name', 'error_string')
 
 
-def merge(result, answer):
-    """Put the child's answer for one GPU into its result."""
+def merge(result, answer, fields=ANSWER_FIELDS):
+    """Put the child's answer for one GPU (fields of it) into its result."""
     if answer.get('init'):
         fail(result, **answer['init'])
         return
@@ -415,7 +441,7 @@ def merge(result, answer):
         fail(result, error_name='PROBE_ERROR', error_string='%s answered for %d GPUs other than the one it was asked '
              'for' % (PROBE_NAME, len(answer['gpus'])))
         return
-    fields = dict((key, found.get(key)) for key in ANSWER_FIELDS)
+    fields = dict((key, found.get(key)) for key in fields)
     fields['ok'] = fields['ok'] is True
     fields['kernel'] = fields['kernel'] is True
     result.update(fields)
@@ -425,6 +451,9 @@ class Prober:
     """One probe: read, allocate on each GPU in the child, wait until the probe's memory is
     released, say what was found. The reader is the one seam to the GPUs' counters, the child
     the one to CUDA."""
+
+    # What is taken of each child's answer for its GPU.
+    answer_fields = ANSWER_FIELDS
 
     def __init__(self, reader, options, child=None):
         self.reader = reader
@@ -470,7 +499,15 @@ class Prober:
         if warning:
             result.warnings.append(warning)
         self._wait_released(readable)
+        self._judge(readable, result)
         self._record(readable, result)
+
+    def _while_answering(self, probed, children):
+        """Called once every GPU's child runs, while their answers are awaited: nothing here."""
+
+    def _judge(self, probed, result):
+        """Once the answers are in: nothing more is judged here (a GPU with reasons in its slow
+        list is never called verified)."""
 
     def _record(self, probed, result):
         """Each GPU proven (its probe passed and its memory was released) gets verified_at, and a
@@ -478,7 +515,7 @@ class Prober:
         every probed byte the kernel checked is cured as a reset cures it: its older Xid errors no
         longer count in its health."""
         now = time.time()
-        proven = [(gpu, res) for gpu, res in probed if res.get('ok') and res.get('released')]
+        proven = [(gpu, res) for gpu, res in probed if res.get('ok') and res.get('released') and not res.get('slow')]
         for dummy, res in proven:
             res['verified_at'] = round(now, 3)
         state = StateDir.for_host(self.options.state_dir, self.options.host_root)
@@ -501,6 +538,10 @@ class Prober:
                        result='pass')
         failed = [(gpu.get('uuid'), gpu.get('index'), '%s: %s' % (res.get('error_name') or 'failed', res.get('error_string') or ''))
                   for gpu, res in probed if gpu.get('uuid') not in passed]
+        slow = [(gpu.get('uuid'), gpu.get('index'), '; '.join(reason['message'] for reason in res['slow']))
+                for gpu, res in probed if res.get('ok') and res.get('slow')]
+        history.record(slow, 'probe', now, result='slow')
+        failed = [event for event in failed if event[0] not in set(uuid for uuid, dummy, dummy in slow)]
         history.record(failed, 'probe', now, result='fail')
         history.record([(uuid, dict((gpu.get('uuid'), gpu.get('index')) for gpu, dummy in proven).get(uuid),
                          'every probed byte checked by the kernel') for uuid in cured], 'cure', now, how='probe',
@@ -533,6 +574,7 @@ class Prober:
                    for position, (child, (dummy, res)) in enumerate(zip(children, probed)) if child is not None]
         for thread in threads:
             thread.start()
+        self._while_answering(probed, children)
         for thread in threads:
             thread.join()
         self.budget.spend('the CUDA probe', started)
@@ -560,7 +602,7 @@ class Prober:
         else:
             answers[position] = answer
             if not answer.get('library_error'):
-                merge(res, answer)
+                merge(res, answer, self.answer_fields)
 
     def _missing_library(self, message, result):
         if self.options.missing_library == 'skip':

@@ -39,6 +39,24 @@
  *   cuda-launch` makes a launch fail (1, 400, 701 at cuLaunchKernel; any other at the next
  *   cuCtxSynchronize, then at every call on the context but its destruction, as a kernel fault's
  *   sticky error does), `gpusim fault cuda-idle` makes launches succeed and run nothing.
+ * - Time, for the performance probe: each copy and kernel takes the time the GPU's model gives it
+ *   (`gpusim fault slow`): a copy n / min(its configured GB/s, 0.85 x what the link loaded at its
+ *   gen and width carries), a kernel the bytes it sweeps / the HBM's GB/s, each times (1 + u), u
+ *   uniform in [-0.02, 0.02]. The call really sleeps that long, so wall time passes as on a GPU, and
+ *   adds it to its context's stream clock, which the events read: the clock counts the stream's
+ *   work and never its idle time, so a host slow to make its calls (a loaded CPU) does not lengthen
+ *   what the events measure, as it would not on a GPU whose stream is kept fed. Synchronous copies
+ *   of up to HOST_BACKED bytes (the probe's counts) stay instant.
+ * - Copies (cuMemcpyHtoD_v2, cuMemcpyDtoH_v2 and their _Async_v2 forms) write, as they start, the
+ *   time until which the GPU's PCIe link is loaded (their end + 0.5 s) to ROOT/var/lib/gpusim/link/
+ *   <index>, and add `gpusim fault slow --replays N` to the replay counter in <index>.replays; the
+ *   fake NVML and nvidia-smi read both. `gpusim fault slow --copy-hang S` makes each copy on the GPU
+ *   sleep S seconds first (a hung DMA engine: only that GPU's probe meets it).
+ * - cuMemAllocHost_v2 is plain malloc, its pages untouched (a 256 MiB buffer costs nothing until
+ *   written); an async copy to or from an allocation larger than HOST_BACKED reads and writes no
+ *   host bytes (no memory backs it). Events and copies know only the null stream
+ *   (CUDA_ERROR_INVALID_HANDLE for another); operations are synchronous, so an event recorded is
+ *   complete and cuEventSynchronize returns at once.
  *
  * Build: gcc -shared -fPIC -o libcuda.so.1 cuda.c -lpthread (gpusim/nvml_build.py does it).
  */
@@ -48,6 +66,8 @@
 #include <signal.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -82,6 +102,23 @@ typedef struct sim_ctx *CUcontext;
 #define DRIVER_CUDA 12040
 #define DRIVER_PTX_MAJOR 8
 #define DRIVER_PTX_MINOR 4
+#define MAX_EVENTS 256
+#define MAX_HOST_ALLOCS 64
+/* cuEventCreate's flags (CUevent_flags: BLOCKING_SYNC 1, DISABLE_TIMING 2, INTERPROCESS 4); an
+ * event made with CU_EVENT_DISABLE_TIMING cannot be timed. */
+#define CU_EVENT_KNOWN_FLAGS 0x7
+#define CU_EVENT_DISABLE_TIMING 0x2
+/* The special stream handles of cuda.h (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD): with one stream
+ * per context, all three name the null stream. */
+#define CU_STREAM_PER_THREAD_HANDLE 0x2
+/* A lane's GB/s by PCIe generation (after 8b/10b or 128b/130b encoding), the share of it copies
+ * reach, and how long a link stays loaded after a copy: gpusim/state.py PCIE_LANE_GBPS,
+ * PCIE_EFFICIENCY and LINK_LOADED_AFTER_S. */
+static const double LANE_GBPS[] = {0, 0.25, 0.5, 0.985, 1.969, 3.938};
+#define PCIE_EFFICIENCY 0.85
+#define LINK_LOADED_AFTER_S 0.5
+/* Real copies and kernels vary by a percent or two from one run to the next. */
+#define JITTER 0.02
 
 static const struct { int code; const char *name, *text; } ERRORS[] = {
     {0, "CUDA_SUCCESS", "no error"},
@@ -127,8 +164,19 @@ struct sim_ctx {
     CUresult pending;         /* a launched kernel's fault, met by the next synchronisation ... */
     CUresult sticky;          /* ... and from then on by every call on the context */
     long long filled;         /* bytes the fill kernels wrote so far, in order (cuda-flip's offsets) */
+    double stream_clock;      /* seconds of work the null stream has done: what events record */
     struct sim_alloc allocs[MAX_ALLOCS];
 };
+
+/* An event: the stream clock when it was last recorded, on its context's null stream. */
+struct sim_event {
+    int used;
+    unsigned flags;
+    int recorded;
+    struct sim_ctx *ctx;
+    double clock;
+};
+typedef struct sim_event *CUevent;
 
 struct sim_module { int nentries; char entries[MAX_ENTRIES][64]; };
 typedef struct sim_module *CUmodule;
@@ -138,6 +186,9 @@ typedef void *CUstream;
 static int initialized;
 static __thread CUcontext current;
 static pthread_mutex_t record_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;  /* events and page-locked memory */
+static struct sim_event events[MAX_EVENTS];
+static void *host_allocs[MAX_HOST_ALLOCS];
 
 /* This process's record: the GPUs it allocated on, and which of them it freed, when. */
 static struct {
@@ -553,35 +604,170 @@ CUresult cuMemsetD32_v2(CUdeviceptr ptr, unsigned value, size_t count)
     return current->sticky;
 }
 
-CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes)
+/* ------------------------------------------------------------------ time on the GPU */
+
+/* 1 + u, u uniform in [-JITTER, JITTER]; each thread draws from a seed of its own. */
+static double jitter(void)
 {
-    size_t offset = 0;
-    struct sim_alloc *a = alloc_at(dst, bytes, &offset);
-    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
-    if (synchronize()) return current->sticky;
-    if (!a || !src) return CUDA_ERROR_INVALID_VALUE;
-    if (a->host) memcpy(a->host + offset, src, bytes);
-    return CUDA_SUCCESS;
+    static __thread unsigned short seed[3];
+    static __thread int seeded;
+    if (!seeded) {
+        double now = now_s();
+        seed[0] = (unsigned short)getpid();
+        seed[1] = (unsigned short)syscall(SYS_gettid);
+        seed[2] = (unsigned short)((now - (double)(long long)now) * 65536);
+        seeded = 1;
+    }
+    return 1 + JITTER * (2 * erand48(seed) - 1);
 }
 
-CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes)
+/* Work of seconds on the current context's null stream: the call sleeps it, as a synchronous
+ * operation on a GPU takes it, and the stream clock counts it for the events. */
+static void run_on_stream(double seconds)
+{
+    sleep_s(seconds);
+    current->stream_clock += seconds;
+}
+
+/* The GB/s a copy to (or from) GPU g reaches: its configured bandwidth, capped by what the link,
+ * loaded at its gen and width, carries. */
+static double copy_gbps(const sim_gpu *g, int to_device)
+{
+    int gen = g->link_gen < 1 ? 1 : g->link_gen > 5 ? 5 : g->link_gen;
+    double capacity = PCIE_EFFICIENCY * LANE_GBPS[gen] * g->link_width;
+    double configured = to_device ? g->h2d_gbps : g->d2h_gbps;
+    return configured < capacity ? configured : capacity;
+}
+
+/* Writes text to GPU index's link file with suffix, atomically: several processes copy on
+ * different GPUs at once, and the fake NVML and nvidia-smi read the files meanwhile. */
+static void write_link_file(int index, const char *suffix, const char *text)
+{
+    char dir[PATH_MAX + 64], path[PATH_MAX + 64], tmp[PATH_MAX + 128];
+    FILE *f;
+    /* gpusim init makes the directory; a host made by an older gpusim has none. */
+    snprintf(dir, sizeof dir, "%s/var/lib/gpusim/link", root_dir);
+    mkdir(dir, 0755);
+    link_path(path, sizeof path, index, suffix);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%ld", path, (int)getpid(), (long)syscall(SYS_gettid));
+    if (!(f = fopen(tmp, "w"))) return;
+    fputs(text, f);
+    if (fclose(f) == 0) rename(tmp, path);
+    else unlink(tmp);
+}
+
+/* A copy of bytes between the host and GPU g: the copy-hang fault's sleep first, then the link
+ * marked loaded until the copy's end + LINK_LOADED_AFTER_S, the replays it adds to the GPU's
+ * counter, and, when timed, its time on the stream. */
+static void transfer(const sim_gpu *g, size_t bytes, int to_device, int timed)
+{
+    char text[64];
+    double gbps = copy_gbps(g, to_device);
+    double seconds = timed && gbps > 0 ? (double)bytes / (gbps * 1e9) * jitter() : 0;
+    double until;
+    sleep_s(g->copy_hang);
+    until = now_s() + seconds + LINK_LOADED_AFTER_S;
+    /* Never earlier than a copy of another context of this process left it. */
+    if (until > link_number(g->index, "")) {
+        snprintf(text, sizeof text, "%.6f\n", until);
+        write_link_file(g->index, "", text);
+    }
+    if (g->replays > 0) {
+        snprintf(text, sizeof text, "%.0f\n", link_number(g->index, ".replays") + g->replays);
+        write_link_file(g->index, ".replays", text);
+    }
+    run_on_stream(seconds);
+}
+
+/* Whether a stream handle names the null stream, the only one this library has. */
+static int null_stream(CUstream stream)
+{
+    return (uintptr_t)stream <= CU_STREAM_PER_THREAD_HANDLE;
+}
+
+/* A copy between host memory and the allocation at ptr, to the device or from it. A synchronous one
+ * of up to HOST_BACKED bytes is instant, any other takes its time; an allocation that no host memory
+ * backs reads no host bytes, and gives back cuMemsetD32_v2's pattern only to a synchronous copy
+ * (an async one, a performance probe's, writes nothing: its buffer may be 256 MiB never touched). */
+static CUresult copy(void *host, CUdeviceptr ptr, size_t bytes, int to_device, int async, CUstream stream)
 {
     size_t offset = 0;
-    struct sim_alloc *a = alloc_at(src, bytes, &offset);
+    struct sim_alloc *a = alloc_at(ptr, bytes, &offset);
     sim_state *st;
     sim_gpu *g = NULL;
     CUresult rc;
     if (!current) return CUDA_ERROR_INVALID_CONTEXT;
     if (synchronize()) return current->sticky;
-    if (!a || !dst) return CUDA_ERROR_INVALID_VALUE;
+    if (!null_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!a || !host) return CUDA_ERROR_INVALID_VALUE;
     if (!(st = malloc(sizeof(sim_state)))) return CUDA_ERROR_UNKNOWN;
     rc = gpu_of(st, current->index, &g);
-    if (rc == CUDA_SUCCESS && g->cuda_error == CUDA_ERROR_ECC_UNCORRECTABLE) rc = CUDA_ERROR_ECC_UNCORRECTABLE;
+    /* The read back meets an uncorrectable ECC error (`gpusim fault cuda --code ECC_UNCORRECTABLE`). */
+    if (rc == CUDA_SUCCESS && !to_device && g->cuda_error == CUDA_ERROR_ECC_UNCORRECTABLE)
+        rc = CUDA_ERROR_ECC_UNCORRECTABLE;
+    if (rc == CUDA_SUCCESS) transfer(g, bytes, to_device, async || bytes > HOST_BACKED);
     free(st);
     if (rc != CUDA_SUCCESS) return rc;
-    if (a->host) memcpy(dst, a->host + offset, bytes);
-    else for (size_t i = 0; i + 4 <= bytes; i += 4) memcpy((char *)dst + i, &a->pattern, 4);
+    if (a->host && to_device) memcpy(a->host + offset, host, bytes);
+    else if (a->host) memcpy(host, a->host + offset, bytes);
+    else if (!to_device && !async)
+        for (size_t i = 0; i + 4 <= bytes; i += 4) memcpy((char *)host + i, &a->pattern, 4);
     return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes)
+{
+    return copy((void *)src, dst, bytes, 1, 0, NULL);
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes)
+{
+    return copy(dst, src, bytes, 0, 0, NULL);
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream)
+{
+    return copy((void *)src, dst, bytes, 1, 1, stream);
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream stream)
+{
+    return copy(dst, src, bytes, 0, 1, stream);
+}
+
+/* Page-locked host memory: a plain malloc, its pages left untouched (256 MiB cost nothing until
+ * written); cuMemFreeHost takes only what this allocated. */
+CUresult cuMemAllocHost_v2(void **pp, size_t bytes)
+{
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!pp || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < MAX_HOST_ALLOCS; i++)
+        if (!host_allocs[i]) {
+            if ((host_allocs[i] = malloc(bytes))) {
+                *pp = host_allocs[i];
+                rc = CUDA_SUCCESS;
+            }
+            break;
+        }
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+CUresult cuMemFreeHost(void *p)
+{
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; p && i < MAX_HOST_ALLOCS; i++)
+        if (host_allocs[i] == p) {
+            free(p);
+            host_allocs[i] = NULL;
+            rc = CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&table_lock);
+    return rc;
 }
 
 static void release(struct sim_alloc *a)
@@ -606,9 +792,86 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
     if (live_allocs(ctx)) record_free(ctx->index);
     for (int i = 0; i < MAX_ALLOCS; i++) release(&ctx->allocs[i]);
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < MAX_EVENTS; i++)
+        if (events[i].used && events[i].ctx == ctx) memset(&events[i], 0, sizeof events[i]);
+    pthread_mutex_unlock(&table_lock);
     if (ctx->fd >= 0) close(ctx->fd);
     if (current == ctx) current = NULL;
     free(ctx);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ events */
+
+/* The event a handle names, or NULL for a null or unknown one. */
+static struct sim_event *event_of(CUevent e)
+{
+    uintptr_t at = (uintptr_t)e, first = (uintptr_t)events;
+    if (at < first || at >= first + sizeof events || (at - first) % sizeof events[0]) return NULL;
+    return e->used ? e : NULL;
+}
+
+CUresult cuEventCreate(CUevent *e, unsigned flags)
+{
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!e || (flags & ~CU_EVENT_KNOWN_FLAGS)) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < MAX_EVENTS; i++)
+        if (!events[i].used) {
+            memset(&events[i], 0, sizeof events[i]);
+            events[i].used = 1;
+            events[i].flags = flags;
+            events[i].ctx = current;
+            *e = &events[i];
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+/* The event takes the stream clock: the work done on the stream before it. */
+CUresult cuEventRecord(CUevent e, CUstream stream)
+{
+    struct sim_event *ev = event_of(e);
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (current->sticky) return current->sticky;
+    if (!ev || !null_stream(stream) || ev->ctx != current) return CUDA_ERROR_INVALID_HANDLE;
+    ev->clock = current->stream_clock;
+    ev->recorded = 1;
+    return CUDA_SUCCESS;
+}
+
+/* Operations are synchronous: what preceded the event is done. A kernel's fault is met here, as
+ * at cuCtxSynchronize. */
+CUresult cuEventSynchronize(CUevent e)
+{
+    struct sim_event *ev = event_of(e);
+    if (!ev) return CUDA_ERROR_INVALID_HANDLE;
+    if (ev->ctx->pending) ev->ctx->sticky = ev->ctx->pending;
+    return ev->ctx->sticky;
+}
+
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+    struct sim_event *from = event_of(start), *to = event_of(end);
+    if (!ms) return CUDA_ERROR_INVALID_VALUE;
+    if (!from || !to || !from->recorded || !to->recorded || from->ctx != to->ctx ||
+        ((from->flags | to->flags) & CU_EVENT_DISABLE_TIMING))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *ms = (float)((to->clock - from->clock) * 1000.0);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(CUevent e)
+{
+    struct sim_event *ev = event_of(e);
+    if (!ev) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&table_lock);
+    memset(ev, 0, sizeof *ev);
+    pthread_mutex_unlock(&table_lock);
     return CUDA_SUCCESS;
 }
 
@@ -776,6 +1039,8 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         k.seed = *(unsigned *)params[2];
         k.result = *(CUdeviceptr *)params[3];
         current->pending = run_kernel(g, f, &k);
+        /* The kernel sweeps its words at the HBM's bandwidth. */
+        if (!current->pending && g->hbm_gbps > 0) run_on_stream((double)k.words * 4 / (g->hbm_gbps * 1e9) * jitter());
     }
     free(st);
     return rc;

@@ -9,6 +9,12 @@
  * + stuck memory + the idle reading. Faults: lost GPUs, hang, N/A fields (as NVML return
  * codes), driver not loaded, version mismatch, no devices, row remapping and page retirement.
  *
+ * PCIe: each GPU's link ("link" lines: `gpusim fault slow`) runs at its loaded gen and width while
+ * the fake libcuda's copies keep it loaded (ROOT/var/lib/gpusim/link/<index> says until when), at
+ * gen 1 and the same width otherwise; its replay counter is what those copies added
+ * (<index>.replays). Topology: GPUs 2k and 2k+1 share a PCIe switch, the lower half of the GPUs
+ * sits on NUMA node 0 and the rest on node 1 (gpusim/state.py, topology).
+ *
  * Memory as real drivers report it: v1 nvmlDeviceGetMemoryInfo's `used` is reserved plus
  * allocated (NVML docs: "Sum of Reserved and Allocated"; real-samples Q09: idle GPUs read
  * hundreds of MiB); v2's `used` is allocated only, as nvidia-smi's memory.used, with
@@ -51,6 +57,15 @@ typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
 #define NVML_MEMORY_V2 ((unsigned)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
 typedef struct { unsigned gpu, memory; } nvmlUtilization_t;
+/* nvmlGpuTopologyLevel_t, as nvml.h numbers it. */
+typedef enum {
+    NVML_TOPOLOGY_INTERNAL = 0,     /* the same board (and, here, the same GPU) */
+    NVML_TOPOLOGY_SINGLE = 10,      /* a single PCIe switch */
+    NVML_TOPOLOGY_MULTIPLE = 20,    /* several switches, no host bridge */
+    NVML_TOPOLOGY_HOSTBRIDGE = 30,  /* one host bridge */
+    NVML_TOPOLOGY_NODE = 40,        /* the host bridges of one NUMA node */
+    NVML_TOPOLOGY_SYSTEM = 50       /* across NUMA nodes */
+} nvmlGpuTopologyLevel_t;
 typedef struct {
     unsigned pid;
     unsigned long long usedGpuMemory;
@@ -473,6 +488,81 @@ nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, int *pendi
     NA("retired_pages.pending");
     if (g->retired_pending < 0) RETURN(NVML_ERROR_NOT_SUPPORTED);
     *pending = g->retired_pending;
+    RETURN(NVML_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ PCIe */
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t dev, unsigned int *gen)
+{
+    DEVICE(dev, 0);
+    if (!gen) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    NA("pcie.link.gen.current");
+    *gen = (unsigned)link_gen_now(g);
+    RETURN(NVML_SUCCESS);
+}
+
+/* An idle link keeps its width: only the generation drops. */
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t dev, unsigned int *width)
+{
+    DEVICE(dev, 0);
+    if (!width) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    NA("pcie.link.width.current");
+    *width = (unsigned)g->link_width;
+    RETURN(NVML_SUCCESS);
+}
+
+/* What the GPU and its slot allow. */
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned int *gen)
+{
+    DEVICE(dev, 0);
+    if (!gen) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    NA("pcie.link.gen.max");
+    *gen = (unsigned)g->max_gen;
+    RETURN(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t dev, unsigned int *width)
+{
+    DEVICE(dev, 0);
+    if (!width) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    NA("pcie.link.width.max");
+    *width = (unsigned)g->max_width;
+    RETURN(NVML_SUCCESS);
+}
+
+/* What the GPU itself allows: gpusim's slots allow as much, so the same as the max above. */
+nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned int *gen)
+{
+    DEVICE(dev, 0);
+    if (!gen) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    NA("pcie.link.gen.gpumax");
+    *gen = (unsigned)g->max_gen;
+    RETURN(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t dev, unsigned int *value)
+{
+    DEVICE(dev, 0);
+    if (!value) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *value = (unsigned)link_number(g->index, ".replays");
+    RETURN(NVML_SUCCESS);
+}
+
+/* GPUs 2k and 2k+1 share a switch; the lower half of the GPUs is on NUMA node 0, the rest on 1. */
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t dev1, nvmlDevice_t dev2, nvmlGpuTopologyLevel_t *path)
+{
+    sim_gpu *other = NULL;
+    DEVICE(dev1, 0);
+    if (!path || !dev2) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < st->ngpus; i++)
+        if ((unsigned)st->gpus[i].index == dev2->index) other = &st->gpus[i];
+    if (!other) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (other->lost) RETURN(other->lost);
+    if (other->index == g->index) *path = NVML_TOPOLOGY_INTERNAL;
+    else if (other->index / 2 == g->index / 2) *path = NVML_TOPOLOGY_SINGLE;
+    else if ((2 * other->index < st->ngpus) == (2 * g->index < st->ngpus)) *path = NVML_TOPOLOGY_NODE;
+    else *path = NVML_TOPOLOGY_SYSTEM;
     RETURN(NVML_SUCCESS);
 }
 

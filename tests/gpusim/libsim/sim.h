@@ -61,6 +61,12 @@ typedef struct {
     unsigned remap_corr, remap_unc, remap_pending, remap_failure;
     int retired_pending;      /* -1: not supported */
     int recovery;             /* the driver's GPU Recovery Action; -1: no such field (before 565) */
+    int max_gen, max_width;   /* the PCIe link the GPU and its slot allow ("link" lines) ... */
+    int link_gen, link_width; /* ... and the one it runs under load (gen 1 at that width while idle) */
+    double h2d_gbps, d2h_gbps;  /* copy bandwidths as configured (GB/s), before the link caps them */
+    double hbm_gbps;          /* memory bandwidth: what the probe's kernels take to sweep memory */
+    int replays;              /* PCIe replays each copy adds to the GPU's counter (`fault slow`) */
+    double copy_hang;         /* seconds each copy sleeps first (`fault slow --copy-hang`) */
     char bus_id[32];
     char uuid[96];
     char name[96];
@@ -243,6 +249,11 @@ __attribute__((unused)) static int load_state(sim_state *st)
                        &g->remap_unc, &g->remap_pending, &g->remap_failure,
                        &g->retired_pending, g->bus_id, g->uuid) == 14) {
                 set_str(g->name, sizeof g->name, rest_of(line, 15));
+                /* The link of a state written before gpusim had "link" lines: a healthy H200's. */
+                g->max_gen = g->link_gen = 5;
+                g->max_width = g->link_width = 16;
+                g->h2d_gbps = g->d2h_gbps = 55.0;
+                g->hbm_gbps = 4000.0;
                 st->ngpus++;
             }
         } else if (strncmp(line, "mem ", 4) == 0) {
@@ -263,6 +274,24 @@ __attribute__((unused)) static int load_state(sim_state *st)
                     if (st->gpus[i].index == index) {
                         st->gpus[i].has_minor = 1;
                         st->gpus[i].minor = minor;
+                    }
+        } else if (strncmp(line, "link ", 5) == 0) {
+            int index, max_gen, max_width, gen, width, replays;
+            double h2d, d2h, hbm, hang;
+            if (sscanf(line, "link %d %d %d %d %d %lf %lf %lf %d %lf", &index, &max_gen, &max_width, &gen, &width,
+                       &h2d, &d2h, &hbm, &replays, &hang) == 10)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index) {
+                        sim_gpu *g = &st->gpus[i];
+                        g->max_gen = max_gen;
+                        g->max_width = max_width;
+                        g->link_gen = gen;
+                        g->link_width = width;
+                        g->h2d_gbps = h2d;
+                        g->d2h_gbps = d2h;
+                        g->hbm_gbps = hbm;
+                        g->replays = replays;
+                        g->copy_hang = hang;
                     }
         } else if (strncmp(line, "mig", 3) == 0) {
             load_mig_line(st, line);
@@ -294,6 +323,48 @@ __attribute__((unused)) static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Sleeps seconds, through signals that interrupt it. */
+__attribute__((unused)) static void sleep_s(double seconds)
+{
+    struct timespec ts;
+    if (seconds <= 0) return;
+    ts.tv_sec = (time_t)seconds;
+    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+/* ------------------------------------------------------------------ the PCIe link's files
+ *
+ * ROOT/var/lib/gpusim/link/<index>: the time (realtime seconds) until which GPU index's link is
+ * loaded, and <index>.replays: its PCIe replay counter. The fake libcuda writes both at each copy,
+ * the fake NVML reads them (and the fake nvidia-smi the first, gpusim/state.py link_now).
+ */
+
+/* The path of GPU index's link file, with suffix ("" or ".replays"). */
+__attribute__((unused)) static void link_path(char *out, size_t size, int index, const char *suffix)
+{
+    snprintf(out, size, "%s/var/lib/gpusim/link/%d%s", root_dir, index, suffix);
+}
+
+/* The number in GPU index's link file with suffix, or 0 when there is none. */
+__attribute__((unused)) static double link_number(int index, const char *suffix)
+{
+    char path[PATH_MAX + 64];
+    double value = 0;
+    FILE *f;
+    link_path(path, sizeof path, index, suffix);
+    if (!(f = fopen(path, "r"))) return 0;
+    if (fscanf(f, "%lf", &value) != 1) value = 0;
+    fclose(f);
+    return value;
+}
+
+/* The generation GPU g's link runs at now: the loaded one while a copy keeps it loaded, else 1. */
+__attribute__((unused)) static int link_gen_now(const sim_gpu *g)
+{
+    return now_s() < link_number(g->index, "") ? g->link_gen : 1;
 }
 
 /* Alive: the pid runs, is not a zombie and, when known, still has the recorded start time. */

@@ -213,7 +213,7 @@ def test_chunk_sizes(free, chunks):
 
 
 def test_an_unknown_level_is_a_probe_error(monkeypatch):
-    monkeypatch.setattr(_cuda, 'Cuda', lambda library: FakeCuda())
+    monkeypatch.setattr(_cuda, 'Cuda', lambda library, signatures=None: FakeCuda())
     found = _cuda.probe_all(dict(mib=4, level='everything', gpus=[GPU]))
     assert found['gpus'][0]['error_name'] == 'PROBE_ERROR'
     assert "unknown probe level 'everything'" in found['gpus'][0]['error_string']
@@ -229,7 +229,7 @@ def test_unexpected_errors_in_a_thread_become_a_result(monkeypatch):
         def run(self):
             raise ValueError('bad bus id')
 
-    monkeypatch.setattr(_cuda, 'Cuda', lambda library: FakeCuda())
+    monkeypatch.setattr(_cuda, 'Cuda', lambda library, signatures=None: FakeCuda())
     monkeypatch.setattr(_cuda, 'GpuProbe', Broken)
     found = _cuda.probe_all(dict(mib=4, gpus=[GPU]))
     assert (found['gpus'][0]['error_name'], found['gpus'][0]['error_string']) == ('PROBE_ERROR', 'ValueError: bad bus id')
@@ -237,7 +237,7 @@ def test_unexpected_errors_in_a_thread_become_a_result(monkeypatch):
 
 def test_probe_all_probes_each_gpu_in_its_own_thread(monkeypatch):
     cuda = FakeCuda()
-    monkeypatch.setattr(_cuda, 'Cuda', lambda library: cuda)
+    monkeypatch.setattr(_cuda, 'Cuda', lambda library, signatures=None: cuda)
     gpus = [dict(index=n, pci_bus_id='00000000:%02X:00.0' % n) for n in range(4)]
     found = _cuda.probe_all(dict(mib=4, gpus=gpus))
     assert [g['index'] for g in found['gpus']] == [0, 1, 2, 3] and all(g['ok'] for g in found['gpus'])
@@ -245,7 +245,7 @@ def test_probe_all_probes_each_gpu_in_its_own_thread(monkeypatch):
 
 
 def test_cuinit_failure_is_the_answer(monkeypatch):
-    monkeypatch.setattr(_cuda, 'Cuda', lambda library: FakeCuda(failing={'cuInit': 2}))
+    monkeypatch.setattr(_cuda, 'Cuda', lambda library, signatures=None: FakeCuda(failing={'cuInit': 2}))
     found = _cuda.probe_all(dict(mib=4, gpus=[GPU]))
     assert found['gpus'] == [] and found['init']['call'] == 'cuInit'
 

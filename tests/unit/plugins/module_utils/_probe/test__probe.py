@@ -436,5 +436,5 @@ def test_the_probe_options_are_checked():
         check_probe_mib(0)
     with pytest.raises(GpuopsError, match='probe_mib must be 1 or more, got None'):
         check_probe_mib(None)
-    with pytest.raises(GpuopsError, match="probe_level must be allocation or memory, got 'deep'"):
+    with pytest.raises(GpuopsError, match="probe_level must be allocation, memory or performance, got 'deep'"):
         check_probe_level('deep')

@@ -1,0 +1,553 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE and should only be used by this collection. Breaking
+# changes can occur at any time.
+
+"""The probe's performance level: a GPU that works, but slowly, named alone.
+
+Each GPU's child (as at the allocation level, one per GPU, forked) first times pinned copies host
+to device and back with CUDA events, then keeps copying while the parent reads the PCIe link (an
+idle link drops to Gen1 by design, so only a read under load says anything), then proves its
+memory as the allocation level does, timing the kernels with events for the memory's bandwidth.
+The parent conducts the children through a pipe each: GPUs that share a PCIe switch never copy at
+once (the topology NVML or `nvidia-smi topo -m` gives), so that each GPU's figure is its own, and
+the link is read once, for every GPU, while all of them copy. A GPU is slow when its link is below
+its own maximum under load, when the replay counter grew, or when a bandwidth is more than
+slow_fraction below its peers' median.
+
+Imported by the probe module alone: what the release ships every host does not grow with it.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import ctypes
+import json
+import os
+import re
+import select
+import statistics
+import sys
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import cuda as _cuda
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import (
+    ANSWER_FIELDS,
+    READ_RESERVE_S,
+    ProbeChild,
+    Prober,
+    gpu_name,
+)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+
+# MiB each timed copy moves: enough that the copy, not its launch, is what is timed (5 ms at the
+# 55 GB/s of a Gen5 x16 link), and what NVIDIA's bandwidthTest and nvbandwidth copy.
+COPY_MIB = 256
+# Timed copies each way; the best counts (a copy is only ever slowed by something else).
+COPY_REPS = 3
+# How long the child keeps the link loaded at most while the parent reads it.
+LOAD_MAX_S = 5.0
+# How long the parent waits for a child's step (ready, copied, loaded) once the first child is
+# ready: a GPU slower than that is left out of the step, and the others go on.
+STEP_WAIT_S = 5.0
+GB = 1e9
+
+# The conductor's words to a child, and the child's answers: one byte each.
+COPY, LOAD, DONE = b'C', b'L', b'D'
+READY, COPIED, LOADED = b'R', b'T', b'l'
+
+# Why a GPU is slow (its result's slow[].reason).
+PCIE_LINK_DEGRADED = 'PCIE_LINK_DEGRADED'
+PCIE_REPLAYS = 'PCIE_REPLAYS'
+BELOW_PEERS = (('h2d_gbps', 'H2D_BELOW_PEERS', 'copied host to device at'),
+               ('d2h_gbps', 'D2H_BELOW_PEERS', 'copied device to host at'),
+               ('hbm_gbps', 'HBM_BELOW_PEERS', 'read and wrote its memory at'))
+SLOW_REASONS = (PCIE_LINK_DEGRADED, PCIE_REPLAYS) + tuple(reason for dummy, reason, dummy in BELOW_PEERS)
+
+# The entry points the copies add to the allocation level's (cuda.h of CUDA 12.4).
+SIGNATURES = dict(_cuda.SIGNATURES, **{
+    'cuMemAllocHost_v2': (ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t),
+    'cuMemFreeHost': (ctypes.c_void_p,),
+    'cuEventCreate': (ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint),
+    'cuEventRecord': (ctypes.c_void_p, ctypes.c_void_p),
+    'cuEventSynchronize': (ctypes.c_void_p,),
+    'cuEventElapsedTime': (ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p),
+    'cuEventDestroy_v2': (ctypes.c_void_p,),
+    'cuMemcpyHtoDAsync_v2': (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p),
+    'cuMemcpyDtoHAsync_v2': (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p),
+})
+# What the parent takes of a child's answer at this level.
+PERFORMANCE_FIELDS = ANSWER_FIELDS + ('h2d_gbps', 'd2h_gbps', 'hbm_gbps')
+
+
+# ---------------------------------------------------------------- the child
+
+class Control:
+    """The child's end of its pipes to the conductor."""
+
+    def __init__(self, commands, answers):
+        self.commands, self.answers = commands, answers
+
+    def say(self, word):
+        try:
+            os.write(self.answers, word)
+        except OSError:  # the conductor is gone: the child goes on alone
+            pass
+
+    def next(self, timeout):
+        """The conductor's next word; b'' when it closed the pipe or said nothing within timeout."""
+        if not select.select([self.commands], [], [], timeout)[0]:
+            return b''
+        try:
+            return os.read(self.commands, 1)
+        except OSError:
+            return b''
+
+    def waiting(self):
+        """Whether the conductor has said something (or closed the pipe) since."""
+        return bool(select.select([self.commands], [], [], 0)[0])
+
+    def close(self):
+        """The conductor hears no more from this GPU, and stops waiting for it."""
+        for fd in (self.commands, self.answers):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class PerformanceProbe(_cuda.GpuProbe):
+    """One GPU at the performance level: the copies (timed, then under load for the link read)
+    as the conductor says, then the allocation level's proof with its kernels timed."""
+
+    def __init__(self, cuda, gpu, mib, level, control):
+        super(PerformanceProbe, self).__init__(cuda, gpu, mib, 'allocation')
+        self.control = control
+        self.host = ctypes.c_void_p()
+        self.device = ctypes.c_uint64()
+        self.events = [ctypes.c_void_p(), ctypes.c_void_p()]
+        self.copy_bytes = COPY_MIB * _cuda.MIB
+
+    def run(self):
+        result = super(PerformanceProbe, self).run()
+        result['level'] = 'performance'
+        return result
+
+    def _steps(self, result):
+        result.update(h2d_gbps=None, d2h_gbps=None, hbm_gbps=None)
+        try:
+            self._open()
+            self._copies(result)
+        finally:
+            self.control.close()
+            self._free_copy_buffers()
+        fields = self._prove(result)
+        if fields.get('kernel'):
+            milliseconds = self._elapsed()
+            if milliseconds:
+                result['hbm_gbps'] = round(2.0 * result['mib'] * _cuda.MIB / (milliseconds / 1000.0) / GB, 1)
+        return fields
+
+    def _copies(self, result):
+        for event in self.events:
+            self.cuda.call('cuEventCreate', ctypes.byref(event), 0)
+        self.cuda.call('cuMemAllocHost_v2', ctypes.byref(self.host), self.copy_bytes)
+        self.cuda.call('cuMemAlloc_v2', ctypes.byref(self.device), self.copy_bytes)
+        self.control.say(READY)
+        while True:
+            word = self.control.next(LOAD_MAX_S + STEP_WAIT_S)
+            if word == COPY:
+                result['h2d_gbps'] = self._best('cuMemcpyHtoDAsync_v2', self.device, self.host)
+                result['d2h_gbps'] = self._best('cuMemcpyDtoHAsync_v2', self.host, self.device)
+                self.control.say(COPIED)
+            elif word == LOAD:
+                self._keep_link_loaded()
+            else:
+                return
+
+    def _best(self, call, target, source):
+        """The best of COPY_REPS timed copies by call, in GB/s."""
+        best = None
+        for dummy in range(COPY_REPS):
+            self.cuda.call('cuEventRecord', self.events[0], None)
+            self.cuda.call(call, target, source, self.copy_bytes, None)
+            milliseconds = self._elapsed()
+            if milliseconds:
+                speed = self.copy_bytes / (milliseconds / 1000.0) / GB
+                best = speed if best is None else max(best, speed)
+        return None if best is None else round(best, 2)
+
+    def _elapsed(self):
+        """Milliseconds from the start event to now on the GPU's stream (0.0 when it cannot say)."""
+        elapsed = ctypes.c_float()
+        self.cuda.call('cuEventRecord', self.events[1], None)
+        self.cuda.call('cuEventSynchronize', self.events[1])
+        self.cuda.call('cuEventElapsedTime', ctypes.byref(elapsed), self.events[0], self.events[1])
+        return elapsed.value if elapsed.value > 0 else 0.0
+
+    def _keep_link_loaded(self):
+        """Copies back to back until the conductor has read the link (LOADED once they run)."""
+        deadline = time.monotonic() + LOAD_MAX_S
+        said = False
+        while time.monotonic() < deadline:
+            self.cuda.call('cuMemcpyHtoDAsync_v2', self.device, self.host, self.copy_bytes, None)
+            if not said:
+                self.control.say(LOADED)
+                said = True
+            self.cuda.call('cuEventRecord', self.events[1], None)
+            self.cuda.call('cuEventSynchronize', self.events[1])
+            if self.control.waiting():
+                return
+
+    def _launch_all(self, kernels, sizes):
+        # The kernels' time on the GPU's stream, for the memory's bandwidth.
+        self.cuda.call('cuEventRecord', self.events[0], None)
+        super(PerformanceProbe, self)._launch_all(kernels, sizes)
+
+    def _free_copy_buffers(self):
+        if self.host.value:
+            self._quietly('cuMemFreeHost', self.host)
+            self.host = ctypes.c_void_p()
+        if self.device.value:
+            self._quietly('cuMemFree_v2', self.device)
+            self.device = ctypes.c_uint64()
+
+    def _teardown(self, result):
+        for event in self.events:
+            if event.value:
+                self._quietly('cuEventDestroy_v2', event)
+        return super(PerformanceProbe, self)._teardown(result)
+
+    def _quietly(self, name, handle):
+        try:
+            self.cuda.call(name, handle)
+        except _cuda.CudaError:  # the context's destruction frees it anyway
+            pass
+
+
+def answer(request):
+    """The child of one GPU at the performance level: its answer, one JSON line on stdout."""
+    control = Control(*request['control'])
+
+    def make_probe(cuda, gpu, mib, level):
+        return PerformanceProbe(cuda, gpu, mib, level, control)
+
+    try:
+        found = _cuda.probe_all(request, make_probe, SIGNATURES)
+    finally:
+        control.close()  # a child that failed before its GPU's probe began
+    sys.stdout.write(json.dumps(found) + '\n')
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------- the parent
+
+class PerformanceChild(ProbeChild):
+    """Starts each GPU's child with a pipe each way to the conductor (channels, by child)."""
+
+    def __init__(self, library=_cuda.LIBRARY):
+        super(PerformanceChild, self).__init__(answer, library, 'performance')
+        self.channels = {}
+
+    def start(self, gpu, mib):
+        commands, answers = os.pipe(), os.pipe()
+        request = dict(library=self.library, mib=mib, level=self.level, control=[commands[0], answers[1]],
+                       gpus=[dict(index=gpu.get('index'), pci_bus_id=gpu['pci_bus_id'])])
+        try:
+            child = self.fork(gpu, request, keep=(commands[0], answers[1]))
+        except GpuopsError:
+            for fd in commands + answers:
+                os.close(fd)
+            raise
+        os.close(commands[0])
+        os.close(answers[1])
+        self.channels[child] = Channel(commands[1], answers[0])
+        return child
+
+
+class Channel:
+    """The conductor's end of one child's pipes."""
+
+    def __init__(self, commands, answers):
+        self.commands, self.answers = commands, answers
+        self.heard = b''
+
+    def say(self, word):
+        try:
+            os.write(self.commands, word)
+            return True
+        except OSError:  # the child is gone
+            return False
+
+    def close(self):
+        for fd in (self.commands, self.answers):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def await_word(channels, word, deadline, grace=None):
+    """Those of channels that said word before deadline (a channel whose child closed its pipe
+    never does). grace: once one has said it, the others have that many seconds more at most."""
+    waiting = dict((channel.answers, channel) for channel in channels if word not in channel.heard)
+    while waiting and time.monotonic() < deadline:
+        if grace is not None and len(waiting) < len(channels):
+            deadline = min(deadline, time.monotonic() + grace)
+            grace = None
+        readable = select.select(list(waiting), [], [], max(0.0, deadline - time.monotonic()))[0]
+        for fd in readable:
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                data = b''
+            channel = waiting[fd]
+            if not data:
+                waiting.pop(fd)
+                continue
+            channel.heard += data
+            if word in channel.heard:
+                waiting.pop(fd)
+    return [channel for channel in channels if word in channel.heard]
+
+
+def copy_rounds(indexes, shares_switch):
+    """indexes in rounds, no two GPUs of a round on one PCIe switch (shares_switch(a, b))."""
+    rounds = []
+    for index in indexes:
+        for group in rounds:
+            if not any(shares_switch(index, other) for other in group):
+                group.append(index)
+                break
+        else:
+            rounds.append([index])
+    return rounds
+
+
+class PerformanceProber(Prober):
+    """The probe at the performance level: the allocation level's, with its children conducted
+    and every GPU judged against its peers."""
+
+    answer_fields = PERFORMANCE_FIELDS
+
+    def __init__(self, reader, options, child=None):
+        super(PerformanceProber, self).__init__(reader, options, child or PerformanceChild(options.cuda_library))
+        self.links = Links(reader)
+
+    def _while_answering(self, probed, children):
+        channels = dict((res['index'], self.child.channels[child]) for (dummy, res), child in zip(probed, children)
+                        if child is not None)
+        for dummy, res in probed:
+            res.update(link=None, replays=None, copy_round=None, slow=[])
+        try:
+            self._conduct(probed, channels)
+        finally:
+            for channel in channels.values():
+                channel.close()
+
+    def _conduct(self, probed, channels):
+        results = dict((res['index'], res) for dummy, res in probed)
+        last = self.deadline - READ_RESERVE_S
+        idle = self.links.read(sorted(channels), self._left_for_reads(last))
+        shares_switch = self.links.switch_test(sorted(channels), self._left_for_reads(last))
+        # Contexts are made at once, in parallel: a GPU not ready STEP_WAIT_S after the first is left out.
+        ready = await_word(list(channels.values()), READY, last, grace=STEP_WAIT_S)
+        ready = [index for index in sorted(channels) if channels[index] in ready]
+        copied = []
+        for number, group in enumerate(copy_rounds(ready, shares_switch)):
+            said = [channels[index] for index in group if channels[index].say(COPY)]
+            done = await_word(said, COPIED, min(last, time.monotonic() + STEP_WAIT_S))
+            for index in group:
+                results[index]['copy_round'] = number + 1
+            copied += [index for index in group if channels[index] in done]
+        loaded = [index for index in copied if channels[index].say(LOAD)]
+        loaded = [index for index in loaded if channels[index] in await_word(
+            [channels[n] for n in loaded], LOADED, min(last, time.monotonic() + STEP_WAIT_S))]
+        under_load = self.links.read(loaded, self._left_for_reads(last))
+        for index in loaded:
+            channels[index].say(DONE)
+        for index in loaded:
+            results[index]['link'] = link_fields(under_load.get(index))
+            results[index]['replays'] = replays_during(idle.get(index), under_load.get(index))
+
+    def _left_for_reads(self, last):
+        return max(0.0, last - time.monotonic())
+
+    def _judge(self, probed, result):
+        results = [res for dummy, res in probed]
+        for res in results:
+            res['slow'] = slow_reasons(res, results, self.options.slow_fraction)
+            if res['slow']:
+                result.warnings.append('%s is slow: %s' % (gpu_name(res), '; '.join(
+                    reason['message'] for reason in res['slow'])))
+        result.warnings.extend(self.links.warnings)
+
+
+def link_fields(read):
+    if not read:
+        return None
+    return dict((key, read.get(key)) for key in ('gen', 'width', 'max_gen', 'max_width'))
+
+
+def replays_during(before, after):
+    if not before or not after or before.get('replays') is None or after.get('replays') is None:
+        return None
+    return max(0, after['replays'] - before['replays'])
+
+
+def slow_reasons(res, results, fraction):
+    """Why res's GPU is slow, each {reason, message}: its link under load below its maximum,
+    replays during the copies, a bandwidth more than fraction below its peers' median."""
+    name = gpu_name(res)
+    reasons = []
+    link = res.get('link') or {}
+    if None not in [link.get(key) for key in ('gen', 'width', 'max_gen', 'max_width')] and (
+            link['gen'] < link['max_gen'] or link['width'] < link['max_width']):
+        reasons.append(slow(PCIE_LINK_DEGRADED, '%s: its PCIe link ran at Gen%s x%s while loaded, below its maximum '
+                            'of Gen%s x%s' % (name, link['gen'], link['width'], link['max_gen'], link['max_width'])))
+    if res.get('replays'):
+        reasons.append(slow(PCIE_REPLAYS, '%s: its PCIe replay counter grew by %d during the copies' % (
+            name, res['replays'])))
+    for field, reason, words in BELOW_PEERS:
+        figure = res.get(field)
+        peers = [other[field] for other in results if other is not res and other.get(field)]
+        if not figure or not peers:
+            continue
+        median = statistics.median(peers)
+        bound = median * (1 - fraction)
+        if figure < bound:
+            reasons.append(slow(reason, '%s %s %.1f GB/s, below %.1f GB/s (%d %% under the median %.1f GB/s of its '
+                                '%d peers)' % (name, words, figure, bound, round(fraction * 100), median, len(peers))))
+    return reasons
+
+
+def slow(reason, text):
+    return dict(reason=reason, message='%s: %s' % (reason, text))
+
+
+# ---------------------------------------------------------------- the links, through the reader
+
+# nvidia-smi's names for the link fields (nvidia-smi --help-query-gpu), and NVML's calls.
+SMI_LINK_FIELDS = ('index', 'pcie.link.gen.current', 'pcie.link.width.current', 'pcie.link.gen.max',
+                   'pcie.link.width.max')
+NVML_LINK_CALLS = (('gen', 'nvmlDeviceGetCurrPcieLinkGeneration'), ('width', 'nvmlDeviceGetCurrPcieLinkWidth'),
+                   ('max_gen', 'nvmlDeviceGetMaxPcieLinkGeneration'), ('max_width', 'nvmlDeviceGetMaxPcieLinkWidth'),
+                   ('replays', 'nvmlDeviceGetPcieReplayCounter'))
+# Two GPUs under one PCIe switch: NVML's NVML_TOPOLOGY_SINGLE (10) and MULTIPLE (20); nvidia-smi
+# topo -m's PIX and PXB.
+NVML_SHARED_SWITCH = (10, 20)
+SMI_SHARED_SWITCH = ('PIX', 'PXB')
+
+
+class Links:
+    """The PCIe links and the switches above the GPUs, read by the module's own reader (NVML or
+    nvidia-smi, with its deadline). Read failures are warnings: the link is then not judged."""
+
+    def __init__(self, reader):
+        # The backend itself, under the module's HostReader (which adds the host's view to reads).
+        self.reader = getattr(reader, 'reader', reader)
+        self.warnings = []
+
+    def read(self, indexes, timeout):
+        """{index: {gen, width, max_gen, max_width, replays}} of indexes (replays: NVML only)."""
+        if not indexes:
+            return {}
+        try:
+            if getattr(self.reader, 'backend', None) == 'nvml':
+                return self._call(lambda: dict((index, self._nvml_link(index)) for index in indexes), timeout)
+            return self._smi_links(indexes, timeout)
+        except (GpuopsError, ValueError, AttributeError) as exc:
+            self.warnings.append('the PCIe links could not be read (%s): no link is judged' % printable(str(exc), 200))
+            return {}
+
+    def switch_test(self, indexes, timeout):
+        """A test of two indexes: whether they share a PCIe switch (never, when unknown)."""
+        try:
+            if getattr(self.reader, 'backend', None) == 'nvml':
+                shared = self._call(lambda: self._nvml_shared(indexes), timeout)
+            else:
+                shared = self._smi_shared(timeout)
+        except (GpuopsError, ValueError, AttributeError) as exc:
+            self.warnings.append('the PCIe topology could not be read (%s): every GPU copied at once, and GPUs under '
+                                 'one switch may share its bandwidth' % printable(str(exc), 200))
+            shared = set()
+        return lambda a, b: frozenset((a, b)) in shared
+
+    def _call(self, func, timeout):
+        return self.reader._call(func, timeout, 'reading the PCIe links')
+
+    def _nvml_link(self, index):
+        nvml = self.reader.nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        link = {}
+        for key, name in NVML_LINK_CALLS:
+            try:
+                link[key] = int(getattr(nvml, name)(handle))
+            except nvml.NVMLError:
+                link[key] = None
+        return link
+
+    def _nvml_shared(self, indexes):
+        nvml = self.reader.nvml
+        handles = dict((index, nvml.nvmlDeviceGetHandleByIndex(index)) for index in indexes)
+        shared = set()
+        for a in indexes:
+            for b in indexes:
+                if a < b and nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]) in NVML_SHARED_SWITCH:
+                    shared.add(frozenset((a, b)))
+        return shared
+
+    def _smi_links(self, indexes, timeout):
+        rc, stdout, stderr = self.reader.runner.run(['--query-gpu=' + ','.join(SMI_LINK_FIELDS),
+                                                     '--format=csv,noheader,nounits'], timeout=timeout)
+        if rc != 0:
+            raise GpuopsError('nvidia-smi exited %d: %s' % (rc, (stderr or stdout).strip()[:200]))
+        links = {}
+        for line in stdout.splitlines():
+            cells = [cell.strip() for cell in line.split(',')]
+            if len(cells) != len(SMI_LINK_FIELDS) or not cells[0].isdigit():
+                continue
+            values = [int(cell) if cell.isdigit() else None for cell in cells[1:]]
+            links[int(cells[0])] = dict(zip(('gen', 'width', 'max_gen', 'max_width'), values), replays=None)
+        return dict((index, links[index]) for index in indexes if index in links)
+
+    def _smi_shared(self, timeout):
+        rc, stdout, stderr = self.reader.runner.run(['topo', '-m'], timeout=timeout)
+        if rc != 0:
+            raise GpuopsError('nvidia-smi topo -m exited %d: %s' % (rc, (stderr or stdout).strip()[:200]))
+        return parse_topology(stdout)
+
+
+GPU_COLUMN = re.compile(r'^GPU(\d+)$')
+
+
+def parse_topology(text):
+    """The pairs of GPUs under one PCIe switch, from `nvidia-smi topo -m`'s matrix: its header
+    (an empty first cell, then GPU0, GPU1, ...) names the columns, each GPU row its links; colour
+    codes, NIC rows and the legend are skipped."""
+    columns, shared = None, set()
+    for line in re.sub(r'\x1b\[[0-9;]*m', '', text).splitlines():
+        cells = [cell.strip() for cell in line.split('\t')]
+        if columns is None:
+            if len(cells) > 1 and not cells[0] and GPU_COLUMN.match(cells[1]):
+                columns = dict((position, int(GPU_COLUMN.match(cell).group(1))) for position, cell in enumerate(cells)
+                               if GPU_COLUMN.match(cell))
+            continue
+        row = GPU_COLUMN.match(cells[0])
+        for position, other in (columns.items() if row else ()):
+            if position < len(cells) and cells[position] in SMI_SHARED_SWITCH:
+                shared.add(frozenset((int(row.group(1)), other)))
+    if columns is None:
+        raise ValueError('nvidia-smi topo -m printed no GPU matrix')
+    return shared
+
+
+def probe(reader, options, check_mode=False, child=None, snapshot=None):
+    """The probe at options.probe_level: the performance level's own prober, else the probe's."""
+    if options.probe_level != 'performance':
+        return Prober(reader, options, child).run(check_mode, snapshot)
+    return PerformanceProber(reader, options, child).run(check_mode, snapshot)
