@@ -388,15 +388,18 @@ gpus:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._module import run_with_reader
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance import probe
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import ProbeOptions, probe_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance import (
+    PerformanceOptions,
+    probe,
+    probe_module_argument_spec,
+)
 
 
 def main():
-    module = AnsibleModule(argument_spec=probe_argument_spec(), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=probe_module_argument_spec(), supports_check_mode=True)
     result, warnings = run_with_reader(
         module, lambda reader, options: probe(reader, options, check_mode=module.check_mode),
-        ProbeOptions.from_params)
+        PerformanceOptions.from_params)
     for warning in warnings + result.warnings:
         module.warn(warning)
     if result.failure:

@@ -34,7 +34,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.escalation imp
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import (
     HOLD_AFTER_CURES, HOLD_WINDOW_DAYS, MAX_BUDGET, MAX_HOLD_AFTER_CURES, MAX_HOLD_WINDOW_DAYS, REBOOT_BUDGET, RESET_BUDGET)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import DEFAULT_SIGNALS, MAX_MEMORY_THRESHOLD_MIB
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import MAX_SLOW_FRACTION, MIN_PROBE_MIB, probe_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance import MAX_SLOW_FRACTION, probe_module_argument_spec
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import MIN_PROBE_MIB
 
 PREFIX = 'gpu_reset_'
 
@@ -43,7 +44,7 @@ DECLARED = ('type', 'elements', 'choices', 'default')
 
 _HOLDERS = holders_argument_spec()
 _READER = reader_argument_spec()
-_PROBE = probe_argument_spec()
+_PROBE = probe_module_argument_spec()
 _RESET = reset_argument_spec()
 
 

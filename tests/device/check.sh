@@ -306,6 +306,33 @@ PY
         verdict "${line%% *}" "${line#* }"
     done <"$dir/$level.checks.txt"
 done
+# The performance level: copies and kernels timed, the PCIe link read under load; the figures
+# beside NVIDIA's published ones for an H200 (PCIe Gen5 x16: 64 GB/s each way; HBM3e: 4.8 TB/s).
+# The idle link and the topology are kept as fixtures for gpusim.
+"$SMI" --query-gpu=index,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max \
+    --format=csv,noheader,nounits >"$dir/pcie_idle.csv" 2>&1 || true
+"$SMI" topo -m >"$dir/topo_m.txt" 2>&1 || true
+run_module "$dir" performance nvidia_gpu_probe \
+    "{\"backend\": \"nvidia-smi\", \"host_root\": \"$HOST_ROOT\", \"timeout\": 60, \"probe_level\": \"performance\"}"
+"$PYTHON" - "$dir/performance.json" >"$dir/performance.checks.txt" <<'PY' || verdict FAIL "probe (performance): no result to read"
+import json, sys
+result = json.load(open(sys.argv[1]))
+for gpu in result.get('gpus') or []:
+    link = gpu.get('link') or {}
+    figures = ('h2d %s GB/s, d2h %s GB/s (published 64 each way), hbm %s GB/s (published 4800), link under load '
+               'Gen%s x%s of Gen%s x%s, copy round %s, module %s ms' % (
+                   gpu.get('h2d_gbps'), gpu.get('d2h_gbps'), gpu.get('hbm_gbps'), link.get('gen'), link.get('width'),
+                   link.get('max_gen'), link.get('max_width'), gpu.get('copy_round'), result.get('duration_ms')))
+    ok = gpu.get('ok') and None not in (gpu.get('h2d_gbps'), gpu.get('d2h_gbps'), gpu.get('hbm_gbps'), link.get('gen'))
+    slow = '; slow: %s' % '; '.join(reason['message'] for reason in gpu['slow']) if gpu.get('slow') else ''
+    print('%s probe performance: GPU %s %s%s%s' % ('PASS' if ok else 'FAIL', gpu.get('index'), figures, slow,
+          '' if gpu.get('ok') else ': %s %s' % (gpu.get('error_name'), gpu.get('error_string'))))
+if not result.get('gpus'):
+    print('FAIL probe performance: no GPU result (%s)' % result.get('msg'))
+PY
+while IFS= read -r line; do
+    verdict "${line%% *}" "${line#* }"
+done <"$dir/performance.checks.txt"
 FREE0=$("$SMI" --query-gpu=memory.free -i 0 --format=csv,noheader,nounits 2>/dev/null | head -n 1 | tr -d ' ') || true
 if [[ -n $SIM ]]; then
     # What the probe's 1024 MiB cannot fit in: all but 512 MiB of GPU 0's free memory.

@@ -358,8 +358,9 @@ def link_now(paths, gpu, now=None):
 
 
 def numa_node(index, count):
-    """The NUMA node of GPU index of count: the lower half on node 0, the others on node 1."""
-    return 0 if 2 * index < count else 1
+    """The NUMA node of GPU index of count: the switches (pairs) of the lower half on node 0, the
+    others on node 1 (a switch never spans two nodes)."""
+    return 0 if 2 * (index - index % 2) < count else 1
 
 
 def topology(a, b, count):

@@ -37,13 +37,22 @@ import time
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import cuda as _cuda
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import (
     ANSWER_FIELDS,
+    PERFORMANCE,
     READ_RESERVE_S,
     ProbeChild,
+    ProbeOptions,
     Prober,
     gpu_name,
+    probe_argument_spec,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
 
+# How far below its peers' median a GPU's bandwidth may be before it is called slow: well outside
+# the spread of healthy GPUs (docs/benchmarks.md), well inside what a link trained down or a slow
+# memory costs (a half or more).
+DEFAULT_SLOW_FRACTION = 0.15
+MAX_SLOW_FRACTION = 0.9
 # MiB each timed copy moves: enough that the copy, not its launch, is what is timed (5 ms at the
 # 55 GB/s of a Gen5 x16 link), and what NVIDIA's bandwidthTest and nvbandwidth copy.
 COPY_MIB = 256
@@ -82,6 +91,36 @@ SIGNATURES = dict(_cuda.SIGNATURES, **{
 })
 # What the parent takes of a child's answer at this level.
 PERFORMANCE_FIELDS = ANSWER_FIELDS + ('h2d_gbps', 'd2h_gbps', 'hbm_gbps')
+
+
+def check_slow_fraction(slow_fraction):
+    """GpuopsError when slow_fraction is not above 0 and at most MAX_SLOW_FRACTION."""
+    number = isinstance(slow_fraction, (int, float)) and not isinstance(slow_fraction, bool)
+    if not number or not 0 < slow_fraction <= MAX_SLOW_FRACTION:
+        raise GpuopsError('slow_fraction must be more than 0 and at most %g (0.15: 15 %% below its peers), got %r'
+                          % (MAX_SLOW_FRACTION, slow_fraction))
+
+
+def probe_module_argument_spec():
+    """The probe module's options: the probe's, and the performance level's bound."""
+    return dict(probe_argument_spec(), slow_fraction=dict(type='float', default=DEFAULT_SLOW_FRACTION))
+
+
+class PerformanceOptions(ProbeOptions):
+    """The probe's options, and slow_fraction (the performance level's alone)."""
+
+    slow_fraction = DEFAULT_SLOW_FRACTION
+
+    @classmethod
+    def from_params(cls, params):
+        options = super(PerformanceOptions, cls).from_params(params)
+        options.set_slow_fraction(params.get('slow_fraction', DEFAULT_SLOW_FRACTION))
+        return options
+
+    def set_slow_fraction(self, slow_fraction):
+        check_slow_fraction(slow_fraction)
+        self.slow_fraction = slow_fraction
+        return self
 
 
 # ---------------------------------------------------------------- the child
@@ -352,7 +391,7 @@ class PerformanceProber(Prober):
     def _conduct(self, probed, channels):
         results = dict((res['index'], res) for dummy, res in probed)
         last = self.deadline - READ_RESERVE_S
-        idle = self.links.read(sorted(channels), self._left_for_reads(last))
+        before = self.links.replays(sorted(channels), self._left_for_reads(last))
         shares_switch = self.links.switch_test(sorted(channels), self._left_for_reads(last))
         # Contexts are made at once, in parallel: a GPU not ready STEP_WAIT_S after the first is left out.
         ready = await_word(list(channels.values()), READY, last, grace=STEP_WAIT_S)
@@ -372,7 +411,7 @@ class PerformanceProber(Prober):
             channels[index].say(DONE)
         for index in loaded:
             results[index]['link'] = link_fields(under_load.get(index))
-            results[index]['replays'] = replays_during(idle.get(index), under_load.get(index))
+            results[index]['replays'] = replays_during(before.get(index), under_load.get(index))
 
     def _left_for_reads(self, last):
         return max(0.0, last - time.monotonic())
@@ -380,11 +419,22 @@ class PerformanceProber(Prober):
     def _judge(self, probed, result):
         results = [res for dummy, res in probed]
         for res in results:
-            res['slow'] = slow_reasons(res, results, self.options.slow_fraction)
+            res['slow'] = slow_reasons(res, results, getattr(self.options, 'slow_fraction', DEFAULT_SLOW_FRACTION))
             if res['slow']:
                 result.warnings.append('%s is slow: %s' % (gpu_name(res), '; '.join(
                     reason['message'] for reason in res['slow'])))
         result.warnings.extend(self.links.warnings)
+
+    def _record_history(self, probed, proven, cured, now, result):
+        """A slow GPU's probe is recorded slow in its history, with every reason; the others as
+        the probe records them."""
+        slow = [(gpu, res) for gpu, res in probed if res.get('ok') and res.get('slow')]
+        history = History.for_host(self.options.host_root, self.options.state_dir)
+        history.record([(gpu.get('uuid'), gpu.get('index'), '; '.join(reason['message'] for reason in res['slow']))
+                        for gpu, res in slow], 'probe', now, result='slow')
+        result.warnings.extend(warning for warning in history.warnings if warning not in result.warnings)
+        rest = [(gpu, res) for gpu, res in probed if (gpu, res) not in slow]
+        super(PerformanceProber, self)._record_history(rest, proven, cured, now, result)
 
 
 def link_fields(read):
@@ -394,9 +444,9 @@ def link_fields(read):
 
 
 def replays_during(before, after):
-    if not before or not after or before.get('replays') is None or after.get('replays') is None:
+    if before is None or not after or after.get('replays') is None:
         return None
-    return max(0, after['replays'] - before['replays'])
+    return max(0, after['replays'] - before)
 
 
 def slow_reasons(res, results, fraction):
@@ -464,8 +514,16 @@ class Links:
             self.warnings.append('the PCIe links could not be read (%s): no link is judged' % printable(str(exc), 200))
             return {}
 
+    def replays(self, indexes, timeout):
+        """{index: the PCIe replay counter} of indexes; {} with nvidia-smi, which has no field for it."""
+        if getattr(self.reader, 'backend', None) != 'nvml' or not indexes:
+            return {}
+        return dict((index, link.get('replays')) for index, link in self.read(indexes, timeout).items())
+
     def switch_test(self, indexes, timeout):
         """A test of two indexes: whether they share a PCIe switch (never, when unknown)."""
+        if len(indexes) < 2:
+            return lambda a, b: False
         try:
             if getattr(self.reader, 'backend', None) == 'nvml':
                 shared = self._call(lambda: self._nvml_shared(indexes), timeout)
@@ -548,6 +606,6 @@ def parse_topology(text):
 
 def probe(reader, options, check_mode=False, child=None, snapshot=None):
     """The probe at options.probe_level: the performance level's own prober, else the probe's."""
-    if options.probe_level != 'performance':
+    if options.probe_level != PERFORMANCE:
         return Prober(reader, options, child).run(check_mode, snapshot)
     return PerformanceProber(reader, options, child).run(check_mode, snapshot)

@@ -68,11 +68,6 @@ MISSING_LIBRARY_CHOICES = ('fail', 'skip')
 # (_probe/performance.py): the probe module's alone, so that what the release ships stays as it is.
 PERFORMANCE = 'performance'
 PROBE_LEVELS = _cuda.LEVELS + (PERFORMANCE,)
-# How far below its peers' median a GPU's bandwidth may be before it is called slow (the
-# performance level): well outside the spread of healthy GPUs (docs/benchmarks.md), well inside
-# what a link trained down or a slow memory costs (a half or more).
-DEFAULT_SLOW_FRACTION = 0.15
-MAX_SLOW_FRACTION = 0.9
 
 
 def check_probe_mib(probe_mib):
@@ -88,20 +83,11 @@ def check_probe_level(probe_level):
         raise GpuopsError('probe_level must be %s, got %r' % (levels, probe_level))
 
 
-def check_slow_fraction(slow_fraction):
-    """GpuopsError when slow_fraction is not above 0 and at most MAX_SLOW_FRACTION."""
-    number = isinstance(slow_fraction, (int, float)) and not isinstance(slow_fraction, bool)
-    if not number or not 0 < slow_fraction <= MAX_SLOW_FRACTION:
-        raise GpuopsError('slow_fraction must be more than 0 and at most %g (0.15: 15 %% below its peers), got %r'
-                          % (MAX_SLOW_FRACTION, slow_fraction))
-
-
 def probe_argument_spec():
     spec = dict(
         gpus=dict(type='list', elements='int'),
         probe_mib=dict(type='int', default=DEFAULT_PROBE_MIB),
         probe_level=dict(type='str', default=_cuda.DEFAULT_LEVEL, choices=list(PROBE_LEVELS)),
-        slow_fraction=dict(type='float', default=DEFAULT_SLOW_FRACTION),
         timeout=dict(type='float', default=DEFAULT_TIMEOUT_S),
         memory_threshold_mib=dict(type='int', default=DEFAULT_MEMORY_THRESHOLD_MIB),
         missing_library=dict(type='str', default='fail', choices=list(MISSING_LIBRARY_CHOICES)),
@@ -117,7 +103,7 @@ class ProbeOptions:
     def __init__(self, gpus=None, probe_mib=DEFAULT_PROBE_MIB, timeout=DEFAULT_TIMEOUT_S,
                  memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB, missing_library='fail',
                  cuda_library=_cuda.LIBRARY, expected_gpus=None, state_dir=None, host_root='/',
-                 probe_level=_cuda.DEFAULT_LEVEL, slow_fraction=DEFAULT_SLOW_FRACTION):
+                 probe_level=_cuda.DEFAULT_LEVEL):
         problem = check_seconds('timeout', timeout, positive=True)
         if problem:
             raise GpuopsError(problem)
@@ -126,7 +112,6 @@ class ProbeOptions:
                               'reads after it), got %s' % (MIN_TIMEOUT_S, READ_RESERVE_S, timeout))
         check_probe_mib(probe_mib)
         check_probe_level(probe_level)
-        check_slow_fraction(slow_fraction)
         if gpus is not None and not gpus:
             raise GpuopsError('gpus is an empty list: name the GPUs to probe, or leave gpus out to probe every GPU')
         if memory_threshold_mib < 0:
@@ -135,7 +120,6 @@ class ProbeOptions:
             raise GpuopsError('missing_library must be fail or skip, got %r' % (missing_library,))
         check_expected_gpus(None, expected_gpus)
         self.gpus, self.probe_mib, self.timeout, self.probe_level = gpus, probe_mib, timeout, probe_level
-        self.slow_fraction = slow_fraction
         self.memory_threshold_mib, self.missing_library = memory_threshold_mib, missing_library
         self.cuda_library, self.expected_gpus = cuda_library, expected_gpus
         self.state_dir, self.host_root = state_dir, host_root or '/'
@@ -144,8 +128,7 @@ class ProbeOptions:
     def from_params(cls, params):
         return cls(params.get('gpus'), params['probe_mib'], params['timeout'], params['memory_threshold_mib'],
                    params['missing_library'], params['cuda_library'], params.get('expected_gpus'),
-                   params.get('state_dir'), params.get('host_root'), params.get('probe_level') or _cuda.DEFAULT_LEVEL,
-                   params.get('slow_fraction') or DEFAULT_SLOW_FRACTION)
+                   params.get('state_dir'), params.get('host_root'), params.get('probe_level') or _cuda.DEFAULT_LEVEL)
 
 
 def gpu_name(gpu):
@@ -538,10 +521,6 @@ class Prober:
                        result='pass')
         failed = [(gpu.get('uuid'), gpu.get('index'), '%s: %s' % (res.get('error_name') or 'failed', res.get('error_string') or ''))
                   for gpu, res in probed if gpu.get('uuid') not in passed]
-        slow = [(gpu.get('uuid'), gpu.get('index'), '; '.join(reason['message'] for reason in res['slow']))
-                for gpu, res in probed if res.get('ok') and res.get('slow')]
-        history.record(slow, 'probe', now, result='slow')
-        failed = [event for event in failed if event[0] not in set(uuid for uuid, dummy, dummy in slow)]
         history.record(failed, 'probe', now, result='fail')
         history.record([(uuid, dict((gpu.get('uuid'), gpu.get('index')) for gpu, dummy in proven).get(uuid),
                          'every probed byte checked by the kernel') for uuid in cured], 'cure', now, how='probe',

@@ -561,7 +561,8 @@ nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t dev1, nvmlDevice_t
     if (other->lost) RETURN(other->lost);
     if (other->index == g->index) *path = NVML_TOPOLOGY_INTERNAL;
     else if (other->index / 2 == g->index / 2) *path = NVML_TOPOLOGY_SINGLE;
-    else if ((2 * other->index < st->ngpus) == (2 * g->index < st->ngpus)) *path = NVML_TOPOLOGY_NODE;
+    else if ((2 * (other->index - other->index % 2) < st->ngpus) == (2 * (g->index - g->index % 2) < st->ngpus))
+        *path = NVML_TOPOLOGY_NODE;  /* one NUMA node (gpusim/state.py numa_node) */
     else *path = NVML_TOPOLOGY_SYSTEM;
     RETURN(NVML_SUCCESS);
 }

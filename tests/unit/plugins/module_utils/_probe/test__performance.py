@@ -32,6 +32,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance i
     parse_topology,
     slow_reasons,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance import PerformanceOptions
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import ProbeChild, ProbeOptions
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 
@@ -120,7 +121,7 @@ def test_replays_during_the_copies_make_a_gpu_slow():
 @pytest.mark.parametrize('fraction', [0, 1, -0.1, 0.95, True, 'x'])
 def test_a_bad_slow_fraction_is_named(fraction):
     with pytest.raises(GpuopsError, match='slow_fraction must be more than 0 and at most 0.9'):
-        ProbeOptions(probe_level='performance', slow_fraction=fraction)
+        PerformanceOptions(probe_level='performance').set_slow_fraction(fraction)
 
 
 def test_the_performance_level_is_the_probe_modules_and_not_the_releases():
