@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -211,7 +212,7 @@ def _number(text, kind, accept):
         value = float(text)
     except ValueError:
         value = None
-    if value is None or value != value or not accept(value):
+    if value is None or math.isnan(value) or not accept(value):
         raise argparse.ArgumentTypeError("expected %s, got %r" % (kind, text))
     return value
 

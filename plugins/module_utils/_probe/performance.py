@@ -248,23 +248,23 @@ class PerformanceProbe(_cuda.GpuProbe):
         super(PerformanceProbe, self)._launch_all(kernels, sizes)
 
     def _free_copy_buffers(self):
-        if self.host.value:
-            self._quietly('cuMemFreeHost', self.host)
-            self.host = ctypes.c_void_p()
-        if self.device.value:
-            self._quietly('cuMemFree_v2', self.device)
-            self.device = ctypes.c_uint64()
+        self._quietly('cuMemFreeHost', self.host)
+        self._quietly('cuMemFree_v2', self.device)
+        self.host, self.device = ctypes.c_void_p(), ctypes.c_uint64()
 
     def _teardown(self, result):
         for event in self.events:
-            if event.value:
-                self._quietly('cuEventDestroy_v2', event)
+            self._quietly('cuEventDestroy_v2', event)
         return super(PerformanceProbe, self)._teardown(result)
 
     def _quietly(self, name, handle):
+        """name called on handle, when it was made; an error is left to the context's destruction,
+        which frees everything the context made."""
+        if not handle.value:
+            return
         try:
             self.cuda.call(name, handle)
-        except _cuda.CudaError:  # the context's destruction frees it anyway
+        except _cuda.CudaError:
             pass
 
 
