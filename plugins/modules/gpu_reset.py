@@ -408,6 +408,20 @@ options:
       - More than 0, at most 0.9.
     type: float
     default: 0.15
+  slow_gpu_policy:
+    description:
+      - What a GPU that O(probe_level=performance) calls slow (its link below its maximum under load,
+        its replays growing, a bandwidth more than O(probe_slow_fraction) below its peers') leads to.
+      - V(report) - a warning, the gauges and the GPU's history; the host stays clean.
+      - V(hold) - a GPU whose link is the fault is reset once where O(allow_gpu_reset) allows it (a reset
+        retrains the link) and every GPU probed again; a GPU still slow, or slow for another reason, fails
+        the host, held for a person with its figures in the reason (the report's C(held); the Slurm hook
+        drains the node with a C(gpu_reset(hold)) reason the health check never resumes).
+    type: str
+    choices:
+      - report
+      - hold
+    default: report
   probe_missing_library:
     description:
       - What the probe does on a host without C(libcuda.so.1) (O(gpuops.nvidia.nvidia_gpu_probe#module:missing_library))

@@ -364,6 +364,11 @@ gpus:
       type: int
       returned: with O(probe_level=performance)
       sample: 0
+    uuid:
+      description: With O(probe_level=performance), the GPU's UUID as the reader gave it; null when it gave none.
+      type: str
+      returned: with O(probe_level=performance)
+      sample: GPU-8932f937-d72c-4106-c12f-20bd9faed9f6
     copy_round:
       description: With O(probe_level=performance), in which round the GPU copied (GPUs under one PCIe switch copy in
         different rounds); null when it did not copy.

@@ -26,6 +26,7 @@ __metaclass__ = type
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import MIN_TIMEOUT_S, Budget
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance import PCIE_LINK_DEGRADED
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import PERFORMANCE
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import failed
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import settings_problems
@@ -55,6 +56,13 @@ RELEASING = ('nvidia_device_release', 'nvidia_device_reset')
 FACTS_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'expected_gpus', 'devices', 'extra_protect',
                  'memory_threshold_mib', 'timeout', 'kernel_log')
 PROBE_OPTIONS = ('backend', 'nvidia_smi_path', 'host_root', 'gpus', 'memory_threshold_mib')
+
+
+def warning_text(warning):
+    """A module's warning as text: ansible-core 2.19 gives it as an object (or its dict) with its event."""
+    event = warning.get('event') if isinstance(warning, dict) else getattr(warning, 'event', None)
+    message = event.get('msg') if isinstance(event, dict) else getattr(event, 'msg', None)
+    return str(message if message is not None else warning)
 
 
 class ModuleError(Exception):
@@ -116,7 +124,7 @@ class Run:
         finally:
             if self.budget is not None:
                 self.budget.spend(step, started)
-        self.warnings.extend(warning for warning in result.get('warnings') or [] if warning not in self.warnings)
+        self.warnings.extend(text for text in map(warning_text, result.get('warnings') or []) if text not in self.warnings)
         return result
 
     def facts_args(self):
@@ -353,9 +361,47 @@ def prove(run):
     except ModuleError as exc:
         failed(report, PROVE, exc)
         return
+    if not probe.get('failed') and slow_gpus(probe) and run.options['slow_gpu_policy'] == 'hold':
+        probe = hold_slow(run, probe)
     report['probe'] = dict((key, probe.get(key)) for key in PROBE_REPORT)
     if probe.get('failed'):
         failed(report, PROVE, probe.get('msg', 'failed'))
+
+
+def retrained(run, probe, retrain):
+    """The probe after the reset of the GPUs of retrain (their links), or probe with why not."""
+    args = run.reset_args(dict(reset_due=[dict(index=gpu['index'], reasons=[why['message'] for why in gpu['slow']])
+                                          for gpu in retrain]))
+    why = None if args is not None else 'not started, %s' % (run.budget.used() if run.budget else 'no time left')
+    if why is None and run.call(RESET, 'nvidia_device_reset', args) is None:
+        why, run.error = run.error, None
+    if why is None:
+        try:
+            return run.module(PROVE, 'nvidia_gpu_probe', run.probe_args())
+        except ModuleError as exc:
+            why = 'the probe after it gave no result: %s' % exc
+    run.warnings.append('the reset of the slow links of GPU %s: %s' % (
+        ', '.join(str(gpu['index']) for gpu in retrain), why))
+    return probe
+
+
+def slow_gpus(probe):
+    return [gpu for gpu in probe.get('gpus') or [] if gpu.get('slow')]
+
+
+def hold_slow(run, probe):
+    """slow_gpu_policy hold: a GPU whose link is the fault is reset once, where allow_gpu_reset
+    allows it (a reset retrains the link), and the GPUs probed again; a GPU still slow fails the
+    host, held for a person with its figures (the report's held). Returns the last probe."""
+    retrain = [gpu for gpu in slow_gpus(probe) if any(why['reason'] == PCIE_LINK_DEGRADED for why in gpu['slow'])]
+    if retrain and run.options['allow_gpu_reset']:
+        probe = retrained(run, probe, retrain)
+    held = [dict(index=gpu['index'], uuid=gpu.get('uuid'), reason='held for a person, slow: %s' % '; '.join(
+        why['message'] for why in gpu['slow'])) for gpu in slow_gpus(probe)]
+    if held:
+        run.report['held'] = list(run.report.get('held') or []) + held
+        failed(run.report, PROVE, '; '.join(entry['reason'] for entry in held))
+    return probe
 
 
 STEPS = (check_settings, read_first, release, reset, verify)

@@ -204,6 +204,15 @@ SEQUENCE_SPEC = dict(
     probe_slow_fraction=passed(_PROBE, 'nvidia_gpu_probe', 'slow_fraction',
                                bounds=dict(above=0, maximum=MAX_SLOW_FRACTION)),
     # The probe module's default is fail; a host without the driver's CUDA library is noted here.
+    slow_gpu_policy=dict(type='str', choices=['report', 'hold'], default='report', description=[
+        'What a GPU that O(probe_level=performance) calls slow (its link below its maximum under load, its '
+        "replays growing, a bandwidth more than O(probe_slow_fraction) below its peers') leads to.",
+        'V(report) - a warning, the gauges and the GPU\'s history; the host stays clean.',
+        'V(hold) - a GPU whose link is the fault is reset once where O(allow_gpu_reset) allows it (a reset '
+        'retrains the link) and every GPU probed again; a GPU still slow, or slow for another reason, fails the '
+        'host, held for a person with its figures in the reason (the report\'s C(held); the Slurm hook drains '
+        'the node with a C(gpu_reset(hold)) reason the health check never resumes).',
+    ]),
     probe_missing_library=passed(_PROBE, 'nvidia_gpu_probe', 'missing_library', default='skip', description=[
         'What the probe does on a host without C(libcuda.so.1) '
         '(O(gpuops.nvidia.nvidia_gpu_probe#module:missing_library)) - V(skip) notes it in the report, V(fail) '

@@ -12,9 +12,10 @@ from gpusim import kmsg as _kmsg
 from gpusim import messages
 from gpusim import modules as _modules
 from gpusim import mig as _mig
-from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, OTHER_PCI_DEVICES, PCIE_LANE_GBPS,
-                          PCIE_WIDTHS, RECOVERY_ACTIONS, Paths, build_state, cuda_code, empty_faults, healthy_link,
-                          is_alive, link_of, load_records, load_state, minor_of, write_json)
+from gpusim.state import (DEFAULTS, DEV_FILE_SIZE, GPU_PCI_CLASS, GPU_PCI_DEVICE, NVLINK_MAX_LINKS, OTHER_PCI_DEVICES,
+                          PCIE_LANE_GBPS, PCIE_WIDTHS, RECOVERY_ACTIONS, REMAP_HISTOGRAM_BUCKETS, Paths, build_state,
+                          cuda_code, empty_faults, healthy_link, is_alive, link_of, load_records, load_state, minor_of,
+                          nvlink_links, write_json)
 
 # (module, the module it holds) as a data-center driver loads them.
 DEFAULT_MODULES = (("nvidia", None), ("nvidia_uvm", "nvidia"), ("nvidia_modeset", "nvidia"))
@@ -411,13 +412,14 @@ class Host:
     def fault(self, kind, value=True, gpu=None, message="unknown", seconds=None,
               field=None, mib=None, pending=None, failure=None, correctable=None,
               uncorrectable=None, code=None, text=None, when=None, in_place=False,
-              gpu_instance=None, form="probe", count=1, offset=None, bit=0):
+              gpu_instance=None, form="probe", count=1, offset=None, bit=0, histogram=None):
         """Inject a fault. kind: lost (gpu, message; in_place=True: the old variant, where the
         error line stands in the GPU's place and the others are listed, for every lost GPU),
         hang (seconds), hang-d (seconds: nvidia-smi hangs as one in D state in the driver does, as
         far as ROOT/proc/PID shows it: see smi.hang_in_driver; 0 clears), na (field, gpu, value),
         stuck (gpu, mib), driver-not-loaded|no-devices|mismatch (value on/off), clear,
-        remap (gpu, pending, failure, correctable, uncorrectable: row-remapper state),
+        remap (gpu, pending, failure, correctable, uncorrectable: row-remapper state; histogram: the
+        banks with max, high, partial, low and none of their spare rows left, five counts),
         retired (gpu, value: retired pages pending, on GPUs that retire pages),
         xid (gpu, code, text, when, gpu_instance, count: an Xid line in the kernel log, count
         times (a storm: count 1000000 writes a million lines, one second apart, ending at when); with
@@ -502,6 +504,8 @@ class Host:
             for key, v in (("correctable", correctable), ("uncorrectable", uncorrectable)):
                 if v is not None:
                     remap[key] = int(v)
+            if histogram is not None:
+                remap["histogram"] = _histogram(histogram)
         elif kind == "retired":
             faults.setdefault("retired_pending", {})[str(int(gpu))] = _onoff(value)
         elif kind == "reset-required":
@@ -572,20 +576,49 @@ class Host:
             faults[kind.replace("-", "_")] = _onoff(value)
         write_json(self.paths.state, state)
 
-    def slow(self, gpu, link=None, h2d=None, d2h=None, hbm=None, replays=None, copy_hang=None, clear=False):
+    def nvlink(self, links):
+        """NVLinks per GPU (`gpusim nvlink --links N`): with N > 0 the host is an HGX board, every GPU
+        linked by N NVLinks to the NVSwitches, so every pair of GPUs is connected (an H100's or H200's
+        18: nvidia-smi topo -m says NV18); 0, as init leaves it, a host without NVLink. Returns N."""
+        try:
+            links = int(links)
+        except (TypeError, ValueError):
+            raise ValueError("nvlink: links is a number from 0 to %d, got %r" % (NVLINK_MAX_LINKS, links))
+        if not 0 <= links <= NVLINK_MAX_LINKS:
+            raise ValueError("nvlink: links is a number from 0 to %d (NVML_NVLINK_MAX_LINKS), got %d" % (
+                NVLINK_MAX_LINKS, links))
+        state = load_state(self.paths)
+        state["nvlink_links"] = links
+        write_json(self.paths.state, state)
+        return links
+
+    def slow(self, gpu, link=None, h2d=None, d2h=None, hbm=None, replays=None, copy_hang=None, clear=False,
+             nvlink_down=None, nvlink_errors=None, p2p=None):
         """GPU gpu's PCIe link and bandwidths (`gpusim fault slow`): link (GEN, WIDTH), the link it
         runs under load (gen 1 at that width while idle); h2d, d2h: copy bandwidths in GB/s (a copy
         reaches the lower of these and 0.85 x what the loaded link carries); hbm: memory bandwidth in
         GB/s (the probe's kernels); replays: PCIe replays each copy adds to the GPU's counter;
-        copy_hang: seconds each copy on the GPU sleeps first. Only what is given changes; clear=True
-        puts the GPU back to the defaults (and its replay counter to 0) first. Returns the GPU's link
-        (state.link_of)."""
+        copy_hang: seconds each copy on the GPU sleeps first. Its NVLinks (see nvlink): nvlink_down, the
+        links that are down (numbers, or "L,L"; [] brings them all up); nvlink_errors, the flit CRC
+        errors each peer copy over NVLink that involves the GPU adds to its link 0; p2p, a cap in GB/s on
+        its peer copies. Only what is given changes; clear=True puts the GPU back to the defaults (and
+        its replay and NVLink error counters to 0) first. Returns the GPU's link (state.link_of)."""
         state = load_state(self.paths)
         found = [g for g in state["gpus"] if g["index"] == int(gpu)]
         if not found:
             raise ValueError("no GPU %s on this host" % gpu)
         g = found[0]
         settings = {}
+        if nvlink_down is not None:
+            settings["nvlink_down"] = _nvlinks_down(nvlink_down, nvlink_links(state), g["index"])
+        if nvlink_errors is not None:
+            if int(nvlink_errors) < 0:
+                raise ValueError("nvlink_errors: a count of 0 or more, got %r" % nvlink_errors)
+            settings["nvlink_errors"] = int(nvlink_errors)
+        if p2p is not None:
+            if float(p2p) <= 0:
+                raise ValueError("p2p: a bandwidth is a positive number of GB/s, got %r" % (p2p,))
+            settings["p2p_gbps"] = float(p2p)
         if link is not None:
             settings["loaded_gen"], settings["loaded_width"] = _link(link, link_of(g))
         for key, value in (("h2d_gbps", h2d), ("d2h_gbps", d2h), ("hbm_gbps", hbm)):
@@ -602,7 +635,8 @@ class Host:
                 raise ValueError("copy_hang: 0 or more seconds, got %r" % copy_hang)
             settings["copy_hang_s"] = float(copy_hang)
         if not settings and not clear:
-            raise ValueError("slow: give link, h2d, d2h, hbm, replays or copy_hang, or clear")
+            raise ValueError("slow: give link, h2d, d2h, hbm, replays, copy_hang, nvlink_down, nvlink_errors or "
+                             "p2p, or clear")
         if clear:
             self._heal_link(g)
         g.update(settings)
@@ -610,12 +644,13 @@ class Host:
         return link_of(g)
 
     def _heal_link(self, gpu):
-        """A GPU back to the link and bandwidths of healthy_link, its replay counter at 0."""
+        """A GPU back to the link and bandwidths of healthy_link, its replay and NVLink error counters at 0."""
         gpu.update(healthy_link(gpu))
-        try:
-            os.unlink(self.paths.replay_file(gpu["index"]))
-        except FileNotFoundError:
-            pass
+        for counter in (self.paths.replay_file(gpu["index"]), self.paths.nvlink_crc_file(gpu["index"])):
+            try:
+                os.unlink(counter)
+            except FileNotFoundError:
+                pass
 
     def _log_xid(self, state, gpu, code, text, when, gpu_instance=None, count=1):
         import time
@@ -700,6 +735,32 @@ def _link(link, current):
         raise ValueError("link: width x%d: a PCIe link is x%s wide, this GPU's x%d at most" % (
             width, ", x".join(str(w) for w in PCIE_WIDTHS), current["max_width"]))
     return gen, width
+
+
+def _nvlinks_down(links, count, gpu):
+    """The sorted, distinct NVLinks of links (numbers, or "L,L"), each one of the count a GPU has."""
+    try:
+        found = sorted(set(int(part) for part in (links.split(",") if isinstance(links, str) else links)
+                           if str(part).strip()))
+    except (TypeError, ValueError):
+        raise ValueError("nvlink_down: expected link numbers, e.g. 0,3; got %r" % (links,))
+    beyond = [link for link in found if not 0 <= link < count]
+    if beyond:
+        raise ValueError("nvlink_down: GPU %d has %s (gpusim nvlink --links N), not link %s" % (
+            gpu, "no NVLink" if count == 0 else "links 0 to %d" % (count - 1), beyond[0]))
+    return found
+
+
+def _histogram(histogram):
+    """Five counts of banks, max to none, from a sequence or "MAX,HIGH,PARTIAL,LOW,NONE"."""
+    try:
+        counts = [int(part) for part in (histogram.split(",") if isinstance(histogram, str) else histogram)]
+    except (TypeError, ValueError):
+        counts = []
+    if len(counts) != len(REMAP_HISTOGRAM_BUCKETS) or any(count < 0 for count in counts):
+        raise ValueError("histogram: expected five counts of 0 or more, %s; got %r" % (
+            ",".join(bucket.upper() for bucket in REMAP_HISTOGRAM_BUCKETS), histogram))
+    return counts
 
 
 def _fabric_fault(faults, value, gpu, seconds):

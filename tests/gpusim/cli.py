@@ -6,7 +6,7 @@ import math
 import os
 import sys
 
-from gpusim.state import DEFAULTS, PCIE_LANE_GBPS, PCIE_WIDTHS
+from gpusim.state import DEFAULTS, NVLINK_MAX_LINKS, PCIE_LANE_GBPS, PCIE_WIDTHS, REMAP_HISTOGRAM_BUCKETS
 
 
 def _parser():
@@ -100,6 +100,8 @@ def _parser():
     f.add_argument("--failure", choices=("on", "off"))
     f.add_argument("--correctable", type=int)
     f.add_argument("--uncorrectable", type=int)
+    f.add_argument("--histogram", type=_histogram, default=None, metavar="MAX,HIGH,PARTIAL,LOW,NONE",
+                   help="banks with all, many, some, few and no spare rows left (default 3072,0,0,0,0)")
     f = fs.add_parser("retired", help="retired pages pending (GPUs before Ampere)")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("value", choices=("on", "off"))
@@ -166,10 +168,21 @@ def _parser():
     f.add_argument("--hbm", type=_gbps, default=None, metavar="GBPS", help="memory bandwidth (default 4000)")
     f.add_argument("--replays", type=_count, default=None, metavar="N", help="PCIe replays each copy adds")
     f.add_argument("--copy-hang", type=_seconds, default=None, metavar="S", help="seconds each copy sleeps first")
-    f.add_argument("--clear", action="store_true", help="back to the defaults (replay counter 0), then what is given")
+    f.add_argument("--nvlink-down", type=_link_numbers, default=None, metavar="L[,L...]",
+                   help="these NVLinks of the GPU are down (see gpusim nvlink)")
+    f.add_argument("--nvlink-errors", type=_count, default=None, metavar="K",
+                   help="flit CRC errors each peer copy over NVLink involving the GPU adds to its link 0")
+    f.add_argument("--p2p", type=_gbps, default=None, metavar="GBPS", help="a cap on the GPU's peer copies")
+    f.add_argument("--clear", action="store_true",
+                   help="back to the defaults (replay and NVLink error counters 0), then what is given")
     f = fs.add_parser("compute-mode", help="a GPU's compute mode")
     f.add_argument("--gpu", type=int, required=True)
     f.add_argument("value", choices=("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process"))
+
+    c = cmd("nvlink", help="NVLinks per GPU: an HGX board, every pair of GPUs connected through the NVSwitches")
+    c.add_argument("--links", type=_links, default=0, metavar="N",
+                   help="NVLinks per GPU, 0 to %d (an H200's: 18); 0, the default at init, turns NVLink off"
+                        % NVLINK_MAX_LINKS)
 
     c = cmd("scenario", help="start a ready-made situation")
     c.add_argument("name", choices=("hung-job",))
@@ -231,6 +244,31 @@ def _count(text):
     return int(text)
 
 
+def _links(text):
+    """--links N: NVLinks per GPU, as many as nvml.h's NVML_NVLINK_MAX_LINKS at most."""
+    if not text.isdigit() or int(text) > NVLINK_MAX_LINKS:
+        raise argparse.ArgumentTypeError("expected 0 to %d NVLinks per GPU, got %r" % (NVLINK_MAX_LINKS, text))
+    return int(text)
+
+
+def _link_numbers(text):
+    """--nvlink-down L[,L...]: NVLink numbers (the GPU's count is checked later)."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() and int(part) < NVLINK_MAX_LINKS for part in parts):
+        raise argparse.ArgumentTypeError("expected NVLink numbers from 0 to %d, e.g. 0,3; got %r" % (
+            NVLINK_MAX_LINKS - 1, text))
+    return [int(part) for part in parts]
+
+
+def _histogram(text):
+    """--histogram MAX,HIGH,PARTIAL,LOW,NONE: five counts of memory banks."""
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) != len(REMAP_HISTOGRAM_BUCKETS) or not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError("expected five counts of banks, %s, e.g. 3070,2,0,0,0; got %r" % (
+            ",".join(bucket.upper() for bucket in REMAP_HISTOGRAM_BUCKETS), text))
+    return [int(part) for part in parts]
+
+
 def _ints(text):
     try:
         return [int(part) for part in text.split(",") if part.strip()]
@@ -278,7 +316,7 @@ def main(argv=None):
                 host.fault(k)
             elif k == "remap":
                 host.fault(k, gpu=args.gpu, pending=args.pending, failure=args.failure,
-                           correctable=args.correctable, uncorrectable=args.uncorrectable)
+                           correctable=args.correctable, uncorrectable=args.uncorrectable, histogram=args.histogram)
             elif k in ("retired", "reset-required", "reset-refused", "reset-flr-refused", "recovery"):
                 host.fault(k, gpu=args.gpu, value=args.value)
             elif k == "xid":
@@ -308,9 +346,12 @@ def main(argv=None):
                 host.fault(k, gpu=args.gpu, value=args.value)
             elif k == "slow":
                 host.slow(args.gpu, link=args.link, h2d=args.h2d, d2h=args.d2h, hbm=args.hbm, replays=args.replays,
-                          copy_hang=args.copy_hang, clear=args.clear)
+                          copy_hang=args.copy_hang, clear=args.clear, nvlink_down=args.nvlink_down,
+                          nvlink_errors=args.nvlink_errors, p2p=args.p2p)
             else:
                 host.fault(k, value=args.value)
+        elif args.cmd == "nvlink":
+            print(json.dumps({"links": host.nvlink(args.links)}))
         elif args.cmd == "scenario":
             print(json.dumps(host.scenario(args.name, release_delay=args.release_delay)))
         elif args.cmd == "cuda":

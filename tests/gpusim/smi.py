@@ -9,9 +9,11 @@ import time
 
 from gpusim import messages as M
 from gpusim import mig as _mig
-from gpusim.state import (NUMA_CPUS, RECOVERY_ACTION_FROM, RECOVERY_ACTIONS, RESET_REQUIRED_FIELDS, Paths, driver_major,
-                          fabric_value, gpu_free, gpu_reserved, gpu_usage, holders_of, link_now, link_of, load_records,
-                          load_state, minor_of, numa_node, recovery_action, topology, write_json)
+from gpusim.state import (NUMA_CPUS, NVLINK_LINK_SPEED, NVLINK_SMI_ERRORS, RECOVERY_ACTION_FROM, RECOVERY_ACTIONS,
+                          REMAP_HISTOGRAM_BUCKETS, RESET_REQUIRED_FIELDS, Paths, driver_major, fabric_value, gpu_free,
+                          gpu_reserved, gpu_usage, holders_of, link_now, link_of, load_records, load_state, minor_of,
+                          numa_node, nvlink_crc_errors, nvlink_links, nvlinks_active, recovery_action, remap_histogram,
+                          topology, write_json)
 
 # canonical field -> (header unit or None, aliases)
 GPU_FIELDS = {
@@ -47,6 +49,13 @@ REMAP_ALIASES = {"pci.bus_id": "gpu_bus_id", "uuid": "gpu_uuid", "name": "gpu_na
 # The 535 and 550 drivers list remapped_rows.* only under --query-remapped-rows (man pages and
 # strings of the real binaries); 590.48.01 accepts them in --query-gpu too. Between: a guess.
 REMAPPED_ROWS_IN_QUERY_GPU_FROM = 590
+# `-q -d TYPE[,TYPE]`: the display types nvidia-smi(1) lists; the fake prints the sections it has of
+# them (MEMORY, UTILIZATION, COMPUTE, ROW_REMAPPER) and nothing for the others.
+DISPLAY_TYPES = ("MEMORY", "UTILIZATION", "ECC", "TEMPERATURE", "POWER", "CLOCK", "COMPUTE", "PIDS", "PERFORMANCE",
+                 "SUPPORTED_CLOCKS", "PAGE_RETIREMENT", "ACCOUNTING", "ENCODER_STATS", "SUPPORTED_GPU_TARGET_TEMP",
+                 "VOLTAGE", "FBC_STATS", "ROW_REMAPPER", "RESET_STATUS", "GSP_FIRMWARE_VERSION")
+# `nvidia-smi nvlink` options the fake answers: the links' state and their error counters.
+NVLINK_OPTIONS = {"-s": "status", "--status": "status", "-e": "errors", "--errorcounters": "errors"}
 
 
 class Usage(Exception):
@@ -63,13 +72,16 @@ def short_bus(bus_id):
 
 def parse_args(argv):
     opts = {"query_gpu": None, "query_apps": None, "query_remap": None, "format": None, "ids": None,
-            "pm": None, "reset": False, "list": False, "query": False, "help": False, "topo": False}
+            "pm": None, "reset": False, "list": False, "query": False, "help": False, "topo": False,
+            "display": None, "nvlink": None}
     if argv[:1] == ["topo"]:
         # `nvidia-smi topo -m`: the topology matrix; nothing else of topo's is simulated.
         if argv[1:] not in (["-m"], ["--matrix"]):
             raise Usage(M.INVALID_ARGS)
         opts["topo"] = True
         return opts
+    if argv[:1] == ["nvlink"]:
+        return parse_nvlink_args(argv[1:], opts)
     i = 0
 
     def value(i, flag):
@@ -100,11 +112,38 @@ def parse_args(argv):
             opts["list"] = True
         elif key in ("-q", "--query"):
             opts["query"] = True
+        elif key in ("-d", "--display"):
+            display, i = value(i, a)
+            opts["display"] = [part.strip().upper() for part in display.split(",")]
+            if not all(part in DISPLAY_TYPES for part in opts["display"]):
+                raise Usage(M.INVALID_ARGS)
         elif key in ("-h", "--help"):
             opts["help"] = True
         else:
             raise Usage(M.INVALID_ARGS)
         i += 1
+    if opts["display"] is not None and not opts["query"]:
+        raise Usage(M.INVALID_ARGS)
+    return opts
+
+
+def parse_nvlink_args(argv, opts):
+    """`nvidia-smi nvlink -s|-e [-i ID]`: which of the two, and the GPUs (as for the other commands)."""
+    i = 0
+    while i < len(argv):
+        key = argv[i].split("=", 1)[0]
+        if key in NVLINK_OPTIONS and opts["nvlink"] in (None, NVLINK_OPTIONS[key]):
+            opts["nvlink"] = NVLINK_OPTIONS[key]
+        elif key in ("-i", "--id") and "=" in argv[i]:
+            opts["ids"] = argv[i].split("=", 1)[1]
+        elif key in ("-i", "--id") and i + 1 < len(argv):
+            i += 1
+            opts["ids"] = argv[i]
+        else:
+            raise Usage(M.INVALID_ARGS)
+        i += 1
+    if opts["nvlink"] is None:
+        raise Usage(M.INVALID_ARGS)
     return opts
 
 
@@ -370,14 +409,40 @@ class Smi:
         if self.only_lost(gpus):
             return
         count = len(self.state["gpus"])
+        # On an HGX board each pair of GPUs shares the links both have up, through the NVSwitches (NV18 on an
+        # H100 or H200 board); a GPU with none left talks to the others over PCIe (a guess: no capture).
+        active = {g["index"]: len(nvlinks_active(self.state, g)) for g in gpus}
         self.w("\t" + "\t".join("GPU%d" % g["index"] for g in gpus) + "\t" + M.TOPO_AFFINITY_HEADER)
         for g in gpus:
             node = numa_node(g["index"], count)
-            cells = [" X " if h is g else topology(g["index"], h["index"], count) for h in gpus]
+            cells = [" X " if h is g else topology(g["index"], h["index"], count, min(active[g["index"]], active[h["index"]]))
+                     for h in gpus]
             self.w("GPU%d\t%s\t%s\t%d\t\tN/A" % (g["index"], "\t".join(cells), NUMA_CPUS[node], node))
         self.w("")
         for line in M.TOPO_LEGEND:
             self.w(line)
+
+    def nvlink(self, gpus, what):
+        """`nvidia-smi nvlink -s` (what "status") or `-e` ("errors"), as an HGX H100 prints them
+        (stas00/ml-engineering; NVIDIA/k8s-test-infra#371, NVIDIA/srt-slurm#307): per GPU a line `GPU 0:
+        NAME (UUID: ...)`, then one line per link, `\t Link 0: 26.562 GB/s` or `\t Link 3: <inactive>`,
+        or its three counters, `\t Link 0: Replay Errors: 0`, Recovery, CRC (the flit CRC counter), a
+        blank line between links. A GPU without NVLink prints nothing, as the real tool does."""
+        links = nvlink_links(self.state)
+        for g in self.readable(gpus):
+            if not links:
+                continue
+            self.w("GPU %d: %s (UUID: %s)" % (g["index"], g["name"], g["uuid"]))
+            up = set(nvlinks_active(self.state, g))
+            for link in range(links):
+                if what == "status":
+                    self.w("\t Link %d: %s" % (link, NVLINK_LINK_SPEED if link in up else "<inactive>"))
+                    continue
+                if link:
+                    self.w("")
+                counts = {"DL_CRC_FLIT": nvlink_crc_errors(self.paths, g["index"]) if link == 0 else 0}
+                for words, counter in NVLINK_SMI_ERRORS:
+                    self.w("\t Link %d: %s: %d" % (link, words, counts.get(counter, 0)))
 
     def list_gpus(self, gpus):
         # -L spells it "for gpu" (smi_errors/E09); whether it goes on with the other GPUs is not
@@ -558,7 +623,10 @@ class Smi:
             w(cells)
         w("")
 
-    def detail(self, gpus):
+    def detail(self, gpus, display=None):
+        """`nvidia-smi -q`, short: the header, then per GPU its identity, memory, compute mode, utilisation
+        and row remapper; with display (`-d ROW_REMAPPER,MEMORY`), the sections of those types alone, as
+        the real one prints them."""
         if self.only_lost(gpus):
             return
         used, util, _unused = self.usage()
@@ -571,26 +639,50 @@ class Smi:
         w("%-42s: %s" % ("CUDA Version", self.state["cuda_version"]))
         w("")
         w("%-42s: %d" % ("Attached GPUs", len(self.state["gpus"])))
+        shown = set(display or DISPLAY_TYPES)
         for g in gpus:
             if self.lost_kind(g):
                 w(self.lost_line(g))
                 continue
             i = g["index"]
             w("GPU %s" % g["pci_bus_id"])
-            for k, v in (("Product Name", g["name"]), ("Persistence Mode", g["persistence_mode"]),
-                         ("GPU UUID", g["uuid"]), ("Minor Number", g.get("minor", i))):
-                w("    %-38s: %s" % (k, v))
-            w("    FB Memory Usage")
-            for k, v in (("Total", g["memory_total_mib"]), ("Reserved", gpu_reserved(g)), ("Used", used[i]),
-                         ("Free", gpu_free(g, used[i]))):
-                w("        %-34s: %d MiB" % (k, v))
-            w("    Compute Mode                          : %s" % g["compute_mode"])
+            if display is None:
+                for k, v in (("Product Name", g["name"]), ("Persistence Mode", g["persistence_mode"]),
+                             ("GPU UUID", g["uuid"]), ("Minor Number", g.get("minor", i))):
+                    w("    %-38s: %s" % (k, v))
+            if "MEMORY" in shown:
+                w("    FB Memory Usage")
+                for k, v in (("Total", g["memory_total_mib"]), ("Reserved", gpu_reserved(g)), ("Used", used[i]),
+                             ("Free", gpu_free(g, used[i]))):
+                    w("        %-34s: %d MiB" % (k, v))
+            if "COMPUTE" in shown:
+                w("    Compute Mode                          : %s" % g["compute_mode"])
             action = recovery_action(self.state, i)
-            if action is not None:
+            if action is not None and display is None:
                 w("    %-38s: %s" % ("GPU Recovery Action", RECOVERY_ACTIONS[action][1]))
-            w("    Utilization")
-            w("        %-34s: %d %%" % ("Gpu", util[i]))
+            if "UTILIZATION" in shown:
+                w("    Utilization")
+                w("        %-34s: %d %%" % ("Gpu", util[i]))
+            if "ROW_REMAPPER" in shown:
+                self.remapped_rows(g)
             w("")
+
+    def remapped_rows(self, g):
+        """-q's "Remapped Rows" block, as real H100 and H200 print it (PrincetonUniversity's
+        gpu_programming_intro, thamada/gls gls/H200_smi.py): the counts, pending and failure, and the
+        bank remap availability histogram, in banks."""
+        remap = self.faults.get("remap", {}).get(str(g["index"])) or {}
+        w = self.w
+        w("    Remapped Rows")
+        for words, key in (("Correctable Error", "correctable"), ("Uncorrectable Error", "uncorrectable"),
+                           ("Pending", "pending"), ("Remapping Failure Occurred", "failure")):
+            value = self.na_value("remapped_rows." + key, g["index"])
+            if value is None and key in ("pending", "failure"):
+                value = "Yes" if remap.get(key) else "No"
+            w("        %-34s: %s" % (words, int(remap.get(key, 0)) if value is None else value))
+        w("        Bank Remap Availability Histogram")
+        for bucket, banks in zip(REMAP_HISTOGRAM_BUCKETS, remap_histogram(self.faults, g["index"])):
+            w("            %-30s: %d bank(s)" % (bucket.capitalize(), banks))
 
 
 def apply_reset(paths, state, gpus):
@@ -691,7 +783,8 @@ def run(root, argv, out):
     if opts["help"]:
         out.write("NVIDIA System Management Interface -- v(gpusim)\n\n"
                   "Supported: -L, -q, -i ID, --query-gpu=..., --query-compute-apps=..., "
-                  "--format=csv[,noheader][,nounits], -pm 0|1, -r/--gpu-reset, topo -m\n")
+                  "--format=csv[,noheader][,nounits], -q -d TYPE, -pm 0|1, -r/--gpu-reset, topo -m, "
+                  "nvlink -s|-e\n")
         return M.EXIT_OK
     try:
         smi = Smi(root, out)
@@ -766,8 +859,10 @@ def run(root, argv, out):
         smi.list_gpus(gpus)
     elif opts["topo"]:
         smi.topology_matrix(gpus)
+    elif opts["nvlink"]:
+        smi.nvlink(gpus, opts["nvlink"])
     elif opts["query"]:
-        smi.detail(gpus)
+        smi.detail(gpus, opts["display"])
     else:
         smi.summary(gpus)
     return smi.rc

@@ -67,6 +67,37 @@ SLOW_KEYS = ("loaded_gen", "loaded_width", "h2d_gbps", "d2h_gbps", "hbm_gbps", "
 # cores and their hyperthreads per socket, as a DGX H100 prints them (0-55,112-167 on node 0).
 NUMA_CPUS = ("0-55,112-167", "56-111,168-223")
 
+# ---------------------------------------------------------------- NVLink and peer copies
+#
+# `gpusim nvlink --links N` makes the host an HGX board: every GPU has N NVLinks to the NVSwitches, so
+# every pair of GPUs is connected (an H100 or H200 has 18, NVLink 4; 0, the default, is a host without
+# NVLink). nvml.h's NVML_NVLINK_MAX_LINKS is 18: no GPU has more.
+NVLINK_MAX_LINKS = 18
+NVLINK_HGX_LINKS = 18
+# What `nvidia-smi nvlink -s` prints for an active NVLink 4 link, as an H100 HGX prints it
+# (stas00/ml-engineering, NVIDIA/k8s-test-infra#371 for GB200's 53.125).
+NVLINK_LINK_SPEED = "26.562 GB/s"
+# What a peer copy between two GPUs over NVLink reaches with all their links up: about 370 GB/s of the
+# 450 GB/s each way of an H100's or H200's 18 NVLink 4 links, as nvbandwidth and p2pBandwidthLatencyTest
+# measure it on HGX H100 boards. Fewer links active on the slower GPU scale it down.
+NVLINK_PEER_GBPS = 370.0
+# nvmlNvLinkErrorCounter_t, as nvml.h numbers it, and the words `nvidia-smi nvlink -e` prints for the
+# first three (the flit CRC counter is its "CRC Errors"; stas00/ml-engineering's H100 capture).
+NVLINK_ERROR_COUNTERS = ("DL_REPLAY", "DL_RECOVERY", "DL_CRC_FLIT", "DL_CRC_DATA", "DL_ECC_DATA")
+NVLINK_SMI_ERRORS = (("Replay Errors", "DL_REPLAY"), ("Recovery Errors", "DL_RECOVERY"), ("CRC Errors", "DL_CRC_FLIT"))
+# Per GPU, what `fault slow` sets of its NVLinks: the links down, the flit CRC errors each peer copy over
+# NVLink adds to its link 0, and its own cap on peer copies (None: none).
+NVLINK_DEFAULTS = {"nvlink_down": [], "nvlink_errors": 0, "p2p_gbps": None}
+
+# ---------------------------------------------------------------- the row remapper's histogram
+#
+# nvmlRowRemapperHistogramValues_t and `nvidia-smi -q`'s "Bank Remap Availability Histogram": how many
+# memory banks have all (max), many (high), some (partial), few (low) or no (none) spare rows left. A
+# healthy H200 reads 3072 banks at max (thamada/gls gls/H200_smi.py, a real H200's `nvidia-smi -a` on
+# 550.90.12; an H100 NVL, six HBM stacks too, reads 3072, an H100 80GB with five reads 2560).
+REMAP_HISTOGRAM_BUCKETS = ("max", "high", "partial", "low", "none")
+REMAP_HISTOGRAM_DEFAULT = (3072, 0, 0, 0, 0)
+
 
 class Paths:
     """Where a simulated host lives under ROOT."""
@@ -79,7 +110,8 @@ class Paths:
         self.procs = os.path.join(self.lib, "procs")
         self.tracked = os.path.join(self.lib, "tracked")
         # Per GPU, written by the fake libcuda: <index> holds the time (realtime seconds) until which
-        # its PCIe link is loaded, <index>.replays its PCIe replay counter.
+        # its PCIe link is loaded, <index>.replays its PCIe replay counter, <index>.nvlink_crc_flit the
+        # flit CRC errors of its NVLink 0.
         self.link = os.path.join(self.lib, "link")
         if self.root == "/":
             # The driver packages install nvidia-smi there; so does gpusim in a container.
@@ -122,6 +154,9 @@ class Paths:
 
     def replay_file(self, index):
         return os.path.join(self.link, "%d.replays" % index)
+
+    def nvlink_crc_file(self, index):
+        return os.path.join(self.link, "%d.nvlink_crc_flit" % index)
 
 
 def write_json(path, data):
@@ -307,6 +342,8 @@ def build_state(gpus=8, name="NVIDIA H200", memory_total_mib=143771,
         "cuda_version": cuda_version,
         "release_delay_s": float(release_delay),
         "faults": empty_faults(),
+        # NVLinks per GPU (`gpusim nvlink`): 0, a host whose GPUs talk over PCIe alone.
+        "nvlink_links": 0,
         # On the PCI bus, never attached by the driver.
         "fallen": [{"pci_bus_id": bus_id(p), "name": name} for p in fallen],
     }
@@ -314,8 +351,9 @@ def build_state(gpus=8, name="NVIDIA H200", memory_total_mib=143771,
 
 def healthy_link(gpu):
     """The settings of `fault slow` as a GPU has them without it: its link loaded at the max gen and
-    width, the default bandwidths, no replays, no hang."""
+    width, the default bandwidths, no replays, no hang, every NVLink up without errors, no peer cap."""
     healthy = {key: LINK_DEFAULTS[key] for key in SLOW_KEYS if key in LINK_DEFAULTS}
+    healthy.update((key, list(value) if isinstance(value, list) else value) for key, value in NVLINK_DEFAULTS.items())
     healthy["max_gen"] = int(gpu.get("max_gen", LINK_DEFAULTS["max_gen"]))
     healthy["max_width"] = int(gpu.get("max_width", LINK_DEFAULTS["max_width"]))
     healthy["loaded_gen"] = healthy["max_gen"]
@@ -324,10 +362,11 @@ def healthy_link(gpu):
 
 
 def link_of(gpu):
-    """A GPU's PCIe link and bandwidths (LINK_DEFAULTS, with loaded_gen and loaded_width), the
-    defaults filled in for a state written before gpusim had them."""
+    """A GPU's PCIe link and bandwidths (LINK_DEFAULTS, with loaded_gen and loaded_width) and what
+    `fault slow` set of its NVLinks (NVLINK_DEFAULTS), the defaults filled in for a state written before
+    gpusim had them."""
     link = healthy_link(gpu)
-    link.update((key, gpu[key]) for key in SLOW_KEYS if key in gpu)
+    link.update((key, gpu[key]) for key in SLOW_KEYS + tuple(NVLINK_DEFAULTS) if key in gpu)
     return link
 
 
@@ -357,18 +396,89 @@ def link_now(paths, gpu, now=None):
     return (link["loaded_gen"] if loaded else 1), link["loaded_width"]
 
 
+def nvlink_links(state):
+    """NVLinks per GPU on this host (`gpusim nvlink`); 0 without NVLink."""
+    return int(state.get("nvlink_links") or 0)
+
+
+def nvlinks_active(state, gpu):
+    """The links of a GPU that are up: all of the host's but those `fault slow --nvlink-down` took down."""
+    down = set(link_of(gpu)["nvlink_down"])
+    return [link for link in range(nvlink_links(state)) if link not in down]
+
+
+def nvlink_crc_errors(paths, index):
+    """The flit CRC errors (NVML_NVLINK_ERROR_DL_CRC_FLIT) of GPU index's NVLink 0, as the fake libcuda's
+    peer copies over NVLink added them."""
+    try:
+        with open(paths.nvlink_crc_file(index)) as f:
+            return int(float(f.read().strip() or 0))
+    except (OSError, ValueError):
+        return 0
+
+
+def same_switch(a, b):
+    """Whether GPUs a and b (indexes) sit under one PCIe switch: GPUs 2k and 2k+1 do."""
+    return a != b and a // 2 == b // 2
+
+
+def peer_path(state, src, dst):
+    """How a direct peer copy from GPU src to GPU dst (entries of state["gpus"]) travels: "nvlink" when
+    the host has NVLink and both GPUs have a link up, "pcie" between two GPUs under one PCIe switch (P2P
+    over PCIe works there), None otherwise (the GPUs cannot access each other's memory). The fake
+    libcuda's cuDeviceCanAccessPeer says 1 for the first two."""
+    if src["index"] == dst["index"]:
+        return None
+    if nvlinks_active(state, src) and nvlinks_active(state, dst):
+        return "nvlink"
+    return "pcie" if same_switch(src["index"], dst["index"]) else None
+
+
+def peer_gbps(state, src, dst):
+    """The GB/s a direct peer copy from GPU src to GPU dst reaches (as the fake libcuda times it): over
+    NVLink NVLINK_PEER_GBPS x the share of the slower GPU's links that are up; over PCIe what the link
+    model of each gives a copy out of src (d2h) and into dst (h2d), the lower; then capped by each GPU's
+    `fault slow --p2p`. None when the two cannot access each other (see peer_path)."""
+    path = peer_path(state, src, dst)
+    if path is None:
+        return None
+    if path == "nvlink":
+        share = min(len(nvlinks_active(state, g)) for g in (src, dst)) / float(nvlink_links(state))
+        gbps = NVLINK_PEER_GBPS * share
+    else:
+        gbps = min(copy_gbps(src, "d2h"), copy_gbps(dst, "h2d"))
+    caps = [link_of(g)["p2p_gbps"] for g in (src, dst) if link_of(g)["p2p_gbps"]]
+    return min([gbps] + [float(cap) for cap in caps])
+
+
+def staged_gbps(src, dst):
+    """The GB/s a peer copy between GPUs without peer access reaches: staged through host memory, out of
+    src and into dst over their PCIe links (the lower of the two)."""
+    return min(copy_gbps(src, "d2h"), copy_gbps(dst, "h2d"))
+
+
+def remap_histogram(faults, index):
+    """GPU index's row-remapper histogram (max, high, partial, low, none), `fault remap --histogram`'s or
+    a healthy H200's."""
+    histogram = ((faults.get("remap") or {}).get(str(index)) or {}).get("histogram")
+    return tuple(int(v) for v in histogram) if histogram else REMAP_HISTOGRAM_DEFAULT
+
+
 def numa_node(index, count):
     """The NUMA node of GPU index of count: the switches (pairs) of the lower half on node 0, the
     others on node 1 (a switch never spans two nodes)."""
     return 0 if 2 * (index - index % 2) < count else 1
 
 
-def topology(a, b, count):
-    """How `nvidia-smi topo -m` names the path between GPUs a and b of count: GPUs 2k and 2k+1
-    share a PCIe switch (PIX), the others meet in their NUMA node's host bridges (NODE) or across
-    the sockets' interconnect (SYS)."""
+def topology(a, b, count, nvlinks=0):
+    """How `nvidia-smi topo -m` names the path between GPUs a and b of count: NV<nvlinks> when they
+    share a bonded set of that many NVLinks (through the NVSwitches of an HGX board); otherwise GPUs 2k
+    and 2k+1 share a PCIe switch (PIX), the others meet in their NUMA node's host bridges (NODE) or
+    across the sockets' interconnect (SYS)."""
     if a == b:
         return "X"
+    if nvlinks > 0:
+        return "NV%d" % nvlinks
     if a // 2 == b // 2:
         return "PIX"
     return "NODE" if numa_node(a, count) == numa_node(b, count) else "SYS"
@@ -567,12 +677,15 @@ CUDA_ERRORS = {
     "CUDA_ERROR_INVALID_DEVICE": 101,
     "CUDA_ERROR_NO_BINARY_FOR_GPU": 209,
     "CUDA_ERROR_ECC_UNCORRECTABLE": 214,
+    "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED": 217,
     "CUDA_ERROR_INVALID_PTX": 218,
     "CUDA_ERROR_UNSUPPORTED_PTX_VERSION": 222,
     "CUDA_ERROR_OPERATING_SYSTEM": 304,
     "CUDA_ERROR_INVALID_HANDLE": 400,
     "CUDA_ERROR_NOT_FOUND": 500,
     "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+    "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED": 704,
+    "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED": 705,
     "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701,
     "CUDA_ERROR_LAUNCH_TIMEOUT": 702,
     "CUDA_ERROR_LAUNCH_FAILED": 719,
@@ -620,6 +733,7 @@ def _flat_state(state):
         "mismatch %d" % bool(faults.get("mismatch")),
         "cuda_init %d" % int(faults.get("cuda_init") or 0),
         "cuda_hang %r" % float(faults.get("cuda_hang_s") or 0.0),
+        "nvlink_links %d" % nvlink_links(state),
     ]
     for g in state.get("gpus", []):
         key = str(g["index"])
@@ -641,6 +755,12 @@ def _flat_state(state):
             g["index"], link["max_gen"], link["max_width"], link["loaded_gen"], link["loaded_width"],
             float(link["h2d_gbps"]), float(link["d2h_gbps"]), float(link["hbm_gbps"]), int(link["replays"]),
             float(link["copy_hang_s"])))
+        # The links down as a bit mask (bit L: link L), the errors each peer copy adds, the peer cap (0: none).
+        lines.append("nvlink %d %d %d %r" % (
+            g["index"], sum(1 << int(link_no) for link_no in set(link["nvlink_down"])), int(link["nvlink_errors"]),
+            float(link["p2p_gbps"] or 0.0)))
+        lines.append("remap_histogram %d %s" % (g["index"], " ".join(
+            str(v) for v in remap_histogram(faults, g["index"]))))
     # After the gpu lines: the C library applies each to a GPU it has read.
     for key, code in sorted((faults.get("cuda_gpu") or {}).items()):
         lines.append("cuda_gpu %d %d" % (int(key), int(code)))

@@ -12,6 +12,10 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from adhoc import run_module
@@ -107,3 +111,57 @@ def test_a_copy_that_hangs_fails_its_gpu_alone(cudahost):
     assert 'GPU 2 (' in result['msg'] and 'GPU 0 (' not in result['msg']
     for index in (0, 1, 3):
         assert gpus[index]['ok'] and gpus[index]['h2d_gbps'] > 50 and gpus[index]['link']['gen'] == 5
+
+
+# -- what a slow GPU leads to: the Slurm hook's runner, as slurmd runs it ---------------------
+
+def run_hook(host, tmp_path, **variables):
+    """(exit status, report, the drain command's arguments or None) of the Slurm hook's runner on
+    host, every GPU, at the performance level; variables: more gpu_reset_* settings."""
+    scontrol = tmp_path / 'scontrol'
+    drained = tmp_path / 'drained.json'
+    scontrol.write_text('#!%s\nimport json, sys\njson.dump(sys.argv[1:], open(%r, "w"))\n' % (sys.executable, str(drained)))
+    scontrol.chmod(0o755)
+    settings = tmp_path / 'gpu_reset.yml'
+    settings.write_text(json.dumps(dict({
+        'gpu_reset_nvidia_smi_path': host.smi_path, 'gpu_reset_host_root': host.root, 'gpu_reset_backend': 'nvidia-smi',
+        'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_probe_level': 'performance',
+        'gpu_reset_probe_cuda_library': host.install_cuda()}, **variables)))
+    env = dict((name, value) for name, value in host.env(cuda=True).items() if not name.startswith('SLURM_'))
+    proc = subprocess.run([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook',
+                           '--node', 'gpu07', '--vars-file', str(settings), '--scontrol', str(scontrol),
+                           '--gres-conf', str(tmp_path / 'gres.conf'), '--timeout', '20', '--deadline', '60'],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert proc.stdout.strip(), 'no report (rc %d): %s' % (proc.returncode, proc.stderr)
+    return proc.returncode, json.loads(proc.stdout), json.loads(drained.read_text()) if drained.exists() else None
+
+
+def test_by_default_a_slow_gpu_is_reported_and_the_node_stays_in_service(cudahost, tmp_path):
+    cudahost.slow(3, link=(3, 8))
+    rc, report, drain = run_hook(cudahost, tmp_path)
+    assert (rc, report['outcome'], drain) == (0, 'clean', None), report
+    assert [gpu['index'] for gpu in report['probe']['gpus'] if gpu['slow']] == [3]
+    assert any(warning.startswith('GPU 3 (') and ' is slow: PCIE_LINK_DEGRADED' in warning for warning in report['warnings'])
+
+
+def test_hold_resets_a_degraded_link_once_and_holds_the_node_when_it_stays_slow(cudahost, tmp_path):
+    cudahost.slow(3, link=(3, 8))  # gpusim's link stays degraded through a reset: the hardware's fault
+    rc, report, drain = run_hook(cudahost, tmp_path, gpu_reset_slow_gpu_policy='hold', gpu_reset_allow_gpu_reset=True)
+    assert rc == 10 and report['outcome'] == 'failed' and report['drained'], report  # 10: failed and drained
+    assert report['steps'].count('Prove the GPUs by allocation') == 2 and 'Reset the GPUs that need it' in report['steps']
+    assert [entry['index'] for entry in report['held']] == [3] and report['held'][0]['uuid']
+    assert 'held for a person, slow: PCIE_LINK_DEGRADED: GPU 3 (00000000:5D:00.0): its PCIe link ran at Gen3 x8' \
+        in report['reason']
+    # Drained for a person (the health check never resumes it), the figures in the reason.
+    reason = [word for word in drain if word.startswith('reason=')][0]
+    assert reason.startswith('reason=gpu_reset(hold): ') and 'Gen3 x8' in reason, drain
+    assert report['held_for_person'] is True
+
+
+def test_hold_without_resets_holds_at_once_and_a_healthy_node_is_never_held(cudahost, tmp_path):
+    rc, report, drain = run_hook(cudahost, tmp_path, gpu_reset_slow_gpu_policy='hold')
+    assert (rc, report['outcome'], drain, report.get('held')) == (0, 'clean', None, []), report
+    cudahost.slow(5, hbm=2000.0)
+    rc, report, drain = run_hook(cudahost, tmp_path, gpu_reset_slow_gpu_policy='hold')
+    assert rc == 10 and report['steps'].count('Prove the GPUs by allocation') == 1, report
+    assert [entry['index'] for entry in report['held']] == [5] and 'HBM_BELOW_PEERS' in report['reason']

@@ -44,6 +44,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import 
     Prober,
     gpu_name,
     probe_argument_spec,
+    valid_uuid,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
@@ -380,8 +381,9 @@ class PerformanceProber(Prober):
     def _while_answering(self, probed, children):
         channels = dict((res['index'], self.child.channels[child]) for (dummy, res), child in zip(probed, children)
                         if child is not None)
-        for dummy, res in probed:
-            res.update(link=None, replays=None, copy_round=None, slow=[])
+        for gpu, res in probed:
+            res.update(uuid=gpu.get('uuid') if valid_uuid(gpu.get('uuid')) else None, link=None, replays=None,
+                       copy_round=None, slow=[])
         try:
             self._conduct(probed, channels)
         finally:

@@ -405,6 +405,9 @@ def reset(settings, node, scontrol, deadline, why_not_drain=None, reboot_stamp=N
                     hook=lambda: {'budget_s': budget_s, 'duration_s': round(time.monotonic() - started, 3)})
     if result.get('would_drain') and reboot_stamp and reboot_cures(result):
         result['would_reboot'] = True
+    if run.warnings:
+        # The modules' warnings (a slow GPU's among them), which the playbook would show: in the log.
+        result['warnings'] = list(run.warnings)
     return result
 
 

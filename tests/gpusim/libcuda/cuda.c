@@ -57,6 +57,19 @@
  *   host bytes (no memory backs it). Events and copies know only the null stream
  *   (CUDA_ERROR_INVALID_HANDLE for another); operations are synchronous, so an event recorded is
  *   complete and cuEventSynchronize returns at once.
+ * - Devices and peers: cuDeviceGetCount and cuDeviceGet number the GPUs CUDA_VISIBLE_DEVICES leaves
+ *   visible, in its order (the bus order without it), as the real library does; a CUdevice is the GPU's
+ *   index. cuDeviceCanAccessPeer says 1 for two GPUs linked by NVLink (`gpusim nvlink`, both with a link
+ *   up) or under one PCIe switch (P2P over PCIe works there), 0 otherwise; cuCtxEnablePeerAccess (per
+ *   current context) follows it. Several contexts live in one process, one current per thread.
+ * - Peer copies (cuMemcpyPeer, cuMemcpyPeerAsync) between allocations of two contexts: direct when
+ *   either context enabled access to the other, at the peer bandwidth (gpusim/state.py peer_gbps: over
+ *   NVLink 370 GB/s x the share of the slower GPU's links up, over PCIe what the slower link carries,
+ *   capped by `gpusim fault slow --p2p`); otherwise staged through host memory at what the two PCIe links
+ *   carry, as the CUDA Programming Guide says of copies between devices without peer access. Each takes
+ *   its time on the current context's stream (with the jitter, after the larger copy-hang of the two
+ *   GPUs), loads the PCIe links it crosses (with their replays), and, over NVLink, adds each GPU's
+ *   `fault slow --nvlink-errors` to the flit CRC counter of its link 0 (<index>.nvlink_crc_flit).
  *
  * Build: gcc -shared -fPIC -o libcuda.so.1 cuda.c -lpthread (gpusim/nvml_build.py does it).
  */
@@ -83,11 +96,14 @@ typedef struct sim_ctx *CUcontext;
 #define CUDA_ERROR_INVALID_DEVICE 101
 #define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_ECC_UNCORRECTABLE 214
+#define CUDA_ERROR_PEER_ACCESS_UNSUPPORTED 217
 #define CUDA_ERROR_INVALID_PTX 218
 #define CUDA_ERROR_UNSUPPORTED_PTX_VERSION 222
 #define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_FOUND 500
 #define CUDA_ERROR_ILLEGAL_ADDRESS 700
+#define CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
+#define CUDA_ERROR_PEER_ACCESS_NOT_ENABLED 705
 #define CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES 701
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_SYSTEM_DRIVER_MISMATCH 803
@@ -104,6 +120,9 @@ typedef struct sim_ctx *CUcontext;
 #define DRIVER_PTX_MINOR 4
 #define MAX_EVENTS 256
 #define MAX_HOST_ALLOCS 64
+/* Contexts alive in the process at once (one per GPU of a host, several hosts' worth), each of which
+ * may have access to all the others. */
+#define MAX_CONTEXTS 64
 /* cuEventCreate's flags (CUevent_flags: BLOCKING_SYNC 1, DISABLE_TIMING 2, INTERPROCESS 4); an
  * event made with CU_EVENT_DISABLE_TIMING cannot be timed. */
 #define CU_EVENT_KNOWN_FLAGS 0x7
@@ -119,6 +138,9 @@ static const double LANE_GBPS[] = {0, 0.25, 0.5, 0.985, 1.969, 3.938};
 #define LINK_LOADED_AFTER_S 0.5
 /* Real copies and kernels vary by a percent or two from one run to the next. */
 #define JITTER 0.02
+/* A peer copy over NVLink with all of both GPUs' links up: about 370 GB/s of an H100's or H200's 450 GB/s
+ * each way (gpusim/state.py NVLINK_PEER_GBPS). */
+#define NVLINK_PEER_GBPS 370.0
 
 static const struct { int code; const char *name, *text; } ERRORS[] = {
     {0, "CUDA_SUCCESS", "no error"},
@@ -131,12 +153,15 @@ static const struct { int code; const char *name, *text; } ERRORS[] = {
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {209, "CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"},
     {214, "CUDA_ERROR_ECC_UNCORRECTABLE", "uncorrectable ECC error encountered"},
+    {217, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported between these two devices"},
     {218, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
     {222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "the provided PTX was compiled with an unsupported toolchain."},
     {304, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {704, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
+    {705, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
     {701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
     {702, "CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out and was terminated"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
@@ -165,6 +190,7 @@ struct sim_ctx {
     CUresult sticky;          /* ... and from then on by every call on the context */
     long long filled;         /* bytes the fill kernels wrote so far, in order (cuda-flip's offsets) */
     double stream_clock;      /* seconds of work the null stream has done: what events record */
+    struct sim_ctx *peers[MAX_CONTEXTS];  /* contexts whose memory this one may access (cuCtxEnablePeerAccess) */
     struct sim_alloc allocs[MAX_ALLOCS];
 };
 
@@ -186,9 +212,11 @@ typedef void *CUstream;
 static int initialized;
 static __thread CUcontext current;
 static pthread_mutex_t record_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;  /* events and page-locked memory */
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;  /* events, page-locked memory, contexts */
+static pthread_mutex_t counter_lock = PTHREAD_MUTEX_INITIALIZER;  /* the link files' counters */
 static struct sim_event events[MAX_EVENTS];
 static void *host_allocs[MAX_HOST_ALLOCS];
+static struct sim_ctx *contexts[MAX_CONTEXTS];  /* the live contexts, so a stale or bogus handle is known */
 
 /* This process's record: the GPUs it allocated on, and which of them it freed, when. */
 static struct {
@@ -251,20 +279,52 @@ CUresult cuDriverGetVersion(int *version)
     return CUDA_SUCCESS;
 }
 
-/* Whether CUDA_VISIBLE_DEVICES, when set, lists the GPU (by index or UUID, comma separated). */
-static int visible(const sim_gpu *g)
+/* The GPU a CUDA_VISIBLE_DEVICES entry names (an index, or a UUID or its prefix), or NULL. */
+static const sim_gpu *named(const sim_state *st, const char *entry)
+{
+    char *end;
+    long index;
+    if (strncmp(entry, "GPU-", 4) == 0) {
+        for (int i = 0; i < st->ngpus; i++)
+            if (strncmp(st->gpus[i].uuid, entry, strlen(entry)) == 0) return &st->gpus[i];
+        return NULL;
+    }
+    index = strtol(entry, &end, 10);
+    if (end == entry || *end != '\0') return NULL;
+    for (int i = 0; i < st->ngpus; i++)
+        if (st->gpus[i].index == index) return &st->gpus[i];
+    return NULL;
+}
+
+/* The CUdevices (GPU indexes) CUDA numbers 0, 1, ... into ordinals, and how many: those
+ * CUDA_VISIBLE_DEVICES lists, in its order, up to its first entry that names no GPU (as the real
+ * library stops there); without it every GPU, in bus order. A lost GPU is left out. */
+static int visible_devices(const sim_state *st, int *ordinals)
 {
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
     char list[1024], *save = NULL;
-    if (!env) return 1;
-    set_str(list, sizeof list, env);
-    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        while (*tok == ' ') tok++;
-        if (strncmp(tok, "GPU-", 4) == 0 ? strncmp(g->uuid, tok, strlen(tok)) == 0 : atoi(tok) == g->index)
-            return 1;
-        if (strncmp(tok, "GPU-", 4) != 0 && (*tok < '0' || *tok > '9')) return 0;  /* CUDA stops at garbage */
+    int n = 0;
+    if (!env) {
+        for (int i = 0; i < st->ngpus; i++)
+            if (!st->gpus[i].lost) ordinals[n++] = st->gpus[i].index;
+        return n;
     }
-    return 0;
+    set_str(list, sizeof list, env);
+    for (char *tok = strtok_r(list, ",", &save); tok && n < MAX_GPUS; tok = strtok_r(NULL, ",", &save)) {
+        const sim_gpu *g;
+        while (*tok == ' ') tok++;
+        tok[strcspn(tok, " ")] = '\0';
+        if (!(g = named(st, tok))) break;
+        if (!g->lost && !has(ordinals, n, g->index)) ordinals[n++] = g->index;
+    }
+    return n;
+}
+
+/* Whether the GPU is one CUDA shows this process (see visible_devices). */
+static int visible(const sim_state *st, const sim_gpu *g)
+{
+    int ordinals[MAX_GPUS];
+    return has(ordinals, visible_devices(st, ordinals), g->index);
 }
 
 static int parse_bus(const char *text, unsigned *domain, unsigned *bus, unsigned *dev, unsigned *fn)
@@ -286,7 +346,7 @@ CUresult cuDeviceGetByPCIBusId(CUdevice *device, const char *bus_id)
     for (int i = 0; i < st->ngpus; i++) {
         sim_gpu *g = &st->gpus[i];
         if (!parse_bus(g->bus_id, &have[0], &have[1], &have[2], &have[3])) continue;
-        if (memcmp(want, have, sizeof want) == 0 && !g->lost && visible(g)) {
+        if (memcmp(want, have, sizeof want) == 0 && !g->lost && visible(st, g)) {
             *device = g->index;
             rc = CUDA_SUCCESS;
         }
@@ -295,7 +355,76 @@ CUresult cuDeviceGetByPCIBusId(CUdevice *device, const char *bus_id)
     return rc;
 }
 
+CUresult cuDeviceGetCount(int *count)
+{
+    sim_state *st;
+    int ordinals[MAX_GPUS];
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    if (!(st = malloc(sizeof(sim_state)))) return CUDA_ERROR_UNKNOWN;
+    *count = load_state(st) == 0 ? visible_devices(st, ordinals) : 0;
+    free(st);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    sim_state *st;
+    int ordinals[MAX_GPUS], n = 0;
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    if (!(st = malloc(sizeof(sim_state)))) return CUDA_ERROR_UNKNOWN;
+    if (load_state(st) == 0) n = visible_devices(st, ordinals);
+    free(st);
+    if (ordinal < 0 || ordinal >= n) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinals[ordinal];
+    return CUDA_SUCCESS;
+}
+
+/* How a direct peer copy between GPUs a and b travels (gpusim/state.py peer_path). */
+enum peer_path { PEER_NONE, PEER_NVLINK, PEER_PCIE };
+
+static enum peer_path peer_path(const sim_state *st, const sim_gpu *a, const sim_gpu *b)
+{
+    if (a->index == b->index) return PEER_NONE;
+    if (nvlinks_active(st, a) > 0 && nvlinks_active(st, b) > 0) return PEER_NVLINK;
+    return a->index / 2 == b->index / 2 ? PEER_PCIE : PEER_NONE;
+}
+
+/* The visible GPU a CUdevice names, from st, or NULL. */
+static sim_gpu *visible_gpu(sim_state *st, CUdevice device)
+{
+    for (int i = 0; i < st->ngpus; i++)
+        if (st->gpus[i].index == device) return !st->gpus[i].lost && visible(st, &st->gpus[i]) ? &st->gpus[i] : NULL;
+    return NULL;
+}
+
+/* 1 for two GPUs that can reach each other's memory directly: over NVLink, or P2P under one PCIe switch. */
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    sim_state *st;
+    sim_gpu *g, *peer;
+    CUresult rc = CUDA_SUCCESS;
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!canAccessPeer) return CUDA_ERROR_INVALID_VALUE;
+    if (!(st = malloc(sizeof(sim_state)))) return CUDA_ERROR_UNKNOWN;
+    if (load_state(st) != 0 || !(g = visible_gpu(st, dev)) || !(peer = visible_gpu(st, peerDev)))
+        rc = CUDA_ERROR_INVALID_DEVICE;
+    else *canAccessPeer = peer_path(st, g, peer) != PEER_NONE;
+    free(st);
+    return rc;
+}
+
 /* ------------------------------------------------------------------ contexts */
+
+/* The live context a handle names, or NULL for a null, unknown or destroyed one. Called with
+ * table_lock held. */
+static struct sim_ctx *known_context(CUcontext ctx)
+{
+    for (int i = 0; ctx && i < MAX_CONTEXTS; i++)
+        if (contexts[i] == ctx) return ctx;
+    return NULL;
+}
 
 /* Whether another live process is a compute app on GPU index. */
 static int other_compute_app(int index)
@@ -356,12 +485,84 @@ CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned flags, CUdevice device)
     }
     if (rc == CUDA_SUCCESS && !(*ctx = calloc(1, sizeof(struct sim_ctx)))) rc = CUDA_ERROR_OUT_OF_MEMORY;
     if (rc == CUDA_SUCCESS) {
+        int slot;
+        pthread_mutex_lock(&table_lock);
+        for (slot = 0; slot < MAX_CONTEXTS && contexts[slot]; slot++) {}
+        if (slot < MAX_CONTEXTS) contexts[slot] = *ctx;
+        pthread_mutex_unlock(&table_lock);
+        if (slot == MAX_CONTEXTS) {
+            free(*ctx);
+            *ctx = NULL;
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    if (rc == CUDA_SUCCESS) {
         snprintf(node, sizeof node, "%s/dev/nvidia%d", root_dir, g->has_minor ? g->minor : g->index);
         (*ctx)->index = device;
         (*ctx)->fd = open(node, O_RDWR | O_CLOEXEC);
         current = *ctx;
     }
     free(st);
+    return rc;
+}
+
+/* Whether ctx was given access to peer's memory. Called with table_lock held. */
+static int peer_enabled(const struct sim_ctx *ctx, const struct sim_ctx *peer)
+{
+    for (int i = 0; i < MAX_CONTEXTS; i++)
+        if (ctx->peers[i] == peer) return 1;
+    return 0;
+}
+
+/* The current context may access peerContext's memory from now on: CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+ * when cuDeviceCanAccessPeer says its GPU cannot, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED the second
+ * time, CUDA_ERROR_INVALID_CONTEXT without a current context, for an unknown one or the current one
+ * itself, CUDA_ERROR_INVALID_VALUE for flags other than 0 (cuda.h's documentation of the call). */
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
+{
+    sim_state *st;
+    sim_gpu *g = NULL, *peer = NULL;
+    CUresult rc;
+    int can;
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&table_lock);
+    rc = !known_context(peerContext) || peerContext == current ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+    pthread_mutex_unlock(&table_lock);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!(st = malloc(sizeof(sim_state)))) return CUDA_ERROR_UNKNOWN;
+    rc = gpu_of(st, current->index, &g);
+    if (rc == CUDA_SUCCESS) rc = gpu_of(st, peerContext->index, &peer);
+    can = rc == CUDA_SUCCESS && peer_path(st, g, peer) != PEER_NONE;
+    free(st);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!can) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    pthread_mutex_lock(&table_lock);
+    if (!known_context(peerContext)) rc = CUDA_ERROR_INVALID_CONTEXT;
+    else if (peer_enabled(current, peerContext)) rc = CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    else
+        for (int i = 0; i < MAX_CONTEXTS; i++)
+            if (!current->peers[i]) {
+                current->peers[i] = peerContext;
+                break;
+            }
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+/* CUDA_ERROR_PEER_ACCESS_NOT_ENABLED when the current context has no access to peerContext. */
+CUresult cuCtxDisablePeerAccess(CUcontext peerContext)
+{
+    CUresult rc = CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&table_lock);
+    if (!known_context(peerContext)) rc = CUDA_ERROR_INVALID_CONTEXT;
+    for (int i = 0; rc != CUDA_ERROR_INVALID_CONTEXT && i < MAX_CONTEXTS; i++)
+        if (current->peers[i] == peerContext) {
+            current->peers[i] = NULL;
+            rc = CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&table_lock);
     return rc;
 }
 
@@ -523,16 +724,22 @@ static long long live_mib(CUcontext ctx)
 /* A device pointer names its context's slot (slot + 1 in the high bits, so 0 is never valid) and
  * an offset into it (the low 40 bits): the allocation, with *offset set, or NULL when the bytes
  * [ptr, ptr + bytes) are not all inside one. */
-static struct sim_alloc *alloc_at(CUdeviceptr ptr, size_t bytes, size_t *offset)
+static struct sim_alloc *alloc_in(struct sim_ctx *ctx, CUdeviceptr ptr, size_t bytes, size_t *offset)
 {
     unsigned slot = (unsigned)(ptr >> 40);
     size_t off = (size_t)(ptr & ((1ULL << 40) - 1));
     struct sim_alloc *a;
-    if (!current || slot < 1 || slot > MAX_ALLOCS || !current->allocs[slot - 1].used) return NULL;
-    a = &current->allocs[slot - 1];
+    if (!ctx || slot < 1 || slot > MAX_ALLOCS || !ctx->allocs[slot - 1].used) return NULL;
+    a = &ctx->allocs[slot - 1];
     if (off > a->size || bytes > a->size - off) return NULL;
     if (offset) *offset = off;
     return a;
+}
+
+/* The same, in the current context. */
+static struct sim_alloc *alloc_at(CUdeviceptr ptr, size_t bytes, size_t *offset)
+{
+    return alloc_in(current, ptr, bytes, offset);
 }
 
 static struct sim_alloc *alloc_of(CUdeviceptr ptr)
@@ -656,26 +863,39 @@ static void write_link_file(int index, const char *suffix, const char *text)
     else unlink(tmp);
 }
 
-/* A copy of bytes between the host and GPU g: the copy-hang fault's sleep first, then the link
- * marked loaded until the copy's end + LINK_LOADED_AFTER_S, the replays it adds to the GPU's
- * counter, and, when timed, its time on the stream. */
-static void transfer(const sim_gpu *g, size_t bytes, int to_device, int timed)
+/* Adds count to the counter in GPU index's link file with suffix. */
+static void add_to_counter(int index, const char *suffix, int count)
 {
     char text[64];
-    double gbps = copy_gbps(g, to_device);
-    double seconds = timed && gbps > 0 ? (double)bytes / (gbps * 1e9) * jitter() : 0;
-    double until;
-    sleep_s(g->copy_hang);
-    until = now_s() + seconds + LINK_LOADED_AFTER_S;
-    /* Never earlier than a copy of another context of this process left it. */
+    if (count <= 0) return;
+    pthread_mutex_lock(&counter_lock);
+    snprintf(text, sizeof text, "%.0f\n", link_number(index, suffix) + count);
+    write_link_file(index, suffix, text);
+    pthread_mutex_unlock(&counter_lock);
+}
+
+/* GPU g's PCIe link carries a copy of seconds that starts now: it is loaded until the copy's end +
+ * LINK_LOADED_AFTER_S (never earlier than another copy left it), and the copy adds its replays to the
+ * GPU's counter. */
+static void pcie_traffic(const sim_gpu *g, double seconds)
+{
+    char text[64];
+    double until = now_s() + seconds + LINK_LOADED_AFTER_S;
     if (until > link_number(g->index, "")) {
         snprintf(text, sizeof text, "%.6f\n", until);
         write_link_file(g->index, "", text);
     }
-    if (g->replays > 0) {
-        snprintf(text, sizeof text, "%.0f\n", link_number(g->index, ".replays") + g->replays);
-        write_link_file(g->index, ".replays", text);
-    }
+    add_to_counter(g->index, ".replays", g->replays);
+}
+
+/* A copy of bytes between the host and GPU g: the copy-hang fault's sleep first, then the link
+ * loaded and its replays (pcie_traffic), and, when timed, its time on the stream. */
+static void transfer(const sim_gpu *g, size_t bytes, int to_device, int timed)
+{
+    double gbps = copy_gbps(g, to_device);
+    double seconds = timed && gbps > 0 ? (double)bytes / (gbps * 1e9) * jitter() : 0;
+    sleep_s(g->copy_hang);
+    pcie_traffic(g, seconds);
     run_on_stream(seconds);
 }
 
@@ -735,6 +955,97 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream
     return copy(dst, src, bytes, 0, 1, stream);
 }
 
+/* ------------------------------------------------------------------ peer copies */
+
+/* The GB/s of a direct peer copy from GPU src to GPU dst along path (gpusim/state.py peer_gbps): over
+ * NVLink NVLINK_PEER_GBPS x the share of the slower GPU's links that are up, over PCIe what the two
+ * links carry out of src and into dst, the lower; capped by each GPU's `fault slow --p2p`. */
+static double peer_gbps(const sim_state *st, const sim_gpu *src, const sim_gpu *dst, enum peer_path path)
+{
+    double gbps;
+    if (path == PEER_NVLINK) {
+        int links = nvlinks_active(st, src) < nvlinks_active(st, dst) ? nvlinks_active(st, src) : nvlinks_active(st, dst);
+        gbps = NVLINK_PEER_GBPS * links / st->nvlink_links;
+    } else {
+        gbps = copy_gbps(src, 0) < copy_gbps(dst, 1) ? copy_gbps(src, 0) : copy_gbps(dst, 1);
+    }
+    if (src->p2p_gbps > 0 && src->p2p_gbps < gbps) gbps = src->p2p_gbps;
+    if (dst->p2p_gbps > 0 && dst->p2p_gbps < gbps) gbps = dst->p2p_gbps;
+    return gbps;
+}
+
+/* A copy of bytes from src (an allocation of srcCtx) to dst (of dstCtx), timed on the current context's
+ * stream when asked: direct over the peer path when either context has access to the other, else
+ * staged through host memory over both PCIe links; between two contexts of one GPU, a copy within its
+ * memory (read and written at the HBM's bandwidth). The bytes of allocations host memory backs are
+ * copied, the memset pattern of the others. */
+static CUresult peer_copy(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx, size_t bytes, int timed,
+                          CUstream stream)
+{
+    size_t dst_off = 0, src_off = 0;
+    struct sim_alloc *to, *from;
+    sim_state *st;
+    sim_gpu *gsrc = NULL, *gdst = NULL;
+    enum peer_path path = PEER_NONE;
+    double gbps = 0, seconds = 0;
+    CUresult rc = CUDA_SUCCESS;
+    int direct;
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (synchronize()) return current->sticky;
+    if (!null_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&table_lock);
+    if (!known_context(dstCtx) || !known_context(srcCtx)) rc = CUDA_ERROR_INVALID_CONTEXT;
+    direct = rc == CUDA_SUCCESS && (peer_enabled(srcCtx, dstCtx) || peer_enabled(dstCtx, srcCtx));
+    pthread_mutex_unlock(&table_lock);
+    if (rc != CUDA_SUCCESS) return rc;
+    to = alloc_in(dstCtx, dst, bytes, &dst_off);
+    from = alloc_in(srcCtx, src, bytes, &src_off);
+    if (!to || !from) return CUDA_ERROR_INVALID_VALUE;
+    if (!(st = malloc(sizeof(sim_state)))) return CUDA_ERROR_UNKNOWN;
+    rc = gpu_of(st, srcCtx->index, &gsrc);
+    if (rc == CUDA_SUCCESS) rc = gpu_of(st, dstCtx->index, &gdst);
+    /* Reading the source meets its GPU's uncorrectable ECC error, as a read back does. */
+    if (rc == CUDA_SUCCESS && gsrc->cuda_error == CUDA_ERROR_ECC_UNCORRECTABLE) rc = CUDA_ERROR_ECC_UNCORRECTABLE;
+    if (rc == CUDA_SUCCESS) {
+        path = peer_path(st, gsrc, gdst);
+        if (gsrc->index == gdst->index) gbps = gsrc->hbm_gbps / 2;
+        else if (direct && path != PEER_NONE) gbps = peer_gbps(st, gsrc, gdst, path);
+        else gbps = copy_gbps(gsrc, 0) < copy_gbps(gdst, 1) ? copy_gbps(gsrc, 0) : copy_gbps(gdst, 1);
+        if (timed && gbps > 0) seconds = (double)bytes / (gbps * 1e9) * jitter();
+        /* A hung copy engine on either GPU stalls the copy first. */
+        sleep_s(gsrc->copy_hang > gdst->copy_hang ? gsrc->copy_hang : gdst->copy_hang);
+        if (gsrc->index != gdst->index && direct && path == PEER_NVLINK) {
+            add_to_counter(gsrc->index, ".nvlink_crc_flit", gsrc->nvlink_errors);
+            add_to_counter(gdst->index, ".nvlink_crc_flit", gdst->nvlink_errors);
+        } else if (gsrc->index != gdst->index) {
+            pcie_traffic(gsrc, seconds);
+            pcie_traffic(gdst, seconds);
+        }
+        run_on_stream(seconds);
+    }
+    free(st);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (to->host && from->host) memmove(to->host + dst_off, from->host + src_off, bytes);
+    else if (to->host)
+        for (size_t i = 0; i + 4 <= bytes; i += 4) memcpy(to->host + dst_off + i, &from->pattern, 4);
+    else if (from->host && bytes >= 4) memcpy(&to->pattern, from->host + src_off, 4);
+    else to->pattern = from->pattern;
+    return CUDA_SUCCESS;
+}
+
+/* Synchronous: up to HOST_BACKED bytes it is instant, as the other synchronous copies are. */
+CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext,
+                      size_t ByteCount)
+{
+    return peer_copy(dstDevice, dstContext, srcDevice, srcContext, ByteCount, ByteCount > HOST_BACKED, NULL);
+}
+
+CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext,
+                           size_t ByteCount, CUstream hStream)
+{
+    return peer_copy(dstDevice, dstContext, srcDevice, srcContext, ByteCount, 1, hStream);
+}
+
 /* Page-locked host memory: a plain malloc, its pages left untouched (256 MiB cost nothing until
  * written); cuMemFreeHost takes only what this allocated. */
 CUresult cuMemAllocHost_v2(void **pp, size_t bytes)
@@ -789,12 +1100,23 @@ CUresult cuMemFree_v2(CUdeviceptr ptr)
 
 CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-    if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    struct sim_ctx *known;
+    pthread_mutex_lock(&table_lock);
+    known = known_context(ctx);
+    pthread_mutex_unlock(&table_lock);
+    /* A null handle, or one already destroyed: nothing of it is touched. */
+    if (!known) return CUDA_ERROR_INVALID_CONTEXT;
     if (live_allocs(ctx)) record_free(ctx->index);
     for (int i = 0; i < MAX_ALLOCS; i++) release(&ctx->allocs[i]);
     pthread_mutex_lock(&table_lock);
     for (int i = 0; i < MAX_EVENTS; i++)
         if (events[i].used && events[i].ctx == ctx) memset(&events[i], 0, sizeof events[i]);
+    /* No context keeps access to it, and its handle is known no more. */
+    for (int i = 0; i < MAX_CONTEXTS; i++) {
+        if (contexts[i] == ctx) contexts[i] = NULL;
+        for (int j = 0; contexts[i] && j < MAX_CONTEXTS; j++)
+            if (contexts[i]->peers[j] == ctx) contexts[i]->peers[j] = NULL;
+    }
     pthread_mutex_unlock(&table_lock);
     if (ctx->fd >= 0) close(ctx->fd);
     if (current == ctx) current = NULL;

@@ -15,6 +15,11 @@
  * (<index>.replays). Topology: GPUs 2k and 2k+1 share a PCIe switch, the lower half of the GPUs
  * sits on NUMA node 0 and the rest on node 1 (gpusim/state.py, topology).
  *
+ * NVLink (`gpusim nvlink --links N`): each GPU's links are up but those `fault slow --nvlink-down`
+ * took down; the flit CRC counter of its link 0 is what the fake libcuda's peer copies over NVLink added
+ * (<index>.nvlink_crc_flit), every other counter 0. The row remapper's histogram is a healthy H200's
+ * unless `fault remap --histogram` says otherwise.
+ *
  * Memory as real drivers report it: v1 nvmlDeviceGetMemoryInfo's `used` is reserved plus
  * allocated (NVML docs: "Sum of Reserved and Allocated"; real-samples Q09: idle GPUs read
  * hundreds of MiB); v2's `used` is allocated only, as nvidia-smi's memory.used, with
@@ -77,6 +82,19 @@ typedef struct {
     unsigned pid;
     unsigned long long usedGpuMemory;
 } nvmlProcessInfo_v1_t;
+/* nvmlEnableState_t: what nvmlDeviceGetNvLinkState says of a link. */
+typedef enum { NVML_FEATURE_DISABLED = 0, NVML_FEATURE_ENABLED = 1 } nvmlEnableState_t;
+/* nvmlNvLinkErrorCounter_t, as nvml.h numbers it. */
+typedef enum {
+    NVML_NVLINK_ERROR_DL_REPLAY = 0,    /* data link transmit replays */
+    NVML_NVLINK_ERROR_DL_RECOVERY = 1,  /* data link transmit recoveries */
+    NVML_NVLINK_ERROR_DL_CRC_FLIT = 2,  /* data link receive flow control digit CRC errors */
+    NVML_NVLINK_ERROR_DL_CRC_DATA = 3,  /* data link receive data CRC errors */
+    NVML_NVLINK_ERROR_DL_ECC_DATA = 4,  /* data link receive data ECC errors */
+    NVML_NVLINK_ERROR_COUNT
+} nvmlNvLinkErrorCounter_t;
+/* nvmlRowRemapperHistogramValues_t: banks with all, many, some, few and no spare rows left. */
+typedef struct { unsigned int max, high, partial, low, none; } nvmlRowRemapperHistogramValues_t;
 typedef struct {
     char busIdLegacy[16];
     unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
@@ -481,6 +499,23 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned *corr, unsigne
     RETURN(NVML_SUCCESS);
 }
 
+/* The banks of the GPU's memory by how many spare rows they have left (Ampere and newer). A GPU whose
+ * row remapper does not answer (the na fault on remapped_rows.pending or .failure, a GPU that needs a
+ * reset) answers here as in nvmlDeviceGetRemappedRows. */
+nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t dev, nvmlRowRemapperHistogramValues_t *values)
+{
+    DEVICE(dev, 0);
+    if (!values) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    NA("remapped_rows.pending");
+    NA("remapped_rows.failure");
+    values->max = g->remap_histogram[0];
+    values->high = g->remap_histogram[1];
+    values->partial = g->remap_histogram[2];
+    values->low = g->remap_histogram[3];
+    values->none = g->remap_histogram[4];
+    RETURN(NVML_SUCCESS);
+}
+
 nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, int *pending)
 {
     DEVICE(dev, 0);
@@ -564,6 +599,38 @@ nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t dev1, nvmlDevice_t
     else if ((2 * (other->index - other->index % 2) < st->ngpus) == (2 * (g->index - g->index % 2) < st->ngpus))
         *path = NVML_TOPOLOGY_NODE;  /* one NUMA node (gpusim/state.py numa_node) */
     else *path = NVML_TOPOLOGY_SYSTEM;
+    RETURN(NVML_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ NVLink */
+
+/* A link NVML knows of on this GPU: NVML_ERROR_INVALID_ARGUMENT beyond NVML_NVLINK_MAX_LINKS or the
+ * GPU's own count, NVML_ERROR_NOT_SUPPORTED on a host without NVLink (as NVML documents both). */
+static nvmlReturn_t nvlink_of(const sim_state *st, unsigned link)
+{
+    if (link >= NVLINK_MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    if (st->nvlink_links <= 0) return NVML_ERROR_NOT_SUPPORTED;
+    return link < (unsigned)st->nvlink_links ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, nvmlEnableState_t *isActive)
+{
+    DEVICE(dev, 0);
+    if (!isActive) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if ((rc = nvlink_of(st, link)) != NVML_SUCCESS) RETURN(rc);
+    *isActive = nvlink_up(st, g, (int)link) ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    RETURN(NVML_SUCCESS);
+}
+
+/* Only the flit CRC counter of link 0 counts anything: the errors the fake libcuda's peer copies added. */
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t dev, unsigned int link, nvmlNvLinkErrorCounter_t counter,
+                                             unsigned long long *counterValue)
+{
+    DEVICE(dev, 0);
+    if (!counterValue || (unsigned)counter >= NVML_NVLINK_ERROR_COUNT) RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if ((rc = nvlink_of(st, link)) != NVML_SUCCESS) RETURN(rc);
+    *counterValue = link == 0 && counter == NVML_NVLINK_ERROR_DL_CRC_FLIT
+        ? (unsigned long long)link_number(g->index, ".nvlink_crc_flit") : 0;
     RETURN(NVML_SUCCESS);
 }
 

@@ -26,6 +26,10 @@
 #define MAX_RECS 1024
 #define MAX_FLIPS 8
 #define MAX_MIG 7
+/* nvml.h's NVML_NVLINK_MAX_LINKS: an H100 or H200 has 18 NVLinks, no GPU more. */
+#define NVLINK_MAX_LINKS 18
+/* The buckets of the row remapper's histogram: max, high, partial, low, none. */
+#define REMAP_BUCKETS 5
 #define MIB (1024ULL * 1024ULL)
 #define NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL
 #define NOT_AVAILABLE_UINT 0xFFFFFFFFU
@@ -67,6 +71,10 @@ typedef struct {
     double hbm_gbps;          /* memory bandwidth: what the probe's kernels take to sweep memory */
     int replays;              /* PCIe replays each copy adds to the GPU's counter (`fault slow`) */
     double copy_hang;         /* seconds each copy sleeps first (`fault slow --copy-hang`) */
+    unsigned nvlink_down;     /* its NVLinks that are down, bit L for link L ("nvlink" lines) ... */
+    int nvlink_errors;        /* ... the flit CRC errors each peer copy over NVLink adds to its link 0 ... */
+    double p2p_gbps;          /* ... and its cap on peer copies (0: none) */
+    unsigned remap_histogram[REMAP_BUCKETS];  /* banks with max .. none spare rows ("remap_histogram" lines) */
     char bus_id[32];
     char uuid[96];
     char name[96];
@@ -108,6 +116,7 @@ typedef struct {
     int driver_not_loaded, no_devices, mismatch;
     int cuda_init;            /* 0, or the CUresult cuInit returns (fake libcuda) */
     double cuda_hang;         /* seconds cuInit sleeps before it answers */
+    int nvlink_links;         /* NVLinks per GPU (`gpusim nvlink`); 0: no NVLink, the GPUs talk over PCIe */
     sim_gpu gpus[MAX_GPUS];
     int ngpus;
     sim_na na[MAX_NA];
@@ -207,6 +216,7 @@ __attribute__((unused)) static int load_state(sim_state *st)
         } else if (sscanf(line, "mismatch %d", &st->mismatch) == 1) {
         } else if (sscanf(line, "cuda_init %d", &st->cuda_init) == 1) {
         } else if (sscanf(line, "cuda_hang %lf", &st->cuda_hang) == 1) {
+        } else if (sscanf(line, "nvlink_links %d", &st->nvlink_links) == 1) {
         } else if (strncmp(line, "cuda_gpu ", 9) == 0) {
             int index, code;
             if (sscanf(line, "cuda_gpu %d %d", &index, &code) == 2)
@@ -254,6 +264,8 @@ __attribute__((unused)) static int load_state(sim_state *st)
                 g->max_width = g->link_width = 16;
                 g->h2d_gbps = g->d2h_gbps = 55.0;
                 g->hbm_gbps = 4000.0;
+                /* A healthy H200's row remapper (gpusim/state.py REMAP_HISTOGRAM_DEFAULT). */
+                g->remap_histogram[0] = 3072;
                 st->ngpus++;
             }
         } else if (strncmp(line, "mem ", 4) == 0) {
@@ -293,6 +305,23 @@ __attribute__((unused)) static int load_state(sim_state *st)
                         g->replays = replays;
                         g->copy_hang = hang;
                     }
+        } else if (strncmp(line, "nvlink ", 7) == 0) {
+            int index, errors;
+            unsigned down;
+            double p2p;
+            if (sscanf(line, "nvlink %d %u %d %lf", &index, &down, &errors, &p2p) == 4)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index) {
+                        st->gpus[i].nvlink_down = down;
+                        st->gpus[i].nvlink_errors = errors;
+                        st->gpus[i].p2p_gbps = p2p;
+                    }
+        } else if (strncmp(line, "remap_histogram ", 16) == 0) {
+            int index;
+            unsigned v[REMAP_BUCKETS];
+            if (sscanf(line, "remap_histogram %d %u %u %u %u %u", &index, &v[0], &v[1], &v[2], &v[3], &v[4]) == 6)
+                for (int i = 0; i < st->ngpus; i++)
+                    if (st->gpus[i].index == index) memcpy(st->gpus[i].remap_histogram, v, sizeof v);
         } else if (strncmp(line, "mig", 3) == 0) {
             load_mig_line(st, line);
         } else if (strncmp(line, "recovery ", 9) == 0) {
@@ -365,6 +394,27 @@ __attribute__((unused)) static double link_number(int index, const char *suffix)
 __attribute__((unused)) static int link_gen_now(const sim_gpu *g)
 {
     return now_s() < link_number(g->index, "") ? g->link_gen : 1;
+}
+
+/* ------------------------------------------------------------------ NVLink (gpusim/state.py peer_path)
+ *
+ * With `gpusim nvlink --links N` every GPU has N NVLinks to the NVSwitches of an HGX board; `fault slow
+ * --nvlink-down` takes some of a GPU's down. ROOT/var/lib/gpusim/link/<index>.nvlink_crc_flit holds the
+ * flit CRC errors of its link 0 (the fake libcuda's peer copies add them, the fake NVML reads them).
+ */
+
+/* Whether link (< the host's count) of GPU g is up. */
+__attribute__((unused)) static int nvlink_up(const sim_state *st, const sim_gpu *g, int link)
+{
+    return link >= 0 && link < st->nvlink_links && link < NVLINK_MAX_LINKS && !(g->nvlink_down & (1U << link));
+}
+
+/* How many of GPU g's NVLinks are up. */
+__attribute__((unused)) static int nvlinks_active(const sim_state *st, const sim_gpu *g)
+{
+    int n = 0;
+    for (int link = 0; link < st->nvlink_links; link++) n += nvlink_up(st, g, link);
+    return n;
 }
 
 /* Alive: the pid runs, is not a zombie and, when known, still has the recorded start time. */
