@@ -635,8 +635,8 @@ class Host:
                 raise ValueError("copy_hang: 0 or more seconds, got %r" % copy_hang)
             settings["copy_hang_s"] = float(copy_hang)
         if not settings and not clear:
-            raise ValueError("slow: give link, h2d, d2h, hbm, replays, copy_hang, nvlink_down, nvlink_errors or "
-                             "p2p, or clear")
+            raise ValueError("slow: give link, h2d, d2h, hbm, replays or copy_hang, or clear (or of the NVLinks "
+                             "nvlink_down, nvlink_errors, p2p)")
         if clear:
             self._heal_link(g)
         g.update(settings)

@@ -415,7 +415,8 @@ class Smi:
         self.w("\t" + "\t".join("GPU%d" % g["index"] for g in gpus) + "\t" + M.TOPO_AFFINITY_HEADER)
         for g in gpus:
             node = numa_node(g["index"], count)
-            cells = [" X " if h is g else topology(g["index"], h["index"], count, min(active[g["index"]], active[h["index"]]))
+            cells = [" X " if h is g else
+                     topology(g["index"], h["index"], count, min(active[g["index"]], active[h["index"]]))
                      for h in gpus]
             self.w("GPU%d\t%s\t%s\t%d\t\tN/A" % (g["index"], "\t".join(cells), NUMA_CPUS[node], node))
         self.w("")

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -283,6 +284,7 @@ def test_two_contexts_in_one_process_copy_at_the_nvlink_bandwidth(hgx):
     assert zero.timed(lambda: None) == 0.0
     # Over NVLink: no PCIe link loaded.
     assert (link_loaded_until(host.paths, 0), link_loaded_until(host.paths, 3)) == (0.0, 0.0)
+
     # Back, synchronously, on the other context's stream: peer access enabled in either context makes it direct.
     def back():
         assert lib.cuMemcpyPeer(ctypes.c_uint64(src), zero.handle, ctypes.c_uint64(dst), three.handle,
@@ -298,7 +300,8 @@ def test_small_peer_copies_carry_the_bytes(hgx):
     words = (ctypes.c_uint32 * 16)(*range(100, 116))
     zero.current()
     assert lib.cuMemcpyHtoD_v2(ctypes.c_uint64(src), words, ctypes.c_size_t(64)) == 0
-    assert lib.cuMemcpyPeer(ctypes.c_uint64(dst), one.handle, ctypes.c_uint64(src), zero.handle, ctypes.c_size_t(64)) == 0
+    assert lib.cuMemcpyPeer(ctypes.c_uint64(dst), one.handle, ctypes.c_uint64(src), zero.handle,
+                            ctypes.c_size_t(64)) == 0
     back = (ctypes.c_uint32 * 16)()
     one.current()
     assert lib.cuMemcpyDtoH_v2(back, ctypes.c_uint64(dst), ctypes.c_size_t(64)) == 0
@@ -377,8 +380,6 @@ def test_each_peer_copy_adds_the_gpus_errors_to_its_link_0(hgx, nvml):
 
 
 def test_a_copy_hang_of_either_gpu_stalls_a_peer_copy(hgx):
-    import time
-
     host, context, lib = hgx
     host.slow(5, copy_hang=0.3)
     four, five = context(4), context(5)
@@ -418,7 +419,8 @@ def test_the_histogram_through_nvml_and_nvidia_smi(hgx, nvml):
         ""]
     assert "Product Name" not in out.stdout and "FB Memory Usage" not in out.stdout
     everything = host.smi("-q").stdout
-    assert everything.count("    Remapped Rows\n") == 8 and "            Max                           : 3072 bank(s)" in everything
+    assert everything.count("    Remapped Rows\n") == 8
+    assert "            Max                           : 3072 bank(s)" in everything
     assert "FB Memory Usage" in host.smi("-q", "-d", "MEMORY,ROW_REMAPPER").stdout
     assert host.smi("-q", "-d", "BOGUS").returncode == 2
     assert host.smi("-d", "ROW_REMAPPER").returncode == 2
@@ -451,7 +453,8 @@ def test_the_cli_turns_nvlink_on_and_off_and_sets_a_gpus_links(gpuhost_factory):
 
 
 @pytest.mark.parametrize("args, code, said", [
-    (["nvlink", "--links", "19"], 2, "gpusim nvlink: error: argument --links: expected 0 to 18 NVLinks per GPU, got '19'"),
+    (["nvlink", "--links", "19"], 2,
+     "gpusim nvlink: error: argument --links: expected 0 to 18 NVLinks per GPU, got '19'"),
     (["nvlink", "--links", "-1"], 2, "argument --links: expected 0 to 18 NVLinks per GPU, got '-1'"),
     (["fault", "slow", "--gpu", "1", "--nvlink-down", "3x"], 2,
      "gpusim fault slow: error: argument --nvlink-down: expected NVLink numbers from 0 to 17, e.g. 0,3; got '3x'"),
