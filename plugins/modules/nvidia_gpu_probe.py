@@ -369,6 +369,15 @@ gpus:
       type: str
       returned: with O(probe_level=performance)
       sample: GPU-8932f937-d72c-4106-c12f-20bd9faed9f6
+    remap_histogram:
+      description:
+        - With O(probe_level=performance), the row remapper's histogram (NVML's
+          C(nvmlDeviceGetRowRemapperHistogram), C(nvidia-smi -q -d ROW_REMAPPER)) - how many of the GPU's memory
+          banks have all (C(max)), many (C(high)), some (C(partial)), few (C(low)) or no (C(none)) spare rows left;
+          null when not read (a GPU before Ampere has no row remapper).
+      type: dict
+      returned: with O(probe_level=performance)
+      sample: {max: 3072, high: 0, partial: 0, low: 0, none: 0}
     copy_round:
       description: With O(probe_level=performance), in which round the GPU copied (GPUs under one PCIe switch copy in
         different rounds); null when it did not copy.
@@ -380,7 +389,8 @@ gpus:
         - With O(probe_level=performance), why the GPU is slow, each with C(reason) and C(message) (naming the GPU,
           the figure, its peers' median and the bound); empty when it is not.
         - C(reason) is V(PCIE_LINK_DEGRADED) (the link ran below its own maximum generation or width while loaded),
-          V(PCIE_REPLAYS) (the replay counter grew during the copies), V(H2D_BELOW_PEERS), V(D2H_BELOW_PEERS) or
+          V(PCIE_REPLAYS) (the replay counter grew during the copies), V(REMAP_HEADROOM_NONE) (a memory bank has no
+          spare row left, RV(gpus[].remap_histogram)), V(H2D_BELOW_PEERS), V(D2H_BELOW_PEERS) or
           V(HBM_BELOW_PEERS) (that bandwidth more than O(slow_fraction) below the median of the host's other GPUs).
         - A slow GPU is warned about and has no RV(gpus[].verified_at).
       type: list

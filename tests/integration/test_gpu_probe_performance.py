@@ -102,6 +102,20 @@ def test_through_nvml_the_replays_during_the_copies_are_counted(cudahost):
     assert [gpu['copy_round'] for gpu in result['gpus']] == [1, 2] * 4
 
 
+@pytest.mark.parametrize('backend', ['nvidia-smi', 'nvml'])
+def test_a_gpu_whose_memory_banks_have_no_spare_row_left_is_named(cudahost, backend):
+    cudahost.install_nvml()
+    cudahost.fault('remap', gpu=4, histogram=(3068, 1, 1, 0, 2))
+    result, proc = run_probe(cudahost, backend=backend, gpus=[3, 4])
+    assert proc.returncode == 0, proc.stdout
+    assert result['gpus'][0]['remap_histogram'] == dict(max=3072, high=0, partial=0, low=0, none=0)
+    assert slow_gpus(result) == {4: ['REMAP_HEADROOM_NONE']}
+    assert result['gpus'][1]['slow'][0]['message'] == (
+        "REMAP_HEADROOM_NONE: GPU 4 (%s): 2 of its memory banks have no spare row left (the row remapper's histogram: "
+        'max 3068, high 1, partial 1, low 0, none 2): the next row failure there cannot be remapped'
+        % result['gpus'][1]['pci_bus_id'])
+
+
 def test_a_copy_that_hangs_fails_its_gpu_alone(cudahost):
     cudahost.slow(2, copy_hang=60)
     result, proc = run_probe(cudahost, gpus=[0, 1, 2, 3], timeout=12)

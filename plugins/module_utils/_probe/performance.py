@@ -48,6 +48,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import 
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import normalize_bus_id
 
 # How far below its peers' median a GPU's bandwidth may be before it is called slow: well outside
 # the spread of healthy GPUs (docs/benchmarks.md), well inside what a link trained down or a slow
@@ -73,10 +74,13 @@ READY, COPIED, LOADED = b'R', b'T', b'l'
 # Why a GPU is slow (its result's slow[].reason).
 PCIE_LINK_DEGRADED = 'PCIE_LINK_DEGRADED'
 PCIE_REPLAYS = 'PCIE_REPLAYS'
+# A memory bank with no spare row left: its next row failure cannot be remapped (NVML's
+# nvmlRowRemapperHistogramValues_t: none).
+REMAP_HEADROOM_NONE = 'REMAP_HEADROOM_NONE'
 BELOW_PEERS = (('h2d_gbps', 'H2D_BELOW_PEERS', 'copied host to device at'),
                ('d2h_gbps', 'D2H_BELOW_PEERS', 'copied device to host at'),
                ('hbm_gbps', 'HBM_BELOW_PEERS', 'read and wrote its memory at'))
-SLOW_REASONS = (PCIE_LINK_DEGRADED, PCIE_REPLAYS) + tuple(reason for dummy, reason, dummy in BELOW_PEERS)
+SLOW_REASONS = (PCIE_LINK_DEGRADED, PCIE_REPLAYS, REMAP_HEADROOM_NONE) + tuple(reason for dummy, reason, dummy in BELOW_PEERS)
 
 # The entry points the copies add to the allocation level's (cuda.h of CUDA 12.4).
 SIGNATURES = dict(_cuda.SIGNATURES, **{
@@ -383,7 +387,7 @@ class PerformanceProber(Prober):
                         if child is not None)
         for gpu, res in probed:
             res.update(uuid=gpu.get('uuid') if valid_uuid(gpu.get('uuid')) else None, link=None, replays=None,
-                       copy_round=None, slow=[])
+                       copy_round=None, remap_histogram=None, slow=[])
         try:
             self._conduct(probed, channels)
         finally:
@@ -411,6 +415,10 @@ class PerformanceProber(Prober):
         under_load = self.links.read(loaded, self._left_for_reads(last))
         for index in loaded:
             channels[index].say(DONE)
+        # Read while the children prove their memory: it costs them nothing.
+        histograms = self.links.remap_histograms([res for dummy, res in probed], self._left_for_reads(last))
+        for index, histogram in histograms.items():
+            results[index]['remap_histogram'] = histogram
         for index in loaded:
             results[index]['link'] = link_fields(under_load.get(index))
             results[index]['replays'] = replays_during(before.get(index), under_load.get(index))
@@ -461,6 +469,11 @@ def slow_reasons(res, results, fraction):
             link['gen'] < link['max_gen'] or link['width'] < link['max_width']):
         reasons.append(slow(PCIE_LINK_DEGRADED, '%s: its PCIe link ran at Gen%s x%s while loaded, below its maximum '
                             'of Gen%s x%s' % (name, link['gen'], link['width'], link['max_gen'], link['max_width'])))
+    none = (res.get('remap_histogram') or {}).get('none')
+    if none:
+        reasons.append(slow(REMAP_HEADROOM_NONE, '%s: %d of its memory banks have no spare row left (the row '
+                            "remapper's histogram: %s): the next row failure there cannot be remapped" % (
+                                name, none, ', '.join('%s %s' % (key, res['remap_histogram'][key]) for key in REMAP_BINS))))
     if res.get('replays'):
         reasons.append(slow(PCIE_REPLAYS, '%s: its PCIe replay counter grew by %d during the copies' % (
             name, res['replays'])))
@@ -489,6 +502,8 @@ SMI_LINK_FIELDS = ('index', 'pcie.link.gen.current', 'pcie.link.width.current', 
 NVML_LINK_CALLS = (('gen', 'nvmlDeviceGetCurrPcieLinkGeneration'), ('width', 'nvmlDeviceGetCurrPcieLinkWidth'),
                    ('max_gen', 'nvmlDeviceGetMaxPcieLinkGeneration'), ('max_width', 'nvmlDeviceGetMaxPcieLinkWidth'),
                    ('replays', 'nvmlDeviceGetPcieReplayCounter'))
+# The row remapper's histogram, as NVML's struct and nvidia-smi -q's lines name its bins.
+REMAP_BINS = ('max', 'high', 'partial', 'low', 'none')
 # Two GPUs under one PCIe switch: NVML's NVML_TOPOLOGY_SINGLE (10) and MULTIPLE (20); nvidia-smi
 # topo -m's PIX and PXB.
 NVML_SHARED_SWITCH = (10, 20)
@@ -521,6 +536,34 @@ class Links:
         if getattr(self.reader, 'backend', None) != 'nvml' or not indexes:
             return {}
         return dict((index, link.get('replays')) for index, link in self.read(indexes, timeout).items())
+
+    def remap_histograms(self, results, timeout):
+        """{index: {max, high, partial, low, none}}: how many memory banks have all, many, some, few
+        or no spare rows left, of each GPU of results (its index and bus id); {} when not read."""
+        if not results:
+            return {}
+        try:
+            if getattr(self.reader, 'backend', None) == 'nvml':
+                return self._call(lambda: dict((res['index'], self._nvml_histogram(res['index'])) for res in results),
+                                  timeout)
+            rc, stdout, stderr = self.reader.runner.run(['-q', '-d', 'ROW_REMAPPER'], timeout=timeout)
+            if rc != 0:
+                raise GpuopsError('nvidia-smi -q -d ROW_REMAPPER exited %d: %s' % (rc, (stderr or stdout).strip()[:200]))
+        except (GpuopsError, ValueError, AttributeError) as exc:
+            self.warnings.append("the row remapper's histograms could not be read (%s): their headroom is not judged"
+                                 % printable(str(exc), 200))
+            return {}
+        by_bus = parse_remap_histograms(stdout)
+        return dict((res['index'], by_bus[normalize_bus_id(res['pci_bus_id'])]) for res in results
+                    if res.get('pci_bus_id') and normalize_bus_id(res['pci_bus_id']) in by_bus)
+
+    def _nvml_histogram(self, index):
+        nvml = self.reader.nvml
+        try:
+            values = nvml.nvmlDeviceGetRowRemapperHistogram(nvml.nvmlDeviceGetHandleByIndex(index))
+        except nvml.NVMLError:  # no row remapper before Ampere, or not supported here
+            return None
+        return dict((key, int(getattr(values, key))) for key in REMAP_BINS)
 
     def switch_test(self, indexes, timeout):
         """A test of two indexes: whether they share a PCIe switch (never, when unknown)."""
@@ -583,6 +626,23 @@ class Links:
 
 
 GPU_COLUMN = re.compile(r'^GPU(\d+)$')
+SMI_GPU_HEADER = re.compile(r'^GPU ([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$')
+SMI_BIN = re.compile(r'^\s*(Max|High|Partial|Low|None)\s*:\s*(\d+)\s*bank')
+
+
+def parse_remap_histograms(text):
+    """{bus id: {max, high, partial, low, none}} from `nvidia-smi -q -d ROW_REMAPPER`: each GPU's
+    block starts with its bus id; a GPU whose histogram is not all there is left out."""
+    found, bus = {}, None
+    for line in text.splitlines():
+        header = SMI_GPU_HEADER.match(line)
+        if header:
+            bus = normalize_bus_id(header.group(1))
+            continue
+        value = SMI_BIN.match(line)
+        if bus and value:
+            found.setdefault(bus, {})[value.group(1).lower()] = int(value.group(2))
+    return dict((bus, bins) for bus, bins in found.items() if set(bins) == set(REMAP_BINS))
 
 
 def parse_topology(text):

@@ -206,3 +206,37 @@ def test_a_probe_child_without_pipes_keeps_nothing_open():
     found = ProbeChild(lambda request: print(json.dumps(dict(pid=os.getpid(), gpus=[], fds=os.listdir('/proc/self/fd'))))
                        ).run(dict(index=0, pci_bus_id='00000000:18:00.0'), 64, 5)
     assert len(found['fds']) <= 4
+
+
+ROW_REMAPPER = '''
+==============NVSMI LOG==============
+
+Attached GPUs                             : 2
+GPU 00000000:18:00.0
+    Remapped Rows
+        Correctable Error                 : 0
+        Bank Remap Availability Histogram
+            Max                           : 3072 bank(s)
+            High                          : 0 bank(s)
+            Partial                       : 0 bank(s)
+            Low                           : 0 bank(s)
+            None                          : 0 bank(s)
+
+GPU 00000000:2A:00.0
+    Remapped Rows
+        Bank Remap Availability Histogram
+            Max                           : 3070 bank(s)
+            High                          : 0 bank(s)
+            None                          : 2 bank(s)
+'''
+
+
+def test_the_row_remappers_histograms_are_read_by_bus_id_and_a_partial_one_is_left_out():
+    assert _performance.parse_remap_histograms(ROW_REMAPPER) == {
+        '00000000:18:00.0': dict(max=3072, high=0, partial=0, low=0, none=0)}
+
+
+def test_a_bank_without_spare_rows_is_named():
+    res = result(0)
+    res['remap_histogram'] = dict(max=3070, high=0, partial=0, low=0, none=2)
+    assert [reason for reason, dummy in reasons(res, [res])] == ['REMAP_HEADROOM_NONE']
