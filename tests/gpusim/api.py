@@ -593,12 +593,13 @@ class Host:
         return links
 
     def slow(self, gpu, link=None, h2d=None, d2h=None, hbm=None, replays=None, copy_hang=None, clear=False,
-             nvlink_down=None, nvlink_errors=None, p2p=None):
+             nvlink_down=None, nvlink_errors=None, p2p=None, retrains=None):
         """GPU gpu's PCIe link and bandwidths (`gpusim fault slow`): link (GEN, WIDTH), the link it
         runs under load (gen 1 at that width while idle); h2d, d2h: copy bandwidths in GB/s (a copy
         reaches the lower of these and 0.85 x what the loaded link carries); hbm: memory bandwidth in
         GB/s (the probe's kernels); replays: PCIe replays each copy adds to the GPU's counter;
-        copy_hang: seconds each copy on the GPU sleeps first. Its NVLinks (see nvlink): nvlink_down, the
+        copy_hang: seconds each copy on the GPU sleeps first; retrains: whether the next GPU reset trains
+        the degraded link back up to its maximum (a marginal link, not a broken slot). Its NVLinks (see nvlink): nvlink_down, the
         links that are down (numbers, or "L,L"; [] brings them all up); nvlink_errors, the flit CRC
         errors each peer copy over NVLink that involves the GPU adds to its link 0; p2p, a cap in GB/s on
         its peer copies. Only what is given changes; clear=True puts the GPU back to the defaults (and
@@ -621,6 +622,10 @@ class Host:
             settings["p2p_gbps"] = float(p2p)
         if link is not None:
             settings["loaded_gen"], settings["loaded_width"] = _link(link, link_of(g))
+        if retrains is not None:
+            # Whether a GPU reset trains the degraded link back up to its maximum (a marginal
+            # link, not a broken slot), as a reset retrains a real GPU's link.
+            settings["link_retrains"] = bool(retrains)
         for key, value in (("h2d_gbps", h2d), ("d2h_gbps", d2h), ("hbm_gbps", hbm)):
             if value is not None:
                 if float(value) <= 0:
@@ -646,6 +651,7 @@ class Host:
     def _heal_link(self, gpu):
         """A GPU back to the link and bandwidths of healthy_link, its replay and NVLink error counters at 0."""
         gpu.update(healthy_link(gpu))
+        gpu.pop("link_retrains", None)
         for counter in (self.paths.replay_file(gpu["index"]), self.paths.nvlink_crc_file(gpu["index"])):
             try:
                 os.unlink(counter)

@@ -168,6 +168,8 @@ def _parser():
     f.add_argument("--hbm", type=_gbps, default=None, metavar="GBPS", help="memory bandwidth (default 4000)")
     f.add_argument("--replays", type=_count, default=None, metavar="N", help="PCIe replays each copy adds")
     f.add_argument("--copy-hang", type=_seconds, default=None, metavar="S", help="seconds each copy sleeps first")
+    f.add_argument("--retrains", action="store_true", default=None,
+                   help="the next GPU reset trains the degraded link back up to its maximum (a marginal link)")
     f.add_argument("--nvlink-down", type=_link_numbers, default=None, metavar="L[,L...]",
                    help="these NVLinks of the GPU are down (see gpusim nvlink)")
     f.add_argument("--nvlink-errors", type=_count, default=None, metavar="K",
@@ -346,7 +348,7 @@ def main(argv=None):
                 host.fault(k, gpu=args.gpu, value=args.value)
             elif k == "slow":
                 host.slow(args.gpu, link=args.link, h2d=args.h2d, d2h=args.d2h, hbm=args.hbm, replays=args.replays,
-                          copy_hang=args.copy_hang, clear=args.clear, nvlink_down=args.nvlink_down,
+                          copy_hang=args.copy_hang, clear=args.clear, retrains=args.retrains, nvlink_down=args.nvlink_down,
                           nvlink_errors=args.nvlink_errors, p2p=args.p2p)
             else:
                 host.fault(k, value=args.value)

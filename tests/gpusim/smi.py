@@ -693,6 +693,9 @@ def apply_reset(paths, state, gpus):
     reset = {g["index"] for g in gpus}
     for g in gpus:
         g["stuck_mib"] = 0
+        # A reset retrains the PCIe link: a marginal one (fault slow --retrains) comes back at its maximum.
+        if g.pop("link_retrains", False):
+            g["loaded_gen"], g["loaded_width"] = g["max_gen"], g["max_width"]
         # On an NVSwitch system a reset GPU registers with the fabric manager again.
         if faults.get("fabric"):
             g["fabric_ready_at"] = time.time() + float(faults["fabric"].get("delay_s", 0))

@@ -179,3 +179,14 @@ def test_hold_without_resets_holds_at_once_and_a_healthy_node_is_never_held(cuda
     rc, report, drain = run_hook(cudahost, tmp_path, gpu_reset_slow_gpu_policy='hold')
     assert rc == 10 and report['steps'].count('Prove the GPUs by allocation') == 1, report
     assert [entry['index'] for entry in report['held']] == [5] and 'HBM_BELOW_PEERS' in report['reason']
+
+
+def test_hold_resets_a_marginal_link_that_the_reset_retrains_and_the_node_stays_in_service(cudahost, tmp_path):
+    cudahost.slow(3, link=(3, 8), retrains=True)
+    rc, report, drain = run_hook(cudahost, tmp_path, gpu_reset_slow_gpu_policy='hold', gpu_reset_allow_gpu_reset=True)
+    assert (rc, report['outcome'], drain, report['held']) == (0, 'clean', None, []), report
+    assert report['steps'] == ['Release the GPUs', 'Prove the GPUs by allocation', 'Reset the GPUs that need it',
+                               'Prove the GPUs by allocation']
+    # The last probe's: GPU 3's link at its maximum again, and proven.
+    gpu3 = report['probe']['gpus'][3]
+    assert gpu3['link'] == dict(gen=5, width=16, max_gen=5, max_width=16) and gpu3['slow'] == [] and gpu3['verified_at']
