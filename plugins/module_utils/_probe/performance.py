@@ -395,13 +395,28 @@ class PerformanceProber(Prober):
                 channel.close()
 
     def _conduct(self, probed, channels):
+        """Ready, the copies in rounds, the links read under load, then the children left to prove
+        their memory while the histograms are read."""
         results = dict((res['index'], res) for dummy, res in probed)
         last = self.deadline - READ_RESERVE_S
         before = self.links.replays(sorted(channels), self._left_for_reads(last))
         shares_switch = self.links.switch_test(sorted(channels), self._left_for_reads(last))
         # Contexts are made at once, in parallel: a GPU not ready STEP_WAIT_S after the first is left out.
         ready = await_word(list(channels.values()), READY, last, grace=STEP_WAIT_S)
-        ready = [index for index in sorted(channels) if channels[index] in ready]
+        copied = self._copy_in_rounds([index for index in sorted(channels) if channels[index] in ready], channels,
+                                      results, shares_switch, last)
+        loaded, under_load = self._read_under_load(copied, channels, last)
+        for index in loaded:
+            channels[index].say(DONE)
+            results[index]['link'] = link_fields(under_load.get(index))
+            results[index]['replays'] = replays_during(before.get(index), under_load.get(index))
+        # Read while the children prove their memory: it costs them nothing.
+        for index, histogram in self.links.remap_histograms(list(results.values()), self._left_for_reads(last)).items():
+            results[index]['remap_histogram'] = histogram
+
+    def _copy_in_rounds(self, ready, channels, results, shares_switch, last):
+        """The timed copies of ready, round by round (no two GPUs of one PCIe switch at once): the
+        GPUs that copied."""
         copied = []
         for number, group in enumerate(copy_rounds(ready, shares_switch)):
             said = [channels[index] for index in group if channels[index].say(COPY)]
@@ -409,19 +424,14 @@ class PerformanceProber(Prober):
             for index in group:
                 results[index]['copy_round'] = number + 1
             copied += [index for index in group if channels[index] in done]
-        loaded = [index for index in copied if channels[index].say(LOAD)]
-        loaded = [index for index in loaded if channels[index] in await_word(
-            [channels[n] for n in loaded], LOADED, min(last, time.monotonic() + STEP_WAIT_S))]
-        under_load = self.links.read(loaded, self._left_for_reads(last))
-        for index in loaded:
-            channels[index].say(DONE)
-        # Read while the children prove their memory: it costs them nothing.
-        histograms = self.links.remap_histograms([res for dummy, res in probed], self._left_for_reads(last))
-        for index, histogram in histograms.items():
-            results[index]['remap_histogram'] = histogram
-        for index in loaded:
-            results[index]['link'] = link_fields(under_load.get(index))
-            results[index]['replays'] = replays_during(before.get(index), under_load.get(index))
+        return copied
+
+    def _read_under_load(self, copied, channels, last):
+        """(the GPUs whose links were read while they copied, the read) of copied."""
+        loading = [index for index in copied if channels[index].say(LOAD)]
+        said = await_word([channels[index] for index in loading], LOADED, min(last, time.monotonic() + STEP_WAIT_S))
+        loaded = [index for index in loading if channels[index] in said]
+        return loaded, self.links.read(loaded, self._left_for_reads(last))
 
     def _left_for_reads(self, last):
         return max(0.0, last - time.monotonic())
