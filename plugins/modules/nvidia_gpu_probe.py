@@ -111,7 +111,9 @@ options:
         replays grew, or when a bandwidth is more than O(slow_fraction) below the median of the
         other GPUs of the host (RV(gpus[].slow)); a slow GPU is warned about and never recorded as
         verified, but does not fail the task. It costs about 0.2 s more than V(allocation) on 8
-        GPUs (the probe guide has the figures). NVLink and peer-to-peer copies are not timed.
+        GPUs (the probe guide has the figures). Every two GPUs that can reach each other's memory also copy to
+        each other directly, once, before that (RV(gpus[].peers)), with the NVLinks read around it
+        (RV(gpus[].nvlink)).
     type: str
     choices: [allocation, memory, performance]
     default: allocation
@@ -378,6 +380,26 @@ gpus:
       type: dict
       returned: with O(probe_level=performance)
       sample: {max: 3072, high: 0, partial: 0, low: 0, none: 0}
+    peers:
+      description:
+        - With O(probe_level=performance), the GPU's peer copies - every two GPUs that C(cuDeviceCanAccessPeer) lets
+          reach each other's memory (every pair on an NVSwitch board, the GPUs under one PCIe switch elsewhere) copy
+          256 MiB directly (C(cuMemcpyPeerAsync)), timed with events, one child for every pair, before the GPUs' own
+          copies.
+        - C(median_gbps) (of its pairs), C(pairs) (each C(peer), C(direction) C(to) or C(from), C(gbps)), C(hung) and
+          C(failed) (the pairs whose copy hung or failed); null when the GPU was in no pair.
+      type: dict
+      returned: with O(probe_level=performance)
+      sample: {median_gbps: 368.2, pairs: [{peer: 1, direction: to, gbps: 369.0}], hung: [], failed: []}
+    nvlink:
+      description:
+        - With O(probe_level=performance), the GPU's NVLinks as the reader gives them (NVML, or C(nvidia-smi nvlink -s)
+          and C(-e)) around the peer copies - C(links) (0 without NVLink), C(active) and C(down) (link numbers), and
+          C(errors) (how much each counter, C(replay), C(recovery), C(crc_flit), C(crc_data), grew during the copies;
+          null when not read); null when not read.
+      type: dict
+      returned: with O(probe_level=performance)
+      sample: {links: 18, active: [0, 1, 2], down: [], errors: {replay: 0, recovery: 0, crc_flit: 0, crc_data: 0}}
     copy_round:
       description: With O(probe_level=performance), in which round the GPU copied (GPUs under one PCIe switch copy in
         different rounds); null when it did not copy.
@@ -391,7 +413,11 @@ gpus:
         - C(reason) is V(PCIE_LINK_DEGRADED) (the link ran below its own maximum generation or width while loaded),
           V(PCIE_REPLAYS) (the replay counter grew during the copies), V(REMAP_HEADROOM_NONE) (a memory bank has no
           spare row left, RV(gpus[].remap_histogram)), V(H2D_BELOW_PEERS), V(D2H_BELOW_PEERS) or
-          V(HBM_BELOW_PEERS) (that bandwidth more than O(slow_fraction) below the median of the host's other GPUs).
+          V(HBM_BELOW_PEERS) (that bandwidth more than O(slow_fraction) below the median of the host's other GPUs),
+          V(NVLINK_DOWN) (fewer NVLinks active than the most another GPU of the host has, or a link inactive),
+          V(NVLINK_ERRORS) (an NVLink error counter grew during the peer copies), V(P2P_BELOW_PEERS) (its median peer
+          copy more than O(slow_fraction) below the other GPUs'), V(P2P_HUNG) or V(P2P_FAILED) (a peer copy hung or
+          failed; the GPU none of whose copies went through is named, or both when each copied with others).
         - A slow GPU is warned about and has no RV(gpus[].verified_at).
       type: list
       elements: dict

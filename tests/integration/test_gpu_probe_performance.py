@@ -190,3 +190,18 @@ def test_hold_resets_a_marginal_link_that_the_reset_retrains_and_the_node_stays_
     # The last probe's: GPU 3's link at its maximum again, and proven.
     gpu3 = report['probe']['gpus'][3]
     assert gpu3['link'] == dict(gen=5, width=16, max_gen=5, max_width=16) and gpu3['slow'] == [] and gpu3['verified_at']
+
+
+def test_on_an_nvlink_board_every_pair_copies_and_a_slow_peer_link_is_named_alone(cudahost):
+    cudahost.install_nvml()
+    cudahost.nvlink(18)
+    cudahost.slow(3, p2p=200.0)
+    for backend in ('nvidia-smi', 'nvml'):
+        result, proc = run_probe(cudahost, backend=backend)
+        assert proc.returncode == 0, proc.stdout
+        assert slow_gpus(result) == {3: ['P2P_BELOW_PEERS']}, backend
+        for gpu in result['gpus']:
+            assert len(gpu['peers']['pairs']) == 14 and gpu['nvlink']['links'] == 18 and gpu['nvlink']['down'] == []
+        assert 360 <= result['gpus'][0]['peers']['median_gbps'] <= 380
+        # The GPUs' own figures are untouched by the peer copies, which ran before them.
+        assert all(52 <= gpu['h2d_gbps'] <= 57 for gpu in result['gpus'])

@@ -29,12 +29,28 @@ import ctypes
 import json
 import os
 import re
-import select
 import statistics
 import sys
+import threading
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import cuda as _cuda
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import peers as _peers
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.conductor import (
+    COPIED,
+    COPY,
+    COPY_MIB,
+    DONE,
+    GB,
+    LOAD,
+    LOADED,
+    READY,
+    SIGNATURES,
+    Channel,
+    Control,
+    await_word,
+    slow,
+)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import (
     ANSWER_FIELDS,
     PERFORMANCE,
@@ -55,9 +71,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import normaliz
 # memory costs (a half or more).
 DEFAULT_SLOW_FRACTION = 0.15
 MAX_SLOW_FRACTION = 0.9
-# MiB each timed copy moves: enough that the copy, not its launch, is what is timed (5 ms at the
-# 55 GB/s of a Gen5 x16 link), and what NVIDIA's bandwidthTest and nvbandwidth copy.
-COPY_MIB = 256
 # Timed copies each way; the best counts (a copy is only ever slowed by something else).
 COPY_REPS = 3
 # How long the child keeps the link loaded at most while the parent reads it.
@@ -65,11 +78,9 @@ LOAD_MAX_S = 5.0
 # How long the parent waits for a child's step (ready, copied, loaded) once the first child is
 # ready: a GPU slower than that is left out of the step, and the others go on.
 STEP_WAIT_S = 5.0
-GB = 1e9
-
-# The conductor's words to a child, and the child's answers: one byte each.
-COPY, LOAD, DONE = b'C', b'L', b'D'
-READY, COPIED, LOADED = b'R', b'T', b'l'
+# How long a child waits for the conductor's next word at most (the pair check runs before the
+# copies); the parent's deadline ends it anyway.
+COMMAND_WAIT_S = 60.0
 
 # Why a GPU is slow (its result's slow[].reason).
 PCIE_LINK_DEGRADED = 'PCIE_LINK_DEGRADED'
@@ -80,20 +91,9 @@ REMAP_HEADROOM_NONE = 'REMAP_HEADROOM_NONE'
 BELOW_PEERS = (('h2d_gbps', 'H2D_BELOW_PEERS', 'copied host to device at'),
                ('d2h_gbps', 'D2H_BELOW_PEERS', 'copied device to host at'),
                ('hbm_gbps', 'HBM_BELOW_PEERS', 'read and wrote its memory at'))
-SLOW_REASONS = (PCIE_LINK_DEGRADED, PCIE_REPLAYS, REMAP_HEADROOM_NONE) + tuple(reason for dummy, reason, dummy in BELOW_PEERS)
+SLOW_REASONS = (PCIE_LINK_DEGRADED, PCIE_REPLAYS, REMAP_HEADROOM_NONE) + tuple(
+    reason for dummy, reason, dummy in BELOW_PEERS) + _peers.PEER_REASONS
 
-# The entry points the copies add to the allocation level's (cuda.h of CUDA 12.4).
-SIGNATURES = dict(_cuda.SIGNATURES, **{
-    'cuMemAllocHost_v2': (ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t),
-    'cuMemFreeHost': (ctypes.c_void_p,),
-    'cuEventCreate': (ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint),
-    'cuEventRecord': (ctypes.c_void_p, ctypes.c_void_p),
-    'cuEventSynchronize': (ctypes.c_void_p,),
-    'cuEventElapsedTime': (ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p),
-    'cuEventDestroy_v2': (ctypes.c_void_p,),
-    'cuMemcpyHtoDAsync_v2': (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p),
-    'cuMemcpyDtoHAsync_v2': (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p),
-})
 # What the parent takes of a child's answer at this level.
 PERFORMANCE_FIELDS = ANSWER_FIELDS + ('h2d_gbps', 'd2h_gbps', 'hbm_gbps')
 
@@ -129,40 +129,6 @@ class PerformanceOptions(ProbeOptions):
 
 
 # ---------------------------------------------------------------- the child
-
-class Control:
-    """The child's end of its pipes to the conductor."""
-
-    def __init__(self, commands, answers):
-        self.commands, self.answers = commands, answers
-
-    def say(self, word):
-        try:
-            os.write(self.answers, word)
-        except OSError:  # the conductor is gone: the child goes on alone
-            pass
-
-    def next(self, timeout):
-        """The conductor's next word; b'' when it closed the pipe or said nothing within timeout."""
-        if not select.select([self.commands], [], [], timeout)[0]:
-            return b''
-        try:
-            return os.read(self.commands, 1)
-        except OSError:
-            return b''
-
-    def waiting(self):
-        """Whether the conductor has said something (or closed the pipe) since."""
-        return bool(select.select([self.commands], [], [], 0)[0])
-
-    def close(self):
-        """The conductor hears no more from this GPU, and stops waiting for it."""
-        for fd in (self.commands, self.answers):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
 
 class PerformanceProbe(_cuda.GpuProbe):
     """One GPU at the performance level: the copies (timed, then under load for the link read)
@@ -203,7 +169,7 @@ class PerformanceProbe(_cuda.GpuProbe):
         self.cuda.call('cuMemAlloc_v2', ctypes.byref(self.device), self.copy_bytes)
         self.control.say(READY)
         while True:
-            word = self.control.next(LOAD_MAX_S + STEP_WAIT_S)
+            word = self.control.next(COMMAND_WAIT_S)
             if word == COPY:
                 result['h2d_gbps'] = self._best('cuMemcpyHtoDAsync_v2', self.device, self.host)
                 result['d2h_gbps'] = self._best('cuMemcpyDtoHAsync_v2', self.host, self.device)
@@ -313,52 +279,6 @@ class PerformanceChild(ProbeChild):
         return child
 
 
-class Channel:
-    """The conductor's end of one child's pipes."""
-
-    def __init__(self, commands, answers):
-        self.commands, self.answers = commands, answers
-        self.heard = b''
-
-    def say(self, word):
-        try:
-            os.write(self.commands, word)
-            return True
-        except OSError:  # the child is gone
-            return False
-
-    def close(self):
-        for fd in (self.commands, self.answers):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-def await_word(channels, word, deadline, grace=None):
-    """Those of channels that said word before deadline (a channel whose child closed its pipe
-    never does). grace: once one has said it, the others have that many seconds more at most."""
-    waiting = dict((channel.answers, channel) for channel in channels if word not in channel.heard)
-    while waiting and time.monotonic() < deadline:
-        if grace is not None and len(waiting) < len(channels):
-            deadline = min(deadline, time.monotonic() + grace)
-            grace = None
-        readable = select.select(list(waiting), [], [], max(0.0, deadline - time.monotonic()))[0]
-        for fd in readable:
-            try:
-                data = os.read(fd, 64)
-            except OSError:
-                data = b''
-            channel = waiting[fd]
-            if not data:
-                waiting.pop(fd)
-                continue
-            channel.heard += data
-            if word in channel.heard:
-                waiting.pop(fd)
-    return [channel for channel in channels if word in channel.heard]
-
-
 def copy_rounds(indexes, shares_switch):
     """indexes in rounds, no two GPUs of a round on one PCIe switch (shares_switch(a, b))."""
     rounds = []
@@ -378,9 +298,28 @@ class PerformanceProber(Prober):
 
     answer_fields = PERFORMANCE_FIELDS
 
-    def __init__(self, reader, options, child=None):
+    def __init__(self, reader, options, child=None, pair_child=None):
         super(PerformanceProber, self).__init__(reader, options, child or PerformanceChild(options.cuda_library))
         self.links = Links(reader)
+        self.pair_child = pair_child or _peers.PeerChild(options.cuda_library)
+        # The pair check: (its child, its channel) once started, its answer, and the NVLinks as read
+        # before and after its copies.
+        self.pair, self.pair_answer, self.nvlinks = None, {}, ({}, {})
+        self.pair_warnings = []
+
+    def _answers(self, probed):
+        """The pair child forked first, from this thread as every child is, then the GPUs' own."""
+        scope, self.pair_warnings = _peers.pair_scope([gpu for gpu, dummy in probed])
+        if scope:
+            try:
+                self.pair = self.pair_child.start(scope, copy_s=STEP_WAIT_S, copy_until=self.deadline - READ_RESERVE_S)
+            except GpuopsError as exc:
+                self.pair_warnings.append(str(exc))
+        try:
+            return super(PerformanceProber, self)._answers(probed)
+        finally:
+            # The release of the pair child's memory is awaited as the GPUs' children's is.
+            self.child.pids |= self.pair_child.pids
 
     def _while_answering(self, probed, children):
         channels = dict((res['index'], self.child.channels[child]) for (dummy, res), child in zip(probed, children)
@@ -388,11 +327,47 @@ class PerformanceProber(Prober):
         for gpu, res in probed:
             res.update(uuid=gpu.get('uuid') if valid_uuid(gpu.get('uuid')) else None, link=None, replays=None,
                        copy_round=None, remap_histogram=None, slow=[])
+        collecting = self._collect_pairs()
         try:
             self._conduct(probed, channels)
         finally:
             for channel in channels.values():
                 channel.close()
+            if self.pair:
+                self.pair[1].close()
+            if collecting:
+                collecting.join()
+
+    def _collect_pairs(self):
+        """The pair child's answer read as it comes, in a thread of its own (self.pair_answer)."""
+        if not self.pair:
+            return None
+        child = self.pair[0]
+
+        def collect():
+            try:
+                self.pair_answer = self.pair_child.collect(child, self.deadline - READ_RESERVE_S - child.started)
+            except Exception as exc:  # a thread's error would be lost: said, as the child's are
+                self.pair_answer = dict(failure=dict(error_name='PROBE_ERROR', error_string='%s: %s' % (
+                    type(exc).__name__, exc)))
+
+        thread = threading.Thread(target=collect)
+        thread.start()
+        return thread
+
+    def _check_pairs(self, indexes, last):
+        """The pair check's copies, between the NVLinks' two reads; before the GPUs' own copies, so
+        that no copy of one disturbs the other's figures."""
+        if not self.pair:
+            return  # one GPU, or none that a pair check may use: no peer to copy with or compare
+        before, warnings = _peers.read_nvlinks(self.reader, indexes, self._left_for_reads(last))
+        _peers.copy_pairs(self.pair[1], min(last, time.monotonic() + 2 * STEP_WAIT_S))
+        self.pair[1].close()
+        after, more = {}, []
+        if any(read.get('links') for read in before.values()):
+            after, more = _peers.read_nvlinks(self.reader, indexes, self._left_for_reads(last))
+        self.nvlinks = (before, after)
+        self.pair_warnings.extend(warnings + more)
 
     def _conduct(self, probed, channels):
         """Ready, the copies in rounds, the links read under load, then the children left to prove
@@ -403,6 +378,7 @@ class PerformanceProber(Prober):
         shares_switch = self.links.switch_test(sorted(channels), self._left_for_reads(last))
         # Contexts are made at once, in parallel: a GPU not ready STEP_WAIT_S after the first is left out.
         ready = await_word(list(channels.values()), READY, last, grace=STEP_WAIT_S)
+        self._check_pairs(sorted(channels), last)
         copied = self._copy_in_rounds([index for index in sorted(channels) if channels[index] in ready], channels,
                                       results, shares_switch, last)
         loaded, under_load = self._read_under_load(copied, channels, last)
@@ -438,12 +414,19 @@ class PerformanceProber(Prober):
 
     def _judge(self, probed, result):
         results = [res for dummy, res in probed]
+        fraction = getattr(self.options, 'slow_fraction', DEFAULT_SLOW_FRACTION)
+        by_index = dict((res['index'], res) for res in results)
+        pairs = self.pair_answer.get('pairs')
+        peer_reasons = _peers.peer_reasons(by_index, pairs, self.nvlinks[0], self.nvlinks[1], fraction,
+                                           self.pair_answer.get('pair_wait_s'))
         for res in results:
-            res['slow'] = slow_reasons(res, results, getattr(self.options, 'slow_fraction', DEFAULT_SLOW_FRACTION))
+            res['peers'] = _peers.peer_fields(res['index'], pairs)
+            res['nvlink'] = _peers.nvlink_fields(res['index'], *self.nvlinks)
+            res['slow'] = slow_reasons(res, results, fraction) + peer_reasons.get(res['index'], [])
             if res['slow']:
                 result.warnings.append('%s is slow: %s' % (gpu_name(res), '; '.join(
                     reason['message'] for reason in res['slow'])))
-        result.warnings.extend(self.links.warnings)
+        result.warnings.extend(self.links.warnings + self.pair_warnings + _peers.pair_warnings(self.pair_answer, by_index))
 
     def _record_history(self, probed, proven, cured, now, result):
         """A slow GPU's probe is recorded slow in its history, with every reason; the others as
@@ -498,10 +481,6 @@ def slow_reasons(res, results, fraction):
             reasons.append(slow(reason, '%s %s %.1f GB/s, below %.1f GB/s (%d %% under the median %.1f GB/s of its '
                                 '%d peers)' % (name, words, figure, bound, round(fraction * 100), median, len(peers))))
     return reasons
-
-
-def slow(reason, text):
-    return dict(reason=reason, message='%s: %s' % (reason, text))
 
 
 # ---------------------------------------------------------------- the links, through the reader
