@@ -390,7 +390,9 @@ options:
         grew, or when a bandwidth is more than O(probe_slow_fraction) below the median of the other GPUs
         of the host (RV(gpuops.nvidia.nvidia_gpu_probe#module:gpus[].slow)); a slow GPU is warned about
         and never recorded as verified, but does not fail the task. It costs about 0.2 s more than V(allocation)
-        on 8 GPUs (the probe guide has the figures). NVLink and peer-to-peer copies are not timed.
+        on 8 GPUs (the probe guide has the figures). Every two GPUs that can reach each other's memory
+        also copy to each other directly, once, before that (RV(gpuops.nvidia.nvidia_gpu_probe#module:gpus[].peers)),
+        with the NVLinks read around it (RV(gpuops.nvidia.nvidia_gpu_probe#module:gpus[].nvlink)).
       - V(performance) runs the probe module after the release, in a module call of its own (the other
         levels run in the release's call).
     type: str

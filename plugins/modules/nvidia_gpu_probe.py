@@ -31,9 +31,9 @@ description:
     allocated, written and read back unchanged by the GPU itself; V(memory), the same of every
     MiB the driver calls free but 256 MiB. What it does not prove - that memory it did not cover
     is sound (at the V(allocation) level, the rest of the GPU), that the memory holds a value
-    over time (it is read back within milliseconds), that NVLink, peer-to-peer access or NCCL
-    work, or that the GPU stays sound under load (no stress test). DCGM's diagnostics test those,
-    in minutes.
+    over time (it is read back within milliseconds), that NCCL works (peer copies and NVLinks are
+    checked at the V(performance) level only), or that the GPU stays sound under sustained load (no
+    stress test). DCGM's diagnostics test those, in minutes.
   - Each GPU is probed by a child process of its own, all at once, each with the same deadline.
     A hung CUDA call cannot be interrupted; a child that has not answered by then is killed with
     everything it started, which frees its contexts, and its GPU fails with the call it hung in.
