@@ -72,7 +72,7 @@ def check(host, backend='nvidia-smi', pair_wait_s=PAIR_WAIT_S, fraction=0.15, de
         before, warnings = read_nvlinks(reader, indexes, 10)
         child = PeerChild(host.library)
         started = time.monotonic()
-        found = child.conduct(*child.start(gpus, pair_wait_s) + (started + deadline_s,))
+        found = child.conduct(*child.start_pairs(gpus, pair_wait_s) + (started + deadline_s,))
         took = time.monotonic() - started
         after, more = read_nvlinks(reader, indexes, 10)
     finally:

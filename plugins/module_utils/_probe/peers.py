@@ -404,7 +404,7 @@ class PeerChild(ProbeChild):
     def __init__(self, library=_cuda.LIBRARY):
         super(PeerChild, self).__init__(answer, library, 'performance')
 
-    def start(self, gpus, pair_wait_s=PAIR_WAIT_S, copy_s=None, copy_until=None, open_wait_s=OPEN_WAIT_S):
+    def start_pairs(self, gpus, pair_wait_s=PAIR_WAIT_S, copy_s=None, copy_until=None, open_wait_s=OPEN_WAIT_S):
         """(the child, its Channel) for gpus. No pair is begun with less than its pair_wait_s left
         before copy_s seconds from the word COPY, nor before copy_until (a time.monotonic(): a
         forked child shares this process's clock); None: no bound. open_wait_s: how long it waits

@@ -312,7 +312,7 @@ class PerformanceProber(Prober):
         scope, self.pair_warnings = _peers.pair_scope([gpu for gpu, dummy in probed])
         if scope:
             try:
-                self.pair = self.pair_child.start(scope, copy_s=STEP_WAIT_S, copy_until=self.deadline - READ_RESERVE_S)
+                self.pair = self.pair_child.start_pairs(scope, copy_s=STEP_WAIT_S, copy_until=self.deadline - READ_RESERVE_S)
             except GpuopsError as exc:
                 self.pair_warnings.append(str(exc))
         try:

@@ -547,9 +547,9 @@ def test_the_forked_child_hears_the_conductor_and_answers():
     child = PeerChild()
     child.program = lambda request: _peers.answer(request, cuda=FakeCuda())
     gpus = [dict(index=n, pci_bus_id=bus_id(n), uuid=UUIDS[n]) for n in range(3)]
-    proc, channel = child.start(gpus, pair_wait_s=0.5)
+    proc, channel = child.start_pairs(gpus, pair_wait_s=0.5)
     found = child.conduct(proc, channel, time.monotonic() + 20)
-    assert found['failure'] is None and found['copied'] and found['pid'] == proc.pid in child.pids
+    assert found['failure'] is None and found['copied'] and found['pid'] == proc.pid and proc.pid in child.pids
     assert [pair['gbps'] for pair in found['pairs']] == [370.0] * 6 and found['pair_wait_s'] == 0.5
 
 
@@ -565,12 +565,12 @@ def test_the_child_sees_every_gpu_of_the_check_and_keeps_only_its_pipes(monkeypa
     child = PeerChild()
     child.program = program
     gpus = [dict(index=n, pci_bus_id=bus_id(n), uuid=UUIDS[n]) for n in range(3)]
-    found = child.conduct(*child.start(gpus) + (time.monotonic() + 10,))
+    found = child.conduct(*child.start_pairs(gpus) + (time.monotonic() + 10,))
     assert found['heard'] == 'C' and found['visible'] == ','.join(UUIDS[:3])
     assert found['fds'] <= 6  # stdin, stdout, stderr, its two pipe ends, the listing's own
     gpus[1]['uuid'] = 'GPU-not-one'
     monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '0')
-    found = child.conduct(*child.start(gpus) + (time.monotonic() + 10,))
+    found = child.conduct(*child.start_pairs(gpus) + (time.monotonic() + 10,))
     assert found['visible'] is None
 
 
@@ -584,7 +584,7 @@ def test_a_child_killed_at_its_deadline_names_the_pair_and_the_call():
 
     child = PeerChild()
     child.program = stuck
-    proc, channel = child.start([dict(index=n, pci_bus_id=bus_id(n)) for n in range(3)])
+    proc, channel = child.start_pairs([dict(index=n, pci_bus_id=bus_id(n)) for n in range(3)])
     started = time.monotonic()
     found = child.conduct(proc, channel, time.monotonic() + 1.5)
     assert time.monotonic() - started < 5
@@ -599,17 +599,17 @@ def test_a_child_killed_at_its_deadline_names_the_pair_and_the_call():
 def test_a_child_that_fails_or_prints_nonsense_is_said_in_words():
     child = PeerChild()
     child.program = lambda request: print('not json')
-    found = child.conduct(*child.start([dict(index=0, pci_bus_id=bus_id(0))]) + (time.monotonic() + 10,))
+    found = child.conduct(*child.start_pairs([dict(index=0, pci_bus_id=bus_id(0))]) + (time.monotonic() + 10,))
     assert found['failure']['error_name'] == 'PROBE_ERROR'
     assert found['failure']['error_string'] == "the pair check gave no answer that can be read (it printed 'not json')"
     child.program = lambda request: 3
-    found = child.conduct(*child.start([dict(index=0, pci_bus_id=bus_id(0))]) + (time.monotonic() + 10,))
+    found = child.conduct(*child.start_pairs([dict(index=0, pci_bus_id=bus_id(0))]) + (time.monotonic() + 10,))
     assert found['failure']['error_string'] == 'the pair check exited with status 3'
 
 
 def test_the_childs_own_failures_are_words():
     child = PeerChild('/nonexistent/libcuda.so.1')
-    found = child.conduct(*child.start([dict(index=0, pci_bus_id=bus_id(0))]) + (time.monotonic() + 10,))
+    found = child.conduct(*child.start_pairs([dict(index=0, pci_bus_id=bus_id(0))]) + (time.monotonic() + 10,))
     assert found['failure'] is None and found['library_error'].startswith('/nonexistent/libcuda.so.1 cannot be loaded')
     assert pair_warnings(found)[0].startswith('the pair check could not run: /nonexistent/libcuda.so.1 cannot be loaded')
 
