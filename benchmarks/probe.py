@@ -30,7 +30,9 @@ GPUs). With --spread N, the performance level N times on the healthy host: for e
 lowest a GPU came to against the median of its peers (the spread the default slow_fraction of
 0.15 must stay outside), and in how many runs any GPU was called slow (target: none).
 
-Usage: python3 benchmarks/probe.py [--runs 7] [--mib 1024] [--levels] [--spread 100]
+With --nvlink 18, the host is an NVSwitch board (every pair of GPUs copies in the pair check).
+
+Usage: python3 benchmarks/probe.py [--runs 7] [--mib 1024] [--levels] [--spread 100] [--nvlink 18]
 Needs gcc (gpusim's libcuda.so.1) and ansible-core (the repository's .venv is used when present).
 """
 
@@ -197,8 +199,9 @@ def levels(bench, runs):
         print('performance adds %.3f s to allocation on %d GPU%s (medians; target on 8: at most 0.5 s, 1.5 s in all)'
               % (extra, size, '' if size == 1 else 's'))
     gpus = bench.result['gpus']
-    print('where its time goes (last run, 8 GPUs): children %.0f ms at most, copy rounds %s'
-          % (max(gpu['ms'] for gpu in gpus), sorted(set(gpu['copy_round'] for gpu in gpus))))
+    pairs = sum(len((gpu['peers'] or {}).get('pairs') or []) for gpu in gpus) // 2
+    print('where its time goes (last run, 8 GPUs): children %.0f ms at most, copy rounds %s, %d peer pairs copied'
+          % (max(gpu['ms'] for gpu in gpus), sorted(set(gpu['copy_round'] for gpu in gpus)), pairs))
 
 
 def spread(bench, runs):
@@ -226,6 +229,8 @@ def main():
     parser.add_argument('--mib', type=int, default=1024)
     parser.add_argument('--levels', action='store_true', help='the module by level on 1, 4 and 8 GPUs')
     parser.add_argument('--spread', type=int, default=0, metavar='N', help='the performance level N times')
+    parser.add_argument('--nvlink', type=int, default=0, metavar='LINKS',
+                        help='an NVSwitch board: every GPU with LINKS NVLinks (the pair check copies every pair)')
     args = parser.parse_args()
     reexec_in_venv()
     link_collection()
@@ -234,6 +239,8 @@ def main():
     try:
         host.init(gpus=8)
         host.install_cuda()
+        if args.nvlink:
+            host.nvlink(args.nvlink)
         bench = Bench(host, args.mib, workdir)
         if args.levels or args.spread:
             if args.levels:
