@@ -25,8 +25,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.peers import 
     pair_warnings,
     peer_fields,
     peer_reasons,
-    read_nvlinks,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.nvlinks import read_nvlinks
 
 from gpusim.state import NVLINK_PEER_GBPS
 

@@ -35,6 +35,7 @@ import threading
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import cuda as _cuda
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import nvlinks as _nvlinks
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import peers as _peers
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.conductor import (
     COPIED,
@@ -360,12 +361,12 @@ class PerformanceProber(Prober):
         that no copy of one disturbs the other's figures."""
         if not self.pair:
             return  # one GPU, or none that a pair check may use: no peer to copy with or compare
-        before, warnings = _peers.read_nvlinks(self.reader, indexes, self._left_for_reads(last))
+        before, warnings = _nvlinks.read_nvlinks(self.reader, indexes, self._left_for_reads(last))
         _peers.copy_pairs(self.pair[1], min(last, time.monotonic() + 2 * STEP_WAIT_S))
         self.pair[1].close()
         after, more = {}, []
         if any(read.get('links') for read in before.values()):
-            after, more = _peers.read_nvlinks(self.reader, indexes, self._left_for_reads(last))
+            after, more = _nvlinks.read_nvlinks(self.reader, indexes, self._left_for_reads(last))
         self.nvlinks = (before, after)
         self.pair_warnings.extend(warnings + more)
 
