@@ -183,7 +183,7 @@ def main(argv=None):
         from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.history import clear_history
         return clear_history(args)
     if args.evidence_then_reboot:
-        from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.reset import evidence_then_reboot
+        from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.health import evidence_then_reboot
         return evidence_then_reboot(args)
     if args.playbook_vars:
         from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.playbook import playbook_vars

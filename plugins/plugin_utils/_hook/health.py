@@ -24,9 +24,10 @@ import re
 import sys
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.reset import NOT_REBOOTED, reboot_stamp, reset
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import NODE_NAME_RE
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.reset import NOT_REBOOTED, reboot_command, reboot_stamp, reset
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import NODE_NAME_RE, REASON_CHARS, REBOOT_PREFIX
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.slurm import (
     SLURM_CALL_S,
     SlurmUnreadable,
@@ -123,6 +124,36 @@ def read_node(scontrol, node, seconds):
         raise SlurmUnreadable('scontrol show node %s failed (rc %d): %s'
                               % (printable(node), rc, printable(stderr.strip(), 300)))
     return parse_node(stdout, node)
+
+
+def evidence_then_reboot(args):
+    """--evidence-then-reboot DIR: nvidia-bug-report.sh into DIR within --evidence-timeout, then
+    scontrol reboot ASAP nextstate=resume, the report's path in the reason; only while the node is
+    still drained for this reboot (_drain.REBOOT_PREFIX): one resumed or drained for another reason
+    meanwhile is left as it is. 0, or 14 when Slurm's answers could not be read."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.bug_report import collect
+
+    report = collect(args.evidence_then_reboot, args.evidence_timeout, args.evidence_program)
+    say('before the reboot of %s: %s' % (printable(args.node), report['message']))
+    try:
+        state, reason, dummy = read_node(args.scontrol, args.node, SLURM_CALL_S)
+    except SlurmUnreadable as exc:
+        say('no reboot asked: %s' % exc)
+        return HEALTH_UNREADABLE
+    if 'DRAIN' not in state.split('+') or not reason.startswith(REBOOT_PREFIX):
+        say('no reboot asked: %s is no longer drained for it (State=%s, Reason=%s)' % (
+            printable(args.node), printable(state, 100), printable(reason or 'none', 200)))
+        return 0
+    said = ('; evidence: %s' % (report['path'] if report['ok'] else 'none (%s)' % report['message']))[:REASON_CHARS - 40]
+    # The reason is cut to its length for sinfo -R (drain_reason): the evidence is kept whole.
+    kept = reason[len(REBOOT_PREFIX):][:REASON_CHARS - len(said)]
+    argv = reboot_command(args.scontrol, args.node, kept + said)
+    try:
+        rc, dummy, stderr = Runner(argv[0]).run(argv[1:], timeout=SLURM_CALL_S)
+    except GpuopsError as exc:
+        rc, stderr = None, str(exc)
+    say('reboot of %s asked for%s' % (printable(args.node), '' if rc == 0 else ' and refused: %s' % printable(stderr.strip(), 300)))
+    return 0 if rc == 0 else HEALTH_UNREADABLE
 
 
 def jobs_on(scontrol, node, seconds):

@@ -27,7 +27,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandT
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _sequence
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import SINFO_ENV, BrakeUnreadable, sinfo_argv
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import REASON_CHARS, REBOOT_PREFIX, drain_command
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import REBOOT_PREFIX, drain_command
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import HostError, finish, run_drain, write_file
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._drain import NODE_NAME_RE
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.slurm import SLURM_CALL_S, slurm_command
@@ -185,7 +185,7 @@ def ask_reboot(result, scontrol, node, seconds, stamp, history, evidence):
     history: (History, its settings), hook_history's. evidence: (directory, seconds, program) of
     the host report to collect first (hook_evidence): the node is drained for its reboot
     (_drain.REBOOT_PREFIX), and a process of its own session, outside this run's time, collects
-    the report and then asks Slurm for the reboot (evidence_then_reboot)."""
+    the report and then asks Slurm for the reboot (_hook/health.py, evidence_then_reboot)."""
     history, settings = history
     held = reboot_held(result, history, settings)
     if held:
@@ -256,39 +256,6 @@ def start_evidence(scontrol, node, directory, seconds, program):
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                             start_new_session=True, close_fds=True, cwd='/')
     return {'pid': proc.pid, 'directory': directory}
-
-
-def evidence_then_reboot(args):
-    """--evidence-then-reboot DIR: nvidia-bug-report.sh into DIR within --evidence-timeout, then
-    scontrol reboot ASAP nextstate=resume, the report's path in the reason; only while the node is
-    still drained for this reboot (_drain.REBOOT_PREFIX): one resumed or drained for another reason
-    meanwhile is left as it is. 0, or 14 when Slurm's answers could not be read."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.bug_report import collect
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.health import read_node, say
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.slurm import SlurmUnreadable
-    from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook.status import HEALTH_UNREADABLE
-
-    report = collect(args.evidence_then_reboot, args.evidence_timeout, args.evidence_program)
-    say('before the reboot of %s: %s' % (printable(args.node), report['message']))
-    try:
-        state, reason, dummy = read_node(args.scontrol, args.node, SLURM_CALL_S)
-    except SlurmUnreadable as exc:
-        say('no reboot asked: %s' % exc)
-        return HEALTH_UNREADABLE
-    if 'DRAIN' not in state.split('+') or not reason.startswith(REBOOT_PREFIX):
-        say('no reboot asked: %s is no longer drained for it (State=%s, Reason=%s)' % (
-            printable(args.node), printable(state, 100), printable(reason or 'none', 200)))
-        return 0
-    said = ('; evidence: %s' % (report['path'] if report['ok'] else 'none (%s)' % report['message']))[:REASON_CHARS - 40]
-    # The reason is cut to its length for sinfo -R (drain_reason): the evidence is kept whole.
-    kept = reason[len(REBOOT_PREFIX):][:REASON_CHARS - len(said)]
-    argv = reboot_command(args.scontrol, args.node, kept + said)
-    try:
-        rc, dummy, stderr = Runner(argv[0]).run(argv[1:], timeout=SLURM_CALL_S)
-    except GpuopsError as exc:
-        rc, stderr = None, str(exc)
-    say('reboot of %s asked for%s' % (printable(args.node), '' if rc == 0 else ' and refused: %s' % printable(stderr.strip(), 300)))
-    return 0 if rc == 0 else HEALTH_UNREADABLE
 
 
 def hook_history(options):
