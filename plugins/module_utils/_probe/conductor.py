@@ -127,3 +127,18 @@ def await_word(channels, word, deadline, grace=None):
 
 def slow(reason, text):
     return dict(reason=reason, message='%s: %s' % (reason, text))
+
+
+def fork_conducted(fork, request):
+    """(the child, its Channel): fork(request, keep) run with request's control pipes (the child's
+    ends, which it keeps), the parent's ends kept here."""
+    commands, answers = os.pipe(), os.pipe()
+    try:
+        child = fork(dict(request, control=[commands[0], answers[1]]), (commands[0], answers[1]))
+    except Exception:
+        for fd in commands + answers:
+            os.close(fd)
+        raise
+    os.close(commands[0])
+    os.close(answers[1])
+    return child, Channel(commands[1], answers[0])

@@ -46,14 +46,13 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.conductor imp
     GB,
     READY,
     SIGNATURES as PERFORMANCE_SIGNATURES,
-    Channel,
     Control,
     await_word,
+    fork_conducted,
     slow,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.nvlinks import COUNTER_WORDS, NVLINK_COUNTERS
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import (
-    CUDA_ENVIRONMENT,
     EXCLUSIVE_MODES,
     ProbeChild,
     exit_words,
@@ -63,7 +62,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import 
     valid_uuid,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Forked, Runner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
 
 # How long one pair's copy (peer access enabled both ways, the copy, its events) may take before
 # it is called hung: 256 MiB take 40 ms even at PCIe Gen3 x8's 6.7 GB/s, and enabling peer access
@@ -410,29 +409,13 @@ class PeerChild(ProbeChild):
         forked child shares this process's clock); None: no bound. open_wait_s: how long it waits
         for the GPUs' contexts before READY. Fork it from one thread, before any other starts, as
         every probe child is."""
-        commands, answers = os.pipe(), os.pipe()
-        request = dict(library=self.library, control=[commands[0], answers[1]], pair_wait_s=pair_wait_s,
-                       copy_s=copy_s, copy_until=copy_until, open_wait_s=open_wait_s,
+        request = dict(library=self.library, pair_wait_s=pair_wait_s, copy_s=copy_s, copy_until=copy_until,
+                       open_wait_s=open_wait_s,
                        gpus=[dict(index=gpu.get('index'), pci_bus_id=gpu['pci_bus_id']) for gpu in gpus])
-        try:
-            child = self._fork(gpus, request, keep=(commands[0], answers[1]))
-        except GpuopsError:
-            for fd in commands + answers:
-                os.close(fd)
-            raise
-        os.close(commands[0])
-        os.close(answers[1])
+        child, channel = fork_conducted(lambda request, keep: self.fork(None, request, keep, visible_all(gpus)), request)
         with self._lock:
             self.pids.add(child.pid)
-        return child, Channel(commands[1], answers[0])
-
-    def _fork(self, gpus, request, keep):
-        env = visible_all(gpus)
-        try:
-            return Forked(self.program, (request,), env=env, unset=[name for name in CUDA_ENVIRONMENT if name not in env],
-                          keep=keep)
-        except OSError as exc:
-            raise GpuopsError('%s could not be started: %s' % (PAIR_CHECK, exc.strerror or exc))
+        return child, channel
 
     def answer(self, child, timeout):
         """The child's answer within timeout seconds of its start; GpuopsError (CommandTimeout when

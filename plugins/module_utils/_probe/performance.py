@@ -27,7 +27,6 @@ __metaclass__ = type
 
 import ctypes
 import json
-import os
 import re
 import statistics
 import sys
@@ -47,9 +46,9 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.conductor imp
     LOADED,
     READY,
     SIGNATURES,
-    Channel,
     Control,
     await_word,
+    fork_conducted,
     slow,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import (
@@ -265,18 +264,10 @@ class PerformanceChild(ProbeChild):
         self.channels = {}
 
     def start(self, gpu, mib):
-        commands, answers = os.pipe(), os.pipe()
-        request = dict(library=self.library, mib=mib, level=self.level, control=[commands[0], answers[1]],
+        request = dict(library=self.library, mib=mib, level=self.level,
                        gpus=[dict(index=gpu.get('index'), pci_bus_id=gpu['pci_bus_id'])])
-        try:
-            child = self.fork(gpu, request, keep=(commands[0], answers[1]))
-        except GpuopsError:
-            for fd in commands + answers:
-                os.close(fd)
-            raise
-        os.close(commands[0])
-        os.close(answers[1])
-        self.channels[child] = Channel(commands[1], answers[0])
+        child, channel = fork_conducted(lambda request, keep: self.fork(gpu, request, keep), request)
+        self.channels[child] = channel
         return child
 
 

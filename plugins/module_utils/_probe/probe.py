@@ -328,9 +328,10 @@ class ProbeChild:
         return self.fork(gpu, dict(library=self.library, mib=mib, level=self.level,
                                    gpus=[dict(index=gpu.get('index'), pci_bus_id=gpu['pci_bus_id'])]))
 
-    def fork(self, gpu, request, keep=()):
-        """The child of gpu, running self.program with request; keep: descriptors it keeps."""
-        env = visible_only(gpu)
+    def fork(self, gpu, request, keep=(), env=None):
+        """The child of gpu, running self.program with request; keep: descriptors it keeps; env:
+        its CUDA environment (visible_only(gpu) by default)."""
+        env = visible_only(gpu) if env is None else env
         try:
             return Forked(self.program, (request,), env=env, unset=[name for name in CUDA_ENVIRONMENT if name not in env],
                           keep=keep)

@@ -19,7 +19,7 @@ import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe import performance as _performance
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.conductor import (
     COPY,
     DONE,
     LOAD,
@@ -28,11 +28,13 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance i
     Channel,
     Control,
     await_word,
+)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance import (
+    PerformanceOptions,
     copy_rounds,
     parse_topology,
     slow_reasons,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance import PerformanceOptions
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import ProbeChild, ProbeOptions
 from ansible_collections.gpuops.nvidia.plugins.module_utils._run import Runner
 
