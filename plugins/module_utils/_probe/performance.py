@@ -16,7 +16,8 @@ The parent conducts the children through a pipe each: GPUs that share a PCIe swi
 once (the topology NVML or `nvidia-smi topo -m` gives), so that each GPU's figure is its own, and
 the link is read once, for every GPU, while all of them copy. A GPU is slow when its link is below
 its own maximum under load, when the replay counter grew, or when a bandwidth is more than
-slow_fraction below its peers' median.
+slow_fraction below its peers' median. Before the copies, the pair check (peers.py) copies between
+every two GPUs that can reach each other, with the NVLinks read around it (nvlinks.py).
 
 Imported by the probe module alone: what the release ships every host does not grow with it.
 """
@@ -91,6 +92,7 @@ REMAP_HEADROOM_NONE = 'REMAP_HEADROOM_NONE'
 BELOW_PEERS = (('h2d_gbps', 'H2D_BELOW_PEERS', 'copied host to device at'),
                ('d2h_gbps', 'D2H_BELOW_PEERS', 'copied device to host at'),
                ('hbm_gbps', 'HBM_BELOW_PEERS', 'read and wrote its memory at'))
+# Every reason a GPU can be called slow for (each said in the module's and the guides' words).
 SLOW_REASONS = (PCIE_LINK_DEGRADED, PCIE_REPLAYS, REMAP_HEADROOM_NONE) + tuple(
     reason for dummy, reason, dummy in BELOW_PEERS) + _peers.PEER_REASONS
 

@@ -242,3 +242,17 @@ def test_a_bank_without_spare_rows_is_named():
     res = result(0)
     res['remap_histogram'] = dict(max=3070, high=0, partial=0, low=0, none=2)
     assert [reason for reason, dummy in reasons(res, [res])] == ['REMAP_HEADROOM_NONE']
+
+
+def test_every_reason_a_gpu_is_called_slow_for_is_documented_where_operators_look():
+    import os
+    import yaml
+    from ansible_collections.gpuops.nvidia.plugins.modules import nvidia_gpu_probe
+
+    repo = os.path.join(os.path.dirname(__file__), *(['..'] * 5))
+    documented = yaml.safe_load(nvidia_gpu_probe.RETURN)['gpus']['contains']['slow']['description']
+    with open(os.path.join(repo, 'docs', 'docsite', 'rst', 'guide_troubleshooting.rst')) as handle:
+        troubleshooting = handle.read()
+    for reason in _performance.SLOW_REASONS:
+        assert 'V(%s)' % reason in ' '.join(documented), reason
+        assert '``%s``' % reason in troubleshooting, reason
