@@ -230,9 +230,18 @@ def test_check_sh_passes_on_a_gpusim_host(gpuhost_factory, tmp_path):
     assert [line.split(' MiB in ')[0] for line in levels] == [
         'PASS probe allocation: GPU 0 1024', 'PASS probe allocation: GPU 1 1024',
         'PASS probe memory: GPU 0 %d' % (143771 - 515 - 1 - 1 - 256), 'PASS probe memory: GPU 1 %d' % (143771 - 515 - 1 - 1 - 256)]
+    # The performance level, its figures beside the H200's published ones; the idle link and the
+    # topology kept as fixtures.
+    performance = [line for line in lines if line.startswith('PASS probe performance: ')]
+    assert [line.split(' h2d ')[0] for line in performance] == [
+        'PASS probe performance: GPU 0', 'PASS probe performance: GPU 1']
+    assert all('(published 64 each way)' in line and 'link under load Gen5 x16 of Gen5 x16' in line
+               for line in performance), performance
+    assert (out / 'probe' / 'pcie_idle.csv').read_text().splitlines()[0] == '0, 1, 5, 16, 16'
+    assert (out / 'probe' / 'topo_m.txt').read_text().startswith('\tGPU0\tGPU1\t')
     # The probe: proven on the free GPUs, and GPU 0's answer once a holder leaves it 512 MiB.
     assert [line.split(' (')[0] for line in lines if 'probe' in line and line.startswith(('PASS', 'FAIL'))
-            and line not in levels] == [
+            and line not in levels + performance] == [
         'PASS probe, free GPUs: every GPU proven and its probe memory released',
         'PASS probe, GPU 0 nearly full: fails with a CUDA error',
         'PASS probe, GPU 0 nearly full: the other GPUs still proven']
