@@ -308,7 +308,8 @@ PY
 done
 # The performance level: copies and kernels timed, the PCIe link read under load; the figures
 # beside NVIDIA's published ones for an H200 (PCIe Gen5 x16: 64 GB/s each way; HBM3e: 4.8 TB/s).
-# The idle link and the topology are kept as fixtures for gpusim.
+# The link read before it (idle, or still up after the last probe's copies) and the topology are
+# kept as fixtures for gpusim.
 "$SMI" --query-gpu=index,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max \
     --format=csv,noheader,nounits >"$dir/pcie_idle.csv" 2>&1 || true
 "$SMI" topo -m >"$dir/topo_m.txt" 2>&1 || true

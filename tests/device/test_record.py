@@ -237,7 +237,8 @@ def test_check_sh_passes_on_a_gpusim_host(gpuhost_factory, tmp_path):
         'PASS probe performance: GPU 0', 'PASS probe performance: GPU 1']
     assert all('(published 64 each way)' in line and 'link under load Gen5 x16 of Gen5 x16' in line
                for line in performance), performance
-    assert (out / 'probe' / 'pcie_idle.csv').read_text().splitlines()[0] == '0, 1, 5, 16, 16'
+    # Read between two probes: Gen1 once idle, Gen5 while the last probe's copies still hold it up.
+    assert (out / 'probe' / 'pcie_idle.csv').read_text().splitlines()[0] in ('0, 1, 5, 16, 16', '0, 5, 5, 16, 16')
     assert (out / 'probe' / 'topo_m.txt').read_text().startswith('\tGPU0\tGPU1\t')
     # The probe: proven on the free GPUs, and GPU 0's answer once a holder leaves it 512 MiB.
     assert [line.split(' (')[0] for line in lines if 'probe' in line and line.startswith(('PASS', 'FAIL'))
