@@ -45,6 +45,15 @@ SIGNATURES = dict(_cuda.SIGNATURES, **{
 })
 
 
+def close_all(fds):
+    """Close fds, those already closed too."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 class Control:
     """The child's end of its pipes to the conductor."""
 
@@ -72,11 +81,7 @@ class Control:
 
     def close(self):
         """The conductor hears no more from this GPU, and stops waiting for it."""
-        for fd in (self.commands, self.answers):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_all((self.commands, self.answers))
 
 
 class Channel:
@@ -94,11 +99,7 @@ class Channel:
             return False
 
     def close(self):
-        for fd in (self.commands, self.answers):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_all((self.commands, self.answers))
 
 
 def await_word(channels, word, deadline, grace=None):
@@ -136,8 +137,7 @@ def fork_conducted(fork, request):
     try:
         child = fork(dict(request, control=[commands[0], answers[1]]), (commands[0], answers[1]))
     except Exception:
-        for fd in commands + answers:
-            os.close(fd)
+        close_all(commands + answers)
         raise
     os.close(commands[0])
     os.close(answers[1])

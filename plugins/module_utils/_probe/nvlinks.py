@@ -115,20 +115,30 @@ def smi_output(runner, args, deadline):
     return stdout
 
 
-def parse_nvlink_status(text):
-    """{index: {link: up}} from `nvidia-smi nvlink -s`: per GPU a `GPU 0: NAME (UUID: ...)` line, then
-    `Link 0: 26.562 GB/s` for a link up and `Link 3: <inactive>` for one down. A GPU without NVLink
-    is not printed."""
-    found, index = {}, None
+def link_lines(text):
+    """(GPU index, link number, what the line says of it) of each link line of `nvidia-smi nvlink`'s
+    output, under its `GPU N: NAME (UUID: ...)` line; (index, None, None) for a GPU's own line."""
+    index = None
     for line in text.splitlines():
         gpu = SMI_GPU.match(line)
         if gpu:
             index = int(gpu.group(1))
-            found[index] = {}
+            yield index, None, None
             continue
         link = SMI_LINK.match(line)
         if link and index is not None:
-            found[index][int(link.group(1))] = not link.group(2).startswith('<')
+            yield index, int(link.group(1)), link.group(2)
+
+
+def parse_nvlink_status(text):
+    """{index: {link: up}} from `nvidia-smi nvlink -s`: per GPU a `GPU 0: NAME (UUID: ...)` line, then
+    `Link 0: 26.562 GB/s` for a link up and `Link 3: <inactive>` for one down. A GPU without NVLink
+    is not printed."""
+    found = {}
+    for index, link, said in link_lines(text):
+        links = found.setdefault(index, {})
+        if link is not None:
+            links[link] = not said.startswith('<')
     return found
 
 
@@ -136,16 +146,11 @@ def parse_nvlink_errors(text):
     """{index: {link: {counter: value}}} from `nvidia-smi nvlink -e`: `Link 0: Replay Errors: 0` and
     its Recovery Errors and CRC Errors lines (the flit CRC counter); other counters (a newer
     driver's), N/A and lines of other shapes are left out."""
-    found, index = {}, None
-    for line in text.splitlines():
-        gpu = SMI_GPU.match(line)
-        if gpu:
-            index = int(gpu.group(1))
-            found[index] = {}
-            continue
-        link = SMI_LINK.match(line)
-        counter = SMI_COUNTER.match(link.group(2)) if link else None
+    found = {}
+    for index, link, said in link_lines(text):
+        links = found.setdefault(index, {})
+        counter = SMI_COUNTER.match(said) if said is not None else None
         name = SMI_COUNTERS.get(counter.group(1).strip().lower()) if counter else None
-        if name and index is not None:
-            found[index].setdefault(int(link.group(1)), {})[name] = int(counter.group(2))
+        if name:
+            links.setdefault(link, {})[name] = int(counter.group(2))
     return found
