@@ -28,6 +28,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._common import Gpuop
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import check_hold_options
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.jobs import check_job
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import check_escalation_options, check_release_options
+from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance import check_slow_fraction
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import check_probe_mib
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import parse_gpu
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import max_drained_problem
@@ -41,7 +42,8 @@ ELEMENTS = {'int': 'whole numbers', 'str': 'strings', 'float': 'numbers'}
 # The option a module's message starts with ("timeout must be ...", "signals: ..."), and the
 # setting it is.
 MODULE_OPTION_RE = re.compile(r'^(devices|gpus|signals|grace_period|timeout|memory_threshold_mib|bug_report_dir|'
-                              r'bug_report_timeout|reset_stop_units|probe_mib|hold_after_cures|hold_window_days|reset_budget|reboot_budget)\b')
+                              r'bug_report_timeout|reset_stop_units|probe_mib|slow_fraction|hold_after_cures|hold_window_days|reset_budget|'
+                              r'reboot_budget)\b')
 # The setting a module's option of another name is (the spec's passed(): reset_stop_units is stop_units).
 SETTING_OF_OPTION = dict((option['module'][1], setting) for setting, option in SETTINGS_SPEC.items()
                          if option.get('module', (None, setting))[1] != setting)
@@ -131,6 +133,7 @@ def settings_problems(settings, name=None):
         lambda: check_escalation_options(options['bug_report_dir'], options['bug_report_timeout'],
                                          options['stop_units']),
         lambda: check_probe_mib(options['probe_mib']),
+        lambda: check_slow_fraction(options['probe_slow_fraction']),
         lambda: check_hold_options(options['hold_after_cures'], options['hold_window_days'], options['reset_budget'],
                                    options['reboot_budget']),
     )

@@ -24,6 +24,8 @@ def role_name(option):
     ('gpus', {'gpu': 0}, "gpu_reset_gpus is {'gpu': 0}, expected a list"),
     ('allow_gpu_reset', 'maybe', "gpu_reset_allow_gpu_reset is 'maybe', expected true or false"),
     ('drain_command', {'argv': 'x'}, "gpu_reset_drain_command is {'argv': 'x'}, expected a list of strings"),
+    ('slow_gpu_policy', 'drain', "gpu_reset_slow_gpu_policy is 'drain', expected one of report, hold"),
+    ('probe_level', 'bandwidth', "gpu_reset_probe_level is 'bandwidth', expected one of allocation, memory, performance"),
 ])
 def test_a_wrong_value_is_named_with_what_it_must_be(name, value, expected):
     assert convert({name: value}, role_name)[1] == [expected]
@@ -89,6 +91,8 @@ def test_a_wrong_type_ends_the_check_before_the_release_rules():
     # The rules of the reset's escalation and of the probe, on the controller too: a host is never
     # released, then failed (and drained) for a setting.
     (dict(probe_mib=0), 'gpu_reset_probe_mib must be 1 or more, got 0'),
+    (dict(probe_slow_fraction=0), 'gpu_reset_probe_slow_fraction must be more than 0 and at most 0.9'),
+    (dict(probe_slow_fraction=0.95), 'gpu_reset_probe_slow_fraction must be more than 0 and at most 0.9'),
     (dict(stop_units=['*']), "gpu_reset_stop_units: '*' is no systemd unit name or glob of one"),
     (dict(stop_units=['a b.service']), "gpu_reset_stop_units: 'a b.service' is no systemd unit name"),
     (dict(bug_report_dir='evidence'), "gpu_reset_bug_report_dir: 'evidence' is not an absolute path"),
