@@ -33,18 +33,30 @@ SMI_LINK = re.compile(r'^\s+Link (\d+): (.*?)\s*$')
 SMI_COUNTER = re.compile(r'^(.*?):\s*(\d+)$')
 
 
+def backend_of(reader):
+    """The module's reader itself, under its HostReader (which adds the host's view to reads)."""
+    return getattr(reader, 'reader', reader)
+
+
+def by_backend(reader, timeout, what, with_nvml, with_smi):
+    """with_nvml(nvml) in an NVML call of the reader's, with its deadline and said as what, or
+    with_smi(runner, timeout) with nvidia-smi's runner: a read the reader itself does not make."""
+    backend = backend_of(reader)
+    if getattr(backend, 'backend', None) == 'nvml':
+        return backend._call(lambda: with_nvml(backend.nvml), timeout, what)
+    return with_smi(backend.runner, timeout)
+
+
 def read_nvlinks(reader, indexes, timeout):
     """({index: {links, active, down, errors}}, warnings) of indexes, by the module's reader (NVML,
     or nvidia-smi nvlink -s and -e, within timeout). links: how many the GPU has (0: no NVLink);
     active, down: their numbers; errors: each counter summed over its links (None: not read). A
     GPU that cannot be read is left out, with a warning; so is every GPU when the reads fail."""
-    backend = getattr(reader, 'reader', reader)
     if not indexes:
         return {}, []
     try:
-        if getattr(backend, 'backend', None) == 'nvml':
-            return backend._call(lambda: nvml_nvlinks(backend.nvml, indexes), timeout, 'reading the NVLinks')
-        return smi_nvlinks(backend.runner, indexes, timeout)
+        return by_backend(reader, timeout, 'reading the NVLinks', lambda nvml: nvml_nvlinks(nvml, indexes),
+                          lambda runner, seconds: smi_nvlinks(runner, indexes, seconds))
     except (GpuopsError, ValueError, AttributeError) as exc:
         return {}, ['the NVLinks could not be read (%s): no NVLink is judged' % printable(str(exc), 200)]
 

@@ -494,25 +494,21 @@ SMI_SHARED_SWITCH = ('PIX', 'PXB')
 
 
 class Links:
-    """The PCIe links and the switches above the GPUs, read by the module's own reader (NVML or
-    nvidia-smi, with its deadline). Read failures are warnings: the link is then not judged."""
+    """The PCIe links, the switches above the GPUs and the row remappers' histograms, read by the
+    module's own reader (NVML or nvidia-smi, with its deadline). Read failures are warnings: that
+    figure is then not judged."""
 
     def __init__(self, reader):
-        # The backend itself, under the module's HostReader (which adds the host's view to reads).
-        self.reader = getattr(reader, 'reader', reader)
+        self.reader = _nvlinks.backend_of(reader)
         self.warnings = []
 
     def read(self, indexes, timeout):
         """{index: {gen, width, max_gen, max_width, replays}} of indexes (replays: NVML only)."""
         if not indexes:
             return {}
-        try:
-            if getattr(self.reader, 'backend', None) == 'nvml':
-                return self._call(lambda: dict((index, self._nvml_link(index)) for index in indexes), timeout)
-            return self._smi_links(indexes, timeout)
-        except (GpuopsError, ValueError, AttributeError) as exc:
-            self.warnings.append('the PCIe links could not be read (%s): no link is judged' % printable(str(exc), 200))
-            return {}
+        return self._by_backend(timeout, 'the PCIe links could not be read (%s): no link is judged', {},
+                                lambda nvml: dict((index, nvml_link(nvml, index)) for index in indexes),
+                                lambda runner, seconds: smi_links(runner, indexes, seconds))
 
     def replays(self, indexes, timeout):
         """{index: the PCIe replay counter} of indexes; {} with nvidia-smi, which has no field for it."""
@@ -525,87 +521,79 @@ class Links:
         or no spare rows left, of each GPU of results (its index and bus id); {} when not read."""
         if not results:
             return {}
-        try:
-            if getattr(self.reader, 'backend', None) == 'nvml':
-                return self._call(lambda: dict((res['index'], self._nvml_histogram(res['index'])) for res in results),
-                                  timeout)
-            rc, stdout, stderr = self.reader.runner.run(['-q', '-d', 'ROW_REMAPPER'], timeout=timeout)
-            if rc != 0:
-                raise GpuopsError('nvidia-smi -q -d ROW_REMAPPER exited %d: %s' % (rc, (stderr or stdout).strip()[:200]))
-        except (GpuopsError, ValueError, AttributeError) as exc:
-            self.warnings.append("the row remapper's histograms could not be read (%s): their headroom is not judged"
-                                 % printable(str(exc), 200))
-            return {}
-        by_bus = parse_remap_histograms(stdout)
-        return dict((res['index'], by_bus[normalize_bus_id(res['pci_bus_id'])]) for res in results
-                    if res.get('pci_bus_id') and normalize_bus_id(res['pci_bus_id']) in by_bus)
-
-    def _nvml_histogram(self, index):
-        nvml = self.reader.nvml
-        try:
-            values = nvml.nvmlDeviceGetRowRemapperHistogram(nvml.nvmlDeviceGetHandleByIndex(index))
-        except nvml.NVMLError:  # no row remapper before Ampere, or not supported here
-            return None
-        return dict((key, int(getattr(values, key))) for key in REMAP_BINS)
+        return self._by_backend(
+            timeout, "the row remapper's histograms could not be read (%s): their headroom is not judged", {},
+            lambda nvml: dict((res['index'], nvml_histogram(nvml, res['index'])) for res in results),
+            lambda runner, seconds: smi_histograms(runner, results, seconds))
 
     def switch_test(self, indexes, timeout):
         """A test of two indexes: whether they share a PCIe switch (never, when unknown)."""
         if len(indexes) < 2:
             return lambda a, b: False
-        try:
-            if getattr(self.reader, 'backend', None) == 'nvml':
-                shared = self._call(lambda: self._nvml_shared(indexes), timeout)
-            else:
-                shared = self._smi_shared(timeout)
-        except (GpuopsError, ValueError, AttributeError) as exc:
-            self.warnings.append('the PCIe topology could not be read (%s): every GPU copied at once, and GPUs under '
-                                 'one switch may share its bandwidth' % printable(str(exc), 200))
-            shared = set()
+        shared = self._by_backend(timeout, 'the PCIe topology could not be read (%s): every GPU copied at once, and '
+                                  'GPUs under one switch may share its bandwidth', set(),
+                                  lambda nvml: nvml_shared(nvml, indexes),
+                                  lambda runner, seconds: parse_topology(smi_output(runner, ['topo', '-m'], seconds)))
         return lambda a, b: frozenset((a, b)) in shared
 
-    def _call(self, func, timeout):
-        return self.reader._call(func, timeout, 'reading the PCIe links')
+    def _by_backend(self, timeout, failed, default, with_nvml, with_smi):
+        """_nvlinks.by_backend's read, or default with the warning failed (%s: why)."""
+        try:
+            return _nvlinks.by_backend(self.reader, timeout, 'reading the PCIe links', with_nvml, with_smi)
+        except (GpuopsError, ValueError, AttributeError) as exc:
+            self.warnings.append(failed % printable(str(exc), 200))
+            return default
 
-    def _nvml_link(self, index):
-        nvml = self.reader.nvml
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        link = {}
-        for key, name in NVML_LINK_CALLS:
-            try:
-                link[key] = int(getattr(nvml, name)(handle))
-            except nvml.NVMLError:
-                link[key] = None
-        return link
 
-    def _nvml_shared(self, indexes):
-        nvml = self.reader.nvml
-        handles = dict((index, nvml.nvmlDeviceGetHandleByIndex(index)) for index in indexes)
-        shared = set()
-        for a in indexes:
-            for b in indexes:
-                if a < b and nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]) in NVML_SHARED_SWITCH:
-                    shared.add(frozenset((a, b)))
-        return shared
+def smi_output(runner, args, timeout):
+    return _nvlinks.smi_output(runner, args, time.monotonic() + timeout)
 
-    def _smi_links(self, indexes, timeout):
-        rc, stdout, stderr = self.reader.runner.run(['--query-gpu=' + ','.join(SMI_LINK_FIELDS),
-                                                     '--format=csv,noheader,nounits'], timeout=timeout)
-        if rc != 0:
-            raise GpuopsError('nvidia-smi exited %d: %s' % (rc, (stderr or stdout).strip()[:200]))
-        links = {}
-        for line in stdout.splitlines():
-            cells = [cell.strip() for cell in line.split(',')]
-            if len(cells) != len(SMI_LINK_FIELDS) or not cells[0].isdigit():
-                continue
-            values = [int(cell) if cell.isdigit() else None for cell in cells[1:]]
-            links[int(cells[0])] = dict(zip(('gen', 'width', 'max_gen', 'max_width'), values), replays=None)
-        return dict((index, links[index]) for index in indexes if index in links)
 
-    def _smi_shared(self, timeout):
-        rc, stdout, stderr = self.reader.runner.run(['topo', '-m'], timeout=timeout)
-        if rc != 0:
-            raise GpuopsError('nvidia-smi topo -m exited %d: %s' % (rc, (stderr or stdout).strip()[:200]))
-        return parse_topology(stdout)
+def nvml_link(nvml, index):
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    link = {}
+    for key, name in NVML_LINK_CALLS:
+        try:
+            link[key] = int(getattr(nvml, name)(handle))
+        except nvml.NVMLError:
+            link[key] = None
+    return link
+
+
+def nvml_histogram(nvml, index):
+    try:
+        values = nvml.nvmlDeviceGetRowRemapperHistogram(nvml.nvmlDeviceGetHandleByIndex(index))
+    except nvml.NVMLError:  # no row remapper before Ampere, or not supported here
+        return None
+    return dict((key, int(getattr(values, key))) for key in REMAP_BINS)
+
+
+def nvml_shared(nvml, indexes):
+    handles = dict((index, nvml.nvmlDeviceGetHandleByIndex(index)) for index in indexes)
+    shared = set()
+    for a in indexes:
+        for b in indexes:
+            if a < b and nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]) in NVML_SHARED_SWITCH:
+                shared.add(frozenset((a, b)))
+    return shared
+
+
+def smi_links(runner, indexes, timeout):
+    stdout = smi_output(runner, ['--query-gpu=' + ','.join(SMI_LINK_FIELDS), '--format=csv,noheader,nounits'], timeout)
+    links = {}
+    for line in stdout.splitlines():
+        cells = [cell.strip() for cell in line.split(',')]
+        if len(cells) != len(SMI_LINK_FIELDS) or not cells[0].isdigit():
+            continue
+        values = [int(cell) if cell.isdigit() else None for cell in cells[1:]]
+        links[int(cells[0])] = dict(zip(('gen', 'width', 'max_gen', 'max_width'), values), replays=None)
+    return dict((index, links[index]) for index in indexes if index in links)
+
+
+def smi_histograms(runner, results, timeout):
+    by_bus = parse_remap_histograms(smi_output(runner, ['-q', '-d', 'ROW_REMAPPER'], timeout))
+    return dict((res['index'], by_bus[normalize_bus_id(res['pci_bus_id'])]) for res in results
+                if res.get('pci_bus_id') and normalize_bus_id(res['pci_bus_id']) in by_bus)
 
 
 GPU_COLUMN = re.compile(r'^GPU(\d+)$')
