@@ -170,6 +170,12 @@ def spared_why(holder):
     return 'pid %d (%s, user %s, %s; %s)' % (holder.pid, printable(holder.name), holder.user, job, holder.spared)
 
 
+def mig_not_restored(index, layout, problems):
+    """A GPU whose MIG layout a reset ended and that was not made again, or not proven, after it."""
+    return 'GPU %s lost its MIG instances to the reset and they were not made again (%s): %s' % (
+        index, layout, '; '.join(problems))
+
+
 def reset_not_attempted(index, why, because):
     """'GPU 3 needs a reset (orphaned memory), not attempted: <because>' (why: [reason])."""
     return 'GPU %s needs a reset (%s), not attempted: %s' % (index, ', '.join(why), because)

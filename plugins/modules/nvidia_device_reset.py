@@ -424,8 +424,12 @@ escalation:
     mig:
       description:
         - What the reset did to the MIG of each reset GPU that had MIG enabled or a MIG mode change
-          pending, read before and after it as the driver reports it (nothing is recreated). A reset
-          applies a pending MIG mode, and GPU and compute instances do not survive it.
+          pending, read before and after it as the driver reports it. A reset applies a pending MIG
+          mode, and GPU and compute instances do not survive it.
+        - Where the mode stayed enabled and no instance is there after the reset, the GPU and compute
+          instances read before it are made again (C(nvidia-smi mig -cgi), C(-cci); new ids and MIG
+          UUIDs) and proven (RV(escalation.mig[].restored)). The MIG mode is never changed. A layout not
+          made again or not proven fails the release, naming the GPU.
         - The reasons of RV(escalation.reasons) include a MIG mode change that waited for a reset, and a
           GPU with a MIG instance in use (a process on it, or its memory over O(memory_threshold_mib))
           is never reset.
@@ -451,6 +455,15 @@ escalation:
             GPU instance, compute instance and MIG UUID); V(MIG unchanged) for nothing.
           type: list
           elements: str
+        restored:
+          description:
+            - The instances the reset ended, made again largest first as they were read before it, then
+              read again and proven each - listed by the driver with its profile, no process and no memory
+              used on it, its capability nodes there.
+            - C(ok), C(made) (V(GI 5 2g.35gb), one per GPU instance made), C(problems) (what failed, in
+              words) and C(after) (the layout read once they were made, as RV(escalation.mig[].after)).
+          type: dict
+          returned: when the GPU had instances before the reset and its MIG mode stayed enabled
       sample:
         - index: 3
           uuid: GPU-5e8d3f4a-1c2b-4d6e-8f90-a1b2c3d4e5f6

@@ -77,7 +77,7 @@ FAULT_KINDS = ("lost", "hang", "hang-d", "na", "stuck", "driver-not-loaded", "no
                "recovery", "fabric", "module-in-use",
                "bug-report-hang", "cuda-init", "cuda-hang", "cuda-crash", "cuda", "compute-mode",
                "cuda-jit", "cuda-launch", "cuda-idle", "cuda-flip", "reset-slow", "host-engine-hang",
-               "driver-hung")
+               "driver-hung", "mig-create")
 
 COMPUTE_MODE_NAMES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
 
@@ -457,6 +457,8 @@ class Host:
         NVIDIA/open-gpu-kernel-modules#1045, count times over in the kernel log),
         host-engine-hang (value N: the next N DCGM host engines started, holders named nv-hostengine,
         never answer gpusim's dcgmi, which waits; one started after them answers; 0 clears),
+        mig-create (gpu, value: the words nvidia-smi mig says when it refuses to create a GPU
+        instance there, e.g. "Insufficient Resources"; off clears),
         module-in-use (value: a module name, or off to clear them all: rmmod refuses it as in use
         whatever its refcnt says, as when a user takes it between a read and the rmmod).
         A GPU's PCIe link and bandwidths have a method of their own, slow; clear clears them too."""
@@ -513,6 +515,13 @@ class Host:
                 faults.setdefault("reset_required", {})[str(int(gpu))] = True
             else:
                 faults.setdefault("reset_required", {}).pop(str(int(gpu)), None)
+        elif kind == "mig-create":
+            if gpu is None or not isinstance(value, str) or not value.strip():
+                raise ValueError("mig-create takes a GPU and the words of the refusal, or off")
+            if value == "off":
+                faults.setdefault("mig_create_refused", {}).pop(str(int(gpu)), None)
+            else:
+                faults.setdefault("mig_create_refused", {})[str(int(gpu))] = value
         elif kind == "reset-refused":
             if _onoff(value):
                 faults.setdefault("reset_refused", {})[str(int(gpu))] = True

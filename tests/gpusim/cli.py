@@ -76,6 +76,9 @@ def _parser():
     f.add_argument("--seconds", type=float, required=True)
     f = fs.add_parser("hang-d", help="nvidia-smi hangs as in D state in the driver (ROOT/proc/PID says so; 0 clears)")
     f.add_argument("--seconds", type=float, required=True)
+    f = fs.add_parser("mig-create", help="nvidia-smi mig refuses to create a GPU instance on the GPU, in these words")
+    f.add_argument("--gpu", type=int, required=True)
+    f.add_argument("value", metavar="WORDS|off", help='e.g. "Insufficient Resources"')
     f = fs.add_parser("reset-slow", help="nvidia-smi -r takes this long before it resets, deaf to SIGTERM (0 clears)")
     f.add_argument("--seconds", type=float, required=True)
     f = fs.add_parser("host-engine-hang", help="the next N DCGM host engines started (holders named nv-hostengine) "
@@ -319,7 +322,7 @@ def main(argv=None):
             elif k == "remap":
                 host.fault(k, gpu=args.gpu, pending=args.pending, failure=args.failure,
                            correctable=args.correctable, uncorrectable=args.uncorrectable, histogram=args.histogram)
-            elif k in ("retired", "reset-required", "reset-refused", "reset-flr-refused", "recovery"):
+            elif k in ("retired", "reset-required", "reset-refused", "reset-flr-refused", "recovery", "mig-create"):
                 host.fault(k, gpu=args.gpu, value=args.value)
             elif k == "xid":
                 host.fault(k, gpu=args.gpu, code=args.code, text=args.text, gpu_instance=args.gpu_instance,

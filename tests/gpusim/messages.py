@@ -159,3 +159,12 @@ TOPO_LEGEND = (
     "  PIX  = Connection traversing at most a single PCIe bridge",
     "  NV#  = Connection traversing a bonded set of # NVLinks",
 )
+
+# nvidia-smi mig -cgi / -cci, as NVIDIA's MIG user guide prints them (samples/mig/create_instances.txt).
+# The failure lines' form is assumed: the samples show no failure.
+MIG_GI_CREATED = "Successfully created GPU instance ID {gi:2d} on GPU {gpu:2d} using profile MIG {profile} (ID {id:2d})"
+MIG_DEFAULT_CI_CREATED = ("Successfully created compute instance ID {ci:2d} on GPU {gpu:2d} GPU instance ID {gi:2d} "
+                          "using profile MIG {profile} (ID {id:2d})")
+MIG_CI_CREATED = "Successfully created compute instance on GPU {gpu:2d} GPU instance ID {gi:2d} using profile MIG {profile} (ID {id:2d})"
+MIG_GI_FAILED = "Unable to create a GPU instance on GPU {gpu:2d} using profile {profile}: {words}"
+MIG_CI_FAILED = "Unable to create a compute instance on GPU {gpu:2d} GPU instance ID {gi:2d} using profile {profile}: {words}"

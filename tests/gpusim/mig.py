@@ -68,13 +68,114 @@ def make_instances(gpu, profiles, cis_per_gi=1, seed=0):
         while gi in taken:
             gi += 1
         taken.add(gi)
+        if slices % cis_per_gi:
+            raise ValueError("%s has %d compute slices: not %d compute instances of one size" % (name, slices, cis_per_gi))
         for ci in range(cis_per_gi):
-            out.append({"gi": gi, "ci": ci, "profile": name, "profile_id": profile_id, "memory_total_mib": mib,
+            # A compute instance smaller than its GPU instance is named for its slices: 1c.3g.71gb.
+            out.append({"gi": gi, "ci": ci, "profile": ci_profile_name(name, slices // cis_per_gi), "gi_profile": name,
+                        "ci_slices": slices // cis_per_gi, "profile_id": profile_id, "memory_total_mib": mib,
                         "uuid": "MIG-%08x-%04x-%04x-%04x-%012x" % tuple(rng.getrandbits(b) for b in (32, 16, 16, 16, 48))})
     if len(out) > MAX_MIG_DEVICES:
         raise ValueError("a GPU has at most %d MIG devices, not %d" % (MAX_MIG_DEVICES, len(out)))
     out.sort(key=lambda dev: (dev["gi"], dev["ci"]))
     return out
+
+
+# nvidia-smi mig -cci takes compute instance profiles by id: NVML's
+# NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE constants (1 slice 0, 2 slices 1, 3 slices 2, 4 slices 3,
+# 7 slices 4, 8 slices 5, 6 slices 6).
+CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
+COMPUTE_SLICES = 7
+
+
+class CreateError(Exception):
+    """What nvidia-smi mig says when it cannot create an instance (the NVML error's words)."""
+
+
+def gi_profile(key):
+    """The GPU instance profile name of a -cgi argument: a profile name or its id."""
+    for name, (profile_id, dummy, dummy2) in PROFILES.items():
+        if key in (name, str(profile_id)):
+            return name
+    raise CreateError("Invalid Argument")
+
+
+def ci_profile_name(gi_name, slices):
+    """A compute instance's profile name, as nvidia-smi -L prints it: the GPU instance's profile
+    for one that takes the whole GPU instance, else "<slices>c.<GPU instance profile>"."""
+    return gi_name if slices == PROFILES[gi_name][1] else "%dc.%s" % (slices, gi_name)
+
+
+def _new_uuid():
+    import random  # here: the fake nvidia-smi imports this module on every call
+
+    rng = random.Random()
+    return "MIG-%08x-%04x-%04x-%04x-%012x" % tuple(rng.getrandbits(b) for b in (32, 16, 16, 16, 48))
+
+
+def gi_slices_of(dev):
+    return PROFILES[dev.get("gi_profile", dev["profile"])][1]
+
+
+def create_gpu_instance(gpu, key, refused=None):
+    """Create a GPU instance of profile key (name or id) on a MIG-enabled GPU: (GI id, profile
+    name). Its compute instances come with create_compute_instance. The GPU instance is kept in
+    the GPU's "mig" "empty_gis" until it has a compute instance (nvidia-smi -L lists only
+    compute instances). refused: the words of a refusal (the fault mig-create)."""
+    if not enabled(gpu):
+        raise CreateError("Not Supported")
+    name = gi_profile(key)
+    if refused:
+        raise CreateError(refused)
+    mig = gpu["mig"]
+    gis = dict((dev["gi"], gi_slices_of(dev)) for dev in mig["instances"])
+    gis.update((int(gi), PROFILES[profile][1]) for gi, profile in mig.get("empty_gis", {}).items())
+    profile_id, slices, dummy = PROFILES[name]
+    if sum(gis.values()) + slices > COMPUTE_SLICES:
+        raise CreateError("Insufficient Resources")
+    gi = FIRST_GI_ID[slices]
+    while gi in gis:
+        gi += 1
+    mig.setdefault("empty_gis", {})[str(gi)] = name
+    return gi, name
+
+
+def create_compute_instance(gpu, gi, ci_profile_id=None):
+    """Create a compute instance in GPU instance gi: of compute-slice profile ci_profile_id, or
+    the whole GPU instance (None, as -C does). Returns the MIG device made."""
+    mig = gpu["mig"]
+    empty = mig.get("empty_gis", {})
+    devs = [dev for dev in mig["instances"] if dev["gi"] == gi]
+    name = empty.get(str(gi)) or (devs[0].get("gi_profile", devs[0]["profile"]) if devs else None)
+    if name is None:
+        raise CreateError("Not Found")
+    profile_id, gi_slices, mib = PROFILES[name]
+    slices = gi_slices if ci_profile_id is None else CI_PROFILE_SLICES.get(ci_profile_id)
+    used = sum(ci_slices_of(dev) for dev in devs)
+    if slices is None or slices > gi_slices:
+        raise CreateError("Invalid Argument")
+    if used + slices > gi_slices:
+        raise CreateError("Insufficient Resources")
+    ci = 0
+    while any(dev["ci"] == ci for dev in devs):
+        ci += 1
+    dev = {"gi": gi, "ci": ci, "profile": ci_profile_name(name, slices), "gi_profile": name, "ci_slices": slices,
+           "profile_id": profile_id, "memory_total_mib": mib, "uuid": _new_uuid()}
+    empty.pop(str(gi), None)
+    mig["instances"].append(dev)
+    mig["instances"].sort(key=lambda d: (d["gi"], d["ci"]))
+    return dev
+
+
+def ci_slices_of(dev):
+    """The compute slices a MIG device takes (the whole GPU instance unless made smaller)."""
+    return dev.get("ci_slices", gi_slices_of(dev))
+
+
+def ci_profile_id(dev):
+    """The compute instance profile id of a MIG device (CI_PROFILE_SLICES)."""
+    slices = ci_slices_of(dev)
+    return [profile_id for profile_id, n in CI_PROFILE_SLICES.items() if n == slices][0]
 
 
 def find(gpu, gi, ci=None):

@@ -73,7 +73,7 @@ def short_bus(bus_id):
 def parse_args(argv):
     opts = {"query_gpu": None, "query_apps": None, "query_remap": None, "format": None, "ids": None,
             "pm": None, "reset": False, "list": False, "query": False, "help": False, "topo": False,
-            "display": None, "nvlink": None}
+            "display": None, "nvlink": None, "mig": None}
     if argv[:1] == ["topo"]:
         # `nvidia-smi topo -m`: the topology matrix; nothing else of topo's is simulated.
         if argv[1:] not in (["-m"], ["--matrix"]):
@@ -82,6 +82,8 @@ def parse_args(argv):
         return opts
     if argv[:1] == ["nvlink"]:
         return parse_nvlink_args(argv[1:], opts)
+    if argv[:1] == ["mig"]:
+        return parse_mig_args(argv[1:], opts)
     i = 0
 
     def value(i, flag):
@@ -144,6 +146,42 @@ def parse_nvlink_args(argv, opts):
         i += 1
     if opts["nvlink"] is None:
         raise Usage(M.INVALID_ARGS)
+    return opts
+
+
+def parse_mig_args(argv, opts):
+    """`nvidia-smi mig [-i ID] -cgi P[,P...] [-C]` and `nvidia-smi mig [-i ID] -gi GI -cci [P[,P...]]`: the
+    two ways to create MIG instances (GPU instance profiles by name or id; compute instance profiles
+    by id, none: the GPU instance's default one); nothing else of mig's is simulated."""
+    mig = {"cgi": None, "default_ci": False, "gi": None, "cci": None}
+    i = 0
+    while i < len(argv):
+        key = argv[i]
+        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("-")
+        if key in ("-cgi", "--create-gpu-instance") and has_value:
+            i += 1
+            mig["cgi"] = [part.strip() for part in argv[i].split(",") if part.strip()]
+        elif key in ("-C", "--default-compute-instance"):
+            mig["default_ci"] = True
+        elif key in ("-gi", "--gpu-instance-id") and has_value and argv[i + 1].isdigit():
+            i += 1
+            mig["gi"] = int(argv[i])
+        elif key in ("-cci", "--create-compute-instance"):
+            mig["cci"] = []
+            if has_value:
+                i += 1
+                mig["cci"] = [part.strip() for part in argv[i].split(",") if part.strip()]
+                if not all(part.isdigit() for part in mig["cci"]):
+                    raise Usage(M.INVALID_ARGS)
+        elif key in ("-i", "--id") and has_value:
+            i += 1
+            opts["ids"] = argv[i]
+        else:
+            raise Usage(M.INVALID_ARGS)
+        i += 1
+    if (mig["cgi"] is None) == (mig["cci"] is None) or (mig["cci"] is not None and mig["gi"] is None):
+        raise Usage(M.INVALID_ARGS)
+    opts["mig"] = mig
     return opts
 
 
@@ -543,6 +581,42 @@ class Smi:
             self.w(M.RESET_OK.format(bus=g["pci_bus_id"]))
         self.w(M.ALL_DONE)
 
+    def mig_create(self, gpus, request):
+        """`nvidia-smi mig -cgi ... [-C]` or `-gi GI -cci ...` on each GPU of gpus, in the words of
+        NVIDIA's MIG user guide (samples/mig/create_instances.txt); the state and the caps nodes
+        written after."""
+        refusals = self.faults.get("mig_create_refused", {})
+        for g in gpus:
+            idx = g["index"]
+            for key in request["cgi"] or ():
+                try:
+                    gi, name = _mig.create_gpu_instance(g, key, refusals.get(str(idx)))
+                    self.w(M.MIG_GI_CREATED.format(gi=gi, gpu=idx, profile=name, id=_mig.PROFILES[name][0]))
+                    if request["default_ci"]:
+                        dev = _mig.create_compute_instance(g, gi)
+                        self.w(M.MIG_DEFAULT_CI_CREATED.format(ci=dev["ci"], gpu=idx, gi=gi, profile=dev["profile"],
+                                                               id=_mig.ci_profile_id(dev)))
+                except _mig.CreateError as e:
+                    self.w(M.MIG_GI_FAILED.format(gpu=idx, profile=key, words=e))
+                    self.rc = M.EXIT_OTHER
+            for key in request["cci"] if request["cci"] is not None else ():
+                try:
+                    dev = _mig.create_compute_instance(g, request["gi"], int(key))
+                    self.w(M.MIG_CI_CREATED.format(gpu=idx, gi=request["gi"], profile=dev["profile"], id=int(key)))
+                except _mig.CreateError as e:
+                    self.w(M.MIG_CI_FAILED.format(gpu=idx, gi=request["gi"], profile=key, words=e))
+                    self.rc = M.EXIT_OTHER
+            if request["cci"] == []:
+                try:
+                    dev = _mig.create_compute_instance(g, request["gi"])
+                    self.w(M.MIG_CI_CREATED.format(gpu=idx, gi=request["gi"], profile=dev["profile"],
+                                                   id=_mig.ci_profile_id(dev)))
+                except _mig.CreateError as e:
+                    self.w(M.MIG_CI_FAILED.format(gpu=idx, gi=request["gi"], profile="default", words=e))
+                    self.rc = M.EXIT_OTHER
+        write_json(self.paths.state, self.state)
+        _mig.write_caps(self.paths, self.state)
+
     def summary(self, gpus):
         if self.only_lost(gpus):
             return
@@ -616,7 +690,7 @@ class Smi:
         w("|" + "=" * 18 + "+" + "=" * 32 + "+" + "=" * 11 + "+" + "=" * 23 + "|")
         for g, number, dev in rows:
             used = _mig.instance_used(live, g, dev)
-            slices = _mig.PROFILES[dev["profile"]][1]
+            slices = _mig.gi_slices_of(dev)
             w("| %2d %4d %3d %3d  |%s| %2d      0 | %2d   0    %d    0    %d |" % (
                 g["index"], dev["gi"], dev["ci"], number,
                 ("%dMiB / %dMiB " % (used, dev["memory_total_mib"])).rjust(32), 16 * slices, slices, slices, slices))
@@ -788,7 +862,7 @@ def run(root, argv, out):
         out.write("NVIDIA System Management Interface -- v(gpusim)\n\n"
                   "Supported: -L, -q, -i ID, --query-gpu=..., --query-compute-apps=..., "
                   "--format=csv[,noheader][,nounits], -q -d TYPE, -pm 0|1, -r/--gpu-reset, topo -m, "
-                  "nvlink -s|-e\n")
+                  "nvlink -s|-e, mig -cgi P[,P] [-C], mig -gi GI -cci [P[,P]]\n")
         return M.EXIT_OK
     try:
         smi = Smi(root, out)
@@ -865,6 +939,8 @@ def run(root, argv, out):
         smi.topology_matrix(gpus)
     elif opts["nvlink"]:
         smi.nvlink(gpus, opts["nvlink"])
+    elif opts["mig"]:
+        smi.mig_create(gpus, opts["mig"])
     elif opts["query"]:
         smi.detail(gpus, opts["display"])
     else:

@@ -10,6 +10,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
+
 from adhoc import run_module
 from gpusim.state import is_alive as alive
 
@@ -137,3 +139,83 @@ def test_the_mig_layout_around_a_reset_is_read_through_nvml_too(gpuhost, tmp_pat
     entry = result['escalation']['mig'][0]
     assert (entry['index'], entry['before']['instances'][0]['uuid']) == (2, before['instances'][0]['uuid'])
     assert entry['changes'] == ['MIG mode enabled -> disabled', 'MIG instances gone: GI 1 CI 0 (%s)' % before['instances'][0]['uuid']]
+
+
+def profiles(host, index):
+    return sorted(dev['profile'] for dev in host.state['gpus'][index]['mig']['instances'])
+
+
+def test_a_reset_makes_the_instances_it_ended_again_and_proves_each(gpuhost, tmp_path):
+    before = gpuhost.mig(3, ['1g.18gb', '3g.71gb', '2g.35gb'])
+    gpuhost.fault('xid', gpu=3, code=95)
+    result, proc = run_release(gpuhost, tmp_path, reset_orphaned=True)
+    assert proc.returncode == 0, proc.stdout
+    assert result['released'] is True, result['msg']
+    entry = result['escalation']['mig'][0]
+    restored = entry['restored']
+    assert restored['ok'] is True and restored['problems'] == [], restored
+    # Made again largest first (as they fit), by profile; the driver gave new ids and MIG UUIDs.
+    assert [name.split()[2] for name in restored['made']] == ['3g.71gb', '2g.35gb', '1g.18gb']
+    assert profiles(gpuhost, 3) == ['1g.18gb', '2g.35gb', '3g.71gb']
+    old = set(dev['uuid'] for dev in before['instances'])
+    new = [instance['uuid'] for instance in restored['after']['instances']]
+    assert len(new) == 3 and not old & set(new)
+    assert entry['changes'][-1].startswith('MIG instances made again and proven: GI ')
+    assert 'GPU 3: MIG instances made again and proven' in result['escalation']['message']
+    # Their caps nodes are there for the next job (gres.conf names them).
+    facts, proc = run_facts(gpuhost)
+    assert [instance['uuid'] for instance in instances_of(facts, 3)] == new
+    nodes = [node for instance in instances_of(facts, 3) for node in instance['device_nodes']]
+    assert len(nodes) == 9 and all(os.path.exists(node) for node in nodes)
+
+
+def test_compute_instances_smaller_than_their_gpu_instance_are_made_again_as_they_were(gpuhost, tmp_path):
+    gpuhost.mig(2, ['3g.71gb'], cis_per_gi=3)
+    gpuhost.fault('xid', gpu=2, code=95)
+    log = str(tmp_path / 'smi.log')
+    result, proc = run_release(gpuhost, tmp_path, reset_orphaned=True, nvidia_smi_path=gpuhost.counting_smi(log))
+    assert proc.returncode == 0, proc.stdout
+    assert result['escalation']['mig'][0]['restored']['ok'] is True
+    assert profiles(gpuhost, 2) == ['1c.3g.71gb'] * 3
+    commands = [line for line in gpuhost.smi_calls(log) if line[:1] == ['mig']]
+    assert commands == [['mig', '-i', '2', '-cgi', '3g.71gb'], ['mig', '-i', '2', '-gi', '1', '-cci', '0,0,0']]
+
+
+def test_a_layout_the_driver_will_not_make_again_fails_the_release_naming_the_gpu(gpuhost, tmp_path):
+    gpuhost.mig(3, ['1g.18gb', '2g.35gb'])
+    gpuhost.fault('xid', gpu=3, code=95)
+    gpuhost.fault('mig-create', gpu=3, value='Insufficient Resources')
+    result, proc = run_release(gpuhost, tmp_path, reset_orphaned=True)
+    assert proc.returncode != 0 and result['released'] is False
+    restored = result['escalation']['mig'][0]['restored']
+    assert restored['ok'] is False and restored['made'] == []
+    assert ('GPU 3 lost its MIG instances to the reset and they were not made again (GI 3 CI 0 (%s) 2g.35gb, '
+            % result['escalation']['mig'][0]['before']['instances'][0]['uuid']) in result['msg']
+    assert 'GPU instance 2g.35gb not made: nvidia-smi mig -i 3 -cgi 2g.35gb -C exited 255: Unable to create a GPU ' \
+           'instance on GPU  3 using profile 2g.35gb: Insufficient Resources' in result['msg']
+    report = verdict('node1', release=result, allow_gpu_reset=True)
+    assert report['outcome'] == 'failed' and 'GPU 3 lost its MIG instances' in report['reason']
+
+
+def test_instances_someone_made_after_the_reset_and_a_mode_turned_off_are_left_alone(gpuhost, tmp_path):
+    gpuhost.mig(3, ['1g.18gb'], pending='disabled')
+    gpuhost.fault('xid', gpu=3, code=95)
+    log = str(tmp_path / 'smi.log')
+    result, proc = run_release(gpuhost, tmp_path, reset_orphaned=True, nvidia_smi_path=gpuhost.counting_smi(log))
+    assert proc.returncode == 0, proc.stdout
+    assert 'restored' not in result['escalation']['mig'][0]
+    assert not [line for line in gpuhost.smi_calls(log) if line[:1] == ['mig']]
+    assert gpuhost.state['gpus'][3]['mig']['current'] == 'Disabled'
+
+
+def test_the_layout_is_made_again_and_proven_through_nvml_too(gpuhost, tmp_path):
+    gpuhost.install_nvml()
+    gpuhost.mig(2, ['3g.71gb', '1g.18gb'])
+    gpuhost.fault('xid', gpu=2, code=95)
+    result, proc = run_module('nvidia_device_reset', dict(
+        backend='nvml', nvidia_smi_path=gpuhost.smi_path, host_root=gpuhost.root, state_dir=gpuhost.state_dir,
+        kernel_log=gpuhost.kernel_log, lock_file=str(tmp_path / 'release.lock'), timeout=30), env=gpuhost.env(nvml=True))
+    assert proc.returncode == 0, proc.stdout
+    restored = result['escalation']['mig'][0]['restored']
+    assert restored['ok'] is True, restored
+    assert sorted(i['profile'] for i in restored['after']['instances']) == ['1g.18gb', '3g.71gb']

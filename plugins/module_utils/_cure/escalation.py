@@ -32,9 +32,10 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.fabric import 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.holders import ancestors, supervisor
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.mig import layout, pending_change, reset_changes
+from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.mig_restore import MigRestore, described, proof_problems, restorable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.modules import describe as describe_modules, module_holders
 from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.quiesce import DEFAULT_STOP_UNITS, Quiesce, quiesced_reset, stop_units_option
-from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED
+from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED, mig_not_restored
 from ansible_collections.gpuops.nvidia.plugins.module_utils._cure.reset import GpuReset, would_reset
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.reset_plan import in_use, not_released, read_mig_before
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.signals import system_log
@@ -77,6 +78,8 @@ class Escalation:
         # {index: mig fact} of the GPUs in scope before a reset, and the resets a MIG instance in use kept from.
         self.mig_before = {}
         self.mig_blocked = []
+        # The layouts a reset ended that were not made again and proven (_reason.mig_not_restored).
+        self.mig_not_restored = []
 
     def run(self, result, snapshot, todo):
         """Reset the GPUs todo ({index: [why]}, _reset_plan) that still need it now, wait for their
@@ -121,7 +124,7 @@ class Escalation:
                                                    self.seen.signal_deadline, self.clock, self.sleep)
             self.budget.spend('waiting for the NVLink fabric', started)
         self._record_cures(escalation, snapshot)
-        self._mig_after_reset(escalation, snapshot)
+        self._mig_after_reset(escalation, snapshot, runner)
         before, problems = snapshot, None
         try:
             snapshot = self.reread(result)
@@ -240,6 +243,7 @@ class Escalation:
         health (not its memory) said needs one."""
         problems = [_reason.fabric_not_back(entry) for entry in escalation.get('fabric') or () if not entry['ok']]
         problems.extend(self.mig_blocked)
+        problems.extend(self.mig_not_restored)
         refused = escalation.get('flr_refused') or ()
         problems.extend(_reason.reset_refused({'index': index}) for index in refused)
         if not escalation['ok']:
@@ -249,19 +253,16 @@ class Escalation:
                             if index in readable and ORPHANED not in why and index not in refused)
         return problems
 
-    def _mig_after_reset(self, escalation, snapshot):
+    def _mig_after_reset(self, escalation, snapshot, runner):
         """The MIG layout of each reset GPU that had MIG, read again after the reset, and what the
-        reset changed (escalation['mig']; said in its message too). What the driver reports is what
-        is said: nothing is recreated."""
+        reset changed (escalation['mig']; said in its message too); the instances the reset ended
+        made again and proven (_mig_restore), where the mode stayed enabled."""
         before = dict((index, fact) for index, fact in self.mig_before.items()
                       if index in escalation['gpus'] and (fact.get('mode_current') == 'enabled' or pending_change(fact)))
         if not before or not escalation.get('attempted'):
             return
         gpus = [gpu for gpu in snapshot.gpus if gpu.get('index') in before]
-        left = self.seen.deadline - READ_MIN_S - self.clock()  # the read after the reset keeps its own
-        after, warnings = self.seen.reader.read_mig(gpus, timeout=left) if left > CALL_FLOOR_S else ({}, ['no time left'])
-        for warning in warnings:
-            self.seen.warn('MIG after the reset: %s' % warning)
+        after = self._read_mig(gpus, 'MIG after the reset')
         escalation['mig'] = []
         for gpu in gpus:
             index = gpu['index']
@@ -269,6 +270,48 @@ class Escalation:
             escalation['mig'].append({'index': index, 'uuid': gpu.get('uuid'), 'before': layout(before[index]),
                                       'after': layout(after.get(index)), 'changes': changes})
             escalation['message'] += '; GPU %s: %s' % (index, '; '.join(changes))
+        self._restore_mig(escalation, gpus, before, after, runner)
+
+    def _restore_mig(self, escalation, gpus, before, after, runner):
+        """Make again the MIG instances the reset ended, then read them and prove each."""
+        todo = [gpu for gpu in gpus if restorable(before[gpu['index']], after.get(gpu['index'])) is None]
+        if not todo:
+            return
+        restore = MigRestore(runner.run, self.seen.deadline - READ_MIN_S, self.clock)
+        made = dict((gpu['index'], restore.make(gpu['index'], before[gpu['index']])) for gpu in todo)
+        now = self._read_mig(todo, 'MIG after it was made again')
+        for entry in escalation['mig']:
+            if entry['index'] not in made:
+                continue
+            gpu = [gpu for gpu in todo if gpu['index'] == entry['index']][0]
+            names, problems = made[entry['index']]
+            problems = problems + proof_problems(before[gpu['index']], now.get(gpu['index']), gpu,
+                                                 self.options.memory_threshold_mib, self.options.host_root)
+            entry['restored'] = {'ok': not problems, 'made': names, 'problems': problems,
+                                 'after': layout(now.get(gpu['index']))}
+            if problems:
+                self.mig_not_restored.append(mig_not_restored(gpu['index'], described(before[gpu['index']]), problems))
+                entry['changes'].append('MIG instances not made again: %s' % '; '.join(problems))
+            else:
+                entry['changes'].append('MIG instances made again and proven: %s' % described(now.get(gpu['index'])))
+                self._warn_new_ids(gpu['index'], before[gpu['index']], now[gpu['index']])
+            escalation['message'] += '; GPU %s: %s' % (gpu['index'], entry['changes'][-1])
+
+    def _warn_new_ids(self, index, before, after):
+        """The driver chose other GPU instance ids: the caps nodes' minors follow them."""
+        ids = [sorted(set(instance['gpu_instance_id'] for instance in fact['instances'])) for fact in (before, after)]
+        if ids[0] != ids[1]:
+            self.seen.warn('GPU %s: MIG instances made again with other GPU instance ids (%s before, %s now): '
+                           'gres.conf lines that name their caps nodes must follow' % (
+                               index, ', '.join(str(i) for i in ids[0]), ', '.join(str(i) for i in ids[1])))
+
+    def _read_mig(self, gpus, what):
+        """{index: mig fact} of gpus read now, within the reset's time (the read after it keeps its own)."""
+        left = self.seen.deadline - READ_MIN_S - self.clock()
+        facts, warnings = self.seen.reader.read_mig(gpus, timeout=left) if left > CALL_FLOOR_S else ({}, ['no time left'])
+        for warning in warnings:
+            self.seen.warn('%s: %s' % (what, warning))
+        return facts
 
     def _bug_report(self):
         """nvidia-bug-report.sh into bug_report_dir, within bug_report_timeout."""

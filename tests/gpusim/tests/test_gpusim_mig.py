@@ -37,11 +37,11 @@ def test_instances_list_as_real_drivers_list_them(gpuhost):
 
 def test_caps_nodes_and_access_files_follow_the_minor_number(gpuhost_factory):
     host = gpuhost_factory(gpus=2, minors=[1, 0])
-    host.mig(0, ["1g.18gb"], cis_per_gi=2)
+    host.mig(0, ["2g.35gb"], cis_per_gi=2)
     caps = os.path.join(host.root, "proc", "driver", "nvidia", "capabilities")
-    gi = os.path.join(caps, "gpu1", "mig", "gi7")
+    gi = os.path.join(caps, "gpu1", "mig", "gi3")
     minors = [int(ACCESS_RE.fullmatch(read(os.path.join(gi, name))).group(1)) for name in ("access", "ci0/access", "ci1/access")]
-    assert minors == [_mig.gi_minor(1, 7), _mig.gi_minor(1, 7) + 1, _mig.gi_minor(1, 7) + 2]
+    assert minors == [_mig.gi_minor(1, 3), _mig.gi_minor(1, 3) + 1, _mig.gi_minor(1, 3) + 2]
     assert ACCESS_RE.fullmatch(read(os.path.join(caps, "mig", "monitor"))).group(1) == "2"
     nodes = sorted(os.listdir(os.path.join(host.root, "dev", "nvidia-caps")))
     assert nodes == sorted("nvidia-cap%d" % m for m in [1, 2] + minors)
