@@ -630,7 +630,8 @@ escalation:
     O(stop_units) does not allow to be stopped holds the GPU (reset_ok false, output naming it);
     with O(reload_modules), module_reload says what a reload of the driver's kernel modules did
     after a reset the platform refused, or why it was not done; on a GPU with MIG, mig says what the
-    reset changed (the MIG mode applied, the instances gone); null otherwise.
+    reset changed (the MIG mode applied, the instances gone) and, where the mode stayed enabled, the
+    instances made again and proven (restored); null otherwise.
   returned: always
   type: dict
 gpus:
