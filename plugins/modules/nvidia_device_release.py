@@ -523,7 +523,8 @@ held:
   description:
     - The GPUs held for a person - their fault came back after O(hold_after_cures) cures within
       O(hold_window_days), or they were held before and their history was not cleared - and
-      therefore not reset. The message starts with their reasons.
+      therefore not reset; with M(gpuops.nvidia.nvidia_device_reset), also a GPU whose MIG instances
+      its reset ended and that were not made again. The message starts with their reasons.
   returned: always
   type: list
   elements: dict

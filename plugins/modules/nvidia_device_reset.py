@@ -429,7 +429,8 @@ escalation:
         - Where the mode stayed enabled and no instance is there after the reset, the GPU and compute
           instances read before it are made again (C(nvidia-smi mig -cgi), C(-cci); new ids and MIG
           UUIDs) and proven (RV(escalation.mig[].restored)). The MIG mode is never changed. A layout not
-          made again or not proven fails the release, naming the GPU.
+          made again or not proven fails the release, naming the GPU, and holds the GPU for a person
+          (RV(gpuops.nvidia.nvidia_device_release#module:held), and its history).
         - The reasons of RV(escalation.reasons) include a MIG mode change that waited for a reset, and a
           GPU with a MIG instance in use (a process on it, or its memory over O(memory_threshold_mib))
           is never reset.

@@ -193,8 +193,19 @@ def test_a_layout_the_driver_will_not_make_again_fails_the_release_naming_the_gp
             % result['escalation']['mig'][0]['before']['instances'][0]['uuid']) in result['msg']
     assert 'GPU instance 2g.35gb not made: nvidia-smi mig -i 3 -cgi 2g.35gb -C exited 255: Unable to create a GPU ' \
            'instance on GPU  3 using profile 2g.35gb: Insufficient Resources' in result['msg']
+    # Its GPU reads clean now, with no instance: it is held for a person, so that no later run puts
+    # it back in service so.
+    uuid = result['escalation']['mig'][0]['uuid']
+    held = 'GPU 3 (%s): its MIG instances were not made again after its reset, held for a person' % uuid
+    assert [entry['reason'] for entry in result['held']] == [held]
     report = verdict('node1', release=result, allow_gpu_reset=True)
-    assert report['outcome'] == 'failed' and 'GPU 3 lost its MIG instances' in report['reason']
+    assert report['outcome'] == 'failed' and report['reason'].startswith(held)
+    assert 'GPU 3 lost its MIG instances' in report['reason']
+    gpuhost.fault('mig-create', gpu=3, value='off')
+    gpuhost.fault('xid', gpu=3, code=95)
+    again, proc = run_release(gpuhost, tmp_path, reset_orphaned=True)
+    assert again['released'] is False and again['escalation'] is None
+    assert 'held for a person' in again['msg'], again['msg']
 
 
 def test_instances_someone_made_after_the_reset_and_a_mode_turned_off_are_left_alone(gpuhost, tmp_path):

@@ -78,8 +78,10 @@ class Escalation:
         # {index: mig fact} of the GPUs in scope before a reset, and the resets a MIG instance in use kept from.
         self.mig_before = {}
         self.mig_blocked = []
-        # The layouts a reset ended that were not made again and proven (_reason.mig_not_restored).
+        # The layouts a reset ended that were not made again and proven (_reason.mig_not_restored),
+        # and their GPUs, held for a person.
         self.mig_not_restored = []
+        self.mig_held = []
 
     def run(self, result, snapshot, todo):
         """Reset the GPUs todo ({index: [why]}, _reset_plan) that still need it now, wait for their
@@ -137,6 +139,7 @@ class Escalation:
             result.released = False
             result.failure = '%s; %s' % (result.failure, '; '.join(problems)) if result.failure else \
                 'GPUs not released: %s' % '; '.join(problems)
+        result.held = list(result.held or []) + self.mig_held
         if result.failure and not escalation['ok']:
             result.failure += '; the GPU reset failed: %s' % escalation['message']
         if result.failure and self.options.bug_report_dir and escalation['attempted']:
@@ -292,10 +295,23 @@ class Escalation:
             if problems:
                 self.mig_not_restored.append(mig_not_restored(gpu['index'], described(before[gpu['index']]), problems))
                 entry['changes'].append('MIG instances not made again: %s' % '; '.join(problems))
+                self._hold_without_layout(gpu)
             else:
                 entry['changes'].append('MIG instances made again and proven: %s' % described(now.get(gpu['index'])))
                 self._warn_new_ids(gpu['index'], before[gpu['index']], now[gpu['index']])
             escalation['message'] += '; GPU %s: %s' % (gpu['index'], entry['changes'][-1])
+
+    def _hold_without_layout(self, gpu):
+        """A GPU whose MIG instances the reset ended and that were not made again reads clean: it is
+        held for a person (result.held, and its history), so that no later run finds it clean and
+        puts it back in service without them."""
+        reason = 'GPU %s (%s): its MIG instances were not made again after its reset, held for a person' % (
+            gpu['index'], gpu.get('uuid'))
+        self.mig_held.append({'index': gpu['index'], 'uuid': gpu.get('uuid'), 'reason': reason})
+        history = History.for_host(self.options.host_root, self.options.state_dir)
+        history.record([(gpu.get('uuid'), gpu['index'], reason, gpu.get('pci_bus_id'))], 'cure_failed', outcome='held')
+        for warning in history.warnings:
+            self.seen.warn(warning)
 
     def _warn_new_ids(self, index, before, after):
         """The driver chose other GPU instance ids: the caps nodes' minors follow them."""
