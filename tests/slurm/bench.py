@@ -18,6 +18,10 @@ whose device files live elsewhere, with the same numbering.
     job = bench.sbatch('--gres=gpu:8', '--wrap', 'nvidia-smi')
     bench.wait_job(job, 'COMPLETED')
     bench.stop()
+
+A simulated reboot (reboot_s): the bench's RebootProgram stops slurmd, does what the reboot does to
+the host (reboot_while_down), waits reboot_s and starts slurmd again with an uptime of a second (a
+time namespace of its own), so that slurmctld takes it for the node back from the reboot it asked for.
 """
 
 import os
@@ -160,11 +164,52 @@ ConstrainDevices=no
 """
 
 
+# The bench's RebootProgram (SlurmBench's reboot_s): a simulated reboot that is real as far as Slurm
+# can tell. slurmd runs it with system() and waits for it: it only starts the reboot in a session of
+# its own (outside slurmd's process group) and returns. The reboot stops slurmd (its pid file), runs
+# what the reboot does to the host, waits, and starts slurmd again in a time namespace whose uptime
+# is a second (sysinfo(), /proc/uptime and /proc/stat's btime follow it): slurmd reports that uptime
+# when it registers, and slurmctld takes the node for back from the reboot it asked for (a boot
+# time later than its request) and returns it to service (nextstate=resume).
+REBOOT_PROGRAM = """\
+#!/bin/sh
+if [ "${{1:-}}" != down ]; then
+  setsid {program} down </dev/null >>{dir}/reboot.out 2>&1 &
+  exit 0
+fi
+echo $$ >{dir}/reboot.pid
+echo "down $(date +%s.%N)" >>{reboots}
+pid=$(cat {dir}/slurmd.pid 2>/dev/null)
+[ -n "$pid" ] && [ "$(cat /proc/$pid/comm 2>/dev/null)" = slurmd ] || pid=
+if [ -n "$pid" ]; then
+  kill -TERM "$pid"
+  n=0
+  # Until it is gone, or a zombie that its parent has yet to reap.
+  while [ -e /proc/$pid ] && ! grep -q '^State:[[:space:]]*Z' /proc/$pid/status 2>/dev/null; do
+    n=$((n + 1))
+    [ $n -le 100 ] || {{ kill -KILL "$pid"; break; }}
+    sleep 0.1
+  done
+fi
+{while_down}
+sleep {seconds}
+cd {dir} || exit 1
+# The machine's uptime: this namespace's (slurmd's, after an earlier reboot) less its offset.
+read -r up rest </proc/uptime
+offset=$(awk '$1 == "boottime" {{ print $2 }}' /proc/self/timens_offsets 2>/dev/null)
+up=$((${{up%%.*}} - ${{offset:-0}}))
+echo "up $(date +%s.%N)" >>{reboots}
+rm -f {dir}/reboot.pid
+exec unshare --time --boottime "-$((up - 1))" {slurmd} -D -f {conf} >>{dir}/slurmd.out 2>&1
+"""
+
+
 class SlurmBench:
     """One Slurm node (munged + slurmctld + slurmd) in directory, all started by this process."""
 
     def __init__(self, directory, prolog=None, epilog=None, include=None, gpus=8, prolog_epilog_timeout=30,
-                 extra=(), gres_order=None, shards=0, proctrack='linuxproc', gres_conf=None):
+                 extra=(), gres_order=None, shards=0, proctrack='linuxproc', gres_conf=None, reboot_s=None,
+                 reboot_while_down=None):
         """prolog, epilog: the scripts; include: a file of slurm.conf lines (the hooks' own, with
         their PrologEpilogTimeout); prolog_epilog_timeout: Slurm's, when include is None; extra:
         more slurm.conf lines (a RebootProgram); gres_order: the numbers N of the device nodes
@@ -175,7 +220,10 @@ class SlurmBench:
         job's processes in the cgroup v1 freezer hierarchy, /slurm/uid_U/job_N/...); gres_conf: the
         Name=gpu lines of gres.conf instead (gpus of them, as MIG instances' MultipleFiles= lines
         name them), {gres_dir} in it the directory of the device nodes: there each MIG caps node
-        nvidia-caps/nvidia-capM it names is a character device of minor M."""
+        nvidia-caps/nvidia-capM it names is a character device of minor M. reboot_s: the bench's own
+        RebootProgram, a simulated reboot of that many seconds (REBOOT_PROGRAM; ResumeTimeout
+        60 s more); reboot_while_down: a command (argv) that program runs while slurmd is
+        down, what the reboot does to the host."""
         self.dir = os.path.abspath(str(directory))
         self.prolog = prolog
         self.epilog = epilog
@@ -187,12 +235,16 @@ class SlurmBench:
         self.shards = shards
         self.proctrack = proctrack
         self.gres_text = gres_conf
+        self.reboot_s = reboot_s
+        self.reboot_while_down = list(reboot_while_down or ())
         self.node = socket.gethostname().split('.')[0]
         self.conf = os.path.join(self.dir, 'slurm.conf')
         self.munge_dir = os.path.join(self.dir, 'munge')
         self.munge_socket = os.path.join(self.munge_dir, 'munge.socket.2')
         self.gres_dir = os.path.join(self.dir, 'gres')
         self.procs = {}  # name -> Popen
+        self.reboot_program = os.path.join(self.dir, 'reboot-program')
+        self.reboots_file = os.path.join(self.dir, 'reboots')
 
     # -- environment -------------------------------------------------------------------
     @property
@@ -219,6 +271,9 @@ class SlurmBench:
         else:
             hooks.append('PrologEpilogTimeout=%d' % self.prolog_epilog_timeout)
         hooks.extend(self.extra)
+        if self.reboot_s is not None:
+            # Slurm marks the node DOWN ("reboot timed out") when slurmd is not back within ResumeTimeout.
+            hooks.extend(['RebootProgram=%s' % self.reboot_program, 'ResumeTimeout=%d' % (int(self.reboot_s) + 60)])
         text = SLURM_CONF.format(
             node=self.node, dir=self.dir, ctld_port=self.ctld_port, slurmd_port=self.slurmd_port,
             munge_socket=self.munge_socket, topology=self.topology, hooks='\n'.join(hooks), proctrack=self.proctrack,
@@ -267,6 +322,8 @@ class SlurmBench:
         self.ctld_port = free_port()
         self.slurmd_port = free_port()
         self.topology = node_topology()
+        if self.reboot_s is not None:
+            self._write_reboot_program()
         self._write_conf()
 
     def _gres_conf(self):
@@ -284,6 +341,93 @@ class SlurmBench:
         if rest:
             lines.append('Name=gpu Type=h200 File=%s' % ','.join('%s/nvidia%d' % (self.gres_dir, n) for n in rest))
         return '\n'.join(lines) + '\n'
+
+    def _write_reboot_program(self):
+        import shlex
+
+        while_down = ''
+        if self.reboot_while_down:
+            while_down = '%s || echo "the reboot could not do what it does to the host"' % ' '.join(
+                shlex.quote(arg) for arg in self.reboot_while_down)
+        text = REBOOT_PROGRAM.format(program=shlex.quote(self.reboot_program), dir=shlex.quote(self.dir),
+                                     reboots=shlex.quote(self.reboots_file), while_down=while_down,
+                                     seconds='%g' % float(self.reboot_s), slurmd=shlex.quote(which('slurmd')),
+                                     conf=shlex.quote(self.conf))
+        with open(self.reboot_program, 'w') as handle:
+            handle.write(text)
+        os.chmod(self.reboot_program, 0o755)
+        if os.path.exists(self.reboots_file):
+            os.unlink(self.reboots_file)
+
+    def reboots(self):
+        """[(what, time.time())] of the simulated reboots so far: ('down', when slurmd was stopped)
+        and ('up', when it was started again), in order."""
+        if not os.path.exists(self.reboots_file):
+            return []
+        with open(self.reboots_file) as handle:
+            return [(line.split()[0], float(line.split()[1])) for line in handle if len(line.split()) == 2]
+
+    def boottime_offset(self):
+        """The node's clock of boot (CLOCK_BOOTTIME) less the machine's, in seconds: 0 until a
+        simulated reboot, then minus the machine's uptime when slurmd came back (its time namespace)."""
+        pid = self._pid_file('slurmd')
+        try:
+            with open('/proc/%d/timens_offsets' % pid) as handle:
+                for line in handle:
+                    if line.split()[:1] == ['boottime']:
+                        return int(line.split()[1]) + int(line.split()[2]) / 1e9
+        except (OSError, TypeError, ValueError, IndexError):
+            pass
+        return 0.0
+
+    def _pid_file(self, name):
+        """The pid in the daemon's pid file (slurmd.pid, slurmctld.pid) while that process runs it, else None."""
+        try:
+            with open(os.path.join(self.dir, '%s.pid' % name)) as handle:
+                pid = int(handle.read().split()[0])
+            with open('/proc/%d/comm' % pid) as handle:
+                return pid if handle.read().strip() == name else None
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _strays(self):
+        """{pid: 'reboot' or 'slurmd'} of the processes not started by this process that run this
+        bench's reboot program, or slurmd with its slurm.conf (one the reboot started)."""
+        found = {}
+        for entry in os.listdir('/proc'):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open('/proc/%s/cmdline' % entry, 'rb') as handle:
+                    argv = [arg.decode(errors='replace') for arg in handle.read().split(b'\0') if arg]
+                with open('/proc/%s/status' % entry) as handle:
+                    if re.search(r'^State:\s*Z', handle.read(), re.M):
+                        continue
+            except OSError:
+                continue
+            if self.reboot_program in argv:
+                found[int(entry)] = 'reboot'
+            elif argv and os.path.basename(argv[0]) == 'slurmd' and self.conf in argv:
+                found[int(entry)] = 'slurmd'
+        return found
+
+    def _stop_strays(self, seconds=10):
+        """Stop a reboot that runs (its session, SIGKILL: it must not start slurmd again) and a
+        slurmd it started (SIGTERM, SIGKILL after seconds); wait until they are gone."""
+        until = time.monotonic() + seconds
+        while True:
+            strays = self._strays()
+            if not strays:
+                return
+            for pid, what in strays.items():
+                try:
+                    if what == 'reboot':
+                        os.killpg(pid, signal.SIGKILL)
+                    else:
+                        os.kill(pid, signal.SIGTERM if time.monotonic() < until else signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.1)
 
     def _spawn(self, name, argv, **kwargs):
         log = open(os.path.join(self.dir, '%s.out' % name), 'ab')
@@ -333,6 +477,9 @@ class SlurmBench:
                 remove_empty_tree(os.path.join(FREEZER, 'slurm_%s' % self.node))
 
     def _stop_daemons(self):
+        if self.reboot_s is not None:
+            # A simulated reboot's first: none may start slurmd again after this.
+            self._stop_strays()
         for name in ('slurmd', 'slurmctld', 'munged'):
             proc = self.procs.pop(name, None)
             if proc is None:
@@ -344,6 +491,8 @@ class SlurmBench:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            if name == 'slurmd' and self.reboot_s is not None:
+                self._stop_strays()
 
     def set_hooks(self, prolog=None, epilog=None, include=None):
         """Point Prolog and Epilog elsewhere (None: none) and have the daemons reread slurm.conf."""
@@ -367,7 +516,7 @@ class SlurmBench:
         until = time.monotonic() + seconds
         while True:
             for name, proc in self.procs.items():
-                if proc.poll() is not None:
+                if proc.poll() is not None and not (name == 'slurmd' and self.reboots()):
                     raise BenchError('%s exited (rc %s) while waiting for %s\n%s'
                                      % (name, proc.returncode, what, self.logs()))
             value = predicate()
