@@ -16,6 +16,7 @@ import tempfile
 import time
 
 import pytest
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -305,3 +306,24 @@ def node(cluster):
         cluster.host.fault('clear')
         cluster.host.stop()
         cluster.kill_nvidia_smi()
+
+
+@pytest.fixture
+def resets_allowed(node):
+    """The hook may reset a GPU (gpu_reset_allow_gpu_reset in its variables), with a history of its
+    own: the path of that history; the variables as they were, and no history, afterwards."""
+    path = os.path.join(node.hooks, 'gpu_reset.yml')
+    history = os.path.join(node.host.root, 'var', 'lib', 'gpuops', 'history.json')
+    with open(path) as handle:
+        original = handle.read()
+    with open(path, 'w') as handle:
+        handle.write(yaml.safe_dump(dict(yaml.safe_load(original), gpu_reset_allow_gpu_reset=True)))
+    if os.path.exists(history):
+        os.remove(history)
+    try:
+        yield history
+    finally:
+        with open(path, 'w') as handle:
+            handle.write(original)
+        if os.path.exists(history):
+            os.remove(history)

@@ -59,17 +59,12 @@ def test_a_node_drained_for_a_fault_that_goes_away_is_resumed_by_its_cure_withou
     print('drained to back in service: %.1f s' % back)
 
 
-def test_a_node_held_for_a_person_stays_drained_after_its_cure(node):
+def test_a_node_held_for_a_person_stays_drained_after_its_cure(node, resets_allowed):
     """GPU 3 was held before (its history): the Prolog drains the node for a person; the cure
-    starts, reads the hold and ends; the memory going away changes nothing."""
+    starts, reads the hold and ends; the memory going away changes nothing. (A GPU is held when a
+    reset is due: resets allowed.)"""
     uuid = node.host.state['gpus'][3]['uuid']
-    history = History.for_host(node.host.root)
-    assert history.record([(uuid, 3, 'held before')], 'cure_failed', outcome='held')
-    variables = os.path.join(node.hooks, 'gpu_reset.yml')
-    with open(variables) as handle:
-        original = handle.read()
-    with open(variables, 'w') as handle:  # a GPU is held when a reset is due: resets allowed
-        handle.write(yaml.safe_dump(dict(yaml.safe_load(original), gpu_reset_allow_gpu_reset=True)))
+    assert History.for_host(node.host.root).record([(uuid, 3, 'held before')], 'cure_failed', outcome='held')
     try:
         node.host.fault('stuck', gpu=3, mib=4096)
         job = node.bench.sbatch('--gres=gpu:8', '--output', node.path('held.out'), '--wrap', 'true')
@@ -86,7 +81,59 @@ def test_a_node_held_for_a_person_stays_drained_after_its_cure(node):
         time.sleep(3)
         assert node.bench.node_state().startswith('drain') and node.bench.reason() == reason
     finally:
-        with open(variables, 'w') as handle:
-            handle.write(original)
-        history.clear('all')
+        node.bench.command('scontrol', 'update', 'nodename=%s' % node.bench.node, 'state=resume')
+
+
+def read_kernel_log(node):
+    """The hook reads the simulated host's kernel log (its Xids), until resets_allowed puts its
+    variables back."""
+    path = os.path.join(node.hooks, 'gpu_reset.yml')
+    with open(path) as handle:
+        variables = yaml.safe_load(handle)
+    with open(path, 'w') as handle:
+        handle.write(yaml.safe_dump(dict(variables, gpu_reset_kernel_log=node.host.kernel_log)))
+
+
+def test_a_prolog_that_resets_a_mig_gpu_makes_its_instances_again_and_the_job_runs(node, resets_allowed):
+    """An Xid that asks for a GPU reset on GPU 3, whose MIG instances no job uses: the job's Prolog
+    resets it, which ends the instances, makes them again as they were (the same GPU instance ids,
+    new MIG UUIDs) and proves them; the job runs, and the node stays in service."""
+    read_kernel_log(node)
+    before = node.host.mig(3, ['1g.18gb', '2g.35gb'])['instances']
+    node.host.fault('xid', gpu=3, code=95)
+    job = node.bench.sbatch('--gres=gpu:8', '--output', node.path('mig.out'), '--wrap', 'true')
+    node.bench.wait_job(job, 'COMPLETED', PROLOG_EPILOG_TIMEOUT + 30)
+    prolog = node.wait_run('prolog', job)
+    assert (prolog.exit, prolog.hook_exit) == (0, 0), prolog
+    [mig] = prolog.report['escalation']['mig']
+    assert mig['index'] == 3 and mig['restored']['ok'] is True, prolog
+    after = node.host.state['gpus'][3]['mig']['instances']
+    assert [(dev['gi'], dev['profile']) for dev in after] == [(dev['gi'], dev['profile']) for dev in before]
+    assert not set(dev['uuid'] for dev in before) & set(dev['uuid'] for dev in after)
+    node.bench.wait_idle(30)
+
+
+def test_a_mig_layout_not_made_again_holds_the_node_for_a_person_whom_its_cure_leaves_it_to(node, resets_allowed):
+    """The same reset, but the driver will not make GPU 3's instance again: GPU 3 then reads clean
+    with no instance, so the Prolog drains the node for a person, and its cure, which finds the
+    GPUs clean, leaves it drained."""
+    read_kernel_log(node)
+    uuid = node.host.state['gpus'][3]['uuid']
+    node.host.mig(3, ['1g.18gb'])
+    node.host.fault('xid', gpu=3, code=95)
+    node.host.fault('mig-create', gpu=3, value='Insufficient Resources')
+    try:
+        job = node.bench.sbatch('--gres=gpu:8', '--output', node.path('mig-held.out'), '--wrap', 'true')
+        node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
+        node.bench.wait_state(lambda state: state.startswith('drain'), 30, 'the node to drain')
+        reason = node.bench.reason()
+        assert reason.startswith('gpu_reset(hold): GPU 3 (%s): its MIG instances were not made again after its reset'
+                                 % uuid), reason
+        until = time.monotonic() + 30
+        while time.monotonic() < until and not [run for run in cures(node) if run.hook_exit is not None]:
+            time.sleep(0.5)
+        [cure] = cures(node)
+        assert cure.hook_exit == 0 and 'held by gpu_reset for a person' in log_after_cure(node), cure
+        assert node.bench.node_state().startswith('drain') and node.bench.reason() == reason
+    finally:
         node.bench.command('scontrol', 'update', 'nodename=%s' % node.bench.node, 'state=resume')

@@ -29,27 +29,6 @@ def hook_role_vars():
     return {'slurm_hooks_health_check_interval': INTERVAL_S}
 
 
-@pytest.fixture
-def resets_allowed(node):
-    """The hook may reset a GPU (gpu_reset_allow_gpu_reset in its variables), with a history of its
-    own: the variables and the history as they were afterwards."""
-    path = os.path.join(node.hooks, 'gpu_reset.yml')
-    history = os.path.join(node.host.root, 'var', 'lib', 'gpuops', 'history.json')
-    with open(path) as handle:
-        original = handle.read()
-    with open(path, 'w') as handle:
-        handle.write(yaml.safe_dump(dict(yaml.safe_load(original), gpu_reset_allow_gpu_reset=True)))
-    if os.path.exists(history):
-        os.remove(history)
-    try:
-        yield history
-    finally:
-        with open(path, 'w') as handle:
-            handle.write(original)
-        if os.path.exists(history):
-            os.remove(history)
-
-
 def job_after_orphaned_memory(node, name):
     """Memory held on GPU 3 by no process (only a reset frees it), then a job on every GPU: its id.
     What the Prolog did is read from Slurm and the history, not from the hook's log, where the
