@@ -7,6 +7,7 @@
 daemons with no health check at all (HealthCheckProgram unset): a node drained for a fault that
 goes away is back in service in seconds; a node held for a person stays drained."""
 
+import json
 import os
 import time
 
@@ -84,14 +85,18 @@ def test_a_node_held_for_a_person_stays_drained_after_its_cure(node, resets_allo
         node.bench.command('scontrol', 'update', 'nodename=%s' % node.bench.node, 'state=resume')
 
 
-def read_kernel_log(node):
-    """The hook reads the simulated host's kernel log (its Xids), until resets_allowed puts its
-    variables back."""
+def set_variables(node, **values):
+    """Set gpu_reset_* variables of the installed hook, until resets_allowed puts them back."""
     path = os.path.join(node.hooks, 'gpu_reset.yml')
     with open(path) as handle:
         variables = yaml.safe_load(handle)
     with open(path, 'w') as handle:
-        handle.write(yaml.safe_dump(dict(variables, gpu_reset_kernel_log=node.host.kernel_log)))
+        handle.write(yaml.safe_dump(dict(variables, **values)))
+
+
+def read_kernel_log(node):
+    """The hook reads the simulated host's kernel log (its Xids)."""
+    set_variables(node, gpu_reset_kernel_log=node.host.kernel_log)
 
 
 def test_a_prolog_that_resets_a_mig_gpu_makes_its_instances_again_and_the_job_runs(node, resets_allowed):
@@ -137,3 +142,29 @@ def test_a_mig_layout_not_made_again_holds_the_node_for_a_person_whom_its_cure_l
         assert node.bench.node_state().startswith('drain') and node.bench.reason() == reason
     finally:
         node.bench.command('scontrol', 'update', 'nodename=%s' % node.bench.node, 'state=resume')
+
+
+def test_a_refused_reset_is_cured_by_a_reload_of_the_driver_that_makes_its_device_nodes_again(node, resets_allowed):
+    """Memory only a reset frees on GPU 3, whose reset the platform refuses, and the hook may reload
+    the driver's modules instead. A reload does not fit in what is left of the Prolog's budget: the
+    Prolog drains the node and its cure, outside the job's time, reloads them, which frees the
+    memory and leaves /dev/nvidia-uvm stale, makes that node again with nvidia-modprobe, says that
+    containers started before must be restarted, and resumes the node."""
+    set_variables(node, gpu_reset_reload_modules=True)
+    uvm = os.path.join(node.host.root, 'dev', 'nvidia-uvm')
+    node.host.fault('reset-flr-refused', gpu=3, value='Insufficient Permissions')
+    node.host.fault('stuck', gpu=3, mib=8192)
+    job = node.bench.sbatch('--gres=gpu:8', '--output', node.path('reload.out'), '--wrap', 'true')
+    prolog = node.wait_run('prolog', job, PROLOG_EPILOG_TIMEOUT + 10)
+    assert (prolog.exit, prolog.hook_exit) == (10, 1), '\n'.join(prolog.lines)
+    assert 'kernel modules not reloaded: less than 10 s of the timeout left for it' in prolog.report['reason']
+    node.bench.wait_state(lambda state: state == 'idle', CURE_WITHIN_S, 'the cure to resume the node')
+    # The cure's report: it logs beside the job's Epilog, whose runs are told apart by their reports.
+    assert 'resumed %s: its GPUs are clean' % node.bench.node in log_after_cure(node)
+    reports = [json.loads(line) for line in log_after_cure(node).splitlines() if line.startswith('{"host"')]
+    [cured] = [report for report in reports if report['outcome'] == 'released']
+    reload = cured['escalation']['module_reload']
+    assert reload['ok'] is True and reload['flr_refused'] == [3], reload
+    assert reload['device_nodes']['made'] == ['/dev/nvidia-uvm'] and os.path.exists(uvm), reload
+    assert 'containers started before the reload keep the old device nodes' in reload['message']
+    assert node.host.memory_used()[3] <= 1
