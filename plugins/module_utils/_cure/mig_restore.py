@@ -27,7 +27,7 @@ __metaclass__ = type
 import os
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, printable
+from ansible_collections.gpuops.nvidia.plugins.module_utils._common import CALL_FLOOR_S, DriverHung, GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.mig import add_device_nodes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import instance_name
 
@@ -124,7 +124,9 @@ class MigRestore:
             return '', 'no time left'
         try:
             rc, stdout, stderr = self.run(args, left)
-        except Exception as exc:  # pylint: disable=broad-except  # CommandTimeout, DriverHung: said, not raised
+        except DriverHung:
+            raise  # a reboot's case, as for every other call of the reset
+        except GpuopsError as exc:  # a timeout, nvidia-smi gone: said as the layout's problem
             return '', str(exc)
         return stdout, None if rc == 0 else 'nvidia-smi %s exited %d: %s' % (
             ' '.join(args), rc, printable((stdout + stderr).strip(), 300))

@@ -79,3 +79,20 @@ def test_no_time_left_makes_nothing():
     made, problems = MigRestore(lambda args, timeout: calls.append(args), 0.0, lambda: 10.0).make(
         0, fact(instance(7, 0, '1g.18gb')))
     assert (made, calls) == ([], []) and problems == ['GPU instance 1g.18gb not made: no time left']
+
+
+def test_a_call_that_fails_is_the_layouts_problem_and_a_hung_driver_goes_up():
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DriverHung
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout
+
+    def timing_out(args, timeout):
+        raise CommandTimeout('nvidia-smi mig did not exit within 5 s', ['nvidia-smi', 'mig'], 5)
+
+    made, problems = MigRestore(timing_out, 100.0, lambda: 0.0).make(0, fact(instance(7, 0, '1g.18gb')))
+    assert made == [] and problems == ['GPU instance 1g.18gb not made: nvidia-smi mig did not exit within 5 s']
+
+    def hung(args, timeout):
+        raise DriverHung('driver_hung: nvidia-smi mig hung in the NVIDIA driver')
+
+    with pytest.raises(DriverHung):
+        MigRestore(hung, 100.0, lambda: 0.0).make(0, fact(instance(7, 0, '1g.18gb')))
