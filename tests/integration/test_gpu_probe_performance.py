@@ -12,13 +12,9 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from adhoc import run_module
+from adhoc import run_hook_runner, run_module
 
 
 @pytest.fixture
@@ -132,22 +128,10 @@ def test_a_copy_that_hangs_fails_its_gpu_alone(cudahost):
 def run_hook(host, tmp_path, **variables):
     """(exit status, report, the drain command's arguments or None) of the Slurm hook's runner on
     host, every GPU, at the performance level; variables: more gpu_reset_* settings."""
-    scontrol = tmp_path / 'scontrol'
-    drained = tmp_path / 'drained.json'
-    scontrol.write_text('#!%s\nimport json, sys\njson.dump(sys.argv[1:], open(%r, "w"))\n' % (sys.executable, str(drained)))
-    scontrol.chmod(0o755)
-    settings = tmp_path / 'gpu_reset.yml'
-    settings.write_text(json.dumps(dict({
+    return run_hook_runner(tmp_path, dict({
         'gpu_reset_nvidia_smi_path': host.smi_path, 'gpu_reset_host_root': host.root, 'gpu_reset_backend': 'nvidia-smi',
         'gpu_reset_lock_file': str(tmp_path / 'release.lock'), 'gpu_reset_probe_level': 'performance',
-        'gpu_reset_probe_cuda_library': host.install_cuda()}, **variables)))
-    env = dict((name, value) for name, value in host.env(cuda=True).items() if not name.startswith('SLURM_'))
-    proc = subprocess.run([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook',
-                           '--node', 'gpu07', '--vars-file', str(settings), '--scontrol', str(scontrol),
-                           '--gres-conf', str(tmp_path / 'gres.conf'), '--timeout', '20', '--deadline', '60'],
-                          capture_output=True, text=True, timeout=120, env=env, check=False)
-    assert proc.stdout.strip(), 'no report (rc %d): %s' % (proc.returncode, proc.stderr)
-    return proc.returncode, json.loads(proc.stdout), json.loads(drained.read_text()) if drained.exists() else None
+        'gpu_reset_probe_cuda_library': host.install_cuda()}, **variables), host.env(cuda=True), 20, 60)
 
 
 def test_by_default_a_slow_gpu_is_reported_and_the_node_stays_in_service(cudahost, tmp_path):

@@ -13,14 +13,12 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import json
 import math
 import os
 import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +26,7 @@ import urllib.request
 import pytest
 import yaml
 
+from adhoc import run_hook_runner
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import History
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import metrics
 
@@ -109,23 +108,11 @@ def test_promtool_checks_the_rules_and_passes_their_tests(promtool):
 def run_hook(host, directory, textfile_dir, **more):
     """(exit status, report, drain command's arguments or None) of the Slurm hook's runner on
     host, every GPU, writing its metrics to textfile_dir; more: gpu_reset_* variables."""
-    scontrol = directory / 'scontrol'
-    drained = directory / 'drained.json'
-    scontrol.write_text('#!%s\nimport json, sys\njson.dump(sys.argv[1:], open(%r, "w"))\n' % (sys.executable, str(drained)))
-    scontrol.chmod(0o755)
-    variables = directory / 'gpu_reset.yml'
-    variables.write_text(yaml.safe_dump(dict({
+    return run_hook_runner(directory, dict({
         'gpu_reset_nvidia_smi_path': host.smi_path, 'gpu_reset_host_root': host.root,
         'gpu_reset_backend': 'nvidia-smi', 'gpu_reset_probe': False, 'gpu_reset_grace_period': 0.5,
-        'gpu_reset_lock_file': str(directory / 'release.lock'), 'gpu_reset_textfile_dir': str(textfile_dir)}, **more)))
-    env = dict((name, value) for name, value in os.environ.items() if not name.startswith('SLURM_'))
-    proc = subprocess.run([sys.executable, '-m', 'ansible_collections.gpuops.nvidia.plugins.plugin_utils._slurm_hook',
-                           '--node', 'gpu07', '--vars-file', str(variables), '--scontrol', str(scontrol),
-                           '--gres-conf', str(directory / 'gres.conf'), '--timeout', str(RELEASE_S),
-                           '--deadline', str(BUDGET_S)],
-                          capture_output=True, text=True, timeout=BUDGET_S * 2, env=env, check=False)
-    assert proc.stdout.strip(), 'the hook gave no report (rc %d): %s' % (proc.returncode, proc.stderr)
-    return proc.returncode, json.loads(proc.stdout), json.loads(drained.read_text()) if drained.exists() else None
+        'gpu_reset_lock_file': str(directory / 'release.lock'), 'gpu_reset_textfile_dir': str(textfile_dir)}, **more),
+        os.environ, RELEASE_S, BUDGET_S)
 
 
 def free_port():
