@@ -283,23 +283,21 @@ class Escalation:
         restore = MigRestore(runner.run, self.seen.deadline - READ_MIN_S, self.clock)
         made = dict((gpu['index'], restore.make(gpu['index'], before[gpu['index']])) for gpu in todo)
         now = self._read_mig(todo, 'MIG after it was made again')
-        for entry in escalation['mig']:
-            if entry['index'] not in made:
-                continue
-            gpu = [gpu for gpu in todo if gpu['index'] == entry['index']][0]
-            names, problems = made[entry['index']]
-            problems = problems + proof_problems(before[gpu['index']], now.get(gpu['index']), gpu,
+        entries = dict((entry['index'], entry) for entry in escalation['mig'])
+        for gpu in todo:
+            index, entry = gpu['index'], entries[gpu['index']]
+            names, problems = made[index]
+            problems = problems + proof_problems(before[index], now.get(index), gpu,
                                                  self.options.memory_threshold_mib, self.options.host_root)
-            entry['restored'] = {'ok': not problems, 'made': names, 'problems': problems,
-                                 'after': layout(now.get(gpu['index']))}
+            entry['restored'] = {'ok': not problems, 'made': names, 'problems': problems, 'after': layout(now.get(index))}
             if problems:
-                self.mig_not_restored.append(mig_not_restored(gpu['index'], described(before[gpu['index']]), problems))
+                self.mig_not_restored.append(mig_not_restored(index, described(before[index]), problems))
                 entry['changes'].append('MIG instances not made again: %s' % '; '.join(problems))
                 self._hold_without_layout(gpu)
             else:
-                entry['changes'].append('MIG instances made again and proven: %s' % described(now.get(gpu['index'])))
-                self._warn_new_ids(gpu['index'], before[gpu['index']], now[gpu['index']])
-            escalation['message'] += '; GPU %s: %s' % (gpu['index'], entry['changes'][-1])
+                entry['changes'].append('MIG instances made again and proven: %s' % described(now.get(index)))
+                self._warn_new_ids(index, before[index], now[index])
+            escalation['message'] += '; GPU %s: %s' % (index, entry['changes'][-1])
 
     def _hold_without_layout(self, gpu):
         """A GPU whose MIG instances the reset ended and that were not made again reads clean: it is
