@@ -4,6 +4,8 @@ instance, and nvidia-smi's MIG output in the real formats (samples/mig)."""
 import os
 import re
 
+import pytest
+
 from gpusim import mig as _mig
 
 # The shapes of samples/mig/list_gpus_L.txt and capabilities_access.txt.
@@ -69,3 +71,26 @@ def test_pending_mode_waits_for_a_reset(gpuhost):
     gpuhost.mig(4, mode="disabled", pending="enabled")
     r = gpuhost.smi("--query-gpu=mig.mode.current,mig.mode.pending", "--format=csv,noheader", "-i", "4")
     assert r.stdout.strip() == "Disabled, Enabled"
+
+
+def test_mig_makes_instances_as_the_guide_prints_and_refuses_in_nvidias_words(gpuhost):
+    gpuhost.mig(2, [])
+    made = gpuhost.smi("mig", "-i", "2", "-cgi", "3g.71gb,19", "-C")
+    assert made.returncode == 0, made.stdout
+    assert made.stdout.splitlines() == [
+        "Successfully created GPU instance ID  1 on GPU  2 using profile MIG 3g.71gb (ID  9)",
+        "Successfully created compute instance ID  0 on GPU  2 GPU instance ID  1 using profile MIG 3g.71gb (ID  2)",
+        "Successfully created GPU instance ID  7 on GPU  2 using profile MIG 1g.18gb (ID 19)",
+        "Successfully created compute instance ID  0 on GPU  2 GPU instance ID  7 using profile MIG 1g.18gb (ID  0)"]
+    full = gpuhost.smi("mig", "-i", "2", "-cgi", "4g.71gb")
+    assert full.returncode == 255
+    assert full.stdout.strip() == "Unable to create a GPU instance on GPU  2 using profile 4g.71gb: Insufficient Resources"
+    assert gpuhost.smi("mig", "-i", "2", "-cci").returncode == 2  # -cci needs -gi
+    assert gpuhost.smi("mig", "-i", "3", "-cgi", "19").stdout.strip().endswith(": Not Supported")  # MIG off
+    with pytest.raises(ValueError, match="mig-create takes a GPU and the words of the refusal"):
+        gpuhost.fault("mig-create", gpu=2, value="")
+    gpuhost.fault("mig-create", gpu=2, value="Insufficient Resources")
+    assert gpuhost.smi("mig", "-i", "2", "-cgi", "19").stdout.strip().endswith("profile 19: Insufficient Resources")
+    gpuhost.fault("mig-create", gpu=2, value="off")
+    gpuhost.mig(2, [])
+    assert gpuhost.smi("mig", "-i", "2", "-cgi", "19", "-C").returncode == 0
