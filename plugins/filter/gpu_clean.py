@@ -59,14 +59,20 @@ _value:
   type: bool
 '''
 
+from ansible.errors import AnsibleFilterError
+
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import QueryError
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import is_clean
 
 
 def gpu_clean(facts, query=None, gpus=None, memory_threshold_mib=DEFAULT_MEMORY_THRESHOLD_MIB):
     if isinstance(facts, dict) and isinstance(facts.get('ansible_facts'), dict):
         facts = facts['ansible_facts']
-    return is_clean(facts, query, gpus, memory_threshold_mib)
+    try:
+        return is_clean(facts, query, gpus, memory_threshold_mib)
+    except QueryError as exc:
+        raise AnsibleFilterError(str(exc))
 
 
 class FilterModule(object):

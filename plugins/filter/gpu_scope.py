@@ -63,7 +63,17 @@ _value:
   type: dict
 '''
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import gpu_scope
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import QueryError
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _verdict
+
+
+def gpu_scope(facts, gpus=None):
+    try:
+        return _verdict.gpu_scope(facts, gpus)
+    except QueryError as exc:
+        raise AnsibleFilterError(str(exc))
 
 
 class FilterModule(object):

@@ -82,7 +82,10 @@ def json_query(data, expr):
     if jmespath is None:
         raise AnsibleFilterError(
             'json_query needs the jmespath Python library on the controller (pip install jmespath)')
-    return _jmespath.search(data, expr, library=jmespath)
+    try:
+        return _jmespath.search(data, expr, library=jmespath)
+    except _jmespath.QueryError as exc:
+        raise AnsibleFilterError(str(exc))
 
 
 class FilterModule(object):

@@ -6,7 +6,11 @@
 # This plugin_utils is PRIVATE and should only be used by this collection. Breaking
 # changes can occur at any time.
 
-"""JMESPath on the controller: the json_query filter and the gpu_reset verdict use this."""
+"""JMESPath on the controller: the json_query filter and the gpu_reset verdict use this.
+
+Nothing here imports ansible-core's controller code (ansible.errors): the Slurm hook's runner
+uses the verdict, and a process that imports it counts as a controller for every module it
+forks (_hook/reset.py). The filters turn QueryError into AnsibleFilterError."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -14,7 +18,9 @@ __metaclass__ = type
 
 from collections.abc import Mapping, Sequence
 
-from ansible.errors import AnsibleFilterError
+
+class QueryError(ValueError):
+    """A query, or the data it runs over, that cannot be evaluated."""
 
 
 def _jmespath():
@@ -45,20 +51,20 @@ def plain(value):
         return float(value)
     if isinstance(value, (Sequence, set, frozenset)):
         return [plain(item) for item in value]
-    raise AnsibleFilterError('json_query: cannot search a value of type %s' % type(value).__name__)
+    raise QueryError('json_query: cannot search a value of type %s' % type(value).__name__)
 
 
 def search(data, expr, library=None):
-    """Evaluate the JMESPath expression expr over data; errors are AnsibleFilterError."""
+    """Evaluate the JMESPath expression expr over data; errors are QueryError."""
     library = library or _jmespath()
     if library is None:
-        raise AnsibleFilterError(
+        raise QueryError(
             'json_query needs the jmespath Python library on the controller (pip install jmespath)')
     if not isinstance(expr, str):
-        raise AnsibleFilterError('json_query: the expression must be a string, got %s' % type(expr).__name__)
+        raise QueryError('json_query: the expression must be a string, got %s' % type(expr).__name__)
     try:
         return library.search(str(expr), plain(data))
     except library.exceptions.ParseError as exc:
-        raise AnsibleFilterError('json_query: invalid JMESPath expression %r: %s' % (str(expr), exc))
+        raise QueryError('json_query: invalid JMESPath expression %r: %s' % (str(expr), exc))
     except library.exceptions.JMESPathError as exc:
-        raise AnsibleFilterError('json_query: %r failed: %s' % (str(expr), exc))
+        raise QueryError('json_query: %r failed: %s' % (str(expr), exc))

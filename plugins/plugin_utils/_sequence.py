@@ -30,8 +30,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.performance i
 from ansible_collections.gpuops.nvidia.plugins.module_utils._probe.probe import PERFORMANCE
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._finish import failed
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._settings import settings_problems
-from ansible.errors import AnsibleFilterError
-
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import QueryError
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._verdict import MISCONFIGURED, facts_of, is_clean, task_error, verdict
 
 READ_FIRST = 'Read the GPUs and who holds them'
@@ -225,7 +224,7 @@ class Run:
         try:
             return is_clean(facts_of(result) or {}, self.options['clean_query'], self.options['gpus'],
                             self.options['memory_threshold_mib'])
-        except AnsibleFilterError as exc:
+        except QueryError as exc:
             self.error = str(exc).replace('gpu_reset_clean_query', self.name('clean_query'), 1)
             return False
 

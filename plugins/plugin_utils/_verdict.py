@@ -22,21 +22,19 @@ import time
 
 from collections.abc import Mapping
 
-from ansible.errors import AnsibleFilterError
-
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _reason
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import DEFAULT_MEMORY_THRESHOLD_MIB, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._health.health import NOT_CLEAN_ACTIONS
 from ansible_collections.gpuops.nvidia.plugins.module_utils._gpu.scope import (
     blocks, gpu_node_number, gpus_in_scope, instance_parent, no_such_gpus, parse_gpu)
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import plain, search
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._jmespath import QueryError, plain, search
 
 OUTCOMES = ('clean', 'released', 'would_release', 'failed')
 # How the reason of a host whose settings are wrong starts (nothing was read or signalled there).
 MISCONFIGURED = 'gpu_reset is misconfigured'
 
 
-class VerdictError(AnsibleFilterError):
+class VerdictError(QueryError):
     """Facts or a clean query the verdict cannot judge (also what the filters over it raise)."""
 
 
@@ -119,7 +117,7 @@ def _scoped(facts, gpus):
         return None
     try:
         return gpu_scope(facts, gpus)
-    except AnsibleFilterError:
+    except QueryError:
         return facts
 
 
@@ -305,7 +303,7 @@ def _verdict(host, release, facts_before, facts, error, gpus, query, memory_thre
         try:
             return _judged(host, release, before, after, escalation, gpus, query, threshold, allow_gpu_reset,
                            check_mode, started, now)
-        except AnsibleFilterError as exc:
+        except QueryError as exc:
             error = str(exc)
     return _report(host, 'failed', release, _scoped(before, gpus), _scoped(after, gpus), escalation,
                    threshold, error, allow_gpu_reset, check_mode, started, now)

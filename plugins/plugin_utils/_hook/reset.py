@@ -16,14 +16,16 @@ __metaclass__ = type
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import GpuopsError, printable
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import is_driver_hung
-from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Runner
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, Forked, Runner
 from ansible_collections.gpuops.nvidia.plugins.module_utils._state.state import StateDir
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _brake, _sequence
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._brake import SINFO_ENV, BrakeUnreadable, sinfo_argv
@@ -47,12 +49,20 @@ DRAIN_RESERVE_S = 5
 # fraction of a second, and systemd finishes a start job even when the systemctl that asked is
 # killed. The modules' own timeouts end this much before their deadline.
 TERM_GRACE_S = 5
+# What a process that has loaded ansible-core's controller code (ansible.errors and the like) holds.
+CONTROLLER_CODE = 'ansible._internal'
 
 
 class ModuleRunner:
-    """The sequence's seam on the node: a module of the collection run as a program, within the
-    time left before ends (time.monotonic()); in check mode when check_mode (as Ansible runs it).
-    A module still running grace seconds before ends gets SIGTERM, and SIGKILL at ends."""
+    """The sequence's seam on the node: a module of the collection run in a process of its own,
+    within the time left before ends (time.monotonic()); in check mode when check_mode (as Ansible
+    runs it). A module still running grace seconds before ends gets SIGTERM, and SIGKILL at ends.
+
+    The module runs in a child forked from this process (Forked: a session of its own, its output
+    piped here, nothing of this process's but its imports), as AnsiballZ runs it: a Python started
+    anew with ansible-core's imports would be most of what the hook costs a clean node. Where this
+    process has loaded ansible-core's controller code (a test's), whose module_utils then behave
+    as the controller's (a warning displayed, not returned), the module runs as a program."""
 
     def __init__(self, ends, check_mode=False, grace=0.0):
         self.ends = ends
@@ -64,33 +74,60 @@ class ModuleRunner:
         when it gives none (stopped at the deadline, with what it started, or a crash)."""
         if self.check_mode:
             args = dict(args, _ansible_check_mode=True)
-        # The arguments in a file without a name (O_TMPFILE), which the module reads as
-        # /proc/self/fd/N: a hook killed meanwhile (SIGKILL runs no finally) leaves no file behind.
-        with tempfile.TemporaryFile('w+') as handle:
-            json.dump({'ANSIBLE_MODULE_ARGS': args}, handle)
-            handle.flush()
-            rc, stdout, stderr = self._run(name, handle.fileno())
+        params = json.dumps({'ANSIBLE_MODULE_ARGS': args})
+        words = 'gpuops.nvidia.%s' % name
+        runner = Runner(sys.executable, name=words, term_grace=self.grace, env={
+            'PYTHONPATH': COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else '')})
+        timeout = max(self.ends - self.grace - time.monotonic(), 1)
+        try:
+            if CONTROLLER_CODE in sys.modules:
+                rc, stdout, stderr = self._program(runner, name, params, timeout)
+            else:
+                child = Forked(run_module, (name, params.encode('utf-8')), env={'LC_ALL': 'C', 'LANG': 'C'})
+                rc, stdout, stderr = runner.finish(child, timeout, [words], started=child.started)
+        except CommandTimeout as exc:
+            raise ModuleError('%s gave no result within %.1f s and was stopped%s' % (
+                words, exc.timeout, ' (SIGTERM, then SIGKILL after %.1f s)' % self.grace if self.grace else ''))
+        except OSError as exc:
+            raise ModuleError('%s could not be started: %s' % (words, exc.strerror or exc))
+        except GpuopsError as exc:
+            raise ModuleError(str(exc))
         out = stdout.strip()
         try:
             result = json.loads(out[out.index('{'):])
         except ValueError:
-            raise ModuleError('gpuops.nvidia.%s gave no result (rc %d): %s' % (name, rc, ' '.join((stderr or out).split())[-500:]))
+            raise ModuleError('%s gave no result (rc %d): %s' % (words, rc, ' '.join((stderr or out).split())[-500:]))
         if not isinstance(result, dict):
-            raise ModuleError('gpuops.nvidia.%s gave no result (rc %d)' % (name, rc))
+            raise ModuleError('%s gave no result (rc %d)' % (words, rc))
         return result
 
-    def _run(self, name, args_fd):
-        """(rc, stdout, stderr) of the module, its arguments read from the descriptor args_fd."""
-        runner = Runner(sys.executable, name='gpuops.nvidia.%s' % name, term_grace=self.grace, pass_fds=(args_fd,), env={
-            'PYTHONPATH': COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else '')})
-        try:
-            return runner.run(['-m', MODULES + name, '/proc/self/fd/%d' % args_fd],
-                              timeout=max(self.ends - self.grace - time.monotonic(), 1))
-        except CommandTimeout as exc:
-            raise ModuleError('gpuops.nvidia.%s gave no result within %.1f s and was stopped%s' % (
-                name, exc.timeout, ' (SIGTERM, then SIGKILL after %.1f s)' % self.grace if self.grace else ''))
-        except GpuopsError as exc:
-            raise ModuleError(str(exc))
+    @staticmethod
+    def _program(runner, name, params, timeout):
+        """(rc, stdout, stderr) of the module run as a program. Its arguments are in a file without
+        a name (O_TMPFILE), read as /proc/self/fd/N: a hook killed meanwhile (SIGKILL runs no
+        finally) leaves no file behind."""
+        with tempfile.TemporaryFile('w+') as handle:
+            handle.write(params)
+            handle.flush()
+            runner.pass_fds = (handle.fileno(),)
+            return runner.run(['-m', MODULES + name, '/proc/self/fd/%d' % handle.fileno()], timeout=timeout)
+
+
+def run_module(name, params):
+    """In the forked child: the module run as AnsiballZ runs it, its arguments (JSON, bytes) where
+    AnsibleModule reads them and the module as __main__; its exit status."""
+    from ansible.module_utils import basic
+
+    basic._ANSIBLE_ARGS = params
+    basic._ANSIBLE_PROFILE = 'legacy'
+    try:
+        runpy.run_module(MODULES + name, run_name='__main__', alter_sys=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except Exception:  # what a Python started anew would print before exiting 1
+        traceback.print_exc()
+        return 1
+    return 0
 
 
 class NodeHost:

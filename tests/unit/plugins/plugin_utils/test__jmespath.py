@@ -14,7 +14,6 @@ __metaclass__ = type
 import collections
 
 import pytest
-from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _jmespath
 
@@ -39,6 +38,6 @@ def test_the_data_is_made_of_plain_values():
     assert plain['name'].__class__ is str and plain['flags'].__class__ is list
 
 
-def test_a_value_jmespath_cannot_search_is_a_filter_error():
-    with pytest.raises(AnsibleFilterError, match='json_query: cannot search a value of type object'):
+def test_a_value_jmespath_cannot_search_is_a_query_error():
+    with pytest.raises(_jmespath.QueryError, match="json_query: cannot search a value of type object"):
         _jmespath.search({'a': object()}, 'a')

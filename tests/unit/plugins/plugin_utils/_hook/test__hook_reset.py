@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The gpu_reset sequence on the node (plugin_utils/_hook/reset.py): the modules run as programs,
+"""The gpu_reset sequence on the node (plugin_utils/_hook/reset.py): the modules run in children
+forked from the hook (as programs from a process with ansible-core's controller code, as pytest),
 the probe, the drain of a node that is not clean or misconfigured, and a reboot asked of Slurm when
 only a reboot cures the GPUs, run against simulated hosts."""
 
@@ -14,6 +15,8 @@ __metaclass__ = type
 import json
 import os
 import re
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -30,7 +33,9 @@ from gpusim.state import is_alive as alive
 
 def test_a_modules_arguments_are_in_no_file_with_a_name(gpuhost, tmp_path, monkeypatch):
     """A hook killed while a module runs (SIGKILL: no finally block runs) leaves nothing in the
-    temporary directory: the module reads its arguments from a file without a name."""
+    temporary directory: a module run as a program (from a process with ansible-core's controller
+    code, as this one) reads its arguments from a file without a name."""
+    import ansible.errors  # noqa: F401  the controller's code, as in any test that loaded it before
     temp = tmp_path / 'tmp'
     temp.mkdir()
     monkeypatch.setattr(tempfile, 'tempdir', str(temp))
@@ -76,6 +81,62 @@ def test_a_module_cut_off_takes_its_children_with_it(gpuhost):
             break
         time.sleep(0.05)
     assert smi_processes(gpuhost) == []
+
+
+# The hook's process, as the Slurm hook runs it: every mode imported, then one module run.
+AS_THE_HOOK = """
+import json, sys, time
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _slurm_hook
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook import health, history, job, playbook, reset
+controller = reset.CONTROLLER_CODE in sys.modules
+try:
+    result = reset.ModuleRunner(time.monotonic() + float(sys.argv[2]))(sys.argv[1], json.loads(sys.argv[3]))
+except Exception as exc:
+    result = {'error': '%s: %s' % (type(exc).__name__, exc)}
+print(json.dumps(dict(result, hook_has_controller_code=controller)))
+"""
+
+
+def run_as_the_hook(name, args, seconds):
+    proc = subprocess.run([sys.executable, '-c', AS_THE_HOOK, name, str(seconds), json.dumps(args)],
+                          capture_output=True, text=True, timeout=seconds + 30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_hook_forks_its_modules_and_they_report_as_under_ansible(gpuhost):
+    """The hook loads none of ansible-core's controller code, so its modules run forked from it and
+    behave as AnsiballZ runs them: a warning comes back in the result, not on a display."""
+    gpuhost.fault('no-devices', True)
+    result = run_as_the_hook('nvidia_gpu_facts', dict(
+        nvidia_smi_path=gpuhost.smi_path, backend='nvidia-smi', devices=[gpuhost.dev_glob],
+        state_dir=gpuhost.state_dir, timeout=20), 30)
+    assert result['hook_has_controller_code'] is False
+    assert result['ansible_facts']['nvidia_gpu_count'] == 0, result
+    assert any('No devices were found' in _sequence.warning_text(warning) for warning in result['warnings']), result
+
+
+def test_a_forked_module_cut_off_takes_its_children_with_it(gpuhost):
+    gpuhost.fault('hang', seconds=60)
+    result = run_as_the_hook('nvidia_gpu_facts', dict(
+        nvidia_smi_path=gpuhost.smi_path, backend='nvidia-smi', devices=[gpuhost.dev_glob], timeout=30,
+        state_dir=gpuhost.state_dir), 1)
+    assert result['hook_has_controller_code'] is False
+    assert 'gave no result within 1.0 s and was stopped' in result['error'], result
+    for dummy in range(40):
+        if not smi_processes(gpuhost):
+            break
+        time.sleep(0.05)
+    assert smi_processes(gpuhost) == []
+
+
+def test_a_forked_module_refuses_what_it_does_not_know_as_under_ansible(gpuhost):
+    result = run_as_the_hook('nvidia_gpu_facts', dict(
+        nvidia_smi_path=gpuhost.smi_path, backend='nvidia-smi', devices=[gpuhost.dev_glob], state_dir=gpuhost.state_dir,
+        timeout=20, no_such_option=True), 30)
+    assert result['hook_has_controller_code'] is False
+    # AnsibleModule's own refusal: a result that failed, as under Ansible.
+    assert result['failed'] is True and 'no_such_option' in result['msg'], result
 
 
 def test_a_clean_host_is_clean_and_nothing_is_drained(hook):
