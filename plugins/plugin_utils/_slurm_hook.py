@@ -11,7 +11,7 @@
 A Prolog runs before every job, so its start-up counts: ansible-playbook alone takes longer to
 start than the release takes on a clean node. This program runs the one sequence
 (plugin_utils/_sequence.py, the action gpuops.nvidia.gpu_reset's) on the node itself, its
-modules run as programs (_hook/reset.py), then its finishing steps (_finish.py):
+modules in children forked from it (_hook/reset.py), then its finishing steps (_finish.py):
 
 1. the settings: the spec's defaults (plugin_utils/_spec.py), then the hook's
    variables file, then what the hook fixes (the job's GPUs, the release's time, drain on

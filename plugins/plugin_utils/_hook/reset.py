@@ -6,8 +6,8 @@
 # This plugin_utils is PRIVATE and should only be used by this collection. Breaking
 # changes can occur at any time.
 
-"""The gpu_reset sequence on the node itself, then its finishing steps (reset): the modules run as
-programs (ModuleRunner), the drain command, a reboot asked of Slurm when only a reboot cures the
+"""The gpu_reset sequence on the node itself, then its finishing steps (reset): the modules run in
+children forked from the hook (ModuleRunner), the drain command, a reboot asked of Slurm when only a reboot cures the
 GPUs, and the fleet brake (plugin_utils/_brake.py decides)."""
 
 from __future__ import absolute_import, division, print_function
