@@ -83,12 +83,14 @@ def test_a_module_cut_off_takes_its_children_with_it(gpuhost):
     assert smi_processes(gpuhost) == []
 
 
-# The hook's process, as the Slurm hook runs it: every mode imported, then one module run.
+# The hook's process, as the Slurm hook runs it: every mode imported, then one module run, which
+# must not start a program.
 AS_THE_HOOK = """
 import json, sys, time
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _slurm_hook
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._hook import health, history, job, playbook, reset
 controller = reset.CONTROLLER_CODE in sys.modules
+reset.ModuleRunner._program = staticmethod(lambda *args: sys.exit('the module was started as a program'))
 try:
     result = reset.ModuleRunner(time.monotonic() + float(sys.argv[2]))(sys.argv[1], json.loads(sys.argv[3]))
 except Exception as exc:
