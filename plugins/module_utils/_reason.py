@@ -85,7 +85,7 @@ def gpu_name(gpu):
 
 def reset_failed(output):
     """The remedy part of a reason after a GPU reset that failed."""
-    return ', and the reset failed: ' + ' '.join(str(output).split())
+    return ', and the reset failed: ' + printable(' '.join(str(output).split()))
 
 
 def needs_reset(gpu, remedy='', why=None):
@@ -126,7 +126,7 @@ def held(gpu, why=()):
 
 def reported(process):
     """A process the driver lists on a GPU."""
-    return 'pid %s (%s)' % (process.get('pid'), printable(process.get('name')))
+    return 'pid %s (%s)' % (process.get('pid'), printable(process.get('name') or 'no name'))
 
 
 def still_holds(who, devices):

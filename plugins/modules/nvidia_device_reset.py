@@ -205,11 +205,18 @@ escalation:
   contains:
     attempted:
       description: V(true) when nvidia-smi was asked to reset; V(false) in check mode, where
-        nothing is done.
+        nothing is done, and when no time was left to start the reset (the GPU's history then says
+        C(not_attempted)).
       type: bool
     gpus:
       description: Indexes of the GPUs the reset was (or, in check mode, would be) tried on,
         the NVLink peers reset with them included.
+      type: list
+      elements: int
+    gpus_reset:
+      description: Indexes of the GPUs whose reset worked (all of RV(escalation.gpus) when
+        RV(escalation.ok) is true). Where some worked and others did not, each is judged and
+        recorded in its history as its own reset went; empty in check mode.
       type: list
       elements: int
     ok:

@@ -119,22 +119,25 @@ class Escalation:
             self._name_module_holders(escalation)
         for problem in escalation['quiesced']['problems']:
             self.seen.warn('reset_stop_units: %s' % problem)
-        if escalation['ok']:
+        if not escalation['attempted']:
+            self._record_not_attempted(snapshot, todo, escalation['message'])
+        if escalation['gpus_reset']:
             started = self.clock()
             reloaded = (escalation.get('module_reload') or {}).get('ok')
-            escalation['fabric'] = wait_for_fabric(runner, escalation['module_reload']['gpus'] if reloaded else escalation['gpus'],
+            escalation['fabric'] = wait_for_fabric(runner, escalation['module_reload']['gpus'] if reloaded else escalation['gpus_reset'],
                                                    self.seen.signal_deadline, self.clock, self.sleep)
             self.budget.spend('waiting for the NVLink fabric', started)
         self._record_cures(escalation, snapshot)
         self._mig_after_reset(escalation, snapshot, runner)
-        before, problems = snapshot, None
+        before, found, problems = snapshot, None, None
         try:
             snapshot = self.reread(result)
             result.changed = result.changed or escalation['attempted'] or bool(escalation['quiesced']['stopped'])
-            problems = escalation['problems'] = self._after_reset(escalation, snapshot, todo)
+            found = self._after_reset(escalation, snapshot, todo)
+            problems = escalation['problems'] = [problem for dummy, problem in found]
         finally:
             # Also when the read after it failed: a reset tried spends its budget.
-            self._record_history(escalation, before, todo, problems, self.clock() - reset_started)
+            self._record_history(escalation, before, todo, found, self.clock() - reset_started)
         if problems:
             result.released = False
             result.failure = '%s; %s' % (result.failure, '; '.join(problems)) if result.failure else \
@@ -198,7 +201,7 @@ class Escalation:
             self.seen.warn('reset_stop_units: %s' % problem)
         escalation['message'] += '; ' + entry['message']
         if entry['ok']:
-            escalation['ok'], escalation['flr_refused'] = True, []
+            escalation['ok'], escalation['flr_refused'], escalation['gpus_reset'] = True, [], list(escalation['gpus'])
 
     def _would_reload(self, escalation, snapshot):
         """Check mode with reset_reload_modules: what a refused reset would make the release do."""
@@ -241,19 +244,20 @@ class Escalation:
         not_released(result, why)
 
     def _after_reset(self, escalation, snapshot, todo):
-        """What is still wrong after the reset that the GPUs' readings do not show: a fabric not
-        back, a reset the platform refused (a reboot is needed), and a reset that failed on a GPU its
-        health (not its memory) said needs one."""
-        problems = [_reason.fabric_not_back(entry) for entry in escalation.get('fabric') or () if not entry['ok']]
-        problems.extend(self.mig_blocked)
+        """What is still wrong after the reset that the GPUs' readings do not show, as (index,
+        problem): a fabric not back, a reset the platform refused (a reboot is needed), and a reset
+        that failed on a GPU its health (not its memory) said needs one. A MIG instance in use that
+        kept a GPU from its reset has no index: that GPU was not reset."""
+        problems = [(entry.get('index'), _reason.fabric_not_back(entry)) for entry in escalation.get('fabric') or () if not entry['ok']]
+        problems.extend((None, problem) for problem in self.mig_blocked)
         problems.extend(self.mig_not_restored)
         refused = escalation.get('flr_refused') or ()
-        problems.extend(_reason.reset_refused({'index': index}) for index in refused)
-        if not escalation['ok']:
-            readable = dict((gpu.get('index'), gpu) for gpu in self.seen.scope(snapshot) if not gpu.get('error'))
-            problems.extend(_reason.needs_reset(readable[index], why='; '.join(why))
-                            for index, why in sorted(todo.items())
-                            if index in readable and ORPHANED not in why and index not in refused)
+        problems.extend((index, _reason.reset_refused({'index': index})) for index in refused)
+        readable = dict((gpu.get('index'), gpu) for gpu in self.seen.scope(snapshot) if not gpu.get('error'))
+        problems.extend((index, _reason.needs_reset(readable[index], why='; '.join(why)))
+                        for index, why in sorted(todo.items())
+                        if index in readable and ORPHANED not in why and index not in refused
+                        and index not in escalation['gpus_reset'])
         return problems
 
     def _mig_after_reset(self, escalation, snapshot, runner):
@@ -291,7 +295,7 @@ class Escalation:
                                                  self.options.memory_threshold_mib, self.options.host_root)
             entry['restored'] = {'ok': not problems, 'made': names, 'problems': problems, 'after': layout(now.get(index))}
             if problems:
-                self.mig_not_restored.append(mig_not_restored(index, described(before[index]), problems))
+                self.mig_not_restored.append((index, mig_not_restored(index, described(before[index]), problems)))
                 entry['changes'].append('MIG instances not made again: %s' % '; '.join(problems))
                 self._hold_without_layout(gpu)
             else:
@@ -347,21 +351,22 @@ class Escalation:
                        self.seen.signal_deadline, self.clock, self.seen.proc, own=ancestors(os.getpid(), self.seen.proc))
 
     def _record_cures(self, escalation, snapshot):
-        """Record on the host that the GPUs a successful reset reset are cured: their older Xid
-        errors no longer count in their health."""
-        if not escalation.get('ok'):
+        """Record on the host that the GPUs whose reset worked are cured: their older Xid errors no
+        longer count in their health."""
+        if not escalation['gpus_reset']:
             return
-        uuids = [gpu.get('uuid') for gpu in snapshot.gpus if gpu.get('index') in escalation['gpus']]
+        uuids = [gpu.get('uuid') for gpu in snapshot.gpus if gpu.get('index') in escalation['gpus_reset']]
         state = StateDir.for_host(self.options.state_dir, self.options.host_root)
         record_cure(state, uuids, time.time(), 'reset', boot_id())
         for warning in state.warnings:
             self.seen.warn(warning)
 
-    def _record_history(self, escalation, snapshot, todo, problems, duration):
-        """Each GPU reset in its history, with its outcome (_history.OUTCOMES): reset (and a cure)
-        when the reset worked, cured when the GPUs read clean again after it (proof: that read) and
-        cure_failed when not; reset_failed when it did not work, escalated to what comes next when
-        the platform refused it (a reload of the driver that worked, else a reboot)."""
+    def _record_history(self, escalation, snapshot, todo, found, duration):
+        """Each GPU reset in its history, with its outcome (_history.OUTCOMES), as its own reset
+        went: reset (and a cure) where it worked, cured when the GPU read clean again after it
+        (proof: that read; found: the (index, problem) pairs of _after_reset, None when the read
+        failed) and cure_failed when not; reset_failed where it did not work, escalated to what
+        comes next when the platform refused it (a reload of the driver that worked, else a reboot)."""
         if not escalation.get('attempted'):
             return
         history = History.for_host(self.options.host_root, self.options.state_dir)
@@ -371,23 +376,24 @@ class Escalation:
             return [(gpu.get('uuid'), gpu.get('index'), '; '.join(todo.get(gpu.get('index')) or []), gpu.get('pci_bus_id'))
                     for gpu in snapshot.gpus if gpu.get('index') in indexes]
 
-        if escalation.get('ok'):
-            if problems is None:
+        done = set(escalation['gpus_reset'])
+        for index in sorted(done):
+            problems = [problem for at, problem in found or () if at == index]
+            if found is None:
                 outcome = dict(outcome='cure_failed', why='the GPUs could not be read again after the reset')
             elif problems:
                 outcome = dict(outcome='cure_failed', why=printable('; '.join(problems), 200))
             else:
                 outcome = dict(outcome='cured', proof='read clean after the reset')
-            history.record(gpus(escalation['gpus']), 'reset', **dict(attempt, **outcome))
-            history.record(gpus(escalation['gpus']), 'cure', how='reset')
-        else:
-            error = printable(escalation.get('message') or '', 200)
-            refused = set(escalation.get('flr_refused') or ())
-            reloaded = (escalation.get('module_reload') or {}).get('ok')
-            history.record(gpus(refused), 'reset_failed', error=error, outcome='escalated',
-                           to='module_reload' if reloaded else 'reboot', **attempt)
-            history.record(gpus(set(escalation['gpus']) - refused), 'reset_failed', error=error, outcome='cure_failed',
-                           **attempt)
+            history.record(gpus([index]), 'reset', **dict(attempt, **outcome))
+        history.record(gpus(done), 'cure', how='reset')
+        error = printable(escalation.get('message') or '', 200)
+        refused = set(escalation.get('flr_refused') or ())
+        reloaded = (escalation.get('module_reload') or {}).get('ok')
+        history.record(gpus(refused - done), 'reset_failed', error=error, outcome='escalated',
+                       to='module_reload' if reloaded else 'reboot', **attempt)
+        history.record(gpus(set(escalation['gpus']) - refused - done), 'reset_failed', error=error, outcome='cure_failed',
+                       **attempt)
         for warning in history.warnings:
             self.seen.warn(warning)
 

@@ -31,7 +31,7 @@ import time
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import EXIT_CODES, GpuopsError
 from ansible_collections.gpuops.nvidia.plugins.module_utils._pci import bus_ids_in, normalize_bus_id
 from ansible_collections.gpuops.nvidia.plugins.module_utils._reason import ORPHANED
-from ansible_collections.gpuops.nvidia.plugins.module_utils._run import sigterm_deferred
+from ansible_collections.gpuops.nvidia.plugins.module_utils._run import CommandTimeout, sigterm_deferred
 from ansible_collections.gpuops.nvidia.plugins.module_utils._release.signals import system_log
 
 # Restoring persistence mode runs even when the deadline has passed: this long at least.
@@ -71,16 +71,19 @@ def _names(indexes):
 
 
 def escalation(gpus, ok, message, attempted=True, persistence_mode_off=(), persistence_mode_restored=None,
-               reasons=None, refused=()):
+               reasons=None, refused=(), reset=None):
     """The escalation entry of a release result.
 
+    reset: the indexes whose reset worked (all of gpus when ok, none when not by default: where
+    some worked and others did not, each is judged, and recorded, as its own reset went);
     persistence_mode_off: the indexes whose persistence mode was switched off for the reset;
     persistence_mode_restored: whether it was switched back on on all of them (None when none was
     switched off); reasons: {index: [why it is reset]}; refused: the indexes whose reset the
     platform refused (flr_refused: a reboot or a driver reload is their cure)."""
     reasons = reasons or {}
+    reset = (gpus if ok else ()) if reset is None else reset
     return {'attempted': attempted, 'gpus': list(gpus), 'ok': ok, 'message': message,
-            'flr_refused': sorted(set(refused)),
+            'gpus_reset': sorted(set(reset)), 'flr_refused': sorted(set(refused)),
             'reasons': [{'index': index, 'reasons': list(reasons.get(index) or [ORPHANED])} for index in gpus],
             'persistence_mode_off': sorted(set(persistence_mode_off)),
             'persistence_mode_restored': persistence_mode_restored if persistence_mode_off else None}
@@ -105,8 +108,10 @@ class GpuReset:
         self.reasons = dict(reasons or {})
         # {index: restored} of every GPU whose persistence mode was switched off, the last try counting.
         self.restored = {}
-        # The indexes whose reset the platform refused (flr_refused).
+        # The indexes whose reset the platform refused (flr_refused), and those nvidia-smi was run
+        # to reset (not those no time was left for).
         self.refused = set()
+        self.tried = set()
 
     def _left(self):
         return self.deadline - self.clock()
@@ -145,7 +150,7 @@ class GpuReset:
                     self.restored[index] = False
             why = sorted(set(reason for index in group for reason in self.reasons.get(index) or [ORPHANED]))
             self.log('gpuops.nvidia: resetting GPU %s (%s) with nvidia-smi --gpu-reset' % (_names(group), ', '.join(why)))
-            rc, stdout, stderr = self._smi(['--gpu-reset', '-i', ','.join(str(index) for index in group)])
+            rc, stdout, stderr = self._reset_call(group)
         except GpuopsError as exc:
             outcome = (False, str(exc), [])
         finally:
@@ -170,6 +175,17 @@ class GpuReset:
             outcome = (False, '%s; %s' % (outcome[1], '; '.join(restore_problems)), outcome[2])
         return outcome
 
+    def _reset_call(self, group):
+        """(rc, stdout, stderr) of nvidia-smi --gpu-reset of group, which counts as tried once
+        nvidia-smi runs: not when no time was left to start it, or it could not start."""
+        try:
+            answer = self._smi(['--gpu-reset', '-i', ','.join(str(index) for index in group)])
+        except CommandTimeout:
+            self.tried.update(group)
+            raise
+        self.tried.update(group)
+        return answer
+
     def run(self, indexes):
         """Reset each GPU of indexes; returns the escalation entry."""
         done, failed, messages = [], [], []
@@ -190,9 +206,9 @@ class GpuReset:
             (done if ok else failed).extend(group)
             messages.append(text)
         restored = all(self.restored.values())
-        return escalation(sorted(done + failed), not failed, '; '.join(messages),
+        return escalation(sorted(done + failed), not failed, '; '.join(messages), attempted=bool(self.tried),
                           persistence_mode_off=self.restored, persistence_mode_restored=restored, reasons=self.reasons,
-                          refused=self.refused.difference(done))
+                          refused=self.refused.difference(done), reset=done)
 
 
 def would_reset(reasons):

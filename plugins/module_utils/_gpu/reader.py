@@ -160,7 +160,8 @@ RECOVERY_ACTION_BRANCH = 565
 def driver_branch(version):
     """The branch (major number) of a driver version such as '550.127.05'; None when unknown."""
     head = str(version or '').split('.', 1)[0].strip()
-    return int(head) if head.isdigit() else None
+    # ASCII digits only: str.isdigit() also takes '²', which int() refuses.
+    return int(head) if head.isascii() and head.isdigit() else None
 
 
 def parse_recovery_action(text):

@@ -107,7 +107,7 @@ def await_word(channels, word, deadline, grace=None):
     never does). grace: once one has said it, the others have that many seconds more at most."""
     waiting = dict((channel.answers, channel) for channel in channels if word not in channel.heard)
     while waiting and time.monotonic() < deadline:
-        if grace is not None and len(waiting) < len(channels):
+        if grace is not None and any(word in channel.heard for channel in channels):
             deadline = min(deadline, time.monotonic() + grace)
             grace = None
         readable = select.select(list(waiting), [], [], max(0.0, deadline - time.monotonic()))[0]

@@ -240,18 +240,28 @@ def budget_spent(events, cure, budget, window_days, now=None):
     node's for reboots) within window_days, or None."""
     now = time.time() if now is None else now
     spent = [event for event in events if event['kind'] in SPENDS[cure] and now - event['time'] <= window_days * 86400]
-    if len(spent) < budget:
+    # A repeated failure is one event with its count (_add); each try spends the budget (its last
+    # time in the window counts them all: a budget is spent early rather than late).
+    tries = sum(_count(event) for event in spent)
+    if tries < budget:
         return None
     tried = ', '.join(_stamp(event['time']) for event in spent[-5:])
     return 'its %s budget is spent: %d %s(s) within %g days (%s), at most %d: not tried again, held for a person' % (
-        cure, len(spent), cure, window_days, tried, budget)
+        cure, tries, cure, window_days, tried, budget)
+
+
+def _count(event):
+    return event['count'] if isinstance(event.get('count'), int) and event['count'] > 1 else 1
 
 
 def _add(events, event):
+    """event appended to events, or counted on the last one when it repeats it (MERGED kinds): the
+    last one then says what the newest said (its time, error, outcome, duration)."""
     last = events[-1] if events else None
     if last and event['kind'] in MERGED and all(last.get(key) == event.get(key) for key in ('kind', 'reason', 'result', 'index')):
-        last['count'] = int(last.get('count') or 1) + 1 if isinstance(last.get('count'), int) else 2
-        last['time'] = event['time']
+        count = _count(last) + 1
+        last.clear()
+        last.update(event, count=count)
     else:
         events.append(event)
     del events[:-MAX_EVENTS]

@@ -198,6 +198,20 @@ def test_resets_tried_within_the_window_spend_the_reset_budget_whether_they_work
     assert [event.get('outcome') for event in events] == ['cured', 'cured', 'cure_failed', None]
 
 
+def test_a_reset_that_fails_the_same_way_again_spends_the_budget_each_time(tmp_path):
+    """Repeats of one failure are one event with its count: each counts against the budget, and
+    the event says what the newest one said."""
+    history = History.for_host(str(tmp_path))
+    now = 100 * DAY
+    for number in range(3):
+        history.record([(UUID, 3, 'Xid 119')], 'reset_failed', when=now - 3 * DAY + number, outcome='cure_failed',
+                       error='refused, try %d' % number, duration_s=float(number))
+    event, = history.events(UUID)
+    assert (event['count'], event['error'], event['duration_s'], event['time']) == (3, 'refused, try 2', 2.0, now - 3 * DAY + 2)
+    assert _history.budget_spent(history.events(UUID), 'reset', 4, 7.0, now=now) is None
+    assert 'its reset budget is spent: 3 reset(s) within 7 days' in _history.budget_spent(history.events(UUID), 'reset', 3, 7.0, now=now)
+
+
 def test_the_nodes_reboots_are_kept_beside_the_gpus_and_cleared_with_all(tmp_path):
     history = History.for_host(str(tmp_path))
     now = 100 * DAY
