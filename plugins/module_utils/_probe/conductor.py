@@ -55,12 +55,15 @@ def close_all(fds):
 
 
 class Control:
-    """The child's end of its pipes to the conductor."""
+    """The child's end of its pipes to the conductor. Once closed, it says nothing and hears the end:
+    a descriptor closed twice could be another's by then (the CUDA library's)."""
 
     def __init__(self, commands, answers):
         self.commands, self.answers = commands, answers
 
     def say(self, word):
+        if self.answers is None:
+            return
         try:
             os.write(self.answers, word)
         except OSError:  # the conductor is gone: the child goes on alone
@@ -68,7 +71,7 @@ class Control:
 
     def next(self, timeout):
         """The conductor's next word; b'' when it closed the pipe or said nothing within timeout."""
-        if not select.select([self.commands], [], [], timeout)[0]:
+        if self.commands is None or not select.select([self.commands], [], [], timeout)[0]:
             return b''
         try:
             return os.read(self.commands, 1)
@@ -77,11 +80,13 @@ class Control:
 
     def waiting(self):
         """Whether the conductor has said something (or closed the pipe) since."""
-        return bool(select.select([self.commands], [], [], 0)[0])
+        return self.commands is None or bool(select.select([self.commands], [], [], 0)[0])
 
     def close(self):
         """The conductor hears no more from this GPU, and stops waiting for it."""
-        close_all((self.commands, self.answers))
+        if self.commands is not None:
+            close_all((self.commands, self.answers))
+        self.commands = self.answers = None
 
 
 class Channel:

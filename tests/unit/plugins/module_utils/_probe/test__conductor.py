@@ -182,9 +182,10 @@ def test_a_child_whose_conductor_is_gone_goes_on_alone():
     control, channel = pipes()
     channel.close()
     control.say(READY)  # no BrokenPipeError: the child's probe goes on
+    numbers = (control.commands, control.answers)
     control.close()
     control.say(COPIED)  # nor once its own end is closed
-    for fd in (control.commands, control.answers):
+    for fd in numbers:
         with pytest.raises(OSError):
             os.fstat(fd)
 
@@ -223,6 +224,25 @@ def test_once_one_child_has_spoken_the_others_have_the_grace_at_most():
     close_all([quick.commands, quick.answers, slow_control.commands, slow_control.answers])
     quick_channel.close()
     slow_channel.close()
+
+
+def test_a_control_closed_twice_leaves_a_descriptor_reused_meanwhile_open(tmp_path):
+    """The performance child closes its control when its copies end and again on its way out; the
+    CUDA library may have opened a file under the same number in between."""
+    control, channel = pipes()
+    numbers = (control.commands, control.answers)
+    control.close()
+    reused = [os.open(str(tmp_path / ('file%d' % number)), os.O_CREAT | os.O_RDWR) for number in range(2)]
+    try:
+        assert sorted(reused) == sorted(numbers)
+        control.close()
+        assert all(os.fstat(fd) for fd in reused)  # both still open
+        # A closed control says nothing, and hears the end at once.
+        control.say(READY)
+        assert control.next(5) == b'' and control.waiting() is True
+    finally:
+        close_all(reused)
+        channel.close()
 
 
 def test_a_child_that_ends_without_a_word_starts_no_grace_for_the_others():
