@@ -131,7 +131,7 @@ def reported(process):
 
 def still_holds(who, devices):
     """A holder left that holds no GPU in scope of its own, only device nodes."""
-    return '%s still holds %s' % (who, ', '.join(devices or []))
+    return '%s still holds %s' % (who, ', '.join(printable(path) for path in devices or []))
 
 
 def fabric_not_back(entry):

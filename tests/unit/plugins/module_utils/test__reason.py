@@ -164,6 +164,8 @@ def test_a_spared_holder_names_its_job_or_none_and_why():
 
 def test_what_is_left_after_a_reset_is_said_with_its_numbers():
     assert _reason.still_holds('pid 5 (x)', ['/dev/nvidiactl', '/dev/nvidia-uvm']) == 'pid 5 (x) still holds /dev/nvidiactl, /dev/nvidia-uvm'
+    # A device path is escaped as every other path in a reason.
+    assert _reason.still_holds('pid 5 (x)', ['/dev/nvidia0\n\x1b[2J']) == 'pid 5 (x) still holds /dev/nvidia0\\x0a\\x1b[2J'
     assert _reason.fabric_not_back({'index': 4, 'state': 'in_progress', 'status': 'Success', 'note': 'waited 5 s'}) == (
         'GPU 4: the NVLink fabric is not back after the GPU reset (state in_progress, status Success: waited 5 s)')
     assert _reason.mig_not_restored(1, '2 x 3g.71gb', ['GI 1 not made', 'GI 2 not made']) == (
