@@ -43,7 +43,8 @@ def reset_plan(seen, result, snapshot):
         if index not in causes or gpu.get('processes') or index in seen.job_scoped or 'mig_instance' in gpu:
             continue
         todo[index] = todo.get(index, []) + causes[index]
-    return _hold(seen, result, snapshot, _mig_to_reset(seen, result, snapshot, todo, causes))
+    todo, asked = _mig_to_reset(seen, result, snapshot, todo, causes)
+    return _hold(seen, result, snapshot, todo, asked)
 
 
 def read_mig_before(seen, gpus):
@@ -68,13 +69,14 @@ def not_released(result, why):
 
 
 def _mig_to_reset(seen, result, snapshot, todo, causes):
-    """todo with the GPUs whose MIG mode change waits for a reset (idle, with no process), less
+    """(todo with the GPUs whose MIG mode change waits for a reset (idle, with no process), less
     those with a MIG instance in use (a process on it, or its memory over the threshold): a reset
-    would end what runs there (causes: {index: [why]} of those that need one for their health)."""
+    would end what runs there; the indexes whose reset only applies that change, which a person
+    asked for and no fault needs). causes: {index: [why]} of those that need one for their health."""
     scope = [gpu for gpu in seen.scope(snapshot)
              if gpu.get('index') is not None and not gpu.get('error') and 'mig_instance' not in gpu]
     migs, warnings = read_mig_before(seen, scope)
-    blocked = []
+    blocked, asked = [], set()
     for gpu in scope:
         index = gpu['index']
         pending, used = pending_change(migs.get(index)), in_use(migs.get(index), seen.options.memory_threshold_mib)
@@ -85,25 +87,28 @@ def _mig_to_reset(seen, result, snapshot, todo, causes):
         elif pending and used:
             seen.warn('GPU %s: %s, not applied: %s' % (index, pending, used))
         elif pending and not gpu.get('processes') and index not in seen.job_scoped:
+            if index not in todo:
+                asked.add(index)
             todo[index] = todo.get(index, []) + [pending]
     if blocked:
         not_released(result, '; '.join(blocked))
     for warning in warnings if todo else ():
         seen.warn('MIG before the reset: %s' % warning)
-    return todo
+    return todo, asked
 
 
-def _hold(seen, result, snapshot, todo):
+def _hold(seen, result, snapshot, todo, asked=()):
     """todo without the GPUs whose fault came back after hold_after_cures cures within
     hold_window_days, or whose reset_budget is spent within it (their history): those are held for
-    a person (result.held), not reset."""
+    a person (result.held), not reset. asked: the GPUs whose reset only applies a MIG mode change,
+    no fault coming back; their reset budget still holds them."""
     history = History.for_host(seen.options.host_root, seen.options.state_dir)
     uuids = dict((gpu.get('index'), gpu.get('uuid')) for gpu in snapshot.gpus)
     result.held = []
     for index in sorted(todo):
         fault = 'needs a reset (%s)' % ', '.join(todo[index])
-        why = history.hold_reason(uuids.get(index), index, fault, seen.options.hold_after_cures,
-                                  seen.options.hold_window_days)
+        why = None if index in asked else history.hold_reason(uuids.get(index), index, fault, seen.options.hold_after_cures,
+                                                              seen.options.hold_window_days)
         spent = None if why else budget_spent(history.events(uuids.get(index)), 'reset', seen.options.reset_budget,
                                               seen.options.hold_window_days)
         if spent:

@@ -216,6 +216,21 @@ def test_in_check_mode_a_gpu_held_is_said_but_its_history_is_left_as_it_was(gpuh
     assert history(tmp_path).events(uuid(gpuhost, 3)) == before
 
 
+def test_a_mig_mode_change_asked_for_is_no_fault_back_and_is_not_held_unless_its_budget_is_spent(gpuhost, tmp_path):
+    """GPU 4's reset only applies the MIG mode a person asked for: two cures before do not hold it
+    (no fault came back), a spent reset budget does. GPU 3's fault back after its cures is held."""
+    gpuhost.mig(4, mode='disabled', pending='enabled')
+    gpuhost.fault('stuck', gpu=3, mib=2048)
+    resets_before(tmp_path, gpuhost, 4, 'reset', 2 * HOUR, HOUR)
+    resets_before(tmp_path, gpuhost, 3, 'reset', 2 * HOUR, HOUR)
+    todo, result, dummy = plan(gpuhost, tmp_path)
+    assert todo == {4: ['MIG mode disabled -> enabled pending']}
+    assert [held['index'] for held in result.held] == [3]
+    todo, result, dummy = plan(gpuhost, tmp_path, reset_budget=2)
+    assert todo == {} and [held['index'] for held in result.held] == [3, 4]
+    assert 'its reset budget is spent' in result.held[1]['reason']
+
+
 @pytest.mark.parametrize('window_days, held', [(7.0, False), (10.0, True)])
 def test_only_resets_within_the_hold_window_count(gpuhost, tmp_path, window_days, held):
     gpuhost.fault('stuck', gpu=3, mib=2048)
