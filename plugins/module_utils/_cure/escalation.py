@@ -254,10 +254,10 @@ class Escalation:
         refused = escalation.get('flr_refused') or ()
         problems.extend((index, _reason.reset_refused({'index': index})) for index in refused)
         readable = dict((gpu.get('index'), gpu) for gpu in self.seen.scope(snapshot) if not gpu.get('error'))
+        not_reset = set(todo) - set(refused) - set(escalation['gpus_reset'])
         problems.extend((index, _reason.needs_reset(readable[index], why='; '.join(why)))
                         for index, why in sorted(todo.items())
-                        if index in readable and ORPHANED not in why and index not in refused
-                        and index not in escalation['gpus_reset'])
+                        if index in readable and index in not_reset and ORPHANED not in why)
         return problems
 
     def _mig_after_reset(self, escalation, snapshot, runner):

@@ -34,13 +34,13 @@ def host_params(host, **more):
     return dict(dict(backend='nvidia-smi', nvidia_smi_path=host.smi_path, host_root=host.root, timeout=7), **more)
 
 
-def in_module(params, body, spec=SPEC):
-    """body(module) for a module with params, as a module's main() runs it."""
+def in_module(params, body, spec=None):
+    """body(module) for a module with params (and spec, SPEC by default), as a module's main() runs it."""
     with patch_module_args(params):
-        return body(AnsibleModule(argument_spec=spec, supports_check_mode=True))
+        return body(AnsibleModule(argument_spec=spec or SPEC, supports_check_mode=True))
 
 
-def exited(capsys, params, body, spec=SPEC):
+def exited(capsys, params, body, spec=None):
     """The result that body(module) exited with; warning_text: its warnings, wherever ansible-core put them."""
     def run(module):
         with pytest.raises(SystemExit):
