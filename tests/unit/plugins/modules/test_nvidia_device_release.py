@@ -354,7 +354,7 @@ def test_reset_orphaned_in_check_mode_says_what_would_be_reset(capsys, gpuhost, 
     assert result['escalation'] == {'attempted': False, 'gpus': [5], 'ok': None, 'message': result['escalation']['message'],
                                     'reasons': [{'index': 5, 'reasons': ['orphaned memory']}],
                                     'persistence_mode_off': [], 'persistence_mode_restored': None,
-                                    'flr_refused': [], 'quiesced': result['escalation']['quiesced']}
+                                    'flr_refused': [], 'gpus_reset': [], 'quiesced': result['escalation']['quiesced']}
     assert result['escalation']['quiesced']['to_stop'] == [] and result['escalation']['quiesced']['refusal'] is None
     assert 'GPU 5 would be reset' in result['escalation']['message']
     assert gpuhost.memory_used()[5] == 2049 and persistence(gpuhost, 5) == 'Enabled'
