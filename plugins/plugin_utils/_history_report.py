@@ -19,7 +19,7 @@ import json
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._common import printable
-from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import CURE_KINDS, incidents, parse_history
+from ansible_collections.gpuops.nvidia.plugins.module_utils._state.history import CURE_KINDS, event_count, incidents, parse_history
 
 HEADER = ('node', 'gpu', 'incidents', 'open', 'cures (reset/probe/reboot)', 'mean between', 'time lost', 'held')
 
@@ -50,7 +50,7 @@ def gpu_row(node, uuid, events, now):
     for event in events:
         how = 'reboot' if event['kind'] == 'reboot_asked' else event.get('how') if event['kind'] == 'cure' else None
         if how in cures:
-            cures[how] += int(event.get('count') or 1)
+            cures[how] += event_count(event)
     lost = sum(found['repair_s']) + (now - found['open_since'] if found['open_since'] is not None else 0.0)
     between = found['between_s']
     index = [event['index'] for event in events if isinstance(event.get('index'), int)]
@@ -72,7 +72,7 @@ def report(histories, now=None):
         rows = sorted((gpu_row(node, uuid, events, now) for uuid, events in gpus.items() if events), key=_worst)
         nodes.append({'node': node, 'gpus': rows, 'incidents': sum(row['incidents'] for row in rows),
                       'lost_s': sum(row['lost_s'] for row in rows),
-                      'reboots': sum(int(event.get('count') or 1) for event in node_events if event['kind'] == 'reboot_asked'),
+                      'reboots': sum(event_count(event) for event in node_events if event['kind'] == 'reboot_asked'),
                       'held': any(row['held'] for row in rows) or bool(node_events) and node_events[-1]['kind'] == 'cure_failed',
                       'warning': warning})
     return sorted(nodes, key=_worst)

@@ -242,7 +242,7 @@ def budget_spent(events, cure, budget, window_days, now=None):
     spent = [event for event in events if event['kind'] in SPENDS[cure] and now - event['time'] <= window_days * 86400]
     # A repeated failure is one event with its count (_add); each try spends the budget (its last
     # time in the window counts them all: a budget is spent early rather than late).
-    tries = sum(_count(event) for event in spent)
+    tries = sum(event_count(event) for event in spent)
     if tries < budget:
         return None
     tried = ', '.join(_stamp(event['time']) for event in spent[-5:])
@@ -250,7 +250,8 @@ def budget_spent(events, cure, budget, window_days, now=None):
         cure, tries, cure, window_days, tried, budget)
 
 
-def _count(event):
+def event_count(event):
+    """How many times event happened: a repeat is counted on the last event (_add)."""
     return event['count'] if isinstance(event.get('count'), int) and event['count'] > 1 else 1
 
 
@@ -259,7 +260,7 @@ def _add(events, event):
     last one then says what the newest said (its time, error, outcome, duration)."""
     last = events[-1] if events else None
     if last and event['kind'] in MERGED and all(last.get(key) == event.get(key) for key in ('kind', 'reason', 'result', 'index')):
-        count = _count(last) + 1
+        count = event_count(last) + 1
         last.clear()
         last.update(event, count=count)
     else:
@@ -274,12 +275,12 @@ def summarize(events, now=None):
         counts[name] = {}
         for event in events:
             if now - event['time'] <= seconds:
-                counts[name][event['kind']] = counts[name].get(event['kind'], 0) + int(event.get('count') or 1)
+                counts[name][event['kind']] = counts[name].get(event['kind'], 0) + event_count(event)
     cures = {}
     for event in events:
         how = 'reboot' if event['kind'] == 'reboot_asked' else event.get('how') if event['kind'] == 'cure' else None
         if how in CURE_KINDS:
-            cures[how] = cures.get(how, 0) + int(event.get('count') or 1)
+            cures[how] = cures.get(how, 0) + event_count(event)
     return {'events': events[-SHOWN:], 'counts': counts, 'incidents': incidents(events), 'cures': cures}
 
 

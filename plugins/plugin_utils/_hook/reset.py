@@ -76,15 +76,14 @@ class ModuleRunner:
             args = dict(args, _ansible_check_mode=True)
         params = json.dumps({'ANSIBLE_MODULE_ARGS': args})
         words = 'gpuops.nvidia.%s' % name
-        runner = Runner(sys.executable, name=words, term_grace=self.grace, env={
-            'PYTHONPATH': COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else '')})
         timeout = max(self.ends - self.grace - time.monotonic(), 1)
         try:
             if CONTROLLER_CODE in sys.modules:
-                rc, stdout, stderr = self._program(runner, name, params, timeout)
+                rc, stdout, stderr = self._program(words, name, params, timeout)
             else:
                 child = Forked(run_module, (name, params.encode('utf-8')), env={'LC_ALL': 'C', 'LANG': 'C'})
-                rc, stdout, stderr = runner.finish(child, timeout, [words], started=child.started)
+                rc, stdout, stderr = Runner(sys.executable, name=words, term_grace=self.grace).finish(
+                    child, timeout, [words], started=child.started)
         except CommandTimeout as exc:
             raise ModuleError('%s gave no result within %.1f s and was stopped%s' % (
                 words, exc.timeout, ' (SIGTERM, then SIGKILL after %.1f s)' % self.grace if self.grace else ''))
@@ -101,15 +100,16 @@ class ModuleRunner:
             raise ModuleError('%s gave no result (rc %d)' % (words, rc))
         return result
 
-    @staticmethod
-    def _program(runner, name, params, timeout):
+    def _program(self, words, name, params, timeout):
         """(rc, stdout, stderr) of the module run as a program. Its arguments are in a file without
         a name (O_TMPFILE), read as /proc/self/fd/N: a hook killed meanwhile (SIGKILL runs no
         finally) leaves no file behind."""
+        path = COLLECTIONS_ROOT + (os.pathsep + os.environ['PYTHONPATH'] if os.environ.get('PYTHONPATH') else '')
         with tempfile.TemporaryFile('w+') as handle:
             handle.write(params)
             handle.flush()
-            runner.pass_fds = (handle.fileno(),)
+            runner = Runner(sys.executable, name=words, term_grace=self.grace, pass_fds=(handle.fileno(),),
+                            env={'PYTHONPATH': path})
             return runner.run(['-m', MODULES + name, '/proc/self/fd/%d' % handle.fileno()], timeout=timeout)
 
 
